@@ -1,0 +1,127 @@
+"""The runtime's public surface: what ``app/``, benchmarks and integration tests use.
+
+``open_runtime(config)`` (in ``actors/system.py``) yields an object satisfying
+``Runtime``. A caller submits a ``GenerationRequest`` and reads ``StreamEvent`` values::
+
+    async with open_runtime(config) as rt:
+        async with rt.generate(request) as events:
+            async for event in events:
+                ...
+
+Leaving the ``generate`` block early (client gone, cancellation) cancels the request
+within one frame; its resources stay owned through its last submitted fence.
+Messages are frozen, slotted, keyword-only values (house style).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """Per-request sampling. ``temperature == 0`` is greedy; ``top_k == 0`` disables
+    top-k; ``seed`` makes sampling reproducible whatever else is in the batch."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationRequest:
+    """One generation, already tokenized by the caller.
+
+    ``message_ends``: token offsets where completed chat messages end, in order
+    (checkpoint anchors, QUEUE-16..19 / OPEN-23); empty for plain completions.
+    ``system_end``: token offset where the system prompt ends, if any (OPEN-36).
+    ``prompt_logprobs``: also return the prompt tokens' logprobs (scored prefill).
+    ``client``: a tag for fairness accounting and logs.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    message_ends: tuple[int, ...] = ()
+    system_end: int | None = None
+    prompt_logprobs: bool = False
+    logprobs: bool = False
+    client: str = ""
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptScores:
+    """Logprobs of the prompt tokens (the first is ``None``: nothing predicts it)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float | None, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenDelta:
+    """Newly visible output: ``text`` is valid UTF-8 and never contains a stop string
+    or a prefix that could still become one."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finished:
+    """The last event of every stream."""
+
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    message: str = ""
+
+
+StreamEvent = PromptScores | TokenDelta | Finished
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeStatistics:
+    """A frozen snapshot for ``/metrics`` and logs (seed: Funded acceptance learning,
+    last paragraph: executions by kind)."""
+
+    requests_running: int
+    requests_waiting: int
+    kv_pages_used: int
+    kv_pages_total: int
+    prefix_cache_hit_tokens: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    executions_by_kind: tuple[tuple[str, int], ...]
+    execution_ns_by_kind: tuple[tuple[str, int], ...]
+    executions_by_graph: tuple[tuple[str, int], ...]
+
+
+class Runtime(Protocol):
+    """What ``open_runtime`` yields."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    def generate(
+        self, request: GenerationRequest
+    ) -> AbstractAsyncContextManager[AsyncIterator[StreamEvent]]:
+        """Admit ``request`` (raising an ``AdmissionError`` if refused) and yield its
+        events; the last one is always ``Finished``."""
+        ...
+
+    def statistics(self) -> RuntimeStatistics: ...

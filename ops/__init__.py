@@ -1,0 +1,1 @@
+"""flare's command line, benchmarks, simulator and training recipe. Nothing imports ops."""

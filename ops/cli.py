@@ -1,0 +1,59 @@
+"""The ``flare`` command line.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``main(args) -> int``; this file only wires them together, importing each lazily so
+that ``flare --help`` stays fast and one broken command cannot hide the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# (command path, module, one-line help)
+COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("run",), "ops.run_command", "serve a model (the embedded default with no arguments)"),
+    (("bench", "programs"), "ops.bench_programs", "time every prepared program shape"),
+    (("bench", "plan"), "ops.bench_plan", "time the scheduler's plan() and complete()"),
+    (("train-default",), "ops.train_default", "train the embedded default model pair"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flare", description=__doc__.splitlines()[0])
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    for path, module_name, help_text in COMMANDS:
+        holder = top
+        for i, word in enumerate(path[:-1]):
+            key = " ".join(path[: i + 1])
+            if key not in groups:
+                group_parser = holder.add_parser(word, help=f"{word} commands")
+                groups[key] = group_parser.add_subparsers(dest=f"sub_{i}", required=True)
+            holder = groups[key]
+        sub = holder.add_parser(path[-1], help=help_text)
+        sub.set_defaults(_module=module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            sub.set_defaults(_missing=True)
+            continue
+        module.add_arguments(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_missing", False):
+        parser.error(f"'{args.command}' is not available in this build")
+    module = importlib.import_module(args._module)
+    return int(module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
