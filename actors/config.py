@@ -1,0 +1,76 @@
+"""Runtime configuration: everything ``open_runtime`` needs, as one frozen value.
+
+``ops/run_command.py`` builds it from ``flare run`` flags; tests build it directly.
+Validation of individual values happens here (``RuntimeConfig.validate``) so that the
+CLI can stop with a clear message before anything loads.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
+DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"
+
+BackendName = Literal["cpu", "cuda"]
+SpeculationMode = Literal["off", "fixed", "adaptive"]
+
+
+class ConfigError(ValueError):
+    """Raised when a runtime configuration value is invalid; the message names it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    model_dir: pathlib.Path = DEFAULT_MODEL_DIR
+    draft_model_dir: pathlib.Path | None = None
+    backend: BackendName = "cpu"
+    max_batch: int = 8
+    """Largest decode batch capacity; buckets are the powers of two up to it."""
+    prefill_capacities: tuple[int, ...] = (64, 256, 1024)
+    mixed_prefill: bool = False
+    speculation: SpeculationMode = "off"
+    speculative_token_capacity: int = 0
+    """``--speculative-token-capacity R``: bound on aggregate target rows (0 = B*W)."""
+    max_context: int | None = None
+    """Defaults to the model's ``max_position_embeddings``."""
+    page_size: int = 16
+    kv_pages: int | None = None
+    """Pages in the KV pool; default: enough for ``max_batch`` full contexts."""
+    max_queue: int = 64
+    """Bounded admission queue: requests waiting beyond the resident ones."""
+    scheduler_policy: Literal["balanced", "throughput"] = "balanced"
+    scheduler_terminal_value: float | None = None
+    scheduler_terminal_age_price: float | None = None
+    adaptive_verification_alpha: float | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` with a message naming the first invalid value."""
+        if self.max_batch < 1 or self.max_batch > 64 or self.max_batch & (self.max_batch - 1):
+            raise ConfigError(f"--max-batch must be a power of two from 1 to 64, got {self.max_batch}")
+        if not self.prefill_capacities:
+            raise ConfigError("--prefill-capacity needs at least one capacity")
+        for c in self.prefill_capacities:
+            if c <= 0 or c % 64:
+                raise ConfigError(f"--prefill-capacity values must be positive multiples of 64, got {c}")
+        if self.speculative_token_capacity < 0:
+            raise ConfigError("--speculative-token-capacity must be non-negative")
+        if self.max_queue < 1:
+            raise ConfigError("max_queue must be at least 1")
+        if self.page_size < 1:
+            raise ConfigError("page_size must be positive")
+        for name in ("scheduler_terminal_value", "scheduler_terminal_age_price"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value < 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be finite and non-negative, got {value}")
+        alpha = self.adaptive_verification_alpha
+        if alpha is not None and (not math.isfinite(alpha) or alpha <= 0):
+            raise ConfigError(f"--mtp-adaptive-verification-alpha must be finite and > 0, got {alpha}")
+        if not self.model_dir.is_dir():
+            raise ConfigError(f"--model: no such directory: {self.model_dir}")
+        if self.draft_model_dir is not None and not self.draft_model_dir.is_dir():
+            raise ConfigError(f"--draft-model: no such directory: {self.draft_model_dir}")
