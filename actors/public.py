@@ -15,7 +15,7 @@ Messages are frozen, slotted, keyword-only values (house style).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -108,8 +108,36 @@ class RuntimeStatistics:
     executions_by_graph: tuple[tuple[str, int], ...]
 
 
+class TextCodec(Protocol):
+    """The served model's tokenizer, as the HTTP layer needs it (arch: ``app`` applies
+    the chat template and tokenizes)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's jinja chat template (``tokenizer_config.json``), if any."""
+        ...
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """Template variables such as ``bos_token`` and ``eos_token``."""
+        ...
+
+
 class Runtime(Protocol):
     """What ``open_runtime`` yields."""
+
+    @property
+    def codec(self) -> TextCodec: ...
 
     @property
     def model_name(self) -> str: ...
