@@ -1,0 +1,153 @@
+"""The ``cpu`` backend: programs run eagerly on one FIFO worker thread per stream.
+
+A stream is one daemon worker thread reading a FIFO queue. ``launch`` only enqueues
+(the caller never waits for the program); the worker runs ``bind -> execute ->
+read_outputs`` for each launch in order, so a launch queued behind another starts the
+moment the first ends, just as a CUDA stream would run it (architecture: *Two frame
+slots, device-resident feedback*). The worker measures the device interval around
+``execute`` with ``time.perf_counter_ns`` (seed: *Duration estimates*, DUR-14); the
+wall interval runs from ``launch`` to the moment the worker publishes the completion.
+
+A program that raises fails only its own launch (``ProgramFault``); the worker goes on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpu.backend import (
+    BackendClosed,
+    Completion,
+    LaunchHandle,
+    ProgramFault,
+    ProgramNotPrepared,
+)
+from gpu.preparation import PreparationReport, ProgressSink, prepare_in_order
+from gpu.program import PreparedProgram
+from policy.descriptors import ExecutionTiming
+
+
+@dataclass(slots=True)
+class _Launch:
+    program: PreparedProgram
+    inputs: Mapping[str, Any]
+    handle: LaunchHandle
+
+
+_STOP = object()
+
+
+def run_launch(launch: _Launch, clock_ns: Any = time.perf_counter_ns) -> None:
+    """Run one launch in the current thread and finish its handle (used by the worker)."""
+    program, handle = launch.program, launch.handle
+    stage = "bind"
+    try:
+        with torch.no_grad():
+            program.bind(launch.inputs)
+            stage = "execute"
+            t0 = clock_ns()
+            program.execute()
+            t1 = clock_ns()
+            stage = "read_outputs"
+            outputs = program.read_outputs()
+    except Exception as exc:  # a program fault fails only this launch
+        handle.set_fault(ProgramFault(program.shape, stage, exc))
+        return
+    timing = ExecutionTiming(
+        device_intervals_ns=(max(t1 - t0, 1),),
+        wall_ns=max(clock_ns() - handle.launched_ns, 1),
+        readiness_delay_ns=0,
+    )
+    handle.set_completion(Completion(shape=program.shape, outputs=outputs, timing=timing))
+
+
+class CpuStream:
+    """One FIFO worker thread."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, launch: _Launch) -> None:
+        self._queue.put(launch)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Let queued launches finish, then end the worker thread."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            run_launch(item)
+
+
+class CpuBackend:
+    """Eager execution on the host CPU, one worker thread per stream."""
+
+    name = "cpu"
+    device = "cpu"
+
+    def __init__(self, *, num_threads: int | None = None) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self._lock = threading.Lock()
+        self._prepared: dict[int, PreparedProgram] = {}
+        """Prepared programs by identity (held so their ids stay unique)."""
+        self._sequence = 0
+        self._closed = False
+        self._stream = CpuStream("flare-cpu-stream-0")
+
+    def prepare(
+        self, programs: Sequence[PreparedProgram], *, progress: ProgressSink | None = None
+    ) -> PreparationReport:
+        """Register the programs (nothing to capture on a CPU) in largest-first order."""
+        if self._closed:
+            raise BackendClosed("cpu backend is closed")
+
+        def register(program: PreparedProgram) -> None:
+            self._prepared[id(program)] = program
+            return None
+
+        return prepare_in_order(
+            backend=self.name,
+            device=self.device,
+            programs=programs,
+            prepare_one=register,
+            progress=progress,
+        )
+
+    def launch(self, program: PreparedProgram, inputs: Mapping[str, Any]) -> LaunchHandle:
+        launched_ns = time.perf_counter_ns()
+        with self._lock:
+            if self._closed:
+                raise BackendClosed("cpu backend is closed")
+            if id(program) not in self._prepared:
+                raise ProgramNotPrepared(f"{program.shape.label()} was not prepared on cpu")
+            handle = LaunchHandle(program.shape, sequence=self._sequence, launched_ns=launched_ns)
+            self._sequence += 1
+            self._stream.submit(_Launch(program, inputs, handle))
+        return handle
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stream.stop()
+
+    def __enter__(self) -> CpuBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
