@@ -1,0 +1,159 @@
+"""ModelEngine: load a checkpoint and build every prepared program of a catalog.
+
+Owns the wiring of one served model on one device: configuration, tokenizer,
+weights, decoder, the paged KV cache, device request state, one workspace sized to
+the largest shape of the catalog (MIX-38 (3)), and one prepared program per
+``GraphShape``. Capture and launch belong to ``gpu/backend.py`` implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpu.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.decoder import Decoder
+from gpu.model_config import ModelConfig, load_model_config
+from gpu.program import PreparedProgram
+from gpu.programs.state_ops import StateOpProgram
+from gpu.programs.step import StepProgram
+from gpu.programs.workspace import Workspace
+from gpu.request_state import RequestState
+from gpu.tokenizer import Tokenizer
+from gpu.weights import load_weights
+from policy.descriptors import GraphKind, GraphShape
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(device: str, dtype: torch.dtype | str | None) -> torch.dtype:
+    """fp32 on CPU; bf16 (default) or fp16 on CUDA."""
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r}: choose one of {sorted(_DTYPES)}")
+        dtype = _DTYPES[dtype]
+    on_cuda = torch.device(device).type == "cuda"
+    if dtype is None:
+        return torch.bfloat16 if on_cuda else torch.float32
+    if not on_cuda and dtype != torch.float32:
+        raise ValueError("the CPU runs float32 only")
+    if on_cuda and dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError("CUDA runs bfloat16 or float16")
+    return dtype
+
+
+class UnsupportedShapeError(ValueError):
+    """Raised when a catalog names a shape this model engine cannot prepare."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    """The device objects the programs share (exposed for tests and benchmarks)."""
+
+    decoder: Decoder
+    cache: PagedKVCache
+    state: RequestState
+    workspace: Workspace
+
+
+class ModelEngine:
+    """A loaded model with its prepared programs, keyed by shape."""
+
+    def __init__(
+        self,
+        *,
+        config: ModelConfig,
+        tokenizer: Tokenizer | None,
+        parts: EngineParts,
+        programs: dict[GraphShape, PreparedProgram],
+        device: str,
+        dtype: torch.dtype,
+    ) -> None:
+        self.config = config
+        self._tokenizer = tokenizer
+        self.parts = parts
+        self.programs = programs
+        self.device = device
+        self.dtype = dtype
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise FileNotFoundError("this checkpoint has no tokenizer.json")
+        return self._tokenizer
+
+    @property
+    def geometry(self) -> CacheGeometry:
+        return self.parts.cache.geometry
+
+    @property
+    def state_rows(self) -> int:
+        return self.parts.state.rows
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path,
+        *,
+        device: str,
+        dtype: torch.dtype | str | None,
+        catalog: Sequence[GraphShape],
+        page_size: int,
+        num_pages: int,
+        state_rows: int,
+        max_context: int | None = None,
+        require_tokenizer: bool = True,
+    ) -> ModelEngine:
+        """Load ``model_dir`` onto ``device`` and prepare one program per catalog shape.
+
+        ``max_context`` (default: the model's ``max_position_embeddings``, capped by the
+        page pool) bounds positions and the per-row block table.
+        """
+        directory = Path(model_dir)
+        config = load_model_config(directory)
+        serving_dtype = resolve_dtype(device, dtype)
+        tokenizer: Tokenizer | None = None
+        if (directory / "tokenizer.json").exists():
+            tokenizer = Tokenizer.load(directory, extra_eos_ids=config.eos_token_ids)
+        elif require_tokenizer:
+            raise FileNotFoundError(f"tokenizer.json not found in {directory}")
+        context = min(max_context or config.max_context, config.max_context,
+                      num_pages * page_size)
+        geometry = CacheGeometry(page_size=page_size, num_pages=num_pages, max_context=context)
+        weights = load_weights(directory, config, device=device, dtype=serving_dtype)
+        decoder = Decoder(config, weights, max_context=context, device=device,
+                          dtype=serving_dtype)
+        cache = PagedKVCache(config, geometry, device=device, dtype=serving_dtype)
+        state = RequestState(state_rows, geometry, device=device)
+        shapes = list(dict.fromkeys(catalog))
+        max_tokens = max([s.max_packed_extent for s in shapes if s.kind is not GraphKind.STATE],
+                         default=1)
+        max_lanes = max([s.batch_capacity for s in shapes], default=1)
+        workspace = Workspace(max_tokens=max_tokens, max_lanes=max_lanes, device=device)
+        parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace)
+        programs = {shape: build_program(shape, parts) for shape in shapes}
+        return cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,
+                   device=device, dtype=serving_dtype)
+
+
+def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
+    """The prepared program for one shape, bound to views of the shared workspace."""
+    kind = shape.kind
+    if kind is GraphKind.STATE:
+        return StateOpProgram(shape, cache=parts.cache, state=parts.state,
+                              workspace=parts.workspace)
+    if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE):
+        return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
+                           workspace=parts.workspace)
+    if kind is GraphKind.MIXED:
+        if shape.token_capacity != 1 or shape.speculation_enabled:
+            raise UnsupportedShapeError(
+                f"{shape.label()}: mixed programs run decode width 1 without draft state for "
+                "now (speculative programs arrive with the speculative issue)"
+            )
+        return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
+                           workspace=parts.workspace)
+    raise UnsupportedShapeError(f"{shape.label()}: {kind.value} programs are not built yet")

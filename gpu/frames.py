@@ -1,0 +1,221 @@
+"""Host input and output values of the prepared programs, one type per program kind.
+
+A frame's host inputs travel to ``Backend.launch(program, inputs)`` as the mapping
+``{FRAME_KEY: <frame value>}`` (see ``as_inputs``); the program's ``bind`` validates the
+value, applies its per-lane state updates in stream order (initialise a row for a new
+request; append page ids to a row's block table) and copies the rest into its static
+buffers. ``read_outputs`` returns ``{RESULT_KEY: <result value>}`` (see ``result_of``).
+
+Conventions shared by every kind:
+
+- *state rows* are indices into the device request state (``0..state_rows-1``);
+- a row's *position* counts the tokens already in its KV cache; its *pending token*
+  is the next token to feed (the last sampled one);
+- the RNG position of a sampled token is its sequence index, so sampling is keyed by
+  (request seed, position) and does not depend on the rest of the batch;
+- lanes are dense: lane ``i`` of a frame is ``rows[i]``; physical lanes past
+  ``len(rows)`` are padding and mutate nothing (MIX-15).
+
+All values are frozen, slotted, keyword-only dataclasses with tuples (house style).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FRAME_KEY = "frame"
+"""Key of the frame value in the ``inputs`` mapping a backend passes to ``bind``."""
+
+RESULT_KEY = "result"
+"""Key of the result value in the mapping ``read_outputs`` returns."""
+
+NO_PROMPT_ROW = -1
+"""``prefill_row`` value meaning a mixed frame has no prompt row (MIX-9)."""
+
+
+class FrameError(ValueError):
+    """Raised by ``bind`` when a frame does not fit its program (wrong kind, too many
+    lanes or tokens, an invalid prompt row, a row or page out of range). Nothing has
+    been written to device state when it is raised."""
+
+
+# ---------------------------------------------------------------- state updates
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """Per-request sampling: temperature 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must lie in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError("seed must lie in 0..2**63-1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowInit:
+    """Initialise ``row`` for a new request (generation): ``position`` tokens are
+    already cached (a prefix-cache hit, else 0), the block table is reset to empty."""
+
+    row: int
+    position: int = 0
+    pending_token: int = 0
+    sampling: SamplingParams = SamplingParams()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageAppend:
+    """Set blocks ``first_block, first_block+1, ...`` of ``row``'s block table to ``page_ids``."""
+
+    row: int
+    first_block: int
+    page_ids: tuple[int, ...]
+
+
+StateUpdate = RowInit | PageAppend
+
+
+# ---------------------------------------------------------------- frames (inputs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefillFrame:
+    """One prompt chunk of one request (``GraphKind.PREFILL`` / ``SCORED_PREFILL``).
+
+    ``tokens`` are written at positions ``start_position..``; when ``ends_prompt`` the
+    program samples the first output token into the row's pending token. For scored
+    prefill, ``following_token`` is the prompt token after this chunk (-1 if none), so
+    that every chunk token's *successor* can be scored.
+    """
+
+    row: int
+    tokens: tuple[int, ...]
+    start_position: int
+    ends_prompt: bool
+    following_token: int = -1
+    updates: tuple[StateUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeFrame:
+    """One ordinary decode step for each of ``rows`` (``GraphKind.DECODE``).
+
+    Tokens and positions come from device state, so a decode frame may be queued
+    behind another decode frame.
+    """
+
+    rows: tuple[int, ...]
+    updates: tuple[StateUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MixedFrame:
+    """One mixed execution (``GraphKind.MIXED``, seed *Mixed execution contract*).
+
+    ``rows`` is the dense active lane list; ``prefill_row`` the prompt row's index in it
+    (-1: none, MIX-9). Decode lanes feed their pending token (query length = W = 1);
+    the prompt lane's query length is ``len(prompt_tokens)``. Packed offsets are prefix
+    sums of the query lengths (MIX-12).
+    """
+
+    rows: tuple[int, ...]
+    prefill_row: int = NO_PROMPT_ROW
+    prompt_tokens: tuple[int, ...] = ()
+    prompt_start: int = 0
+    prompt_ends: bool = False
+    updates: tuple[StateUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowCopy:
+    """Copy request state ``src_row -> dst_row``. Full pages are shared by reference
+    (the block table is copied); the partial last page, if the row has one, is copied
+    into ``dst_page`` (-1: the row has no partial page, PRE-37)."""
+
+    src_row: int
+    dst_row: int
+    dst_page: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateOpFrame:
+    """``GraphKind.STATE`` lanes: SNAPSHOT/RESTORE use ``copies``; PAGE_COPY uses
+    ``page_pairs`` (src, dst); INITIALIZE only applies ``updates``."""
+
+    copies: tuple[RowCopy, ...] = ()
+    page_pairs: tuple[tuple[int, int], ...] = ()
+    updates: tuple[StateUpdate, ...] = ()
+
+
+Frame = PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame
+
+
+# ---------------------------------------------------------------- results (outputs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneSample:
+    """What one lane sampled: the token, its log-probability under the model's
+    (temperature-1, unfiltered) distribution, and whether every logit was finite."""
+
+    row: int
+    token: int
+    logprob: float
+    finite: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """Result of a prefill, decode or mixed execution.
+
+    ``samples`` holds one entry per lane that sampled (decode lanes always; a prompt
+    lane only when its chunk ends the prompt), in lane order. ``prompt_logprobs``
+    (scored prefill only) holds, for chunk token ``i``, the log-probability of the
+    next prompt token (the last entry is NaN when ``following_token`` is -1).
+    """
+
+    samples: tuple[LaneSample, ...]
+    prompt_logprobs: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateOpResult:
+    """Result of a state operation: how many lanes it applied."""
+
+    lanes: int
+
+
+Result = StepResult | StateOpResult
+
+
+def as_inputs(frame: Frame) -> dict[str, Any]:
+    """The ``inputs`` mapping to pass to ``Backend.launch`` for ``frame``."""
+    return {FRAME_KEY: frame}
+
+
+def frame_of(inputs: Mapping[str, Any]) -> Frame:
+    """The frame value inside a ``bind`` inputs mapping (raises ``FrameError``)."""
+    frame = inputs.get(FRAME_KEY)
+    if not isinstance(frame, PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame):
+        raise FrameError(f"inputs must map {FRAME_KEY!r} to a gpu.frames frame value")
+    return frame
+
+
+def result_of(outputs: Mapping[str, Any]) -> Result:
+    """The result value inside a ``read_outputs`` mapping."""
+    result = outputs[RESULT_KEY]
+    if not isinstance(result, StepResult | StateOpResult):
+        raise TypeError(f"outputs[{RESULT_KEY!r}] is not a gpu.frames result")
+    return result

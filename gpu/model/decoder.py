@@ -1,0 +1,144 @@
+"""The decoder forward over packed tokens and a paged KV cache.
+
+Owns the transformer math for ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` (q/k/v bias)
+and ``Qwen3ForCausalLM`` (per-head q/k RMSNorm): embeddings, rotary position
+embeddings, grouped-query attention, SwiGLU MLP, final norm and the vocabulary
+projection (tied or untied).
+
+One forward serves every program kind: ``N`` packed tokens, each belonging to one of
+``R`` lanes. Each token's K/V is written into the page pool at its slot first; then
+every token attends to its own lane's cached positions ``<= its position`` through a
+dense gather of the lane's pages (a simple fixed-shape attention: correctness first).
+Prompt and decode tokens share every projection (MIX-33, MIX-38). Shapes are fixed by
+the caller's buffers, so the forward is capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpu.kv_cache import PagedKVCache
+from gpu.model_config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """Device tensors describing one packed forward (all fixed-size views).
+
+    ``token_ids``/``positions``/``write_slots``/``token_lane``: int64 ``[N]``;
+    ``lane_block_tables``: int64 ``[R, blocks_per_row]``.
+    """
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    write_slots: torch.Tensor
+    token_lane: torch.Tensor
+    lane_block_tables: torch.Tensor
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Decoder:
+    """Weights plus the packed forward; holds no per-request state."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        max_context: int,
+        device: str,
+        dtype: torch.dtype,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.w = weights
+        self.embed = weights["model.embed_tokens.weight"]
+        self.lm_head = (
+            self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        )
+        hd = config.head_dim
+        inv_freq = 1.0 / (
+            config.rope_theta
+            ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd)
+        )
+        t = torch.arange(max_context, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos = emb.cos().to(dtype)
+        self.rope_sin = emb.sin().to(dtype)
+
+    def _layer(self, i: int, name: str) -> torch.Tensor:
+        return self.w[f"model.layers.{i}.{name}"]
+
+    def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
+        """Final-norm hidden states ``[N, hidden]``; writes every token's K/V."""
+        cfg = self.config
+        n = batch.token_ids.shape[0]
+        h_heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        group = h_heads // kv_heads
+        positions = batch.positions.clamp(0, self.rope_cos.shape[0] - 1)
+        cos = self.rope_cos[positions][:, None, :]
+        sin = self.rope_sin[positions][:, None, :]
+        lanes = batch.lane_block_tables.shape[0]
+        ctx = batch.lane_block_tables.shape[1] * cache.geometry.page_size
+        key_pos = torch.arange(ctx, device=batch.positions.device)
+        # mask[n, r*ctx + c]: token n sees key c of lane r iff r is its lane and c <= pos.
+        lane_match = batch.token_lane[:, None] == torch.arange(lanes, device=self.device)[None, :]
+        causal = key_pos[None, :] <= batch.positions[:, None]
+        mask = (lane_match[:, :, None] & causal[:, None, :]).reshape(n, lanes * ctx)
+
+        h = self.embed[batch.token_ids]
+        for i in range(cfg.num_layers):
+            x = _rms_norm(h, self._layer(i, "input_layernorm.weight"), cfg.rms_norm_eps)
+            q = F.linear(x, self._layer(i, "self_attn.q_proj.weight"),
+                         self.w.get(f"model.layers.{i}.self_attn.q_proj.bias"))
+            k = F.linear(x, self._layer(i, "self_attn.k_proj.weight"),
+                         self.w.get(f"model.layers.{i}.self_attn.k_proj.bias"))
+            v = F.linear(x, self._layer(i, "self_attn.v_proj.weight"),
+                         self.w.get(f"model.layers.{i}.self_attn.v_proj.bias"))
+            q = q.view(n, h_heads, hd)
+            k = k.view(n, kv_heads, hd)
+            v = v.view(n, kv_heads, hd)
+            if cfg.qk_norm:
+                q = _rms_norm(q, self._layer(i, "self_attn.q_norm.weight"), cfg.rms_norm_eps)
+                k = _rms_norm(k, self._layer(i, "self_attn.k_norm.weight"), cfg.rms_norm_eps)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            cache.write(i, batch.write_slots, k, v)
+            keys, values = cache.gather_rows(i, batch.lane_block_tables)
+            keys = keys.reshape(lanes * ctx, kv_heads, hd)
+            values = values.reshape(lanes * ctx, kv_heads, hd)
+            if group > 1:
+                keys = keys.repeat_interleave(group, dim=1)
+                values = values.repeat_interleave(group, dim=1)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                keys.transpose(0, 1)[None],
+                values.transpose(0, 1)[None],
+                attn_mask=mask[None, None],
+            )[0].transpose(0, 1).reshape(n, h_heads * hd)
+            h = h + F.linear(attn, self._layer(i, "self_attn.o_proj.weight"))
+            x = _rms_norm(h, self._layer(i, "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+            gate = F.linear(x, self._layer(i, "mlp.gate_proj.weight"))
+            up = F.linear(x, self._layer(i, "mlp.up_proj.weight"))
+            h = h + F.linear(F.silu(gate) * up, self._layer(i, "mlp.down_proj.weight"))
+        return _rms_norm(h, self.w["model.norm.weight"], cfg.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits (float32) of hidden states ``[M, hidden]``."""
+        return F.linear(hidden, self.lm_head).float()

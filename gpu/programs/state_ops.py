@@ -1,0 +1,140 @@
+"""State-operation programs (``GraphKind.STATE``): snapshot, restore, page copy, initialize.
+
+Owns the device side of prompt checkpoints and restores (OPEN-39: restore and
+initialization are state operations). SNAPSHOT copies a request's state row into a
+checkpoint row; RESTORE copies a checkpoint row into a fresh request row. Both share
+full pages by reference (the block table is copied) and copy the partial last page,
+the one thing a continuation would overwrite, into a destination page, so snapshots
+and restores preserve partial pages (PRE-37). Block-table entries past the cached
+extent are cleared in the destination, so pages reserved ahead are never shared.
+PAGE_COPY copies whole pages; INITIALIZE only applies its frame's state updates.
+Inactive lanes copy the sink onto itself and mutate nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from gpu.frames import RESULT_KEY, FrameError, StateOpFrame, StateOpResult, frame_of
+from gpu.kv_cache import PagedKVCache
+from gpu.programs.workspace import Workspace
+from gpu.request_state import RequestState, StateError
+from policy.descriptors import GraphKind, GraphShape, StateOp
+
+
+class StateOpProgram:
+    """A prepared state operation over ``batch_capacity`` lanes."""
+
+    def __init__(
+        self, shape: GraphShape, *, cache: PagedKVCache, state: RequestState, workspace: Workspace
+    ) -> None:
+        if shape.kind is not GraphKind.STATE or shape.state_op is None:
+            raise ValueError("StateOpProgram runs GraphKind.STATE shapes")
+        self._shape = shape
+        self.op: StateOp = shape.state_op
+        self._cache = cache
+        self._state = state
+        lanes = shape.batch_capacity
+        self.src_row = workspace.copy_src_row[:lanes]
+        self.dst_row = workspace.copy_dst_row[:lanes]
+        self.dst_page = workspace.copy_dst_page[:lanes]
+        self.page_src = workspace.page_src[:lanes]
+        self.page_dst = workspace.page_dst[:lanes]
+        self._lanes = 0
+
+    @property
+    def shape(self) -> GraphShape:
+        return self._shape
+
+    def _validate(self, frame: StateOpFrame) -> int:
+        st, cap = self._state, self._shape.batch_capacity
+        try:
+            if self.op in (StateOp.SNAPSHOT, StateOp.RESTORE):
+                if frame.page_pairs:
+                    raise FrameError("snapshot/restore frames carry copies, not page pairs")
+                lanes = len(frame.copies)
+                for c in frame.copies:
+                    st.check_row(c.src_row)
+                    st.check_row(c.dst_row)
+                    if c.src_row == c.dst_row:
+                        raise FrameError("a row copy needs distinct source and destination")
+                    if c.dst_page != -1:
+                        st.check_page(c.dst_page)
+                dsts = [c.dst_row for c in frame.copies]
+                if len(set(dsts)) != len(dsts):
+                    raise FrameError("two copies write the same destination row")
+            elif self.op is StateOp.PAGE_COPY:
+                if frame.copies:
+                    raise FrameError("page-copy frames carry page pairs, not row copies")
+                lanes = len(frame.page_pairs)
+                for src, dst in frame.page_pairs:
+                    st.check_page(src)
+                    st.check_page(dst)
+            else:
+                if frame.copies or frame.page_pairs:
+                    raise FrameError("initialize frames carry only state updates")
+                lanes = len(frame.updates)
+        except StateError as exc:
+            raise FrameError(str(exc)) from exc
+        if self.op is not StateOp.INITIALIZE and lanes > cap:
+            raise FrameError(f"{lanes} lanes exceed batch capacity {cap}")
+        return lanes
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        frame = frame_of(inputs)
+        if not isinstance(frame, StateOpFrame):
+            raise FrameError(f"{self._shape.label()} takes a StateOpFrame")
+        lanes = self._validate(frame)
+        self._state.validate_updates(frame.updates)
+        self._state.apply_updates(frame.updates)
+        sink_row, sink_page = self._state.sink_row, self._cache.geometry.sink_page
+        cap = self._shape.batch_capacity
+        src = [sink_row] * cap
+        dst = [sink_row] * cap
+        dpage = [-1] * cap
+        psrc = [sink_page] * cap
+        pdst = [sink_page] * cap
+        for i, c in enumerate(frame.copies):
+            src[i], dst[i], dpage[i] = c.src_row, c.dst_row, c.dst_page
+        for i, (s, d) in enumerate(frame.page_pairs):
+            psrc[i], pdst[i] = s, d
+        for buf, values in ((self.src_row, src), (self.dst_row, dst), (self.dst_page, dpage),
+                            (self.page_src, psrc), (self.page_dst, pdst)):
+            buf.copy_(torch.tensor(values, dtype=torch.int64))
+        self._lanes = lanes
+
+    def execute(self) -> None:
+        if self.op in (StateOp.SNAPSHOT, StateOp.RESTORE):
+            self._copy_rows()
+        elif self.op is StateOp.PAGE_COPY:
+            self._cache.copy_pages(self.page_src, self.page_dst)
+
+    def _copy_rows(self) -> None:
+        st, geo = self._state, self._cache.geometry
+        ps, sink = geo.page_size, geo.sink_page
+        src, dst, dpage = self.src_row, self.dst_row, self.dst_page
+        pos = st.position[src]
+        partial_block = torch.div(pos, ps, rounding_mode="floor").clamp(max=geo.blocks_per_row - 1)
+        has_partial = (pos % ps != 0) & (dpage >= 0)
+        src_tables = st.block_table[src]
+        src_page = src_tables.gather(1, partial_block[:, None]).squeeze(1)
+        sink_t = torch.full_like(dpage, sink)
+        self._cache.copy_pages(
+            torch.where(has_partial, src_page, sink_t), torch.where(has_partial, dpage, sink_t)
+        )
+        copied = {name: t[src] for name, t in st.fields().items()}
+        block_index = torch.arange(geo.blocks_per_row, device=pos.device)[None, :]
+        full_blocks = torch.div(pos, ps, rounding_mode="floor")[:, None]
+        tables = torch.where(block_index < full_blocks, src_tables, sink)
+        tables = torch.where(
+            (block_index == partial_block[:, None]) & has_partial[:, None], dpage[:, None], tables
+        )
+        copied["block_table"] = tables
+        for name, tensor in st.fields().items():
+            tensor.index_copy_(0, dst, copied[name])
+
+    def read_outputs(self) -> dict[str, Any]:
+        return {RESULT_KEY: StateOpResult(lanes=self._lanes)}

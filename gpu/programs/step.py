@@ -1,0 +1,196 @@
+"""Packed step programs: prefill, scored prefill, decode and mixed.
+
+Owns the one fixed-shape forward every generation-side program runs: gather the
+packed tokens (host prompt tokens, or each decode lane's pending token from device
+state), write their K/V into the page pool, run one shared target forward over all
+packed tokens (MIX-33), project each lane's last token to the vocabulary, sample, and
+commit the results into device request state (MIX-34): the pending token of lanes
+that sampled, and every lane's position. Inactive lanes address the sink row and
+padding slots the sink page, so they mutate nothing (MIX-15).
+
+``execute`` is capturable: fixed shapes, no host sync, no data-dependent control flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpu.frames import (
+    NO_PROMPT_ROW,
+    RESULT_KEY,
+    DecodeFrame,
+    FrameError,
+    LaneSample,
+    MixedFrame,
+    PrefillFrame,
+    StepResult,
+    frame_of,
+)
+from gpu.kv_cache import PagedKVCache
+from gpu.model.decoder import Decoder, PackedBatch
+from gpu.programs.packing import HostPack, PackLimits, pack_lanes
+from gpu.programs.workspace import Workspace
+from gpu.request_state import RequestState
+from gpu.sampling import sample
+from policy.descriptors import GraphKind, GraphShape
+
+_STEP_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.MIXED)
+
+
+class StepProgram:
+    """A prepared prefill / scored-prefill / decode / mixed program of one shape."""
+
+    def __init__(
+        self,
+        shape: GraphShape,
+        *,
+        decoder: Decoder,
+        cache: PagedKVCache,
+        state: RequestState,
+        workspace: Workspace,
+    ) -> None:
+        if shape.kind not in _STEP_KINDS:
+            raise ValueError(f"StepProgram cannot run {shape.kind}")
+        if shape.kind is GraphKind.MIXED and shape.token_capacity != 1:
+            raise ValueError("mixed programs support decode width 1 (wider widths: speculative)")
+        self._shape = shape
+        self._decoder = decoder
+        self._cache = cache
+        self._state = state
+        self.scored = shape.kind is GraphKind.SCORED_PREFILL
+        kind = shape.kind
+        tokens = shape.max_packed_extent
+        lanes = shape.batch_capacity
+        prompt_capacity = {
+            GraphKind.MIXED: shape.prefill_capacity,
+            GraphKind.DECODE: 0,
+        }.get(kind, shape.token_capacity)
+        self.limits = PackLimits(
+            token_slots=tokens, lanes=lanes, decode_width=shape.token_capacity,
+            prompt_capacity=prompt_capacity, state_rows=state.rows, sink_row=state.sink_row,
+            vocab_size=decoder.config.vocab_size, max_context=cache.geometry.max_context,
+        )
+        self.buffers = workspace.packed_views(tokens, lanes)
+        self._bound: HostPack | None = None
+
+    @property
+    def shape(self) -> GraphShape:
+        return self._shape
+
+    # ------------------------------------------------------------------ bind
+
+    def pack(self, inputs: Mapping[str, Any]) -> tuple[HostPack, tuple[Any, ...]]:
+        """Validate a frame against this program and lay it out (no device writes)."""
+        frame = frame_of(inputs)
+        kind = self._shape.kind
+        if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+            if not isinstance(frame, PrefillFrame):
+                raise FrameError(f"{self._shape.label()} takes a PrefillFrame")
+            if self.scored and frame.following_token >= 0 and frame.ends_prompt:
+                raise FrameError("a chunk that ends the prompt has no following token")
+            pack = pack_lanes(
+                self.limits, rows=(frame.row,), prefill_row=0, prompt_tokens=frame.tokens,
+                prompt_start=frame.start_position, prompt_ends=frame.ends_prompt,
+                following_token=frame.following_token,
+            )
+        elif kind is GraphKind.DECODE:
+            if not isinstance(frame, DecodeFrame):
+                raise FrameError(f"{self._shape.label()} takes a DecodeFrame")
+            pack = pack_lanes(
+                self.limits, rows=frame.rows, prefill_row=NO_PROMPT_ROW, prompt_tokens=(),
+                prompt_start=0, prompt_ends=False,
+            )
+        else:
+            if not isinstance(frame, MixedFrame):
+                raise FrameError(f"{self._shape.label()} takes a MixedFrame")
+            pack = pack_lanes(
+                self.limits, rows=frame.rows, prefill_row=frame.prefill_row,
+                prompt_tokens=frame.prompt_tokens, prompt_start=frame.prompt_start,
+                prompt_ends=frame.prompt_ends,
+            )
+        return pack, frame.updates
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        pack, updates = self.pack(inputs)
+        self._state.validate_updates(updates)
+        self._state.apply_updates(updates)
+        b = self.buffers
+        for name in ("host_token", "host_position", "from_state", "lane_offset", "token_lane",
+                     "valid", "next_token", "lane_rows", "sample_index", "commits_token",
+                     "absolute_position", "advance"):
+            getattr(b, name).copy_(torch.from_numpy(getattr(pack, name)), non_blocking=False)
+        self._bound = pack
+
+    # --------------------------------------------------------------- execute
+
+    def execute(self) -> None:
+        b, st, cache = self.buffers, self._state, self._cache
+        geo = cache.geometry
+        ps, nb = geo.page_size, geo.blocks_per_row
+        rows = b.lane_rows
+        tok_row = rows[b.token_lane]
+        pos = torch.where(b.from_state, st.position[tok_row] + b.lane_offset, b.host_position)
+        ids = torch.where(b.from_state, st.pending_token[tok_row], b.host_token)
+        valid = b.valid
+        pos = torch.where(valid, pos, torch.zeros_like(pos)).clamp(0, geo.max_context - 1)
+        block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
+        page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
+        slot_index = torch.arange(pos.shape[0], device=pos.device)
+        sink_slot = geo.sink_page * ps + slot_index % ps
+        slots = torch.where(valid, page * ps + pos % ps, sink_slot)
+        batch = PackedBatch(
+            token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
+            lane_block_tables=st.block_table[rows],
+        )
+        hidden = self._decoder.forward(batch, cache)
+
+        if self.scored:
+            all_logits = self._decoder.logits(hidden)
+            log_probs = torch.log_softmax(all_logits, dim=-1)
+            scored = log_probs.gather(1, b.next_token.clamp(min=0)[:, None]).squeeze(1)
+            b.out_prompt_logprobs.copy_(
+                torch.where(b.next_token >= 0, scored, torch.full_like(scored, float("nan")))
+            )
+            lane_logits = all_logits[b.sample_index]
+        else:
+            lane_logits = self._decoder.logits(hidden[b.sample_index])
+        token, logprob, finite = sample(
+            lane_logits,
+            temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
+            seed=st.seed[rows], position=pos[b.sample_index] + 1,
+        )
+        b.out_token.copy_(token)
+        b.out_logprob.copy_(logprob)
+        b.out_finite.copy_(finite)
+        new_pending = torch.where(b.commits_token, token, st.pending_token[rows])
+        new_position = torch.where(
+            b.absolute_position >= 0, b.absolute_position, st.position[rows] + b.advance
+        )
+        st.pending_token.index_copy_(0, rows, new_pending)
+        st.position.index_copy_(0, rows, new_position)
+
+    # ---------------------------------------------------------- read outputs
+
+    def read_outputs(self) -> dict[str, Any]:
+        pack = self._bound
+        if pack is None:
+            raise FrameError("read_outputs before bind")
+        b = self.buffers
+        tokens = b.out_token.cpu().numpy()
+        logprobs = b.out_logprob.cpu().numpy()
+        finite = b.out_finite.cpu().numpy()
+        samples = tuple(
+            LaneSample(row=row, token=int(tokens[i]), logprob=float(logprobs[i]),
+                       finite=bool(finite[i]))
+            for i, row in enumerate(pack.rows) if pack.reports_sample[i]
+        )
+        prompt_logprobs = None
+        if self.scored:
+            n = int(pack.query_lengths[0])
+            values: np.ndarray = b.out_prompt_logprobs[:n].cpu().numpy()
+            prompt_logprobs = tuple(float(v) for v in values)
+        return {RESULT_KEY: StepResult(samples=samples, prompt_logprobs=prompt_logprobs)}

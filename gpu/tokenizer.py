@@ -1,0 +1,121 @@
+"""Tokenizer: ``tokenizer.json`` plus ``tokenizer_config.json`` of an HF checkpoint.
+
+Owns encoding, decoding, EOS ids, the BOS token and the chat template (rendered with
+jinja2 the way HF does). It is host-only and never touches a device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from gpu.model_config import ModelLoadError
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        content = value.get("content")
+        return str(content) if content is not None else None
+    return str(value) if value is not None else None
+
+
+class Tokenizer:
+    """Encode/decode text and render chat prompts for one checkpoint."""
+
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        *,
+        eos_token_ids: tuple[int, ...],
+        bos_token: str | None,
+        eos_token: str | None,
+        chat_template: str | None,
+        add_bos: bool,
+    ) -> None:
+        self._backend = backend
+        self.eos_token_ids = eos_token_ids
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
+        self.chat_template = chat_template
+        self.add_bos = add_bos
+
+    @classmethod
+    def load(cls, model_dir: str | Path, *, extra_eos_ids: Sequence[int] = ()) -> Tokenizer:
+        """Read ``tokenizer.json`` and ``tokenizer_config.json`` from a directory."""
+        directory = Path(model_dir)
+        path = directory / "tokenizer.json"
+        if not path.exists():
+            raise ModelLoadError(f"tokenizer.json not found in {directory}")
+        backend = HFTokenizer.from_file(str(path))
+        cfg_path = directory / "tokenizer_config.json"
+        cfg: dict[str, Any] = (
+            json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+        )
+        template = cfg.get("chat_template")
+        template_file = directory / "chat_template.jinja"
+        if template is None and template_file.exists():
+            template = template_file.read_text(encoding="utf-8")
+        if isinstance(template, list):  # named templates: take "default"
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default")
+        eos_token = _token_text(cfg.get("eos_token"))
+        eos_ids = list(extra_eos_ids)
+        if eos_token is not None:
+            eos_id = backend.token_to_id(eos_token)
+            if eos_id is not None:
+                eos_ids.append(eos_id)
+        return cls(
+            backend,
+            eos_token_ids=tuple(dict.fromkeys(eos_ids)),
+            bos_token=_token_text(cfg.get("bos_token")),
+            eos_token=eos_token,
+            chat_template=template,
+            add_bos=bool(cfg.get("add_bos_token", False)),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (with the post-processor's special tokens by default)."""
+        ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._backend.id_to_token(token_id)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Render ``messages`` with the checkpoint's chat template (HF semantics)."""
+        if not self.chat_template:
+            raise ModelLoadError("this model has no chat_template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
+        template = env.from_string(self.chat_template)
+        return template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **dict(extra or {}),
+        )
