@@ -5,9 +5,10 @@ Seed sections: *Funded timing refresh* (REF-1..6, REF-16..20) and the ledger par
 ``refresh.rs``. Which candidate an episode runs is ``policy/selection.py``'s business;
 this module only keeps the books.
 
-Arithmetic is exact (OPEN-6): the balance is a ``fractions.Fraction`` of nanoseconds,
-ordinary work earns ``numerator/denominator`` of its credited duration, and the cap is on
-the balance: full credit is 5 ms. So 2,494 ms of ordinary work does not fund the first
+Arithmetic is exact (OPEN-6): ordinary work earns ``numerator/denominator`` of its
+credited duration, and the balance is kept as an integer count of
+``1/denominator`` ns (exposed as a ``fractions.Fraction`` of ns), so no rounding ever
+accumulates. The cap is on the balance: full credit is 5 ms. So 2,494 ms of ordinary work does not fund the first
 refresh and 2,495 ms does (REF-19: ``2/998 * 2,495 ms = 5 ms``); for acceptance learning
 full credit is first reached at 495 ms (``1/99``, LRN-2).
 
@@ -61,9 +62,11 @@ class CreditLedger:
             raise ValueError("the credit share must be a non-negative fraction")
         if full_credit_ns <= 0:
             raise ValueError("full credit must be positive")
-        self._share = Fraction(share_numerator, share_denominator)
-        self._full = Fraction(full_credit_ns)
-        self._balance = Fraction(0)
+        self._numerator = share_numerator
+        self._denominator = share_denominator
+        # Balance and cap in units of 1/denominator ns: exact integer arithmetic.
+        self._full_scaled = full_credit_ns * share_denominator
+        self._balance_scaled = 0
         self._episode_open = False
         self._ordinary_ns = 0
         self._episodes_ns = 0
@@ -72,17 +75,17 @@ class CreditLedger:
     @property
     def share(self) -> Fraction:
         """The fraction of credited ordinary time this ledger earns."""
-        return self._share
+        return Fraction(self._numerator, self._denominator)
 
     @property
     def full_credit_ns(self) -> Fraction:
         """The cap on the balance, and the balance an episode needs (5 ms)."""
-        return self._full
+        return Fraction(self._full_scaled, self._denominator)
 
     @property
     def balance_ns(self) -> Fraction:
         """Exact current credit in ns; negative while an episode's overrun is unpaid."""
-        return self._balance
+        return Fraction(self._balance_scaled, self._denominator)
 
     @property
     def episode_open(self) -> bool:
@@ -109,18 +112,21 @@ class CreditLedger:
         if ordinary_ns < 0:
             raise ValueError(f"credited duration must be non-negative, got {ordinary_ns}")
         self._ordinary_ns += ordinary_ns
-        self._balance = min(self._balance + self._share * ordinary_ns, self._full)
+        self._balance_scaled = min(
+            self._balance_scaled + self._numerator * ordinary_ns, self._full_scaled
+        )
 
     def funded(self) -> bool:
         """Full credit and no episode open: another episode may begin (REF-16, LRN-15)."""
-        return not self._episode_open and self._balance >= self._full
+        return not self._episode_open and self._balance_scaled >= self._full_scaled
 
     def begin_episode(self) -> None:
         """Open an episode; only one at a time and only when funded."""
         if self._episode_open:
             raise LedgerError("an episode is already open")
-        if self._balance < self._full:
-            raise LedgerError(f"episode not funded: balance {float(self._balance):.0f} ns")
+        if self._balance_scaled < self._full_scaled:
+            balance = self._balance_scaled / self._denominator
+            raise LedgerError(f"episode not funded: balance {balance:.0f} ns")
         self._episode_open = True
         self._current_or_last_episode_ns = 0
 
@@ -133,7 +139,7 @@ class CreditLedger:
             raise LedgerError("charge outside an episode")
         if ns < 0:
             raise ValueError(f"episode duration must be non-negative, got {ns}")
-        self._balance -= ns
+        self._balance_scaled -= ns * self._denominator
         self._episodes_ns += ns
         self._current_or_last_episode_ns += ns
 
@@ -145,13 +151,15 @@ class CreditLedger:
 
     def on_idle(self) -> None:
         """Idle discards positive credit and preserves debt (REF-6, LRN-16, OPEN-8)."""
-        if self._balance > 0:
-            self._balance = Fraction(0)
+        if self._balance_scaled > 0:
+            self._balance_scaled = 0
 
     def bound_holds(self) -> bool:
         """REF-18 / LRN-17: ``P <= share * O + D``, exactly."""
-        return self._episodes_ns <= self._share * self._ordinary_ns + (
-            self._current_or_last_episode_ns
+        slack = self._current_or_last_episode_ns * self._denominator
+        return (
+            self._episodes_ns * self._denominator
+            <= self._numerator * self._ordinary_ns + slack
         )
 
 
