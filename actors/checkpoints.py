@@ -1,0 +1,77 @@
+"""Checkpoint anchors: which token endpoints a request's published state is kept for.
+
+Seed *Planning and the execution queue*: retention uses the exact endpoints the
+frontend supplied (``GenerationRequest.message_ends``, QUEUE-16); the last eligible
+completed message is the best-effort conversation anchor (QUEUE-17), the prompt end
+substitutes when there is none (QUEUE-18), and earlier messages follow in reverse
+order, then a distinct prompt end (QUEUE-19). Extra captures must fit
+``checkpoint_extra_work_fraction`` of the estimated uncached prefill work (QUEUE-20);
+an unknown cost disables extras but keeps anchors eligible (QUEUE-22).
+
+flare's models keep all of their state in KV pages, so a checkpoint at endpoint ``e``
+is the chain of full pages below ``e``; an anchor decides the *role* those pages carry
+in eviction (``prefix_cache.CheckpointRole``). Pure functions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from actors.prefix_cache import CheckpointRole
+
+
+def anchor_order(
+    prompt_len: int, message_ends: Sequence[int], *, cached_tokens: int = 0
+) -> tuple[int, ...]:
+    """Candidate anchors, best first (QUEUE-17..19).
+
+    Eligible messages end strictly after the cached prefix and strictly before the
+    prompt end (a message ending at the prompt end *is* the prompt end). The prompt
+    end comes last, once.
+    """
+    eligible = sorted(
+        {e for e in message_ends if cached_tokens < e < prompt_len}, reverse=True
+    )
+    return (*eligible, prompt_len)
+
+
+def checkpoint_roles(
+    *,
+    prompt_len: int,
+    message_ends: Sequence[int],
+    kv_tokens: int,
+    page_size: int,
+    terminal: bool,
+) -> dict[int, CheckpointRole]:
+    """The role of each published page that ends a checkpoint.
+
+    A checkpoint at endpoint ``e`` is kept as its last full page (index
+    ``e // page_size - 1``); endpoints inside the first page have none. With
+    ``terminal`` (a normal completion, OPEN-35) the last full page of the whole
+    written state carries the terminal role.
+    """
+    roles: dict[int, CheckpointRole] = {}
+
+    def mark(endpoint: int, role: CheckpointRole) -> None:
+        index = min(endpoint, kv_tokens) // page_size - 1
+        if index >= 0:
+            roles[index] = max(roles.get(index, CheckpointRole.INTERIOR), role)
+
+    for endpoint in anchor_order(prompt_len, message_ends):
+        role = CheckpointRole.PROMPT_END if endpoint == prompt_len else CheckpointRole.MESSAGE
+        mark(endpoint, role)
+    if terminal:
+        mark(kv_tokens, CheckpointRole.TERMINAL)
+    return roles
+
+
+def extra_capture_allowed(
+    *, extra_work_ns: int, uncached_prefill_ns: int, fraction: float
+) -> bool:
+    """Whether an extra split or copy fits the request-local allowance (QUEUE-20).
+
+    Zero means unknown (DUR-2): unknown costs disable extras (QUEUE-22).
+    """
+    if extra_work_ns <= 0 or uncached_prefill_ns <= 0:
+        return False
+    return extra_work_ns <= fraction * uncached_prefill_ns

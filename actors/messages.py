@@ -1,0 +1,321 @@
+"""Every message the runtime's actors exchange, and one inbox union per actor.
+
+Messages are values (house style 3): frozen, slotted, keyword-only dataclasses with
+tuples and ``NewType`` ids, and no behaviour. The only non-value fields are channel
+ends whose ownership moves with the message (a client's event channel travels from
+admission to the planner to the publisher, which closes it) and one-shot reply ends
+(size one, written exactly once, so the replier never blocks).
+
+Data flow (architecture: *Data flow of one request*, steps 1-7)::
+
+    client --Admit/Withdraw--> admission --Acquire--> checkpoint-allocator
+    admission --Admitted/Cancel--> planner --Reserve/Release--> checkpoint-allocator
+    planner --FrameOrder--> frame-dispatcher --FrameOutcome--> completion-validator
+    completion-validator --ValidatedFrame--> planner, --FenceRetired--> checkpoint-allocator
+    planner --Track/PublishFrame/Drop--> publisher --Published--> planner
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+import trio
+
+from actors.errors import AdmissionError
+from actors.public import FinishReason, GenerationRequest, StreamEvent
+from gpu.backend import Completion, ProgramFault
+from gpu.frames import Frame
+from policy.descriptors import ExecutionTiming
+from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan
+
+__all__ = [
+    "Fence",
+    "PageId",
+    "RequestHandle",
+    "RequestId",
+    "StateRow",
+]
+
+RequestId = NewType("RequestId", int)
+"""The runtime's id for one ``generate`` call, from submission to its last event."""
+
+StateRow = NewType("StateRow", int)
+"""An index into the device request state (``gpu.request_state``)."""
+
+PageId = NewType("PageId", int)
+"""An index into the paged KV cache."""
+
+EventSender = trio.MemorySendChannel[StreamEvent]
+
+
+# ------------------------------------------------------------------- client -> admission
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admit:
+    """A new generation (step 1). ``events`` is the client's private stream; its
+    ownership passes to the runtime. ``decision`` receives ``None`` (accepted, the
+    request is queued) or the ``AdmissionError`` that refuses it."""
+
+    request_id: RequestId
+    request: GenerationRequest
+    events: EventSender
+    decision: trio.MemorySendChannel[AdmissionError | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Withdraw:
+    """The client left (or cancelled): stop the request wherever it is."""
+
+    request_id: RequestId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrantArrived:
+    """Admission's own note that the allocator answered the queue head's ``Acquire``."""
+
+    request_id: RequestId
+    grant: Grant | None
+
+
+AdmissionInbox = Admit | Withdraw | GrantArrived
+
+
+# ------------------------------------------------------------------- checkpoint-allocator
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    """Resources for one admitted request: its state row (which is also its handle),
+    its generation, and the prefix-cache hit (full pages shared by reference)."""
+
+    handle: RequestHandle
+    epoch: int
+    row: StateRow
+    cached_pages: tuple[PageId, ...]
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acquire:
+    """Admission asks for a state row, the request's worst-case page budget and its
+    cached prefix. Answered once on ``reply``: a ``Grant`` now or when resources
+    free, or ``None`` if withdrawn first."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    message_ends: tuple[int, ...]
+    reply: trio.MemorySendChannel[Grant | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelAcquire:
+    """Admission withdraws a parked ``Acquire`` (the client left while queued)."""
+
+    request_id: RequestId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneExtent:
+    """A lane's KV extent after the frame: the request must own pages covering
+    ``kv_tokens`` positions."""
+
+    handle: RequestHandle
+    kv_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PagePlan:
+    """New pages for one request: block ``first_block`` onwards gets ``page_ids``."""
+
+    handle: RequestHandle
+    row: StateRow
+    first_block: int
+    page_ids: tuple[PageId, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reserve:
+    """The planner reserves pages before ``commit`` (step 3) and pins them to ``fence``.
+    The reply lists newly taken pages (empty if the request already owns enough)."""
+
+    fence: Fence
+    extents: tuple[LaneExtent, ...]
+    reply: trio.MemorySendChannel[tuple[PagePlan, ...]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """The request is done (finished, cancelled, failed). Its row and pages return
+    once ``last_fence`` retires (QUEUE-9, PRE-54). ``token_ids`` is the content of its
+    first ``kv_tokens`` positions; with ``publish`` its full pages enter the prefix
+    cache (the terminal snapshot of a normal completion, OPEN-35)."""
+
+    handle: RequestHandle
+    last_fence: Fence | None
+    token_ids: tuple[int, ...]
+    kv_tokens: int
+    publish: bool
+    message_ends: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FenceRetired:
+    """The frame ``fence`` finished on the device (successfully or not): nothing it
+    used is in use any more (step 7)."""
+
+    fence: Fence
+
+
+AllocatorInbox = Acquire | CancelAcquire | Reserve | Release | FenceRetired
+
+
+# ------------------------------------------------------------------- planner
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admitted:
+    """A request made resident by admission (step 2)."""
+
+    request_id: RequestId
+    request: GenerationRequest
+    grant: Grant
+    events: EventSender
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Stop a resident request at once (QUEUE-8)."""
+
+    request_id: RequestId
+    handle: RequestHandle
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneFailure:
+    """A lane the validator rejected, with the reason the client will see."""
+
+    handle: RequestHandle
+    epoch: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidatedFrame:
+    """A completed frame after validation (step 5): one record per planned lane, in
+    lane order; ``failures`` explains every record with ``ok=False``."""
+
+    fence: Fence
+    plan: ScheduledPlan
+    records: tuple[CompletionRecord, ...]
+    failures: tuple[LaneFailure, ...]
+    timing: ExecutionTiming
+    logprobs: tuple[tuple[float, ...], ...]
+    prompt_logprobs: tuple[float, ...] | None
+    fault: str | None = None
+    """The program fault that failed the whole frame, if any."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostFinish:
+    """The publisher ended a request's output (stop string, EOS, length)."""
+
+    handle: RequestHandle
+    epoch: int
+    reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Published:
+    """The publisher processed ``fence`` (step 6). ``visible`` lists the handles whose
+    output became visible, with the host time; a fence with nothing visible is still
+    reported (OPEN-20), so the planner can order completions after it (ACCT-17)."""
+
+    fence: Fence
+    visible: tuple[tuple[RequestHandle, int], ...]
+    finished: tuple[HostFinish, ...]
+
+
+PlannerInbox = Admitted | Cancel | ValidatedFrame | Published
+
+
+# ------------------------------------------------------------------- dispatcher/validator
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneContext:
+    """What the validator needs to check one lane: the row it ran on, whether it must
+    sample, and the tokens that terminate it (empty with ``ignore_eos``)."""
+
+    handle: RequestHandle
+    epoch: int
+    row: StateRow
+    samples: bool
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameOrder:
+    """One committed plan to launch (step 4)."""
+
+    fence: Fence
+    plan: ScheduledPlan
+    frame: Frame
+    lanes: tuple[LaneContext, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameOutcome:
+    """What the device did with one ``FrameOrder``: a completion or a fault."""
+
+    order: FrameOrder
+    completion: Completion | None
+    fault: ProgramFault | None
+    wall_ns: int
+
+
+DispatcherInbox = FrameOrder
+ValidatorInbox = FrameOutcome
+
+
+# ------------------------------------------------------------------- publisher
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Track:
+    """Start publishing for a resident request; the publisher now owns ``events``."""
+
+    request_id: RequestId
+    handle: RequestHandle
+    epoch: int
+    request: GenerationRequest
+    cached_tokens: int
+    events: EventSender
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishFrame:
+    """Committed output of one frame (``Scheduler.complete``'s tokens), with the
+    per-token logprobs and any failure messages, in one message per fence."""
+
+    fence: Fence
+    tokens: tuple[GeneratedToken, ...]
+    logprobs: tuple[tuple[float, ...], ...]
+    errors: tuple[LaneFailure, ...]
+    prompt_scores: tuple[tuple[RequestHandle, tuple[float | None, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drop:
+    """Stop publishing for a request and end its stream with ``reason``."""
+
+    handle: RequestHandle
+    epoch: int
+    reason: FinishReason
+    message: str = ""
+
+
+PublisherInbox = Track | PublishFrame | Drop

@@ -1,0 +1,208 @@
+"""The checkpoint-allocator's synchronous core: who owns which row and pages, and when
+they come back.
+
+Owns (architecture step 7; seed *Planning and the execution queue*, QUEUE-9, QUEUE-29,
+QUEUE-49/50, PRE-39, PRE-54):
+
+- **Grants.** A request becomes resident only with a state row and a page *budget*
+  covering its worst case (prompt plus ``max_tokens``) less the pages its cached
+  prefix shares. A resident request therefore never runs out of pages mid-stream and
+  nothing is ever preempted (OPEN-3: preemption is charged to nobody because it does
+  not happen; waiting requests queue in admission instead). Pages are taken from the
+  budget lazily, frame by frame (``reserve``), evicting unreferenced cache pages when
+  the free list is short.
+- **Fenced retirement.** ``release`` records the request's last submitted fence; its
+  row and pages return only once that fence has retired (frames retire in FIFO order
+  on the one stream, so a watermark suffices). Publication into the prefix cache
+  happens at the same moment, so only written pages are ever shared.
+- **Accounting.** ``free_pages + evictable`` covers every outstanding budget, which
+  ``acquire`` maintains as an invariant.
+
+Pure bookkeeping: no trio, no device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from actors.checkpoints import checkpoint_roles
+from actors.messages import Fence, Grant, LaneExtent, PageId, PagePlan, RequestHandle, StateRow
+from actors.page_pool import PagePool, ResourceError, StateRowPool, pages_for
+from actors.prefix_cache import PrefixCache
+
+
+@dataclass(slots=True, kw_only=True)
+class _Ownership:
+    handle: RequestHandle
+    epoch: int
+    row: StateRow
+    pages: list[PageId]
+    budget: int
+    """Pages this request may still take."""
+    prompt_len: int
+    last_fence: Fence | None = None
+    released: bool = False
+    publish_tokens: tuple[int, ...] = ()
+    publish_kv_tokens: int = 0
+    publish: bool = False
+    message_ends: tuple[int, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResourceStatistics:
+    pages_total: int
+    pages_free: int
+    pages_cached: int
+    rows_total: int
+    rows_free: int
+    residents: int
+    pending_releases: int
+    prefix_hit_tokens: int
+
+
+class ResourceBook:
+    """Rows, page budgets, the prefix cache and fenced retirement."""
+
+    def __init__(self, *, num_pages: int, state_rows: int, page_size: int) -> None:
+        self.page_size = page_size
+        self.pages = PagePool(num_pages)
+        self.rows = StateRowPool(state_rows)
+        self.cache = PrefixCache(self.pages, page_size)
+        self._owners: dict[RequestHandle, _Ownership] = {}
+        self._retired: int = 0
+        """Every fence up to and including this one has retired."""
+
+    # ------------------------------------------------------------------ admission
+
+    def budget_for(self, prompt_len: int, max_tokens: int) -> int:
+        """Worst-case pages: every prompt position and every generated token but the
+        last (its KV is never written)."""
+        return pages_for(prompt_len + max_tokens - 1, self.page_size)
+
+    def acquire(
+        self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = ()
+    ) -> Grant | None:
+        """A grant if a row and the request's budget are available now, else None."""
+        if self.rows.free_count == 0:
+            return None
+        # At least one prompt token must run so the first output has logits.
+        hit = self.cache.lookup(prompt, limit_tokens=len(prompt) - 1)
+        budget = self.budget_for(len(prompt), max_tokens) - len(hit.pages)
+        if budget > self._available_pages():
+            self.pages.drop(hit.pages)
+            return None
+        row, epoch = self.rows.take()
+        handle = RequestHandle(int(row))
+        self._owners[handle] = _Ownership(
+            handle=handle, epoch=epoch, row=row, pages=list(hit.pages), budget=budget,
+            prompt_len=len(prompt), message_ends=tuple(message_ends),
+        )
+        return Grant(handle=handle, epoch=epoch, row=row, cached_pages=hit.pages,
+                     cached_tokens=hit.tokens)
+
+    def _available_pages(self) -> int:
+        outstanding = sum(o.budget for o in self._owners.values())
+        return self.pages.free_count + self.cache.evictable_count() - outstanding
+
+    # ------------------------------------------------------------------ frames
+
+    def reserve(self, fence: Fence, extents: Sequence[LaneExtent]) -> tuple[PagePlan, ...]:
+        """Give each lane pages covering its KV extent after ``fence`` and pin the
+        request's resources through ``fence`` (QUEUE-49, QUEUE-50)."""
+        plans: list[PagePlan] = []
+        for extent in extents:
+            owner = self._owners.get(extent.handle)
+            if owner is None or owner.released:
+                raise ResourceError(f"request {extent.handle} is not resident")
+            owner.last_fence = fence
+            needed = pages_for(extent.kv_tokens, self.page_size) - len(owner.pages)
+            if needed <= 0:
+                continue
+            if needed > owner.budget:
+                raise ResourceError(
+                    f"request {extent.handle} needs {needed} pages beyond its budget"
+                )
+            if needed > self.pages.free_count:
+                self.cache.evict(needed - self.pages.free_count)
+            taken = self.pages.take(needed)
+            owner.budget -= needed
+            plans.append(PagePlan(handle=extent.handle, row=owner.row,
+                                  first_block=len(owner.pages), page_ids=taken))
+            owner.pages.extend(taken)
+        return tuple(plans)
+
+    def pin(self, fence: Fence, handles: Sequence[RequestHandle]) -> None:
+        """Pin requests that take part in ``fence`` without needing pages."""
+        for handle in handles:
+            owner = self._owners.get(handle)
+            if owner is not None and not owner.released:
+                owner.last_fence = fence
+
+    # ------------------------------------------------------------------ retirement
+
+    def release(
+        self,
+        handle: RequestHandle,
+        *,
+        token_ids: Sequence[int] = (),
+        kv_tokens: int = 0,
+        publish: bool = False,
+    ) -> bool:
+        """The request will submit nothing more. Returns True if its resources came
+        back at once (its last fence had already retired)."""
+        owner = self._owners.get(handle)
+        if owner is None or owner.released:
+            return False
+        owner.released = True
+        owner.publish = publish
+        owner.publish_tokens = tuple(token_ids)
+        owner.publish_kv_tokens = kv_tokens
+        owner.budget = 0
+        if owner.last_fence is None or owner.last_fence <= self._retired:
+            self._finalize(owner)
+            return True
+        return False
+
+    def retire(self, fence: Fence) -> int:
+        """``fence`` retired; free every released request whose last fence has.
+        Returns how many requests were freed."""
+        self._retired = max(self._retired, int(fence))
+        done = [
+            o for o in self._owners.values()
+            if o.released and (o.last_fence is None or o.last_fence <= self._retired)
+        ]
+        for owner in done:
+            self._finalize(owner)
+        return len(done)
+
+    def _finalize(self, owner: _Ownership) -> None:
+        if owner.publish and owner.publish_kv_tokens >= self.page_size:
+            kv = owner.publish_kv_tokens
+            roles = checkpoint_roles(
+                prompt_len=owner.prompt_len, message_ends=owner.message_ends,
+                kv_tokens=kv, page_size=self.page_size, terminal=True,
+            )
+            self.cache.publish(owner.publish_tokens[:kv], owner.pages, roles=roles)
+        self.pages.drop(owner.pages)
+        owner.pages = []
+        self.rows.give_back(owner.row)
+        del self._owners[owner.handle]
+
+    # ------------------------------------------------------------------ views
+
+    def owns(self, handle: RequestHandle) -> bool:
+        return handle in self._owners
+
+    def page_table(self, handle: RequestHandle) -> tuple[PageId, ...]:
+        return tuple(self._owners[handle].pages)
+
+    def statistics(self) -> ResourceStatistics:
+        cache = self.cache.statistics()
+        return ResourceStatistics(
+            pages_total=self.pages.total, pages_free=self.pages.free_count,
+            pages_cached=cache.pages, rows_total=self.rows.total,
+            rows_free=self.rows.free_count, residents=len(self._owners),
+            pending_releases=sum(1 for o in self._owners.values() if o.released),
+            prefix_hit_tokens=cache.hit_tokens,
+        )

@@ -1,0 +1,181 @@
+"""The checkpoint-allocator's pure core: page pool, state rows, prefix cache, anchors,
+fenced retirement. Covers QUEUE-9, QUEUE-16..22, QUEUE-29, QUEUE-30, QUEUE-49, QUEUE-50,
+PRE-39, PRE-53, PRE-54, ACCT-5 (fresh epochs on row reuse), OPEN-3."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.checkpoints import anchor_order, checkpoint_roles, extra_capture_allowed
+from actors.messages import Fence, LaneExtent, PageId, RequestHandle
+from actors.page_pool import PagePool, ResourceError, StateRowPool, pages_for
+from actors.prefix_cache import CheckpointRole, PrefixCache
+from actors.resource_book import ResourceBook
+
+PAGE = 4
+
+
+def test_page_pool_reference_counts() -> None:
+    pool = PagePool(3)
+    (a, b) = pool.take(2)
+    pool.share([a])
+    assert pool.drop([a, b]) == 1  # b freed, a still shared
+    assert pool.free_count == 2
+    assert pool.drop([a]) == 1
+    with pytest.raises(ResourceError):
+        pool.drop([a])
+
+
+def test_acct_5_row_reuse_gets_a_larger_epoch() -> None:
+    rows = StateRowPool(1)
+    row, first = rows.take()
+    rows.give_back(row)
+    again, second = rows.take()
+    assert again == row and second > first
+
+
+def test_pages_for_rounds_up() -> None:
+    assert [pages_for(n, 4) for n in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
+
+
+def test_prefix_cache_shares_full_pages_by_content() -> None:
+    pool = PagePool(8)
+    cache = PrefixCache(pool, PAGE)
+    pages = pool.take(3)
+    tokens = list(range(10))  # two full pages + a partial one
+    assert cache.publish(tokens, pages) == 2
+    assert pool.references(pages[0]) == 2 and pool.references(pages[2]) == 1
+    hit = cache.lookup([*range(8), 99, 98], limit_tokens=9)
+    assert hit.pages == pages[:2] and hit.tokens == 8
+    miss = cache.lookup([0, 1, 2, 7, 4], limit_tokens=4)
+    assert miss.pages == ()
+    # Same content under a different prefix is a different key.
+    assert cache.lookup([9, 9, 9, 9, 4, 5, 6, 7], limit_tokens=8).pages == ()
+
+
+def test_queue_30_victims_by_recency_then_role_then_length() -> None:
+    pool = PagePool(16)
+    cache = PrefixCache(pool, PAGE)
+    old = pool.take(1)
+    cache.publish([1, 1, 1, 1], old, roles={0: CheckpointRole.TERMINAL})
+    new_a = pool.take(1)
+    cache.publish([2, 2, 2, 2], new_a, roles={0: CheckpointRole.TERMINAL})
+    pool.drop([*old, *new_a])  # only the cache holds them now
+    assert cache.evict(1) == 1
+    assert cache.lookup([1, 1, 1, 1, 0], limit_tokens=4).pages == ()  # least recent went
+    assert cache.lookup([2, 2, 2, 2, 0], limit_tokens=4).pages == new_a
+    pool.drop(new_a)
+    # Equal recency: weaker role first, then the longer endpoint first.
+    chain = pool.take(3)
+    cache.publish([5] * 12, chain, roles={1: CheckpointRole.MESSAGE})
+    pool.drop(chain)
+    nodes = {n.page: n for n in cache._nodes.values()}
+    first, message, last = (nodes[p] for p in chain)
+    key = cache.victim_order_key
+    assert key(last) < key(first)  # same role and demand: the longer endpoint goes first
+    assert key(first) < key(message)  # same demand: interior before a message anchor
+    assert cache.evict(3) == 3 and pool.free_count == 15
+
+
+def test_open_3_shared_pages_are_never_evicted() -> None:
+    pool = PagePool(4)
+    cache = PrefixCache(pool, PAGE)
+    pages = pool.take(2)
+    cache.publish(list(range(8)), pages)
+    pool.drop(pages)
+    hit = cache.lookup(list(range(9)), limit_tokens=8)  # a request shares both
+    assert cache.evict(2) == 0
+    pool.drop(hit.pages)
+    assert cache.evict(2) == 2
+    assert pool.free_count == 4
+
+
+def test_queue_17_to_19_anchor_order() -> None:
+    assert anchor_order(100, [10, 40, 70]) == (70, 40, 10, 100)
+    assert anchor_order(100, [10, 100], cached_tokens=20) == (100,)
+    assert anchor_order(50, []) == (50,)
+
+
+def test_checkpoint_roles_mark_anchor_pages() -> None:
+    roles = checkpoint_roles(prompt_len=10, message_ends=[5], kv_tokens=13, page_size=PAGE,
+                             terminal=True)
+    assert roles == {0: CheckpointRole.MESSAGE, 1: CheckpointRole.PROMPT_END,
+                     2: CheckpointRole.TERMINAL}
+
+
+def test_queue_20_22_extra_work_allowance() -> None:
+    assert extra_capture_allowed(extra_work_ns=5, uncached_prefill_ns=100, fraction=0.05)
+    assert not extra_capture_allowed(extra_work_ns=6, uncached_prefill_ns=100, fraction=0.05)
+    assert not extra_capture_allowed(extra_work_ns=0, uncached_prefill_ns=100, fraction=0.05)
+
+
+def book(pages: int = 8, rows: int = 2) -> ResourceBook:
+    return ResourceBook(num_pages=pages, state_rows=rows, page_size=PAGE)
+
+
+def test_acquire_reserves_the_worst_case_budget() -> None:
+    b = book(pages=4)
+    first = b.acquire(list(range(6)), max_tokens=3)  # 8 positions -> 2 pages
+    assert first is not None
+    second = b.acquire(list(range(6)), max_tokens=3)
+    assert second is not None
+    assert b.acquire([1], max_tokens=1) is None  # no row left
+    b2 = book(pages=3)
+    assert b2.acquire(list(range(8)), max_tokens=1) is not None
+    assert b2.acquire(list(range(8)), max_tokens=1) is None  # budget would exceed the pool
+
+
+def test_queue_9_queue_50_pages_return_only_when_last_fence_retires() -> None:
+    b = book()
+    grant = b.acquire([1, 2, 3], max_tokens=4)
+    assert grant is not None
+    plans = b.reserve(Fence(1), [LaneExtent(handle=grant.handle, kv_tokens=3)])
+    assert [len(p.page_ids) for p in plans] == [1]
+    b.reserve(Fence(2), [LaneExtent(handle=grant.handle, kv_tokens=5)])
+    assert b.pages.used_count == 2
+    assert b.release(grant.handle) is False  # fence 2 still in flight
+    assert b.retire(Fence(1)) == 0
+    assert b.pages.used_count == 2 and b.rows.free_count == 1
+    assert b.retire(Fence(2)) == 1
+    assert b.pages.used_count == 0 and b.rows.free_count == 2
+
+
+def test_pre_53_terminal_publication_is_seen_by_the_next_turn() -> None:
+    b = book()
+    prompt = list(range(6))
+    grant = b.acquire(prompt, max_tokens=4)
+    assert grant is not None and grant.cached_tokens == 0
+    b.reserve(Fence(1), [LaneExtent(handle=grant.handle, kv_tokens=9)])
+    b.retire(Fence(1))
+    output = [50, 51, 52, 53]
+    written = prompt + output[:-1]  # the last sampled token has no KV yet
+    assert b.release(grant.handle, token_ids=written, kv_tokens=len(written), publish=True)
+    follow_up = b.acquire([*prompt, *output, 60, 61], max_tokens=2)
+    assert follow_up is not None and follow_up.cached_tokens == 8
+    assert follow_up.epoch > grant.epoch
+
+
+def test_reserve_evicts_unreferenced_cache_pages() -> None:
+    b = book(pages=3, rows=1)
+    g = b.acquire(list(range(8)), max_tokens=1)
+    assert g is not None
+    b.reserve(Fence(1), [LaneExtent(handle=g.handle, kv_tokens=8)])
+    b.retire(Fence(1))
+    b.release(g.handle, token_ids=list(range(8)), kv_tokens=8, publish=True)
+    assert b.statistics().pages_cached == 2 and b.pages.free_count == 1
+    g2 = b.acquire([9] * 9, max_tokens=3)  # needs 3 pages: must count evictable ones
+    assert g2 is not None
+    plans = b.reserve(Fence(2), [LaneExtent(handle=g2.handle, kv_tokens=11)])
+    assert sum(len(p.page_ids) for p in plans) == 3
+    assert b.statistics().pages_cached == 0
+
+
+def test_release_without_frames_is_immediate_and_unknown_reserve_raises() -> None:
+    b = book()
+    g = b.acquire([1, 2], max_tokens=2)
+    assert g is not None
+    assert b.release(g.handle)
+    with pytest.raises(ResourceError):
+        b.reserve(Fence(1), [LaneExtent(handle=g.handle, kv_tokens=1)])
+    assert b.pages.used_count == 0 and b.rows.free_count == 2
+    assert RequestHandle(0) == g.handle and isinstance(PageId(1), int)
