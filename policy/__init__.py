@@ -1,5 +1,74 @@
 """flare's scheduler: pure, synchronous decisions over prepared graphs.
 
 This package never imports trio, torch, or any clock; time enters through
-``Scheduler.advance_to(now_ns)``. See ``docs/architecture.md``.
+``Scheduler.advance_to(now_ns)``. See ``docs/architecture.md``. The names below are the
+package's public surface; modules stay importable for their other helpers.
 """
+
+from policy.descriptors import (
+    ExecutionTiming,
+    GraphKind,
+    GraphShape,
+    StateOp,
+    TargetBinding,
+)
+from policy.scheduler import Scheduler
+from policy.types import (
+    AdmissionRefused,
+    CommitRejected,
+    CompletionError,
+    CompletionRecord,
+    DecodeMode,
+    Fence,
+    FinishKind,
+    GeneratedToken,
+    Lane,
+    LaneRole,
+    MixedRole,
+    Phase,
+    PolicyError,
+    PublicationError,
+    RequestHandle,
+    ScheduledPlan,
+    ScheduledStep,
+    SchedulerStatistics,
+    SelectionReason,
+    StaleEpochError,
+    StalePlanError,
+    TraceRecord,
+    UnknownRequestError,
+    WindowNotReady,
+)
+
+__all__ = [
+    "AdmissionRefused",
+    "CommitRejected",
+    "CompletionError",
+    "CompletionRecord",
+    "DecodeMode",
+    "ExecutionTiming",
+    "Fence",
+    "FinishKind",
+    "GeneratedToken",
+    "GraphKind",
+    "GraphShape",
+    "Lane",
+    "LaneRole",
+    "MixedRole",
+    "Phase",
+    "PolicyError",
+    "PublicationError",
+    "RequestHandle",
+    "ScheduledPlan",
+    "ScheduledStep",
+    "Scheduler",
+    "SchedulerStatistics",
+    "SelectionReason",
+    "StaleEpochError",
+    "StalePlanError",
+    "StateOp",
+    "TargetBinding",
+    "TraceRecord",
+    "UnknownRequestError",
+    "WindowNotReady",
+]

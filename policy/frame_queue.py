@@ -1,0 +1,118 @@
+"""The two-slot execution window (seed: *Planning and the execution queue*).
+
+This module owns what is in flight: each committed frame with its frozen plan,
+participants, expected service and expected finish time, and the gate that says whether
+a plan may be submitted now.
+
+- Two frame slots (QUEUE-10). Only ordinary decode and complete speculative generation
+  may occupy both (QUEUE-11): a frame may be queued behind another only when both are
+  generation programs whose plans need no completion feedback. Prefill, scored prefill,
+  mixed, vision and state operations drain the window (QUEUE-12, MIX-31), as do unknown
+  or stale costs and exploration plans (QUEUE-13, DUR-25, DUR-27, QUEUE-36).
+- Expected finish times give an appended frame its planning start (QUEUE-38); there is
+  no millisecond cap on a frame or on the queue (QUEUE-37).
+- Overrun (OPEN-31): a frame still running when ``advance_to`` passes its expected
+  finish. It suspends further queueing until a completion supplies feedback (QUEUE-39);
+  it never makes the graph ineligible (QUEUE-40).
+
+Pure: no clocks; times come from ``Scheduler.advance_to``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from policy.service import Normalizers
+from policy.types import Fence, RequestHandle, ScheduledPlan, SelectionReason
+
+FRAME_SLOTS = 2
+"""The transport's frame slots (QUEUE-10)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedFrame:
+    """One committed, not yet completed frame.
+
+    ``participants``: resident runnable handles and epochs at commit (ACCT-1).
+    ``isolated``: nothing else was in flight at commit (ACCT-9/10, REF-3/4).
+    ``expected_start_ns``/``expected_end_ns``: its planning interval (QUEUE-38).
+    ``reason``: the execution-counter kind, fixed at commit.
+    """
+
+    fence: Fence
+    plan: ScheduledPlan
+    committed_ns: int
+    expected_start_ns: int
+    expected_end_ns: int
+    isolated: bool
+    participants: tuple[tuple[RequestHandle, int], ...]
+    normalizers: Normalizers
+    reason: SelectionReason
+
+
+class FrameQueue:
+    """The frames in flight, oldest first."""
+
+    def __init__(self) -> None:
+        self._frames: deque[QueuedFrame] = deque()
+        self._overrun = False
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def __iter__(self) -> Iterator[QueuedFrame]:
+        return iter(self._frames)
+
+    @property
+    def overrun(self) -> bool:
+        """Queueing is suspended until the next completion (QUEUE-39)."""
+        return self._overrun
+
+    @property
+    def last_fence(self) -> Fence | None:
+        return self._frames[-1].fence if self._frames else None
+
+    def expected_end_ns(self, now_ns: int) -> int:
+        """When the window is expected to be empty: the planning start of a frame
+        appended now (QUEUE-38)."""
+        if not self._frames:
+            return now_ns
+        return max(now_ns, self._frames[-1].expected_end_ns)
+
+    def observe_time(self, now_ns: int) -> None:
+        """Mark an overrun when a measured frame runs past its expected end (OPEN-31)."""
+        for frame in self._frames:
+            if frame.plan.duration_known and now_ns > frame.expected_end_ns:
+                self._overrun = True
+
+    def blocking_reason(self, plan: ScheduledPlan) -> str | None:
+        """Why ``plan`` cannot be submitted now, or None when it can."""
+        if not self._frames:
+            return None
+        if len(self._frames) >= FRAME_SLOTS:
+            return "both frame slots are occupied"
+        if plan.requires_empty_window:
+            return f"{plan.shape.label()} needs an empty window and completion feedback"
+        if self._overrun:
+            return "queueing is suspended after an overrun until the next completion"
+        tail = self._frames[-1].plan
+        if tail.requires_empty_window or not tail.shape.is_generation:
+            return f"nothing may queue behind {tail.shape.label()}"
+        return None
+
+    def push(self, frame: QueuedFrame) -> None:
+        self._frames.append(frame)
+
+    def pop(self, fence: Fence) -> QueuedFrame | None:
+        """Remove the oldest frame if it carries ``fence``; completions arrive in order.
+
+        Any completion clears an overrun (QUEUE-39)."""
+        if not self._frames or self._frames[0].fence != fence:
+            return None
+        self._overrun = False
+        return self._frames.popleft()
+
+    def frames_for(self, handle: RequestHandle) -> list[QueuedFrame]:
+        return [f for f in self._frames if handle in f.plan.handles()]

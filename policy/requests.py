@@ -1,0 +1,127 @@
+"""Per-request records the scheduler keeps: phase, cursors, epochs, endpoints, prices.
+
+This module owns ``RequestRecord`` (seed ``scheduler.rs`` request resources): what a
+resident request has committed (prompt cursor, output count), what is queued for it
+in frames not yet completed, its service history (``policy/service.py``), its output
+and terminal age clocks, and the prompt endpoints that restrict prefill work.
+
+Seed sections: *Useful service and selection* (prompt progress counts consumed uncached
+prompt tokens; atomic spans, system boundaries and prompt length restrict logical
+prefill work), *Prerequisites and completion* (terminal age starts at validated
+termination or preemption and is not reset by publication), *Planning and the execution
+queue* (a finishing prefill exposes its decoder only after completion).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from policy.service import ServiceHistory
+from policy.types import Fence, Phase, RequestHandle
+
+
+@dataclass(slots=True)
+class PendingDelivery:
+    """A completed frame's delivery update awaiting its publication report (ACCT-13).
+
+    ``before`` is the delivery rate saved just before the zero-delivery update.
+    """
+
+    fence: Fence
+    before: float | None
+    interval_ms: float
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestRecord:
+    """One resident request.
+
+    Cursors are committed state and move only in ``Scheduler.complete``; the
+    ``queued_*`` fields count work frozen into frames that have not completed yet and
+    are used only for projection and limits (QUEUE-41..48).
+    """
+
+    handle: RequestHandle
+    epoch: int
+    admitted_ns: int
+    prompt_len: int
+    cached_prefix_len: int
+    max_output_tokens: int
+    message_ends: tuple[int, ...] = ()
+    system_end: int | None = None
+    scored_prompt: bool = False
+    history: ServiceHistory
+    phase: Phase = Phase.PREFILL
+    prompt_cursor: int = 0
+    output_committed: int = 0
+    queued_outputs: int = 0
+    in_flight_fences: list[Fence] = field(default_factory=list)
+    last_visible_ns: int = 0
+    """Host time of the last visible output (A_i counts from here, ACCT-18)."""
+    queued_delivery_end_ns: int | None = None
+    """Expected end of the latest queued frame that delivers to this request (QUEUE-43)."""
+    terminal_since_ns: int | None = None
+    """When validated termination or preemption began retirement (PRE-41)."""
+    last_served_ns: int = 0
+    """Last commit that included this request (the DUR-24 recency tie-break)."""
+    cancelled: bool = False
+    preempted: bool = False
+    failed: bool = False
+    pending_delivery: PendingDelivery | None = None
+
+    # ---- prompt work -------------------------------------------------------------
+
+    @property
+    def uncached_remaining(self) -> int:
+        return max(self.prompt_len - self.prompt_cursor, 0)
+
+    def logical_prompt_end(self) -> int:
+        """Where the next prefill chunk must stop: the system boundary if the cursor
+        is before it, else the prompt end (SEL-40, OPEN-36)."""
+        if self.system_end is not None and self.prompt_cursor < self.system_end:
+            return min(self.system_end, self.prompt_len)
+        return self.prompt_len
+
+    def next_endpoint(self) -> int:
+        """The next message or prompt endpoint after the cursor (DUR-20's limit)."""
+        limit = self.logical_prompt_end()
+        i = bisect.bisect_right(self.message_ends, self.prompt_cursor)
+        if i < len(self.message_ends):
+            return min(self.message_ends[i], limit)
+        return limit
+
+    # ---- output work -------------------------------------------------------------
+
+    @property
+    def output_room(self) -> int:
+        """Output tokens still allowed after committed and queued work (QUEUE-48)."""
+        return self.max_output_tokens - self.output_committed - self.queued_outputs
+
+    @property
+    def in_flight(self) -> bool:
+        return bool(self.in_flight_fences)
+
+    @property
+    def selectable(self) -> bool:
+        """Whether any candidate may include this request now (QUEUE-8, QUEUE-15)."""
+        if self.cancelled or self.phase is Phase.RETIRED:
+            return False
+        if self.phase is Phase.DECODE:
+            return self.output_room > 0
+        # Prefill and terminal work drain the window, so a request with a frame in
+        # flight has nothing selectable until that frame completes.
+        return not self.in_flight
+
+    def output_age_ns(self, at_ns: int) -> int:
+        """Projected output age A_i at ``at_ns`` (QUEUE-43: from a queued expected
+        delivery when there is one, else from the last visible output)."""
+        since = self.last_visible_ns
+        if self.queued_delivery_end_ns is not None:
+            since = max(since, self.queued_delivery_end_ns)
+        return max(at_ns - since, 0)
+
+    def terminal_age_ns(self, at_ns: int) -> int:
+        if self.terminal_since_ns is None:
+            return 0
+        return max(at_ns - self.terminal_since_ns, 0)

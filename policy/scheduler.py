@@ -1,0 +1,515 @@
+"""``Scheduler``: the prepared-graph scheduler's lifecycle (seed module ``scheduler.rs``).
+
+The planner actor owns one ``Scheduler`` and drives it with values and times::
+
+    sched.advance_to(now_ns)
+    plan = sched.plan()                       # pure: never mutates state (QUEUE-2)
+    if plan is not None and sched.window_ready(plan):
+        trace = sched.commit(plan, fence)     # rechecks, never reselects (QUEUE-6, QUEUE-7)
+    ...
+    tokens = sched.complete(fence, records, timing)     # validates every lane first
+    sched.published_output(handle, fence, host_time_ns)  # or nothing_published(...)
+    for handle in sched.take_released(): free its resources
+
+This module owns request residency (admission, cancellation, preemption, phase
+transitions), commit (participants, epochs, freshness, window gate), completion (lane
+validation before any update, committed-counter service, cost observations, refresh
+credit, execution counters) and publication (one delivery per visible burst, output age
+from host publication time). Selection itself lives in ``policy/selection.py`` and its
+inputs in ``policy/decision.py``.
+
+Seed sections: *Planning and the execution queue*, *Service accounting and publication*,
+*Funded timing refresh*, *Prerequisites and completion* (terminal retirement).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+from policy.config import PolicyConfig
+from policy.cost import DurationEstimates
+from policy.decision import build_context
+from policy.descriptors import MAX_REQUEST_SLOTS, ExecutionTiming, GraphShape
+from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.refresh import (
+    CreditLedger,
+    credited_duration_ns,
+    episode_charge_ns,
+    timing_refresh_ledger,
+)
+from policy.requests import PendingDelivery, RequestRecord
+from policy.selection import CatalogIndex, select
+from policy.service import (
+    Normalizers,
+    new_history,
+    normalizers_from_catalog,
+    observe_delivery,
+    observe_service,
+    redo_delivery,
+    service_interval_ns,
+)
+from policy.types import (
+    AdmissionRefused,
+    CommitRejected,
+    CompletionError,
+    CompletionRecord,
+    Fence,
+    FinishKind,
+    GeneratedToken,
+    Lane,
+    LaneRole,
+    Phase,
+    PolicyError,
+    RequestHandle,
+    ScheduledPlan,
+    SchedulerStatistics,
+    SelectionReason,
+    StaleEpochError,
+    StalePlanError,
+    TraceRecord,
+    UnknownRequestError,
+    WindowNotReady,
+)
+from policy.utility import NS_PER_MS
+
+TRACE_HISTORY = 1024
+"""Committed-plan traces kept for ``traces()``; older ones are dropped."""
+
+
+class Scheduler:
+    """Pure, synchronous scheduler over one catalog of prepared shapes."""
+
+    def __init__(self, config: PolicyConfig | None = None,
+                 catalog: Iterable[GraphShape] = ()) -> None:
+        self._config = config if config is not None else PolicyConfig()
+        self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
+        self._refresh: CreditLedger = timing_refresh_ledger()
+        self._queue = FrameQueue()
+        self._records: dict[RequestHandle, RequestRecord] = {}
+        self._last_epoch: dict[RequestHandle, int] = {}
+        self._next_handle = 1
+        self._now_ns = 0
+        self._last_fence: Fence | None = None
+        self._admitted_any = False
+        self._catalog = CatalogIndex.build(())
+        self._executions = {r.value: 0 for r in SelectionReason}
+        self._execution_ns = {r.value: 0 for r in SelectionReason}
+        self._committed = 0
+        self._failed_lanes = 0
+        self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
+        self.set_catalog(catalog)
+
+    # ---- configuration -------------------------------------------------------------
+
+    @property
+    def config(self) -> PolicyConfig:
+        return self._config
+
+    @property
+    def estimates(self) -> DurationEstimates:
+        """The cost catalog (read it; only ``complete`` should feed it)."""
+        return self._estimates
+
+    @property
+    def refresh_ledger(self) -> CreditLedger:
+        return self._refresh
+
+    @property
+    def now_ns(self) -> int:
+        return self._now_ns
+
+    def configure_policy(self, config: PolicyConfig) -> None:
+        """Replace the preferences; only before the first admission (seed: *Policy
+        preferences*, OPEN-29)."""
+        if self._admitted_any:
+            raise PolicyError("configure_policy must be called before the first admission")
+        config.validate()
+        self._config = config
+        self._estimates.ttl_ns = config.estimate_ttl_ns
+
+    def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
+        """Load the prepared shapes. Estimates are keyed by shape and survive reloads."""
+        unique = tuple(dict.fromkeys(shapes))
+        self._catalog = CatalogIndex.build(unique)
+
+    @property
+    def catalog(self) -> tuple[GraphShape, ...]:
+        return self._catalog.shapes
+
+    # ---- time ------------------------------------------------------------------------
+
+    def advance_to(self, now_ns: int) -> None:
+        """Move the clock forward. Marks overruns (OPEN-31) and, when idle (no frame in
+        flight and no runnable request, OPEN-8), discards positive refresh credit."""
+        if now_ns < self._now_ns:
+            raise PolicyError(f"time went backwards: {now_ns} < {self._now_ns}")
+        self._now_ns = now_ns
+        self._queue.observe_time(now_ns)
+        if len(self._queue) == 0 and not any(r.selectable for r in self._records.values()):
+            self._refresh.on_idle()
+
+    # ---- residency ---------------------------------------------------------------------
+
+    def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
+              message_ends: Sequence[int] = (), system_end: int | None = None,
+              scored_prompt: bool = False, handle: RequestHandle | None = None
+              ) -> RequestHandle:
+        """Make a request resident and return its handle.
+
+        ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
+        prompt service (SEL-1). ``message_ends`` are message-end token offsets
+        (DUR-20's endpoints); ``system_end`` ends the system prompt, a boundary no
+        prefill chunk crosses (SEL-40, OPEN-36). A reused ``handle`` gets a larger epoch,
+        so its old fences can never charge it (ACCT-5).
+        """
+        if prompt_len < 1:
+            raise AdmissionRefused("a request needs at least one prompt token")
+        if max_output_tokens < 1:
+            raise AdmissionRefused("max_output_tokens must be at least 1")
+        if not 0 <= cached_prefix_len < prompt_len:
+            raise AdmissionRefused("cached prefix must leave at least one prompt token")
+        ends = tuple(sorted(set(message_ends)))
+        if any(not 0 < e <= prompt_len for e in ends):
+            raise AdmissionRefused("message ends must lie within the prompt")
+        if system_end is not None and not 0 < system_end <= prompt_len:
+            raise AdmissionRefused("system_end must lie within the prompt")
+        if handle is None:
+            handle = RequestHandle(self._next_handle)
+        if handle in self._records:
+            raise AdmissionRefused(f"handle {handle} is already resident")
+        self._next_handle = max(self._next_handle, handle + 1)
+        epoch = self._last_epoch.get(handle, -1) + 1
+        self._last_epoch[handle] = epoch
+        population = sum(1 for r in self._records.values() if not r.cancelled) + 1
+        norms = normalizers_from_catalog(self._estimates.measured(), population)
+        self._records[handle] = RequestRecord(
+            handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
+            cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
+            message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
+            history=new_history(norms), prompt_cursor=cached_prefix_len,
+            last_visible_ns=self._now_ns,
+        )
+        self._admitted_any = True
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        """Stop selecting ``handle`` at once (QUEUE-8). Its in-flight lanes complete
+        without effect; it is released once its last submitted fence completes."""
+        rec = self._record(handle)
+        rec.cancelled = True
+        rec.phase = Phase.RETIRED
+
+    def preempt(self, handle: RequestHandle) -> None:
+        """Begin retiring a resident request without completing its response (PRE-43);
+        its terminal age starts now (PRE-41)."""
+        rec = self._record(handle)
+        if rec.phase in (Phase.RETIRED, Phase.TERMINAL) or rec.cancelled:
+            return
+        rec.preempted = True
+        self._begin_retirement(rec)
+
+    def phase(self, handle: RequestHandle) -> Phase:
+        return self._record(handle).phase
+
+    def request(self, handle: RequestHandle) -> RequestRecord:
+        """The live record (read-only use: tests, diagnostics)."""
+        return self._record(handle)
+
+    def handles(self) -> tuple[RequestHandle, ...]:
+        return tuple(self._records)
+
+    def take_released(self) -> list[RequestHandle]:
+        """Handles whose execution resources may now be freed: retired, cancelled or
+        failed, with no submitted fence outstanding (PRE-39, PRE-54, QUEUE-9).
+        They stop being resident."""
+        done = [h for h, r in self._records.items()
+                if r.phase is Phase.RETIRED and not r.in_flight]
+        for h in done:
+            del self._records[h]
+        return done
+
+    # ---- planning ----------------------------------------------------------------------
+
+    def plan(self) -> ScheduledPlan | None:
+        """The best plan for the window's expected end; None when nothing is runnable.
+
+        Pure (QUEUE-2). The plan may need an empty window (``requires_empty_window``);
+        while frames are in flight the planner then submits nothing (QUEUE-34, QUEUE-35).
+        """
+        ctx = build_context(
+            records=self._records, catalog=self._catalog, estimates=self._estimates,
+            config=self._config, queue=self._queue, now_ns=self._now_ns,
+            refresh_funded=self._refresh.funded(),
+        )
+        return select(ctx)
+
+    def blocking_reason(self, plan: ScheduledPlan) -> str | None:
+        """Why ``plan`` cannot be committed into the window now (None: it can)."""
+        if len(self._queue) and self._became_unqueueable(plan):
+            return f"{plan.shape.label()} went stale since planning; replan"
+        return self._queue.blocking_reason(plan)
+
+    def window_ready(self, plan: ScheduledPlan) -> bool:
+        return self.blocking_reason(plan) is None
+
+    def _became_unqueueable(self, plan: ScheduledPlan) -> bool:
+        known = self._estimates.is_known(plan.shape)
+        stale = self._estimates.is_stale(plan.shape, self._now_ns)
+        return known != plan.duration_known or (stale and not plan.stale)
+
+    def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord:
+        """Submit ``plan`` as frame ``fence`` (QUEUE-6, QUEUE-7, ACCT-1, ACCT-2).
+
+        Rechecks epochs, request state, the window gate and freshness (DUR-28); raises a
+        ``CommitRejected`` subclass without changing anything when a check fails
+        (OPEN-12: drop the plan and replan).
+        """
+        if self._last_fence is not None and fence <= self._last_fence:
+            raise CommitRejected(f"fence {fence} is not after {self._last_fence}")
+        if len(self._queue) and self._became_unqueueable(plan):
+            raise StalePlanError(f"{plan.shape.label()} went stale or was measured since "
+                                 "planning and the window is not empty")
+        reason = self._queue.blocking_reason(plan)
+        if reason is not None:
+            raise WindowNotReady(reason)
+        if len(plan.lanes) > min(plan.shape.batch_capacity, MAX_REQUEST_SLOTS):
+            raise CommitRejected("plan exceeds the shape's request capacity")
+        for lane in plan.lanes:
+            self._check_lane(lane)
+        start = self._queue.expected_end_ns(self._now_ns)
+        end = start + plan.estimated_duration_ns
+        participants = tuple((h, r.epoch) for h, r in self._records.items()
+                             if r.phase is not Phase.RETIRED and not r.cancelled)
+        frame = QueuedFrame(
+            fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
+            expected_end_ns=end, isolated=len(self._queue) == 0, participants=participants,
+            normalizers=self._normalizers(len(participants)), reason=plan.reason,
+        )
+        if plan.reason is SelectionReason.TIMING_REFRESH:
+            self._refresh.begin_episode()
+        self._estimates.record_attempt(plan.shape, self._now_ns)
+        for lane in plan.lanes:
+            rec = self._records[lane.handle]
+            rec.in_flight_fences.append(fence)
+            rec.last_served_ns = self._now_ns
+            if lane.role is LaneRole.DECODE:
+                rec.queued_outputs += lane.token_ceiling
+                rec.queued_delivery_end_ns = end
+        self._queue.push(frame)
+        self._last_fence = fence
+        self._committed += 1
+        trace = TraceRecord(
+            fence=fence, shape=plan.shape, lanes=len(plan.lanes),
+            selected_cost_ns=plan.estimated_duration_ns,
+            observation_age_ns=self._estimates.observation_age_ns(plan.shape, self._now_ns),
+            reason=plan.reason, exploration_credit_ns=float(self._refresh.balance_ns),
+            value_rate=plan.selection_value_rate(), log_scale=plan.selection_log_scale(),
+            committed_at_ns=self._now_ns,
+        )
+        self._traces.append(trace)
+        return trace
+
+    def _check_lane(self, lane: Lane) -> None:
+        rec = self._records.get(lane.handle)
+        if rec is None or rec.epoch != lane.epoch or rec.cancelled:
+            raise StaleEpochError(f"request {lane.handle} epoch {lane.epoch} is not live")
+        if lane.role is LaneRole.PROMPT:
+            ok = (rec.phase is Phase.PREFILL and not rec.in_flight
+                  and rec.prompt_cursor == lane.prompt_start
+                  and lane.prompt_start + lane.prompt_tokens <= rec.prompt_len)
+        elif lane.role is LaneRole.DECODE:
+            ok = rec.phase is Phase.DECODE and rec.output_room >= lane.token_ceiling
+        else:
+            ok = rec.phase is Phase.TERMINAL and not rec.in_flight
+        if not ok:
+            raise StalePlanError(f"request {lane.handle} changed since planning")
+
+    def _normalizers(self, population: int) -> Normalizers:
+        return normalizers_from_catalog(self._estimates.measured(), population)
+
+    # ---- completion ----------------------------------------------------------------------
+
+    def complete(self, fence: Fence, records: Sequence[CompletionRecord],
+                 timing: ExecutionTiming) -> list[GeneratedToken]:
+        """Apply the oldest in-flight frame's validated results.
+
+        Every lane is validated before anything is updated (ACCT-6); a malformed lane
+        fails only its own request (``FinishKind.ERROR``). Service comes from committed
+        counter differences (ACCT-7); the frame's measured interval feeds every live
+        participant, with zero service for unselected ones (ACCT-8..11); deliveries are
+        recorded as zero until publication corrects them (ACCT-13).
+        """
+        head = next(iter(self._queue), None)
+        if head is None or head.fence != fence:
+            raise CompletionError(f"fence {fence} is not the oldest frame in flight")
+        by_handle: dict[RequestHandle, CompletionRecord] = {}
+        duplicates: set[RequestHandle] = set()
+        for r in records:
+            if r.handle in by_handle:
+                duplicates.add(r.handle)
+            by_handle[r.handle] = r
+        verdicts = [(lane, self._validate(lane, by_handle.get(lane.handle), duplicates))
+                    for lane in head.plan.lanes]
+        lane_handles = {lane.handle for lane in head.plan.lanes}
+        self._failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
+        # ---- nothing has changed before this point ----
+        self._queue.pop(fence)
+        for lane in head.plan.lanes:
+            rec = self._records.get(lane.handle)
+            if rec is None or rec.epoch != lane.epoch:
+                continue
+            rec.in_flight_fences.remove(fence)
+            if lane.role is LaneRole.DECODE:
+                rec.queued_outputs -= lane.token_ceiling
+                if not any(f.expected_end_ns == rec.queued_delivery_end_ns
+                           for f in self._queue.frames_for(rec.handle)):
+                    rec.queued_delivery_end_ns = None
+        self._account_execution(head, timing)
+        interval_ns = service_interval_ns(timing, isolated=head.isolated)
+        interval_ms = interval_ns / NS_PER_MS
+        served_tokens: dict[RequestHandle, int] = {}
+        out: list[GeneratedToken] = []
+        for lane, verdict in verdicts:
+            rec = self._records.get(lane.handle)
+            if rec is None or rec.epoch != lane.epoch or rec.cancelled or rec.failed:
+                continue  # cancelled: publication suppressed, nothing charged (ACCT-5)
+            if verdict == "failed":
+                self._failed_lanes += 1
+                rec.failed = True
+                rec.phase = Phase.RETIRED
+                out.append(GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
+                                          token_ids=(), finish=FinishKind.ERROR))
+                continue
+            record = by_handle[lane.handle]
+            if lane.role is LaneRole.DECODE and rec.phase is not Phase.DECODE:
+                continue  # a queued decode behind the request's final token: discarded
+            token = self._apply_lane(rec, lane, record, fence)
+            served_tokens[rec.handle] = lane.prompt_tokens + len(record.token_ids)
+            if token is not None:
+                out.append(token)
+        if interval_ns > 0:
+            self._account_service(head, served_tokens, out, fence, interval_ms)
+        return out
+
+    def _validate(self, lane: Lane, record: CompletionRecord | None,
+                  duplicates: set[RequestHandle]) -> str:
+        if record is None or lane.handle in duplicates or not record.ok:
+            return "failed"
+        if record.epoch != lane.epoch:
+            return "failed"
+        if lane.role is LaneRole.PROMPT:
+            if record.prompt_tokens != lane.prompt_tokens:
+                return "failed"
+            return "ok" if len(record.token_ids) == lane.token_ceiling else "failed"
+        if record.prompt_tokens != 0:
+            return "failed"
+        if lane.role is LaneRole.DECODE:
+            return "ok" if 1 <= len(record.token_ids) <= lane.token_ceiling else "failed"
+        return "ok" if not record.token_ids else "failed"
+
+    def _apply_lane(self, rec: RequestRecord, lane: Lane, record: CompletionRecord,
+                    fence: Fence) -> GeneratedToken | None:
+        if lane.role is LaneRole.TERMINAL:
+            rec.phase = Phase.RETIRED
+            return None
+        first = False
+        if lane.role is LaneRole.PROMPT:
+            rec.prompt_cursor += lane.prompt_tokens
+            if rec.prompt_cursor < rec.prompt_len:
+                return None
+            rec.phase = Phase.DECODE
+            first = True
+        rec.output_committed += len(record.token_ids)
+        finish: FinishKind | None = None
+        if record.terminated:
+            finish = FinishKind.STOP
+        elif rec.output_committed >= rec.max_output_tokens:
+            finish = FinishKind.LENGTH
+        if finish is not None:
+            self._begin_retirement(rec)
+        return GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
+                              token_ids=record.token_ids, first=first, finish=finish)
+
+    def _begin_retirement(self, rec: RequestRecord) -> None:
+        """Terminal snapshot pending when the catalog has one, else retired (PRE-41)."""
+        if len(self._catalog.snapshot):
+            rec.phase = Phase.TERMINAL
+            rec.terminal_since_ns = self._now_ns
+        else:
+            rec.phase = Phase.RETIRED
+
+    def _account_execution(self, frame: QueuedFrame, timing: ExecutionTiming) -> None:
+        """Counters by kind, cost learning, refresh credit (DUR-8..19, REF-1..16)."""
+        kind = frame.reason
+        raw = episode_charge_ns(timing, isolated=frame.isolated)
+        self._executions[kind.value] += 1
+        self._execution_ns[kind.value] += raw
+        self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns)
+        if kind is SelectionReason.ORDINARY:
+            self._refresh.earn(credited_duration_ns(timing, isolated=frame.isolated))
+        elif kind is SelectionReason.TIMING_REFRESH:
+            self._refresh.charge(raw)
+            self._refresh.end_episode()
+
+    def _account_service(self, frame: QueuedFrame, served: dict[RequestHandle, int],
+                         out: list[GeneratedToken], fence: Fence, interval_ms: float) -> None:
+        delivered = {t.handle for t in out if t.token_ids}
+        for handle, epoch in frame.participants:
+            rec = self._records.get(handle)
+            if rec is None or rec.epoch != epoch or rec.cancelled or rec.failed:
+                continue
+            h = rec.history
+            observe_service(h, tokens=served.get(handle, 0), interval_ms=interval_ms,
+                            config=self._config)
+            if handle in delivered:
+                rec.pending_delivery = PendingDelivery(fence, h.delivery_rate, interval_ms)
+            observe_delivery(h, deliveries=0, interval_ms=interval_ms, config=self._config)
+
+    # ---- publication -------------------------------------------------------------------
+
+    def published_output(self, handle: RequestHandle, fence: Fence, host_time_ns: int) -> None:
+        """Visible output for ``handle`` at ``fence`` reached the client at
+        ``host_time_ns``: its output age restarts there (ACCT-18) and the first
+        publication for the fence counts as one delivery (ACCT-14, ACCT-15). A burst
+        held back by stop buffering is reported with the fence at which it became
+        visible (OPEN-20)."""
+        rec = self._records.get(handle)
+        if rec is None or rec.cancelled:
+            return
+        rec.last_visible_ns = max(rec.last_visible_ns, host_time_ns)
+        pending = rec.pending_delivery
+        if pending is not None and pending.fence == fence:
+            redo_delivery(rec.history, before=pending.before, deliveries=1,
+                          interval_ms=pending.interval_ms, config=self._config)
+            rec.pending_delivery = None
+
+    def nothing_published(self, handle: RequestHandle, fence: Fence) -> None:
+        """The publisher processed ``fence`` for ``handle`` and nothing became visible
+        (stop buffering, OPEN-20): the zero-delivery update stands."""
+        rec = self._records.get(handle)
+        if rec is not None and rec.pending_delivery is not None \
+                and rec.pending_delivery.fence == fence:
+            rec.pending_delivery = None
+
+    # ---- observation -------------------------------------------------------------------
+
+    def statistics(self) -> SchedulerStatistics:
+        return SchedulerStatistics(
+            executions=dict(self._executions), execution_ns=dict(self._execution_ns),
+            resident=len(self._records), in_flight=len(self._queue),
+            refresh_credit_ns=float(self._refresh.balance_ns),
+            committed_plans=self._committed, failed_lanes=self._failed_lanes,
+        )
+
+    def traces(self) -> tuple[TraceRecord, ...]:
+        return tuple(self._traces)
+
+    def in_flight(self) -> tuple[Fence, ...]:
+        return tuple(f.fence for f in self._queue)
+
+    def _record(self, handle: RequestHandle) -> RequestRecord:
+        rec = self._records.get(handle)
+        if rec is None:
+            raise UnknownRequestError(f"request {handle} is not resident")
+        return rec

@@ -1,0 +1,413 @@
+"""Candidates and selection for one decision (seed module ``policy.rs``).
+
+This module owns the ordinary selector: given a ``DecisionContext`` (scaled lane values
+of the runnable requests, built by ``policy/decision.py``) and the catalog, it builds
+every candidate as one row of a numpy table, discards dominated and excluded rows, ranks
+the rest and returns the winner as a frozen ``ScheduledPlan``.
+
+Rules implemented here (seed: *Useful service and selection*, *Duration estimates*,
+*Funded timing refresh*, *Mixed execution contract*):
+
+- every loaded capacity competes (SEL-24, SEL-36, SEL-42, SEL-43); prefill capacities
+  earn only the tokens they can consume up to the logical end (SEL-39..41);
+- cohorts are the highest additive lane values (SEL-25): decoders and terminal rows are
+  sorted once, so a cohort of size m is the first m of that order and its value is a
+  prefix sum (no subset enumeration, SEL-38); at most 64 rows (SEL-31);
+- mixed shapes compare the best decode-only cohort with the best prompt row plus the
+  highest-value decoders fitting the remaining rows (MIX-18..21);
+- dominance: same kind, cohort and logical work -> drop any shape whose capacities are
+  all >= another's with one strictly larger (SEL-32, SEL-33, SEL-35);
+- prefill exploration excludes a larger unmeasured graph when a smaller capacity covers
+  the tokens up to the next message or prompt endpoint (DUR-20, OPEN-30);
+- ranking: unknown durations first, by useful value (DUR-22, DUR-23); known ones by F-SEL
+  value rate; ties by shorter known time, more served requests, less recently used
+  requests, smaller padding (DUR-24, OPEN-19);
+- funded timing refresh: with full credit, the least recently touched stale alternative
+  displaces a measured winner (REF-7, REF-8, OPEN-9); refresh candidates may include
+  padded (dominated) shapes because refresh is separate from ordinary selection (SEL-37).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.requests import RequestRecord
+from policy.types import (
+    DecodeMode,
+    Lane,
+    LaneRole,
+    MixedRole,
+    ScheduledPlan,
+    ScheduledStep,
+    SelectionReason,
+)
+from policy.utility import NS_PER_MS, FloatArray, optimistic_rate, prefix_sums, value_rates
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogIndex:
+    """The loaded catalog grouped by candidate family, each sorted by capacity."""
+
+    shapes: tuple[GraphShape, ...]
+    decode: IntArray
+    prefill: IntArray
+    scored_prefill: IntArray
+    mixed: IntArray
+    snapshot: IntArray
+    capacities: IntArray
+    """``shapes[i].capacities()`` as rows (for dominance)."""
+
+    @staticmethod
+    def build(shapes: tuple[GraphShape, ...]) -> CatalogIndex:
+        def pick(pred: Callable[[GraphShape], bool],
+                 key: Callable[[GraphShape], tuple[int, ...] | int]) -> IntArray:
+            idx = [i for i, s in enumerate(shapes) if pred(s)]
+            idx.sort(key=lambda i: key(shapes[i]))
+            return np.array(idx, dtype=np.int64)
+
+        return CatalogIndex(
+            shapes=shapes,
+            decode=pick(lambda s: s.kind is GraphKind.DECODE, lambda s: s.batch_capacity),
+            prefill=pick(lambda s: s.kind is GraphKind.PREFILL, lambda s: s.token_capacity),
+            scored_prefill=pick(
+                lambda s: s.kind is GraphKind.SCORED_PREFILL, lambda s: s.token_capacity
+            ),
+            # Ordinary mixed execution: width one without draft-state maintenance (MIX-44).
+            mixed=pick(
+                lambda s: s.kind is GraphKind.MIXED
+                and s.token_capacity == 1
+                and not s.speculation_enabled,
+                lambda s: (s.batch_capacity, s.prefill_capacity),
+            ),
+            snapshot=pick(
+                lambda s: s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT,
+                lambda s: s.batch_capacity,
+            ),
+            capacities=np.array(
+                [s.capacities() for s in shapes] or np.zeros((0, 4)), dtype=np.int64
+            ).reshape(len(shapes), 4),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LaneGroup:
+    """Requests of one role sorted by descending base value (ties: least recently
+    served first). A cohort of size m is the first m; values are prefix sums."""
+
+    records: tuple[RequestRecord, ...]
+    base: FloatArray
+    slope: float
+    """Per-lane age slope ``c*sigma`` (scaled); uniform within a group."""
+    prefix: FloatArray
+    lru_prefix_min: IntArray
+    """``lru_prefix_min[m]`` = least last-served time among the first m (m >= 1)."""
+
+    @staticmethod
+    def build(records: list[RequestRecord], base: list[float], slope: float) -> LaneGroup:
+        order = sorted(
+            range(len(records)),
+            key=lambda i: (-base[i], records[i].last_served_ns, records[i].handle),
+        )
+        recs = tuple(records[i] for i in order)
+        b = np.array([base[i] for i in order], dtype=np.float64)
+        served = np.array([r.last_served_ns for r in recs], dtype=np.int64)
+        lru = np.zeros(len(recs) + 1, dtype=np.int64)
+        if len(recs):
+            lru[1:] = np.minimum.accumulate(served)
+        return LaneGroup(recs, b, slope, prefix_sums(b), lru)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptGroup:
+    """Requests with prompt work, as arrays (one entry per request)."""
+
+    records: tuple[RequestRecord, ...]
+    cursor: IntArray
+    logical_remaining: IntArray
+    """Tokens up to the logical end (system boundary or prompt end, SEL-40)."""
+    endpoint_remaining: IntArray
+    """Tokens up to the next message or prompt endpoint (DUR-20)."""
+    reaches_prompt_end: BoolArray
+    """Whether consuming all ``logical_remaining`` finishes the prompt."""
+    token_price: FloatArray
+    """Scaled prefill token price ``1 + f/x``."""
+    finish_value: FloatArray
+    """Scaled value of the first output: output token price + delivery price."""
+    scored: BoolArray
+    last_served: IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionContext:
+    """Everything one decision needs, already projected and scaled."""
+
+    catalog: CatalogIndex
+    estimate_ns: IntArray
+    stale: BoolArray
+    last_touched_ns: IntArray
+    decoders: LaneGroup
+    terminals: LaneGroup
+    prompts: PromptGroup
+    waiting: float
+    """Scaled sum of c_i over active decoders and pending terminals (SEL-19, PRE-45)."""
+    exponent: int
+    now_ns: int
+    start_ns: int
+    refresh_funded: bool
+
+
+@dataclass(slots=True)
+class _Table:
+    """Column builders for the candidate table."""
+
+    shape: list[IntArray]
+    base: list[FloatArray]
+    slope: list[FloatArray]
+    served: list[IntArray]
+    lru: list[IntArray]
+    pad_rows: list[IntArray]
+    pad_tokens: list[IntArray]
+    prompt_pos: list[IntArray]
+    prompt_tokens: list[IntArray]
+    n_dec: list[IntArray]
+    n_term: list[IntArray]
+    dominated: list[BoolArray]
+    excluded: list[BoolArray]
+
+    @staticmethod
+    def empty() -> _Table:
+        return _Table([], [], [], [], [], [], [], [], [], [], [], [], [])
+
+    def add(self, **cols: npt.NDArray[np.generic]) -> None:
+        n = len(cols["shape"])
+        for name in self.__slots__:
+            col = cols.get(name)
+            if col is None:
+                if name in ("dominated", "excluded"):
+                    col = np.zeros(n, dtype=np.bool_)
+                elif name == "prompt_pos":
+                    col = np.full(n, -1, dtype=np.int64)
+                else:
+                    col = np.zeros(n, dtype=np.int64)
+            getattr(self, name).append(col)
+
+    def cat(self, name: str) -> npt.NDArray[np.generic]:
+        parts = getattr(self, name)
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _dominated_pairwise(caps: IntArray, keys: IntArray) -> BoolArray:
+    """Row i is dominated when some row j with the same key has capacities all <= and
+    at least one < (SEL-32)."""
+    if len(caps) < 2:
+        return np.zeros(len(caps), dtype=np.bool_)
+    same = np.all(keys[:, None, :] == keys[None, :, :], axis=2)
+    le = np.all(caps[None, :, :] <= caps[:, None, :], axis=2)  # [i, j]: j <= i
+    lt = np.any(caps[None, :, :] < caps[:, None, :], axis=2)
+    result: BoolArray = np.any(same & le & lt, axis=1)
+    return result
+
+
+def _cohort_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
+                       group: LaneGroup, *, terminal: bool) -> None:
+    """Decode or snapshot shapes: the first min(B, n) lanes of the sorted group."""
+    if len(idx) == 0 or len(group) == 0:
+        return
+    cap = np.array([ctx.catalog.shapes[i].batch_capacity for i in idx], dtype=np.int64)
+    m = np.minimum(cap, len(group))
+    dominated = np.zeros(len(idx), dtype=np.bool_)
+    dominated[1:] = m[1:] == m[:-1]  # sorted by B: same cohort, larger capacities
+    table.add(
+        shape=idx, base=group.prefix[m], slope=m * group.slope, served=m,
+        lru=group.lru_prefix_min[m], pad_rows=cap - m,
+        n_dec=np.zeros_like(m) if terminal else m, n_term=m if terminal else np.zeros_like(m),
+        dominated=dominated,
+    )
+
+
+def _prefill_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
+                        scored: bool) -> None:
+    p = ctx.prompts
+    rows = np.nonzero(p.scored == scored)[0]
+    if len(idx) == 0 or len(rows) == 0:
+        return
+    cap = np.array([ctx.catalog.shapes[i].token_capacity for i in idx], dtype=np.int64)
+    remaining = p.logical_remaining[rows][:, None]
+    tokens = np.minimum(cap[None, :], remaining)
+    final = (tokens == remaining) & p.reaches_prompt_end[rows][:, None]
+    value = tokens * p.token_price[rows][:, None] + final * p.finish_value[rows][:, None]
+    dominated = np.zeros(tokens.shape, dtype=np.bool_)
+    dominated[:, 1:] = tokens[:, 1:] == tokens[:, :-1]
+    unknown = ctx.estimate_ns[idx] <= 0
+    excluded = np.zeros(tokens.shape, dtype=np.bool_)
+    # DUR-20: a smaller capacity already covers everything up to the next endpoint.
+    excluded[:, 1:] = unknown[None, 1:] & (
+        cap[None, :-1] >= p.endpoint_remaining[rows][:, None]
+    )
+    n_rows, n_shapes = tokens.shape
+    table.add(
+        shape=np.tile(idx, n_rows), base=value.ravel(), slope=np.zeros(tokens.size),
+        served=np.ones(tokens.size, dtype=np.int64),
+        lru=np.repeat(p.last_served[rows], n_shapes),
+        pad_tokens=(cap[None, :] - tokens).ravel(),
+        prompt_pos=np.repeat(rows, n_shapes), prompt_tokens=tokens.ravel(),
+        dominated=dominated.ravel(), excluded=excluded.ravel(),
+    )
+
+
+def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
+    idx = ctx.catalog.mixed
+    if len(idx) == 0:
+        return
+    dec, p = ctx.decoders, ctx.prompts
+    shapes = [ctx.catalog.shapes[i] for i in idx]
+    cap_b = np.array([s.batch_capacity for s in shapes], dtype=np.int64)
+    cap_c = np.array([s.prefill_capacity for s in shapes], dtype=np.int64)
+    cols: dict[str, list[npt.NDArray[np.generic]]] = {}
+
+    def push(**kw: npt.NDArray[np.generic]) -> None:
+        for k, v in kw.items():
+            cols.setdefault(k, []).append(v)
+
+    if len(dec):
+        m = np.minimum(cap_b, len(dec))
+        push(shape=idx, base=dec.prefix[m], slope=m * dec.slope, served=m,
+             lru=dec.lru_prefix_min[m], pad_rows=cap_b - m, pad_tokens=cap_c - 1,
+             prompt_pos=np.full(len(idx), -1), prompt_tokens=np.zeros(len(idx)), n_dec=m)
+    rows = np.nonzero(~p.scored)[0]
+    if len(rows):
+        remaining = p.logical_remaining[rows][:, None]
+        tokens = np.minimum(cap_c[None, :], remaining)
+        final = (tokens == remaining) & p.reaches_prompt_end[rows][:, None]
+        value = tokens * p.token_price[rows][:, None] + final * p.finish_value[rows][:, None]
+        # Best prompt row per shape (ties: least recently served, then lowest position).
+        lru = p.last_served[rows].astype(np.float64)
+        best = np.lexsort((np.arange(len(rows))[:, None].repeat(len(idx), 1), lru[:, None]
+                           .repeat(len(idx), 1), -value), axis=0)[0]
+        col = np.arange(len(idx))
+        best_tokens = tokens[best, col]
+        m2 = np.minimum(cap_b - 1, len(dec))
+        lru_m = np.where(m2 > 0, dec.lru_prefix_min[m2], np.iinfo(np.int64).max)
+        push(shape=idx, base=value[best, col] + dec.prefix[m2], slope=m2 * dec.slope,
+             served=m2 + 1, lru=np.minimum(p.last_served[rows][best], lru_m),
+             pad_rows=cap_b - m2 - 1, pad_tokens=cap_c - best_tokens,
+             prompt_pos=rows[best], prompt_tokens=best_tokens, n_dec=m2)
+    if not cols:
+        return
+    merged = {k: np.concatenate(v) for k, v in cols.items()}
+    keys = np.stack([merged["prompt_pos"], merged["prompt_tokens"], merged["n_dec"]], axis=1)
+    caps = ctx.catalog.capacities[merged["shape"].astype(np.int64)]
+    table.add(dominated=_dominated_pairwise(caps, keys.astype(np.int64)), **merged)
+
+
+def select(ctx: DecisionContext) -> ScheduledPlan | None:
+    """The winning plan of this decision, or None when nothing is runnable."""
+    table = _Table.empty()
+    cat = ctx.catalog
+    _cohort_candidates(table, ctx, cat.decode, ctx.decoders, terminal=False)
+    _cohort_candidates(table, ctx, cat.snapshot, ctx.terminals, terminal=True)
+    _prefill_candidates(table, ctx, cat.prefill, scored=False)
+    _prefill_candidates(table, ctx, cat.scored_prefill, scored=True)
+    _mixed_candidates(table, ctx)
+    if not table.shape:
+        return None
+    shape = table.cat("shape").astype(np.int64)
+    base = table.cat("base").astype(np.float64)
+    slope = table.cat("slope").astype(np.float64)
+    served = table.cat("served").astype(np.int64)
+    est = ctx.estimate_ns[shape]
+    known = est > 0
+    t_ms = est / NS_PER_MS
+    rates = value_rates(base, slope, t_ms, ctx.waiting)
+    primary = np.where(known, rates, base)
+    order = np.lexsort((
+        table.cat("pad_tokens"), table.cat("pad_rows"), table.cat("lru"), -served,
+        np.where(known, est, 0), -primary, known.astype(np.int64),
+    ))
+    blocked = table.cat("excluded").astype(np.bool_)
+    eligible = ~(table.cat("dominated").astype(np.bool_) | blocked)
+    ranked = order[eligible[order]]
+    if len(ranked) == 0:
+        return None
+    win = int(ranked[0])
+    reason = SelectionReason.ORDINARY if known[win] else SelectionReason.DISCOVERY
+    if ctx.refresh_funded and known[win]:
+        stale = ctx.stale[shape] & known & ~blocked & (shape != shape[win])
+        if np.any(stale):
+            rank_pos = np.empty(len(order), dtype=np.int64)
+            rank_pos[order] = np.arange(len(order))
+            cands = np.nonzero(stale)[0]
+            pick = np.lexsort((rank_pos[cands], ctx.last_touched_ns[shape[cands]]))[0]
+            win = int(cands[pick])
+            reason = SelectionReason.TIMING_REFRESH
+    return _build_plan(ctx, table, win, reason, rates, base, known, est)
+
+
+def _build_plan(ctx: DecisionContext, table: _Table, win: int, reason: SelectionReason,
+                rates: FloatArray, base: FloatArray, known: BoolArray,
+                est: IntArray) -> ScheduledPlan:
+    shape = ctx.catalog.shapes[int(table.cat("shape")[win])]
+    n_dec = int(table.cat("n_dec")[win])
+    n_term = int(table.cat("n_term")[win])
+    prompt_pos = int(table.cat("prompt_pos")[win])
+    prompt_tokens = int(table.cat("prompt_tokens")[win])
+    t_ms = float(est[win]) / NS_PER_MS
+    lanes: list[Lane] = []
+    if prompt_pos >= 0:
+        p = ctx.prompts
+        rec = p.records[prompt_pos]
+        final = bool(prompt_tokens == p.logical_remaining[prompt_pos]
+                     and p.reaches_prompt_end[prompt_pos])
+        value = prompt_tokens * float(p.token_price[prompt_pos]) + (
+            float(p.finish_value[prompt_pos]) if final else 0.0)
+        lanes.append(Lane(
+            handle=rec.handle, epoch=rec.epoch, role=LaneRole.PROMPT,
+            prompt_start=rec.prompt_cursor, prompt_tokens=prompt_tokens,
+            token_ceiling=1 if final else 0, expected_tokens=1.0 if final else 0.0,
+            expected_deliveries=1.0 if final else 0.0, value=value,
+        ))
+    dec = ctx.decoders
+    for i in range(n_dec):
+        rec = dec.records[i]
+        lanes.append(Lane(
+            handle=rec.handle, epoch=rec.epoch, role=LaneRole.DECODE, token_ceiling=1,
+            expected_tokens=1.0, expected_deliveries=1.0,
+            value=float(dec.base[i]) + dec.slope * t_ms,
+        ))
+    term = ctx.terminals
+    for i in range(n_term):
+        rec = term.records[i]
+        lanes.append(Lane(handle=rec.handle, epoch=rec.epoch, role=LaneRole.TERMINAL,
+                          value=float(term.base[i]) + term.slope * t_ms))
+    mixed = None
+    if shape.kind is GraphKind.MIXED:
+        mixed = MixedRole(prefill_row=0 if prompt_pos >= 0 else -1,
+                          decode_mode=DecodeMode.ORDINARY)
+    is_known = bool(known[win])
+    stale = bool(ctx.stale[int(table.cat("shape")[win])])
+    useful = float(base[win])
+    return ScheduledPlan(
+        step=ScheduledStep(shape=shape, lanes=tuple(lanes), mixed=mixed),
+        estimated_duration_ns=int(est[win]),
+        scaled_score=float(rates[win]) if is_known else optimistic_rate(useful),
+        scale_exponent=ctx.exponent,
+        duration_known=is_known,
+        stale=stale,
+        reason=reason,
+        requires_empty_window=(not shape.is_generation) or (not is_known) or stale
+        or reason is not SelectionReason.ORDINARY,
+        planned_at_ns=ctx.now_ns,
+        start_ns=ctx.start_ns,
+        useful_value=useful,
+    )

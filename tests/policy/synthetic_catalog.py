@@ -1,0 +1,154 @@
+"""flare's measured synthetic catalog for policy tests (OPEN-33, VER-1).
+
+The seed's tests run the production selector against "measured synthetic catalogs"; we
+record ours here, one duration per shape, with the shape of real hardware: a fixed
+launch cost plus a per-token or per-row cost, so larger prefills and batches are more
+efficient per token (a throughput knee) yet take longer.
+
+- prefill C in 64..4096:        2.0 ms + 0.004 ms * C          (4096 -> 18.384 ms)
+- decode B in 1..64:            4.0 ms + 0.1 ms * B            (B=4 -> 4.4 ms)
+- mixed (B in 2,4,8; C in 64, 256, 1024), width one:
+                                decode(B) + 0.9 * (prefill(C) - 2.0 ms)
+- state snapshot B in 1, 4:     1.0 ms + 0.2 ms * B
+
+``drive`` runs the production ``Scheduler`` through plan/commit/complete/publish with
+device intervals equal to the recorded durations, so tests assert behaviour of the real
+selector, never a copy (VER-1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from policy import (
+    CompletionRecord,
+    ExecutionTiming,
+    Fence,
+    GeneratedToken,
+    GraphKind,
+    GraphShape,
+    RequestHandle,
+    ScheduledPlan,
+    Scheduler,
+    StateOp,
+)
+from policy.config import PolicyConfig
+
+MS = 1_000_000
+PREFILL_CAPS = (64, 128, 256, 512, 1024, 2048, 4096)
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def prefill(c: int) -> GraphShape:
+    return GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=c)
+
+
+def decode(b: int) -> GraphShape:
+    return GraphShape(kind=GraphKind.DECODE, batch_capacity=b, token_capacity=1,
+                      packed_capacity=b)
+
+
+def mixed(b: int, c: int) -> GraphShape:
+    return GraphShape(kind=GraphKind.MIXED, batch_capacity=b, token_capacity=1,
+                      prefill_capacity=c, packed_capacity=c + (b - 1))
+
+
+def snapshot(b: int) -> GraphShape:
+    return GraphShape(kind=GraphKind.STATE, batch_capacity=b, token_capacity=1,
+                      state_op=StateOp.SNAPSHOT)
+
+
+def duration_ns(shape: GraphShape) -> int:
+    """The recorded duration of ``shape`` in ns."""
+    if shape.kind is GraphKind.PREFILL:
+        return round((2.0 + 0.004 * shape.token_capacity) * MS)
+    if shape.kind is GraphKind.DECODE:
+        return round((4.0 + 0.1 * shape.batch_capacity) * MS)
+    if shape.kind is GraphKind.MIXED:
+        return round((4.0 + 0.1 * shape.batch_capacity
+                      + 0.9 * 0.004 * shape.prefill_capacity) * MS)
+    if shape.kind is GraphKind.STATE:
+        return round((1.0 + 0.2 * shape.batch_capacity) * MS)
+    raise ValueError(shape)
+
+
+def ordinary_catalog(*, with_mixed: bool = False, with_snapshot: bool = False
+                     ) -> tuple[GraphShape, ...]:
+    shapes = [prefill(c) for c in PREFILL_CAPS] + [decode(b) for b in DECODE_BATCHES]
+    if with_mixed:
+        shapes += [mixed(b, c) for b in (2, 4, 8) for c in (64, 256, 1024)]
+    if with_snapshot:
+        shapes += [snapshot(1), snapshot(4)]
+    return tuple(shapes)
+
+
+def measured_scheduler(shapes: Iterable[GraphShape], config: PolicyConfig | None = None,
+                       durations: Callable[[GraphShape], int] = duration_ns,
+                       *, at_ns: int = 1) -> Scheduler:
+    """A scheduler whose estimates hold the recorded durations (observed at ``at_ns``)."""
+    shapes = tuple(shapes)
+    s = Scheduler(config, shapes)
+    for shape in shapes:
+        s.estimates.observe(shape, durations(shape), at_ns)
+    s.advance_to(at_ns)
+    return s
+
+
+def records_for(plan: ScheduledPlan, token: int = 7) -> list[CompletionRecord]:
+    """A valid completion for every lane of ``plan``."""
+    return [CompletionRecord(handle=lane.handle, epoch=lane.epoch,
+                             prompt_tokens=lane.prompt_tokens,
+                             token_ids=(token,) * lane.token_ceiling)
+            for lane in plan.lanes]
+
+
+@dataclass
+class Trace:
+    """What a driven run did, for assertions."""
+
+    plans: list[ScheduledPlan] = field(default_factory=list)
+    tokens: list[tuple[int, GeneratedToken]] = field(default_factory=list)
+    """(publication time ns, token)."""
+
+    def first_output_ns(self, handle: RequestHandle) -> int | None:
+        return next((t for t, g in self.tokens if g.handle == handle and g.token_ids), None)
+
+    def output_times(self, handle: RequestHandle) -> list[int]:
+        return [t for t, g in self.tokens if g.handle == handle and g.token_ids]
+
+
+class Driver:
+    """Runs the production scheduler one isolated frame at a time."""
+
+    def __init__(self, sched: Scheduler,
+                 durations: Callable[[GraphShape], int] = duration_ns) -> None:
+        self.sched = sched
+        self.durations = durations
+        self.fence = 0
+        self.trace = Trace()
+
+    def step(self) -> ScheduledPlan | None:
+        s = self.sched
+        plan = s.plan()
+        if plan is None:
+            return None
+        self.fence += 1
+        s.commit(plan, Fence(self.fence))
+        d = self.durations(plan.shape)
+        s.advance_to(s.now_ns + d)
+        out = s.complete(Fence(self.fence), records_for(plan),
+                         ExecutionTiming(device_intervals_ns=(d,), wall_ns=d))
+        for g in out:
+            if g.token_ids:
+                s.published_output(g.handle, g.fence, s.now_ns)
+                self.trace.tokens.append((s.now_ns, g))
+        s.take_released()
+        self.trace.plans.append(plan)
+        return plan
+
+    def run(self, steps: int) -> Trace:
+        for _ in range(steps):
+            if self.step() is None:
+                break
+        return self.trace
