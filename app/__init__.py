@@ -1,1 +1,12 @@
-"""flare's HTTP face: OpenAI-compatible routes on quart-trio, metrics, error mapping."""
+"""flare's HTTP face: an OpenAI-compatible quart-trio app over a ``Runtime``.
+
+``create_app(runtime, settings)`` builds the app; ``serve_http`` serves it with
+hypercorn's trio worker; ``configure_logging`` sets up structlog.
+"""
+
+from app.factory import create_app
+from app.log_config import configure_logging
+from app.server import ServerHandle, serve_http
+from app.service import AppSettings
+
+__all__ = ["AppSettings", "ServerHandle", "configure_logging", "create_app", "serve_http"]

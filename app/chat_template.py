@@ -1,0 +1,131 @@
+"""Chat templating: render messages with the model's jinja template in a sandbox, tokenize,
+and compute the message-end token offsets the runtime uses as checkpoint anchors.
+
+Seed: Planning and the execution queue (checkpoint retention uses the exact token
+endpoints supplied by the frontend, QUEUE-16..19 / OPEN-23) and system boundaries
+(SEL-40 / OPEN-36: flare's system boundary is the end of the leading system messages).
+
+Tokenization is segmented at message ends: the rendered text is cut where each message's
+rendering ends and each piece is encoded on its own. The anchors are therefore exact token
+offsets, and a later turn of the same conversation reproduces the earlier turn's tokens
+bit for bit (so its prefix-cache entry matches). ``TextCodec.encode`` must not add special
+tokens by itself; templates place ``bos_token`` explicitly.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from actors.public import TextCodec
+from app.errors import bad_request
+from app.request_parsing import ChatMessage
+
+# Used when the model ships no template: ChatML, the most widely understood layout.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SYSTEM_ROLES = ("system", "developer")
+
+
+class ChatTemplateError(ValueError):
+    """Raised at start-up when the model's chat template does not compile."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizedChat:
+    token_ids: tuple[int, ...]
+    message_ends: tuple[int, ...]
+    system_end: int | None
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise jinja2.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """One compiled template; ``render`` is synchronous and side-effect free."""
+
+    def __init__(self, source: str | None, special_tokens: dict[str, str]) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        self.source = source if source is not None else FALLBACK_CHAT_TEMPLATE
+        self.uses_fallback = source is None
+        try:
+            self._template = env.from_string(self.source)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from exc
+        self._special_tokens = dict(special_tokens)
+
+    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool) -> str:
+        payload: list[dict[str, Any]] = []
+        for m in messages:
+            item: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.name is not None:
+                item["name"] = m.name
+            payload.append(item)
+        variables = {**self._special_tokens, "messages": payload,
+                     "add_generation_prompt": add_generation_prompt}
+        try:
+            return self._template.render(**variables)
+        except jinja2.TemplateError as exc:
+            raise bad_request(f"The chat template rejected these messages: {exc}",
+                              param="messages") from None
+        except Exception as exc:  # a template tripping over unusual content is still bad input
+            raise bad_request(f"The chat template could not render these messages: "
+                              f"{type(exc).__name__}: {exc}", param="messages") from None
+
+
+def _message_boundaries(template: ChatTemplate, messages: Sequence[ChatMessage],
+                        full_text: str) -> list[tuple[int, int]]:
+    """(message index, character offset) where each message's rendering ends, when the
+    rendering of the conversation up to it is a prefix of the full rendering."""
+    boundaries: list[tuple[int, int]] = []
+    last = 0
+    for k in range(len(messages)):
+        prefix = template.render(messages[: k + 1], add_generation_prompt=False)
+        if len(prefix) > last and full_text.startswith(prefix):
+            boundaries.append((k, len(prefix)))
+            last = len(prefix)
+    return boundaries
+
+
+def tokenize_chat(template: ChatTemplate, codec: TextCodec,
+                  messages: Sequence[ChatMessage]) -> TokenizedChat:
+    """Render with a generation prompt, tokenize segment by segment, and locate anchors."""
+    full_text = template.render(messages, add_generation_prompt=True)
+    boundaries = _message_boundaries(template, messages, full_text)
+    token_ids: list[int] = []
+    message_ends: list[int] = []
+    system_end: int | None = None
+    leading_system = 0
+    while leading_system < len(messages) and messages[leading_system].role in SYSTEM_ROLES:
+        leading_system += 1
+    start = 0
+    for index, end in boundaries:
+        token_ids.extend(codec.encode(full_text[start:end]))
+        start = end
+        if message_ends and message_ends[-1] == len(token_ids):
+            continue
+        message_ends.append(len(token_ids))
+        if index == leading_system - 1:
+            system_end = len(token_ids)
+    if start < len(full_text):
+        token_ids.extend(codec.encode(full_text[start:]))
+    return TokenizedChat(token_ids=tuple(token_ids), message_ends=tuple(message_ends),
+                         system_end=system_end)

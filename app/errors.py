@@ -1,0 +1,112 @@
+"""HTTP errors in OpenAI's JSON shape, and the one place runtime errors become statuses.
+
+Every error a client can see leaves through ``ApiError.to_body()``::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "n", "code": null}}
+
+``api_error_for(exc)`` maps the runtime's error family (``actors.errors``) to an
+``ApiError``; routes never pick a status for a runtime error themselves (house style:
+errors in families, translated at the boundary in one place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.errors import (
+    AdmissionError,
+    ContextTooLong,
+    InvalidRequest,
+    QueueFull,
+    RuntimeShutDown,
+)
+
+
+@dataclass(slots=True)
+class ApiError(Exception):
+    """An error answered to the client with ``status`` and OpenAI's error body."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 ``invalid_request_error``: the request can never be served as sent."""
+    return ApiError(400, message, param=param, code=code)
+
+
+def context_too_long(message: str) -> ApiError:
+    return ApiError(400, message, param="messages", code="context_length_exceeded")
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model '{model}' does not exist on this server.",
+        type="invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(
+        401,
+        message,
+        type="authentication_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        503,
+        "The server is shutting down and admits no new request.",
+        type="service_unavailable",
+        code="shutting_down",
+    )
+
+
+def api_error_for(exc: AdmissionError) -> ApiError:
+    """Map one runtime admission error to its HTTP answer (the only such mapping)."""
+    if isinstance(exc, QueueFull):
+        retry = max(1, int(exc.retry_after_s))
+        return ApiError(
+            429,
+            str(exc) or "The admission queue is full; retry later.",
+            type="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(retry)},
+        )
+    if isinstance(exc, ContextTooLong):
+        return context_too_long(str(exc))
+    if isinstance(exc, RuntimeShutDown):
+        return shutting_down()
+    if isinstance(exc, InvalidRequest):
+        return bad_request(str(exc))
+    # An AdmissionError subclass added later without a mapping is still the client's
+    # request being refused, never a server fault.
+    return bad_request(str(exc) or type(exc).__name__)
+
+
+def internal_error(message: str = "The server failed to process the request.") -> ApiError:
+    return ApiError(500, message, type="server_error", code="internal_error")

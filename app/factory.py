@@ -1,0 +1,88 @@
+"""``create_app(runtime, settings)``: the quart-trio application, its error handlers and
+API-key check. Error formatting happens here and only here.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+import structlog
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from actors.public import Runtime
+from app.errors import ApiError, internal_error, unauthorized
+from app.routes import register_routes
+from app.service import AppSettings, FlareService
+
+log = structlog.get_logger("flare.app")
+
+_HTTP_ERROR_TYPES = {
+    404: ("not_found_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    408: ("invalid_request_error", "request_timeout"),
+    413: ("invalid_request_error", "request_too_large"),
+}
+
+
+def _error_response(error: ApiError, service: FlareService) -> Response:
+    service.metrics.http_errors.labels(str(error.status)).inc()
+    return Response(json.dumps(error.to_body()), status=error.status,
+                    headers=error.headers, mimetype="application/json")
+
+
+def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTrio:
+    """Build the app serving ``runtime``. ``app.extensions["flare"]`` is its
+    ``FlareService`` (used by ``app.server`` for draining)."""
+    service = FlareService(runtime, settings or AppSettings())
+    app = QuartTrio("flare")
+    app.config["MAX_CONTENT_LENGTH"] = service.settings.max_request_bytes
+    app.config["RESPONSE_TIMEOUT"] = None  # long generations and streams must not be cut
+    app.extensions["flare"] = service
+
+    @app.before_serving
+    async def _bind_nursery() -> None:
+        service.nursery = app.nursery
+
+    @app.after_serving
+    async def _stop_admitting() -> None:
+        service.draining = True
+
+    @app.before_request
+    async def _check_api_key() -> None:
+        key = service.settings.api_key
+        if key is None or not request.path.startswith("/v1/"):
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise unauthorized("Incorrect API key provided.")
+
+    @app.errorhandler(ApiError)
+    async def _api_error(error: ApiError) -> Response:
+        if error.status >= 500:
+            log.error("http.error", status=error.status, message=error.message,
+                      path=request.path)
+        return _error_response(error, service)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        kind, code = _HTTP_ERROR_TYPES.get(status, ("invalid_request_error", None))
+        message = error.description or error.name
+        if status == 413:
+            message = (f"The request body exceeds the limit of "
+                       f"{service.settings.max_request_bytes} bytes.")
+        return _error_response(ApiError(status, message, type=kind, code=code), service)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(error: Exception) -> Response:
+        log.exception("http.unhandled_exception", path=request.path)
+        return _error_response(internal_error(), service)
+
+    register_routes(app, service)
+    return app

@@ -1,0 +1,148 @@
+"""OpenAI response and stream-chunk bodies (pure functions over plain values).
+
+Completions use ``object: text_completion``; chat uses ``chat.completion`` and
+``chat.completion.chunk``. Streams end with ``data: [DONE]``; an error after the stream
+has started is sent as one ``data: {"error": {...}}`` event before ``[DONE]`` (the
+``openai`` client raises it as an ``APIError``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.public import Finished, TextCodec
+
+OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+def sse_event(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+SSE_DONE = sse_event("[DONE]")
+
+
+def usage_body(finished: Finished) -> dict[str, Any]:
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finished.cached_prompt_tokens},
+    }
+
+
+@dataclass(slots=True)
+class CompletionLogprobs:
+    """The legacy completions ``logprobs`` object, built incrementally.
+
+    ``text_offset`` counts characters from the start of the returned text (which
+    includes the prompt under ``echo``).
+    """
+
+    codec: TextCodec
+    next_offset: int = 0
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+
+    def add(self, token_ids: Sequence[int], logprobs: Sequence[float | None]) -> dict[str, Any]:
+        """Append tokens; return the ``logprobs`` object for just these tokens."""
+        chunk_tokens = [self.codec.decode([t]) for t in token_ids]
+        chunk_offsets = []
+        for text in chunk_tokens:
+            chunk_offsets.append(self.next_offset)
+            self.next_offset += len(text)
+        chunk_logprobs = list(logprobs) + [None] * (len(chunk_tokens) - len(logprobs))
+        self.tokens.extend(chunk_tokens)
+        self.token_logprobs.extend(chunk_logprobs)
+        self.text_offset.extend(chunk_offsets)
+        return {"tokens": chunk_tokens, "token_logprobs": chunk_logprobs,
+                "top_logprobs": None, "text_offset": chunk_offsets}
+
+    def body(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+                "top_logprobs": None, "text_offset": self.text_offset}
+
+
+def chat_logprob_entries(codec: TextCodec, token_ids: Sequence[int],
+                         logprobs: Sequence[float]) -> list[dict[str, Any]]:
+    entries = []
+    for token_id, logprob in zip(token_ids, logprobs, strict=False):
+        text = codec.decode([token_id])
+        entries.append({"token": text, "logprob": logprob,
+                        "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+    return entries
+
+
+def completion_body(*, request_id: str, created: int, model: str, text: str,
+                    logprobs: dict[str, Any] | None, finished: Finished) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": OPENAI_FINISH_REASONS.get(finished.reason, finished.reason),
+        }],
+        "usage": usage_body(finished),
+    }
+
+
+def completion_chunk(*, request_id: str, created: int, model: str, text: str,
+                     logprobs: dict[str, Any] | None = None,
+                     finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+                     "finish_reason": finish_reason}],
+    }
+
+
+def chat_body(*, request_id: str, created: int, model: str, text: str,
+              logprobs: list[dict[str, Any]] | None, finished: Finished) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": OPENAI_FINISH_REASONS.get(finished.reason, finished.reason),
+        }],
+        "usage": usage_body(finished),
+    }
+
+
+def chat_chunk(*, request_id: str, created: int, model: str, delta: dict[str, Any],
+               logprobs: list[dict[str, Any]] | None = None,
+               finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": finish_reason,
+        }],
+    }
+
+
+def usage_chunk(*, request_id: str, created: int, model: str, object_name: str,
+                finished: Finished) -> dict[str, Any]:
+    return {"id": request_id, "object": object_name, "created": created, "model": model,
+            "choices": [], "usage": usage_body(finished)}

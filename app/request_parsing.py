@@ -1,0 +1,314 @@
+"""Parse and validate OpenAI request bodies into frozen values (pure: no I/O, no runtime).
+
+Everything a client can get wrong about the *shape* of a request is decided here and
+raised as a 400 ``ApiError`` naming the parameter; nothing malformed reaches the
+runtime. Unknown fields are ignored (clients send extensions freely); fields we know
+but cannot honour (``n > 1``, penalties, ``logit_bias``, tools...) are refused clearly
+rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from actors.public import SamplingParams
+from app.errors import ApiError, bad_request, model_not_found
+
+MAX_STOP_STRINGS = 4
+MAX_SEED = 2**63 - 1
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommonParams:
+    """Parameters shared by completions and chat completions."""
+
+    model: str | None
+    max_tokens: int | None
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+    user: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompletionParams:
+    common: CommonParams
+    prompt: str | tuple[int, ...]
+    echo: bool
+    logprobs: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatMessage:
+    role: str
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatParams:
+    common: CommonParams
+    messages: tuple[ChatMessage, ...]
+    logprobs: bool
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Decode a request body that must be one JSON object."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad_request("The request body is not valid UTF-8.") from None
+    except RecursionError:
+        raise bad_request("The request body is nested too deeply.") from None
+    except ValueError as exc:  # JSONDecodeError, and ints past Python's digit limit
+        raise bad_request(f"The request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+class _Fields:
+    """Typed accessors over one JSON object; each failure names the parameter."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+
+    def present(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise bad_request(f"'{name}' must be a boolean.", param=name)
+        return value
+
+    def integer(self, name: str, *, lo: int, hi: int) -> int | None:
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_request(f"'{name}' must be an integer.", param=name)
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise bad_request(f"'{name}' must be an integer.", param=name)
+            value = int(value)
+        if not lo <= value <= hi:
+            raise bad_request(f"'{name}' must be between {lo} and {hi}, got {value}.", param=name)
+        return value
+
+    def number(self, name: str, *, lo: float, hi: float, default: float,
+               lo_open: bool = False) -> float:
+        value = self.body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad_request(f"'{name}' must be a number.", param=name)
+        number = float(value)
+        if not math.isfinite(number) or number > hi or number < lo or (lo_open and number == lo):
+            bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+            raise bad_request(f"'{name}' must be within {bound}, got {value}.", param=name)
+        return number
+
+    def string(self, name: str) -> str | None:
+        value = self.body.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise bad_request(f"'{name}' must be a string.", param=name)
+        return value
+
+    def refuse_unless(self, name: str, allowed: Any, why: str) -> None:
+        value = self.body.get(name)
+        if value is not None and value != allowed:
+            raise bad_request(f"'{name}'={json.dumps(value)[:80]} is not supported: {why}", param=name)
+
+
+def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonParams:
+    model = fields.string("model")
+    fields.refuse_unless("n", 1, "this server returns exactly one choice (n=1).")
+    fields.refuse_unless("best_of", 1, "only best_of=1 is served.")
+    fields.refuse_unless("presence_penalty", 0, "penalties are not implemented.")
+    fields.refuse_unless("frequency_penalty", 0, "penalties are not implemented.")
+    logit_bias = fields.body.get("logit_bias")
+    if logit_bias:
+        raise bad_request("'logit_bias' is not supported.", param="logit_bias")
+    max_tokens = None
+    for name in max_tokens_names:
+        value = fields.integer(name, lo=0, hi=2**31 - 1)
+        if value is not None:
+            max_tokens = value
+    temperature = fields.number("temperature", lo=0.0, hi=2.0, default=1.0)
+    top_p = fields.number("top_p", lo=0.0, hi=1.0, default=1.0, lo_open=True)
+    top_k = fields.integer("top_k", lo=-1, hi=2**31 - 1)
+    seed = fields.integer("seed", lo=-MAX_SEED - 1, hi=MAX_SEED)
+    stream = fields.boolean("stream", False)
+    include_usage = False
+    options = fields.body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad_request("'stream_options' must be an object.", param="stream_options")
+        if not stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.",
+                              param="stream_options")
+        include_usage = _Fields(options).boolean("include_usage", False)
+    user = fields.string("user") or ""
+    return CommonParams(
+        model=model,
+        max_tokens=max_tokens,
+        sampling=SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=max(0, top_k or 0),  # OpenAI-style -1 and 0 both mean "no top-k"
+            seed=seed,
+        ),
+        stop=_stop_strings(fields.body.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=fields.boolean("ignore_eos", False),
+        user=user,
+    )
+
+
+def _stop_strings(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("'stop' must be a string or a list of strings.", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' accepts at most {MAX_STOP_STRINGS} strings.", param="stop")
+    if any(s == "" for s in stops):
+        raise bad_request("'stop' strings must not be empty.", param="stop")
+    return tuple(stops)
+
+
+def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
+    if value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return tuple(value)
+    return None
+
+
+def parse_completion(body: dict[str, Any]) -> CompletionParams:
+    """``POST /v1/completions``: prompt as a string, token ids, or a one-item batch."""
+    fields = _Fields(body)
+    if fields.body.get("suffix") is not None:
+        raise bad_request("'suffix' is not supported.", param="suffix")
+    common = _common(fields, max_tokens_names=("max_tokens",))
+    raw = body.get("prompt")
+    prompt: str | tuple[int, ...]
+    if isinstance(raw, str):
+        prompt = raw
+    elif isinstance(raw, list):
+        ids = _token_ids(raw)
+        if ids is not None:
+            prompt = ids
+        elif len(raw) == 1 and isinstance(raw[0], str):
+            prompt = raw[0]
+        elif len(raw) == 1 and isinstance(raw[0], list) and _token_ids(raw[0]) is not None:
+            prompt = tuple(raw[0])
+        elif len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
+            raise bad_request("Batched prompts are not supported; send one prompt per request.",
+                              param="prompt")
+        else:
+            raise bad_request("'prompt' must be a string, a list of token ids, or a one-item "
+                              "list of either.", param="prompt")
+    else:
+        raise bad_request("'prompt' is required and must be a string or a list of token ids.",
+                          param="prompt")
+    if isinstance(prompt, tuple) and any(t < 0 for t in prompt):
+        raise bad_request("Token ids in 'prompt' must be non-negative.", param="prompt")
+    logprobs = fields.integer("logprobs", lo=0, hi=20)
+    if logprobs is not None and logprobs > 0:
+        raise bad_request("Only logprobs=0 is supported (the sampled tokens' logprobs); top "
+                          "alternatives are not available.", param="logprobs")
+    echo = fields.boolean("echo", False)
+    if common.max_tokens == 0 and not echo:
+        raise bad_request("'max_tokens' must be at least 1 (0 is allowed only with echo).",
+                          param="max_tokens")
+    return CompletionParams(common=common, prompt=prompt, echo=echo, logprobs=logprobs is not None)
+
+
+def _message_content(value: Any, index: int) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        parts: list[str] = []
+        for part in value:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise bad_request(f"messages[{index}].content parts must be objects with a "
+                                  "'type'.", param="messages")
+            if part["type"] != "text":
+                raise bad_request(f"messages[{index}]: content of type '{part['type']}' is not "
+                                  "supported (text only).", param="messages")
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"messages[{index}]: a text part needs a string 'text'.",
+                                  param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"messages[{index}].content must be a string or a list of text parts.",
+                      param="messages")
+
+
+def parse_chat(body: dict[str, Any]) -> ChatParams:
+    """``POST /v1/chat/completions``."""
+    fields = _Fields(body)
+    if body.get("tools") or body.get("functions"):
+        raise bad_request("Tool and function calling are not supported.", param="tools")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_request("Only response_format {\"type\": \"text\"} is supported.",
+                          param="response_format")
+    common = _common(fields, max_tokens_names=("max_tokens", "max_completion_tokens"))
+    if common.max_tokens == 0:
+        raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list.", param="messages")
+    messages: list[ChatMessage] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise bad_request(f"messages[{i}] must be an object.", param="messages")
+        role = item.get("role")
+        if role not in CHAT_ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}.",
+                              param="messages")
+        name = item.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad_request(f"messages[{i}].name must be a string.", param="messages")
+        messages.append(ChatMessage(role=role, content=_message_content(item.get("content"), i),
+                                    name=name))
+    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
+    if top_logprobs:
+        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
+                          param="top_logprobs")
+    return ChatParams(common=common, messages=tuple(messages),
+                      logprobs=fields.boolean("logprobs", False))
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """An omitted model means the served one; any other name is unknown (404)."""
+    if requested is not None and requested != served:
+        raise model_not_found(requested)
+
+
+__all__ = [
+    "ApiError",
+    "ChatMessage",
+    "ChatParams",
+    "CommonParams",
+    "CompletionParams",
+    "check_model",
+    "parse_chat",
+    "parse_completion",
+    "parse_json_object",
+]

@@ -1,0 +1,69 @@
+"""Serving an app with hypercorn's trio worker inside the caller's nursery.
+
+``await nursery.start(serve_http, app, host=..., port=0)`` returns a ``ServerHandle``
+once the socket is bound (hypercorn style: readiness through ``task_status``, never
+sleeps). ``handle.shutdown(grace_s)`` stops admitting, lets in-flight requests finish
+within the grace period, ends the rest with an error event, then stops hypercorn.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+import hypercorn.trio
+import structlog
+import trio
+from hypercorn.config import Config
+from quart_trio import QuartTrio
+
+from app.service import FlareService
+
+log = structlog.get_logger("flare.app.server")
+
+# Seconds hypercorn waits for open connections after the drain; streams have already
+# ended by then, so this only covers idle keep-alive connections.
+CONNECTION_CLOSE_TIMEOUT_S = 2.0
+
+
+@dataclass(slots=True)
+class ServerHandle:
+    binds: list[str]
+    service: FlareService
+    _stop: trio.Event
+
+    @property
+    def url(self) -> str:
+        """The first bound address as ``http://host:port``."""
+        return self.binds[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain (see ``FlareService.drain``) and stop the HTTP server."""
+        log.info("server.draining", in_flight=len(self.service.inflight), grace_s=grace_s)
+        ended = await self.service.drain(grace_s)
+        if ended:
+            log.warning("server.requests_ended_at_shutdown", count=ended)
+        self._stop.set()
+
+
+async def serve_http(app: QuartTrio, *, host: str = "127.0.0.1", port: int = 0,
+                     task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
+                     ) -> None:
+    """Serve until ``ServerHandle.shutdown`` completes (or the caller cancels)."""
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    # Route hypercorn's own messages through the root logger (structlog's formatter).
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = CONNECTION_CLOSE_TIMEOUT_S
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(hypercorn.trio.serve, app, config,
+                                            shutdown_trigger=stop.wait))
+        service: FlareService = app.extensions["flare"]
+        task_status.started(ServerHandle(binds=list(binds), service=service, _stop=stop))

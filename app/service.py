@@ -1,0 +1,154 @@
+"""The serving state shared by all routes, and turning parsed requests into
+``GenerationRequest`` values (tokenization, context checks, defaults).
+
+Routes stay thin: they parse (``request_parsing``), call ``FlareService`` and format
+(``openai_format``). Nothing here knows about Quart.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import trio
+
+from actors.public import GenerationRequest, Runtime
+from app.chat_template import ChatTemplate, tokenize_chat
+from app.errors import ApiError, bad_request, context_too_long, shutting_down
+from app.generation import EventStream, Inflight, RequestObserver, start_generation
+from app.metrics import AppMetrics
+from app.request_parsing import ChatParams, CommonParams, CompletionParams, check_model
+
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppSettings:
+    """HTTP-layer settings (the runtime's own live in ``RuntimeConfig``)."""
+
+    api_key: str | None = None
+    """When set, every ``/v1/*`` route requires ``Authorization: Bearer <api_key>``."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    served_model_name: str | None = None
+    """The model id clients send; defaults to ``runtime.model_name``."""
+    default_completion_max_tokens: int = DEFAULT_COMPLETION_MAX_TOKENS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreparedRequest:
+    request: GenerationRequest
+    prompt_text: str
+    arrived: float
+    created: int
+
+
+class FlareService:
+    """Everything the routes share: runtime, template, metrics, in-flight requests."""
+
+    def __init__(self, runtime: Runtime, settings: AppSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.model_name = settings.served_model_name or runtime.model_name
+        self.codec = runtime.codec
+        self.template = ChatTemplate(self.codec.chat_template, self.codec.special_tokens)
+        self.metrics = AppMetrics(runtime.statistics)
+        self.inflight = Inflight()
+        self.draining = False
+        self.nursery: trio.Nursery | None = None
+
+    # -- admission ------------------------------------------------------------------
+
+    def check_admitting(self) -> None:
+        if self.draining or self.nursery is None:
+            raise shutting_down()
+
+    async def start(self, prepared: PreparedRequest, *, endpoint: str,
+                    stream: bool) -> EventStream:
+        self.check_admitting()
+        assert self.nursery is not None
+        observer = RequestObserver(self.metrics, request_id=prepared.request.request_id,
+                                   endpoint=endpoint, arrived=prepared.arrived)
+        return await start_generation(self.runtime, self.nursery, self.inflight,
+                                      prepared.request, observer, stream=stream)
+
+    # -- request building -------------------------------------------------------------
+
+    def prepare_completion(self, params: CompletionParams, *, arrived: float) -> PreparedRequest:
+        check_model(params.common.model, self.model_name)
+        if isinstance(params.prompt, str):
+            prompt_ids = tuple(self.codec.encode(params.prompt))
+            prompt_text = params.prompt
+        else:
+            vocab = self.codec.vocab_size
+            bad = next((t for t in params.prompt if t >= vocab), None)
+            if bad is not None:
+                raise bad_request(f"Token id {bad} in 'prompt' is outside the vocabulary "
+                                  f"(size {vocab}).", param="prompt")
+            prompt_ids = params.prompt
+            prompt_text = self.codec.decode(prompt_ids) if params.echo else ""
+        max_tokens = params.common.max_tokens
+        if max_tokens is None:
+            max_tokens = self.settings.default_completion_max_tokens
+        request = self._request(params.common, prompt_ids, max_tokens, prefix="cmpl",
+                                prompt_logprobs=params.echo and params.logprobs,
+                                logprobs=params.logprobs)
+        return PreparedRequest(request=request, prompt_text=prompt_text, arrived=arrived,
+                               created=int(time.time()))
+
+    def prepare_chat(self, params: ChatParams, *, arrived: float) -> PreparedRequest:
+        check_model(params.common.model, self.model_name)
+        chat = tokenize_chat(self.template, self.codec, params.messages)
+        max_tokens = params.common.max_tokens
+        if max_tokens is None:
+            max_tokens = self.runtime.max_context - len(chat.token_ids)
+            if max_tokens < 1:
+                raise self._too_long(len(chat.token_ids), 1)
+        request = self._request(params.common, chat.token_ids, max_tokens, prefix="chatcmpl",
+                                message_ends=chat.message_ends, system_end=chat.system_end,
+                                logprobs=params.logprobs)
+        return PreparedRequest(request=request, prompt_text="", arrived=arrived,
+                               created=int(time.time()))
+
+    def _too_long(self, prompt_tokens: int, max_tokens: int) -> ApiError:
+        limit = self.runtime.max_context
+        return context_too_long(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+            f"{max_tokens} for the completion).")
+
+    def _request(self, common: CommonParams, prompt_ids: tuple[int, ...], max_tokens: int, *,
+                 prefix: str, message_ends: tuple[int, ...] = (), system_end: int | None = None,
+                 prompt_logprobs: bool = False, logprobs: bool = False) -> GenerationRequest:
+        if not prompt_ids:
+            raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
+        if len(prompt_ids) + max_tokens > self.runtime.max_context:
+            raise self._too_long(len(prompt_ids), max_tokens)
+        return GenerationRequest(
+            prompt_token_ids=prompt_ids,
+            max_tokens=max_tokens,
+            sampling=common.sampling,
+            stop=common.stop,
+            ignore_eos=common.ignore_eos,
+            message_ends=message_ends,
+            system_end=system_end,
+            prompt_logprobs=prompt_logprobs,
+            logprobs=logprobs,
+            client=common.user,
+            request_id=f"{prefix}-{uuid.uuid4().hex}",
+        )
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    async def drain(self, grace_s: float) -> int:
+        """Stop admitting, wait up to ``grace_s`` for in-flight requests, then end the rest
+        with an error. Returns how many were ended."""
+        self.draining = True
+        with trio.move_on_after(grace_s):
+            await self.inflight.wait_empty()
+        ended = self.inflight.abort_all(
+            f"The server shut down before this request finished (grace period {grace_s:g} s).")
+        with trio.move_on_after(max(1.0, grace_s)):
+            await self.inflight.wait_empty()
+        return ended
