@@ -1,0 +1,276 @@
+"""``flare bench programs``: time every prepared program shape on a backend.
+
+Loads a model through ``gpu.engine.ModelEngine``, builds the catalog from the same
+flags ``flare run`` takes (``gpu.catalog``), prepares it on the chosen backend, then
+launches each shape with a frame that fills its whole capacity (every lane active,
+full prompt chunks) and reports the median device interval over repeated runs after
+warm-up, the median host wall interval, and tokens per second (tokens the shape
+processes per device second). Prints a table and, with ``--json PATH``, writes the
+figures with the planning and preparation reports.
+
+Frames reset their rows (``RowInit`` + ``PageAppend``) in ``bind``, outside the timed
+device interval, so every repetition runs the same work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from actors.config import DEFAULT_MODEL_DIR
+
+WAIT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeTiming:
+    label: str
+    kind: str
+    tokens: int
+    device_ms: float
+    wall_ms: float
+    runs: int
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        if self.tokens <= 0 or self.device_ms <= 0:
+            return None
+        return self.tokens / (self.device_ms / 1000.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shape": self.label, "kind": self.kind, "tokens": self.tokens,
+            "median_device_ms": round(self.device_ms, 4),
+            "median_wall_ms": round(self.wall_ms, 4),
+            "tokens_per_second": (round(self.tokens_per_second, 1)
+                                  if self.tokens_per_second is not None else None),
+            "runs": self.runs,
+        }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL_DIR,
+                        help="HF-format checkpoint directory (default: the embedded model)")
+    parser.add_argument("--max-batch", type=int, default=8,
+                        help="largest decode batch; buckets are the powers of two up to it")
+    parser.add_argument("--prefill-capacity", type=int, nargs="+", default=[64, 256, 1024],
+                        dest="prefill_capacities", help="prefill chunk capacities (x64)")
+    parser.add_argument("--mixed-prefill", action="store_true",
+                        help="also prepare and time mixed prefill/decode programs")
+    parser.add_argument("--speculative-token-capacity", type=int, default=0,
+                        help="target-token envelope R (0: no bound)")
+    parser.add_argument("--context", type=int, default=128,
+                        help="tokens already cached in each decode lane (default 128)")
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="context per row (default: min(model limit, 2048))")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per shape")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per shape")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--json", type=pathlib.Path, default=None, dest="json_path",
+                        help="also write the results as JSON here")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where benchmark lanes live: rows 0..max_batch-1 hold decode contexts; one spare
+    row and spare pages serve as snapshot/restore destinations."""
+
+    page_size: int
+    max_context: int
+    max_batch: int
+    context: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.max_context // self.page_size)
+
+    @property
+    def spare_row(self) -> int:
+        return self.max_batch
+
+    @property
+    def state_rows(self) -> int:
+        return self.max_batch + 1
+
+    @property
+    def num_pages(self) -> int:
+        return self.state_rows * self.blocks + 2
+
+    def pages_of(self, row: int, tokens: int) -> tuple[int, ...]:
+        count = -(-tokens // self.page_size)
+        return tuple(row * self.blocks + i for i in range(count))
+
+    @property
+    def spare_pages(self) -> tuple[int, int]:
+        base = self.state_rows * self.blocks
+        return base, base + 1
+
+
+def _reset(row: int, position: int, extent: int, layout: Layout) -> tuple[Any, ...]:
+    """Updates that give ``row`` a fresh context of ``position`` cached tokens with pages
+    for ``extent`` tokens."""
+    from gpu.frames import PageAppend, RowInit
+
+    pages = layout.pages_of(row, max(extent, 1))
+    return (RowInit(row=row, position=position, pending_token=5),
+            PageAppend(row=row, first_block=0, page_ids=pages))
+
+
+def benchmark_frame(shape: Any, layout: Layout, vocab: int) -> tuple[Any, int]:
+    """A frame that fills ``shape`` and the number of tokens it processes."""
+    from gpu import frames as f
+    from policy.descriptors import GraphKind, StateOp
+
+    def prompt(n: int) -> tuple[int, ...]:
+        return tuple(3 + (i * 7919) % max(vocab - 3, 1) for i in range(n))
+
+    kind, ctx = shape.kind, layout.context
+    if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+        c = shape.token_capacity
+        frame = f.PrefillFrame(row=0, tokens=prompt(c), start_position=0, ends_prompt=True,
+                               updates=_reset(0, 0, c, layout))
+        return frame, c
+    if kind is GraphKind.DECODE:
+        rows = tuple(range(shape.batch_capacity))
+        updates = tuple(u for r in rows for u in _reset(r, ctx, ctx + 1, layout))
+        return f.DecodeFrame(rows=rows, updates=updates), len(rows)
+    if kind is GraphKind.MIXED:
+        rows = tuple(range(shape.batch_capacity))
+        p = shape.prefill_capacity
+        updates = _reset(0, 0, p, layout) + tuple(
+            u for r in rows[1:] for u in _reset(r, ctx, ctx + 1, layout))
+        frame = f.MixedFrame(rows=rows, prefill_row=0, prompt_tokens=prompt(p), prompt_start=0,
+                             prompt_ends=True, updates=updates)
+        return frame, p + len(rows) - 1
+    if kind is GraphKind.STATE:
+        spare_a, spare_b = layout.spare_pages
+        partial = ctx + 3  # a partial last page, copied by value
+        if shape.state_op is StateOp.SNAPSHOT:
+            return f.StateOpFrame(copies=(f.RowCopy(src_row=0, dst_row=layout.spare_row,
+                                                    dst_page=spare_a),),
+                                  updates=_reset(0, partial, partial, layout)), 0
+        if shape.state_op is StateOp.RESTORE:
+            return f.StateOpFrame(copies=(f.RowCopy(src_row=layout.spare_row, dst_row=0,
+                                                    dst_page=spare_b),),
+                                  updates=_reset(layout.spare_row, partial, partial, layout)), 0
+        if shape.state_op is StateOp.PAGE_COPY:
+            return f.StateOpFrame(page_pairs=((0, spare_a),)), 0
+        return f.StateOpFrame(updates=_reset(0, ctx, ctx, layout)), 0
+    raise ValueError(f"no benchmark frame for {shape.label()}")
+
+
+def time_shape(backend: Any, program: Any, inputs: dict[str, Any], *, warmup: int,
+               repeats: int) -> tuple[float, float]:
+    """Median device and wall milliseconds of ``repeats`` runs after ``warmup`` runs."""
+    device, wall = [], []
+    for i in range(warmup + repeats):
+        handle = backend.launch(program, inputs)
+        if not handle.wait(WAIT_S):
+            raise TimeoutError(f"{program.shape.label()} did not finish in {WAIT_S}s")
+        timing = handle.result().timing
+        if i >= warmup:
+            device.append(timing.device_ns / 1e6)
+            wall.append(timing.wall_ns / 1e6)
+    return statistics.median(device), statistics.median(wall)
+
+
+def format_table(rows: list[ShapeTiming]) -> str:
+    head = f"{'shape':<34} {'device ms':>10} {'wall ms':>10} {'tokens/s':>12}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        tps = f"{r.tokens_per_second:,.0f}" if r.tokens_per_second is not None else "-"
+        lines.append(f"{r.label:<34} {r.device_ms:>10.3f} {r.wall_ms:>10.3f} {tps:>12}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from gpu.backend import BackendUnavailable, open_backend
+    from gpu.catalog import CatalogError, CatalogFlags, ModelDims, plan_catalog
+    from gpu.engine import ModelEngine, resolve_dtype
+    from gpu.frames import as_inputs
+    from gpu.model_config import load_model_config
+    from gpu.preparation import prepare_catalog
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    model_dir: pathlib.Path = args.model
+    if not (model_dir / "config.json").is_file():
+        print(f"flare bench programs: no checkpoint in {model_dir} (config.json missing)",
+              file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = load_model_config(model_dir)
+    # OPEN-25: a family declares mixed capture through ModelConfig.mixed_capture; every
+    # family flare loads runs width-one mixed programs, so a missing field means yes.
+    family_mixed = bool(getattr(config, "mixed_capture", True))
+    flags = CatalogFlags(
+        max_batch=args.max_batch, prefill_capacities=tuple(args.prefill_capacities),
+        mixed_prefill=args.mixed_prefill, family_supports_mixed=family_mixed,
+        speculative_token_capacity=args.speculative_token_capacity,
+    )
+    try:
+        backend = open_backend(args.backend)
+    except BackendUnavailable as exc:
+        print(f"flare bench programs: {exc}", file=sys.stderr)
+        return 2
+    try:
+        dtype = resolve_dtype(backend.device, None)
+        dims = ModelDims(
+            hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            vocab_size=config.vocab_size, num_attention_heads=config.num_heads,
+            num_key_value_heads=config.num_kv_heads, head_dim=config.head_dim,
+            dtype_bytes=torch.finfo(dtype).bits // 8,
+        )
+        try:
+            plan = plan_catalog(flags, dims)
+        except CatalogError as exc:
+            print(f"flare bench programs: {exc}", file=sys.stderr)
+            return 2
+        max_context = args.max_context or min(config.max_context, 2048)
+        layout = Layout(page_size=args.page_size, max_context=max_context,
+                        max_batch=args.max_batch, context=args.context)
+        too_long = [c for c in flags.prefill_capacities if c > max_context]
+        if too_long or args.context + 4 > max_context:
+            print(f"flare bench programs: context {max_context} is too short for "
+                  f"capacities {too_long or ''} / --context {args.context}", file=sys.stderr)
+            return 2
+        print(plan.summary())
+        engine = ModelEngine.load(
+            model_dir, device=backend.device, dtype=dtype, catalog=plan.catalog.shapes,
+            page_size=layout.page_size, num_pages=layout.num_pages,
+            state_rows=layout.state_rows, max_context=max_context, require_tokenizer=False,
+        )
+        programs = [engine.programs[s] for s in plan.catalog]
+        report = prepare_catalog(backend, programs)  # its progress sink prints the summary
+        results = []
+        for shape in plan.catalog:
+            frame, tokens = benchmark_frame(shape, layout, config.vocab_size)
+            device_ms, wall_ms = time_shape(backend, engine.programs[shape], as_inputs(frame),
+                                            warmup=args.warmup, repeats=args.repeats)
+            results.append(ShapeTiming(shape.label(), shape.kind.value, tokens, device_ms,
+                                       wall_ms, args.repeats))
+    finally:
+        backend.close()
+    print(format_table(results))
+    if args.json_path is not None:
+        payload = {
+            "model": str(model_dir), "backend": args.backend,
+            "torch_threads": torch.get_num_threads(),
+            "warmup": args.warmup, "repeats": args.repeats, "context": args.context,
+            "plan": plan.to_json(), "preparation": report.to_json(),
+            "results": [r.to_json() for r in results],
+        }
+        args.json_path.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json_path}")
+    return 0
