@@ -137,6 +137,20 @@ class PrefixEstimate:
         self._weights: list[float] = []
         self._unobserved_weight = INITIAL_WEIGHT
 
+    @classmethod
+    def preseeded(cls, means: Sequence[float], weight: float) -> PrefixEstimate:
+        """An estimate that already holds ``means`` at ``weight`` each (OPEN-34).
+
+        For tests, simulations and warm starts; deeper depths read ``0.5**d`` at the
+        initial weight.
+        """
+        if not (math.isfinite(weight) and 0.0 < weight <= MAX_WEIGHT):
+            raise ValueError(f"weight must lie in (0, {MAX_WEIGHT}], got {weight!r}")
+        estimate = cls(means)
+        estimate._means = list(estimate._prior)
+        estimate._weights = [float(weight)] * len(estimate._prior)
+        return estimate
+
     def _prior_mean(self, depth: int) -> float:
         return self._prior[depth - 1] if depth <= len(self._prior) else _default_prior(depth)
 
@@ -209,6 +223,15 @@ class AcceptanceState:
             # Snapshot the population's current means at the request's first use.
             estimate = table[source] = PrefixEstimate(prior.means(_PRIOR_SNAPSHOT_DEPTH))
         return estimate
+
+    def preseed(
+        self, source: ProposalSource, means: Sequence[float], weight: float = MAX_WEIGHT
+    ) -> None:
+        """Replace the request's acceptance estimate for ``source`` (OPEN-34, VER-23).
+
+        The population prior is not moved: a preseeded history is not an observation.
+        """
+        self._acceptance[source] = PrefixEstimate.preseeded(means, weight)
 
     def acceptance(self, source: ProposalSource) -> PrefixEstimate:
         """The verified-acceptance estimate for ``source``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy.cost import DurationEstimates, median_ns
@@ -63,6 +63,7 @@ def test_dur_9_median_of_last_nine_with_middle_pair_average() -> None:
     assert est2.estimate_ns(s) == 5 * MS  # median of 1..9; with 100 it would be 5.5
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=10**12), min_size=1, max_size=30))
 def test_dur_9_matches_statistics_median_of_window(samples: list[int]) -> None:
     """Covers DUR-8, DUR-9: fresh estimates equal the median of the last nine (floored)."""

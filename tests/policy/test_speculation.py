@@ -6,7 +6,7 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy.speculation import (
@@ -246,6 +246,7 @@ def test_invalid_observations_are_rejected() -> None:
         PrefixEstimate().mean(0)
 
 
+@settings(deadline=None)
 @given(st.lists(st.one_of(
     st.tuples(st.just("round"), st.integers(0, 6), st.integers(0, 6), st.booleans()),
     st.tuples(st.just("age"), st.integers(0, 1000), st.integers(0, 0), st.booleans()),
@@ -269,3 +270,20 @@ def test_estimates_stay_probabilities_with_bounded_weights(
             assert est.mean(depth) <= est.optimistic(depth) <= 1.0
         s = state.survival(LEARNED, 7)
         assert all(x >= y for x, y in itertools.pairwise(s))
+
+
+def test_open_34_preseeded_acceptance_history() -> None:
+    """Covers OPEN-34: a request can start from a given history without moving the prior."""
+    priors = PopulationPriors()
+    state = AcceptanceState(priors)
+    state.preseed(COPY, [0.9, 0.7], weight=64.0)
+    assert state.survival(COPY, 3) == (0.9, 0.7, 0.125)
+    assert state.acceptance(COPY).weight(1) == 64.0
+    assert state.acceptance(COPY).weight(3) == INITIAL_WEIGHT
+    assert priors.acceptance(COPY).mean(1) == 0.5
+    state.observe_round(COPY, offered=1, accepted=0, terminated=False)
+    assert state.acceptance(COPY).mean(1) == pytest.approx(64 * 0.9 / 65)
+    with pytest.raises(ValueError):
+        PrefixEstimate.preseeded([0.5], weight=0.0)
+    with pytest.raises(ValueError):
+        PrefixEstimate.preseeded([1.5], weight=2.0)
