@@ -30,6 +30,7 @@ Rules implemented here (DUR-1..19, CAT-8; OPEN-10, OPEN-11 as decided in
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from policy.descriptors import GraphShape
@@ -43,7 +44,7 @@ DEFAULT_ESTIMATE_TTL_NS = 30_000_000_000
 """Freshness interval, PolicyConfig.estimate_ttl_ns's default (DUR-10, POL-9)."""
 
 
-def median_ns(samples: tuple[int, ...] | list[int]) -> int:
+def median_ns(samples: Sequence[int]) -> int:
     """Median of positive samples; an even count averages the middle pair, rounded down."""
     if not samples:
         raise ValueError("median of no samples")
