@@ -17,7 +17,7 @@ from synthetic_catalog import (
     prefill,
 )
 
-from policy import LaneRole, Scheduler, SelectionReason
+from policy import Fence, LaneRole, Scheduler, SelectionReason
 from policy.config import PolicyConfig
 from policy.service import delivery_price, output_token_price, prefill_token_price
 from policy.utility import reference_interval_ms, unscaled
@@ -59,7 +59,8 @@ def test_sel_17_prefill_only_requests_do_not_enlarge_k() -> None:
     """Covers SEL-17, SEL-8: a prefill-only request changes neither sigma nor waiting."""
     s = measured_scheduler((decode(1), decode(2), prefill(64)))
     make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=5.0)
-    only_decode = [c for c in (s.plan(),) if c is not None][0]
+    only_decode = s.plan()
+    assert only_decode is not None
     s.set_catalog((decode(1), decode(2)))  # keep the prompt from competing
     make_prompt(s, prompt_len=4000, token_rate=1.0)
     with_prompt = s.plan()
@@ -281,7 +282,6 @@ def test_mix_19_prompt_only_mixed_population_is_legal() -> None:
     assert plan is not None and plan.step.mixed is not None
     assert [lane.role for lane in plan.lanes] == [LaneRole.PROMPT]
     assert plan.requires_empty_window  # MIX-31
-    from policy import Fence
     s.commit(plan, Fence(1))
 
 
