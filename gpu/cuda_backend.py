@@ -99,7 +99,7 @@ class CudaBackend:
         self._torch_device = torch.device(self.device)
         self._use_graph_launch = use_graph_launch
         with torch.cuda.device(self._torch_device):
-            self._stream = torch.cuda.Stream(self._torch_device)
+            self._stream = torch.cuda.Stream(self._torch_device)  # type: ignore[no-untyped-call, unused-ignore]
             self._pool = torch.cuda.graph_pool_handle()
             flags = runtime.cudaEventBlockingSync
             self._start_event = _check(runtime.cudaEventCreateWithFlags(flags), "cudaEventCreate")

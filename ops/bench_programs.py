@@ -147,9 +147,9 @@ def benchmark_frame(shape: Any, layout: Layout, vocab: int) -> tuple[Any, int]:
         p = shape.prefill_capacity
         updates = _reset(0, 0, p, layout) + tuple(
             u for r in rows[1:] for u in _reset(r, ctx, ctx + 1, layout))
-        frame = f.MixedFrame(rows=rows, prefill_row=0, prompt_tokens=prompt(p), prompt_start=0,
+        mixed = f.MixedFrame(rows=rows, prefill_row=0, prompt_tokens=prompt(p), prompt_start=0,
                              prompt_ends=True, updates=updates)
-        return frame, p + len(rows) - 1
+        return mixed, p + len(rows) - 1
     if kind is GraphKind.STATE:
         spare_a, spare_b = layout.spare_pages
         partial = ctx + 3  # a partial last page, copied by value
