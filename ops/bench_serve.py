@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="server root, without /v1 (default %(default)s)")
     target.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                         help="/v1/completions or /v1/chat/completions (default %(default)s)")
-    target.add_argument("--model", default="default", help="model name sent in each request")
+    target.add_argument("--model", default=None,
+                        help="model name sent in each request (default: first of /v1/models)")
     target.add_argument("--api-key", default=None, help="sent as a Bearer token if given")
     target.add_argument("--ignore-eos", action="store_true",
                         help="send ignore_eos=true so outputs reach their target length")
@@ -140,18 +141,24 @@ def _execute(args: argparse.Namespace) -> RunFile:
     config = {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
               if not k.startswith("_") and k not in ("compare", "no_run", "api_key")}
     config["prompt_builder"] = builder.description
+    config["model"] = result.model
     return RunFile(label=args.label, config=config, summary=summary, records=result.records)
 
 
 def main(args: argparse.Namespace) -> int:
     runs: list[RunFile] = []
-    if not args.no_run:
-        run = _execute(args)
-        path = args.output_dir / f"{args.label}.json"
-        write_run(path, run)
-        print(f"wrote {path}")
-        runs.append(run)
-    runs.extend(read_run(p) for p in args.compare)
+    try:
+        compared = [read_run(p) for p in args.compare]
+        if not args.no_run:
+            run = _execute(args)
+            path = args.output_dir / f"{args.label}.json"
+            write_run(path, run)
+            print(f"wrote {path}")
+            runs.append(run)
+    except (ValueError, OSError) as exc:  # bad options or unreadable run files
+        print(f"flare bench serve: {exc}", file=sys.stderr)
+        return 2
+    runs.extend(compared)
     if not runs:
         print("flare bench serve: nothing to report (--no-run without --compare)",
               file=sys.stderr)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
@@ -46,7 +46,7 @@ class Target:
 
     base_url: str
     endpoint: Endpoint = "completions"
-    model: str = "default"
+    model: str | None = None  # None: the first id that GET /v1/models lists
     api_key: str | None = None
     request_timeout_s: float = 600.0
     ignore_eos: bool = False
@@ -59,15 +59,33 @@ class RunResult:
     """Every sent request's record, plus how the run went."""
 
     records: tuple[RequestRecord, ...]
+    model: str
     planned: int
     duration_s: float
     hit_time_limit: bool
 
 
+# Model name sent when none was given and the server does not list its models.
+FALLBACK_MODEL = "default"
+
+
+async def discover_model(http: httpx.AsyncClient) -> str:
+    """The first model id from ``GET /v1/models``, or ``FALLBACK_MODEL`` if none is listed."""
+    try:
+        response = await http.get("/v1/models")
+        if response.status_code == 200:
+            models = response.json().get("data") or []
+            if models and isinstance(models[0], dict) and models[0].get("id"):
+                return str(models[0]["id"])
+    except (httpx.HTTPError, ValueError):
+        pass  # the benchmark's own requests will report what is wrong with the server
+    return FALLBACK_MODEL
+
+
 def build_body(target: Target, plan: RequestPlan, prompt: str) -> dict[str, Any]:
-    """The JSON body for one planned request."""
+    """The JSON body for one planned request (``target.model`` must be resolved)."""
     body: dict[str, Any] = {
-        "model": target.model,
+        "model": target.model if target.model is not None else FALLBACK_MODEL,
         "max_tokens": plan.output_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -250,6 +268,8 @@ async def run_load(
         limits=limits,
         transport=transport,
     ) as http:
+        if target.model is None:
+            target = replace(target, model=await discover_model(http))
         run = _Run(http, target, prompts, builder, trio.current_time())
         with trio.move_on_at(run.t0 + time_limit_s) as deadline:
             async with trio.open_nursery() as nursery:
@@ -264,6 +284,7 @@ async def run_load(
         duration = run.now()
     return RunResult(
         records=tuple(sorted((f.record() for f in run.flights), key=lambda r: r.index)),
+        model=target.model or FALLBACK_MODEL,
         planned=len(plans),
         duration_s=duration,
         hit_time_limit=deadline.cancelled_caught,

@@ -25,6 +25,7 @@ from ops.loadgen.workload import RequestPlan
 
 TOKEN_PACE_S = 0.01
 SLOW_PACE_S = 0.05
+SERVED_MODEL = "fake-model"
 TEST_DEADLINE_S = 15
 
 
@@ -46,6 +47,12 @@ class FakeOpenAI:
                 elif message["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        if scope["path"] == "/v1/models":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body",
+                        "body": json.dumps({"data": [{"id": SERVED_MODEL}]}).encode()})
+            return
         raw = b""
         while True:
             message = await receive()
@@ -127,6 +134,8 @@ async def test_stream_chunks_are_timed_and_counted() -> None:
     assert result.duration_s >= max(r.finished_s or 0 for r in result.records)
     assert [b["user"] for b in app.bodies] == ["a", "b", "a"]
     assert all(b["stream"] is True and b["max_tokens"] == 4 for b in app.bodies)
+    assert result.model == SERVED_MODEL  # discovered from /v1/models
+    assert all(b["model"] == SERVED_MODEL for b in app.bodies)
     assert all(len(b["prompt"].split()) == 5 for b in app.bodies)
 
 
