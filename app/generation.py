@@ -226,24 +226,27 @@ async def _pump(runtime: Runtime, request: GenerationRequest,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     started = False
     try:
-        with active.scope:
-            async with send, runtime.generate(request) as events:
-                task_status.started()
-                started = True
-                async for event in events:
-                    await send.send(event)
-        if not started:
-            # Cancelled (shutdown) while being admitted: refuse rather than hang.
-            raise RuntimeShutDown("the server is shutting down")
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass  # the consumer went away; leaving the generate block cancelled the request
-    except Exception as exc:
-        if not started:
-            raise  # nursery.start re-raises it to the route (admission errors)
-        # After admission a fault belongs to this request alone; the route turns it into
-        # an error response or event. It must not take the app's nursery down.
-        active.failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        log.exception("request.pump_failed", request_id=request.request_id)
+        async with send:
+            try:
+                with active.scope:
+                    async with runtime.generate(request) as events:
+                        task_status.started()
+                        started = True
+                        async for event in events:
+                            await send.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the consumer went away; leaving the generate block cancelled it
+            except Exception as exc:
+                if not started:
+                    raise  # nursery.start re-raises it to the route (admission errors)
+                # After admission a fault belongs to this request alone; it is recorded
+                # before the channel closes so the consumer reports it. It must not take
+                # the app's nursery down.
+                active.failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                log.exception("request.pump_failed", request_id=request.request_id)
+            if not started:
+                # Cancelled (shutdown) while being admitted: refuse rather than hang.
+                raise RuntimeShutDown("the server is shutting down")
     finally:
         inflight.discard(active)
 
