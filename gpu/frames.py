@@ -64,6 +64,10 @@ class SamplingParams:
             raise ValueError("seed must lie in 0..2**63-1")
 
 
+GREEDY = SamplingParams()
+"""Greedy decoding (temperature 0), the default sampling of a row."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RowInit:
     """Initialise ``row`` for a new request (generation): ``position`` tokens are
@@ -72,7 +76,7 @@ class RowInit:
     row: int
     position: int = 0
     pending_token: int = 0
-    sampling: SamplingParams = SamplingParams()
+    sampling: SamplingParams = GREEDY
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

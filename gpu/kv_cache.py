@@ -66,7 +66,7 @@ class PagedKVCache:
     def gather_rows(
         self, layer: int, block_tables: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dense keys/values ``[R, dense_context, kv_heads, head_dim]`` of block tables ``[R, nb]``."""
+        """Dense keys/values ``[R, dense_context, kv_heads, head_dim]`` of tables ``[R, nb]``."""
         rows = block_tables.shape[0]
         k = self.keys[layer][block_tables].reshape(rows, -1, *self.keys.shape[3:])
         v = self.values[layer][block_tables].reshape(rows, -1, *self.values.shape[3:])

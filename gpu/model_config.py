@@ -87,7 +87,9 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return float(theta)
 
 
-def parse_model_config(raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+def parse_model_config(
+    raw: dict[str, Any], generation: dict[str, Any] | None = None
+) -> ModelConfig:
     """Build a ``ModelConfig`` from parsed ``config.json`` (and ``generation_config.json``)."""
     archs = raw.get("architectures") or []
     arch = archs[0] if archs else None

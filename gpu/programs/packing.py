@@ -25,7 +25,9 @@ def packed_offsets(query_lengths: Sequence[int]) -> np.ndarray:
     lengths = np.asarray(query_lengths, dtype=np.int64)
     if (lengths < 0).any():
         raise FrameError("query lengths must be non-negative (MIX-11)")
-    return np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64) if len(lengths) else lengths
+    if not len(lengths):
+        return lengths
+    return np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,9 @@ def pack_lanes(
     if following_token >= limits.vocab_size:
         raise FrameError("following_token outside the vocabulary")
 
-    lengths = [n_prompt if lane == prefill_row else limits.decode_width for lane in range(len(rows))]
+    lengths = [
+        n_prompt if lane == prefill_row else limits.decode_width for lane in range(len(rows))
+    ]
     offsets = packed_offsets(lengths)
     total = int(sum(lengths))
     if total > limits.token_slots:

@@ -70,6 +70,18 @@ def _build(kind: str, directory: Path) -> Path:
 MODEL_KINDS = ("llama", "qwen2", "qwen3", "llama_untied")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _single_intra_op_thread() -> object:
+    """Tiny models on a shared 2-core machine: intra-op threads only add contention
+    (about 10x slower here); restored after each module."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Directory of each tiny checkpoint, by kind."""
@@ -80,3 +92,50 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
         directory.mkdir()
         out[kind] = _build(kind, directory)
     return out
+
+
+class HFReference:
+    """transformers as the peer: greedy ``generate`` and full-prompt log-probabilities."""
+
+    def __init__(self, checkpoints: dict[str, Path]) -> None:
+        self._dirs = checkpoints
+        self._models: dict[str, object] = {}
+
+    def model(self, kind: str):  # type: ignore[no-untyped-def]
+        import transformers as tf
+
+        if kind not in self._models:
+            self._models[kind] = tf.AutoModelForCausalLM.from_pretrained(
+                self._dirs[kind], dtype="float32"
+            ).eval()
+            # generate() must not stop at the checkpoint's EOS: we compare fixed lengths.
+            self._models[kind].generation_config.eos_token_id = None  # type: ignore[attr-defined]
+        return self._models[kind]
+
+    def greedy(self, kind: str, prompt: list[int], new_tokens: int) -> list[int]:
+        import torch
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0,
+            eos_token_id=None, pad_token_id=0, bos_token_id=None,
+        )
+        with torch.no_grad():
+            out = self.model(kind).generate(  # type: ignore[attr-defined]
+                torch.tensor([prompt]), generation_config=config
+            )
+        tokens = out[0, len(prompt):].tolist()
+        assert len(tokens) == new_tokens, "reference stopped early"
+        return tokens
+
+    def log_probs(self, kind: str, prompt: list[int]):  # type: ignore[no-untyped-def]
+        import torch
+
+        with torch.no_grad():
+            logits = self.model(kind)(torch.tensor([prompt])).logits[0]  # type: ignore[operator]
+        return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_checkpoints: dict[str, Path]) -> HFReference:
+    return HFReference(tiny_checkpoints)
