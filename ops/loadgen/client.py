@@ -107,14 +107,17 @@ def chunk_text(event: dict[str, Any], endpoint: Endpoint) -> tuple[str, str | No
     """Output text and finish reason carried by one parsed SSE event (either may be empty)."""
     text_parts: list[str] = []
     finish: str | None = None
-    for choice in event.get("choices") or ():
+    choices = event.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
         if endpoint == "chat":
-            delta = choice.get("delta") or {}
-            piece = delta.get("content")
+            delta = choice.get("delta")
+            piece = delta.get("content") if isinstance(delta, dict) else None
         else:
             piece = choice.get("text")
-        if piece:
-            text_parts.append(str(piece))
+        if isinstance(piece, str) and piece:
+            text_parts.append(piece)
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
     return "".join(text_parts), finish
@@ -194,7 +197,7 @@ class _Run:
                     flight.finished_s = self.now()
                     return
                 await self._read_stream(response, flight)
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        except httpx.HTTPError as exc:
             flight.status = "error"
             flight.error = f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
             flight.finished_s = self.now()
@@ -208,12 +211,17 @@ class _Run:
             payload = line[5:].strip()
             if payload == "[DONE]":
                 continue
-            event = json.loads(payload)
+            try:
+                event = json.loads(payload)
+            except json.JSONDecodeError:
+                event = None
+            if not isinstance(event, dict):
+                flight.error = flight.error or f"malformed SSE data: {payload[:100]!r}"
+                continue
             if "error" in event and not event.get("choices"):
-                flight.status = "error"
-                flight.error = json.dumps(event["error"])[:ERROR_TEXT_LIMIT]
-                flight.finished_s = self.now()
-                return
+                # A failure after the stream began (OpenAI style); the body still ends.
+                flight.error = flight.error or json.dumps(event["error"])[:ERROR_TEXT_LIMIT]
+                continue
             text, finish = chunk_text(event, self.target.endpoint)
             if text:
                 flight.chunk_times.append(self.now())
@@ -221,10 +229,12 @@ class _Run:
             if finish:
                 flight.finish_reason = finish
             usage = event.get("usage")
-            if usage:
-                flight.usage_prompt = usage.get("prompt_tokens", flight.usage_prompt)
-                flight.usage_completion = usage.get("completion_tokens", flight.usage_completion)
-        flight.status = "ok"
+            if isinstance(usage, dict):
+                if isinstance(usage.get("prompt_tokens"), int):
+                    flight.usage_prompt = usage["prompt_tokens"]
+                if isinstance(usage.get("completion_tokens"), int):
+                    flight.usage_completion = usage["completion_tokens"]
+        flight.status = "error" if flight.error is not None else "ok"
         flight.finished_s = self.now()
 
 

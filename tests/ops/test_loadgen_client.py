@@ -19,7 +19,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from ops.loadgen.client import Target, run_load
+from ops.loadgen.client import Target, build_body, chunk_text, run_load
 from ops.loadgen.prompts import WordPrompts
 from ops.loadgen.workload import RequestPlan
 
@@ -32,7 +32,8 @@ TEST_DEADLINE_S = 15
 class FakeOpenAI:
     """Raw ASGI app: streams ``max_tokens`` one-word chunks, ``TOKEN_PACE_S`` apart.
 
-    The model name ``"busy"`` gets a 429; ``"slow"`` paces at ``SLOW_PACE_S`` per token.
+    The model name ``"busy"`` gets a 429, ``"broken"`` fails after one token with an SSE
+    error event, and ``"slow"`` paces at ``SLOW_PACE_S`` per token.
     """
 
     def __init__(self) -> None:
@@ -48,10 +49,19 @@ class FakeOpenAI:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["path"] == "/v1/models":
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json")]})
-            await send({"type": "http.response.body",
-                        "body": json.dumps({"data": [{"id": SERVED_MODEL}]}).encode()})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": json.dumps({"data": [{"id": SERVED_MODEL}]}).encode(),
+                }
+            )
             return
         raw = b""
         while True:
@@ -62,29 +72,53 @@ class FakeOpenAI:
         body = json.loads(raw)
         self.bodies.append(body)
         if body["model"] == "busy":
-            await send({"type": "http.response.start", "status": 429,
-                        "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 429,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
             await send({"type": "http.response.body", "body": b'{"error": "queue full"}'})
             return
         chat = scope["path"] == "/v1/chat/completions"
         pace = SLOW_PACE_S if body["model"] == "slow" else TOKEN_PACE_S
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
 
         async def event(payload: dict[str, Any] | str) -> None:
             data = payload if isinstance(payload, str) else json.dumps(payload)
-            await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(),
-                        "more_body": True})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": f"data: {data}\n\n".encode(),
+                    "more_body": True,
+                }
+            )
 
-        await send({"type": "http.response.body", "body": b": keep-alive\n\n",
-                    "more_body": True})
+        await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
         n = body["max_tokens"]
+        if body["model"] == "broken":
+            await event({"choices": [{"index": 0, "text": " w0", "finish_reason": None}]})
+            await event({"error": {"message": "device lost", "type": "server_error"}})
+            await event("{not json")  # must not crash the client either
+            await event("[DONE]")
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         for i in range(n):
             await trio.sleep(pace)
             word = f" w{i}"
             finish = "length" if i == n - 1 else None
-            choice = ({"index": 0, "delta": {"content": word}, "finish_reason": finish} if chat
-                      else {"index": 0, "text": word, "finish_reason": finish})
+            choice = (
+                {"index": 0, "delta": {"content": word}, "finish_reason": finish}
+                if chat
+                else {"index": 0, "text": word, "finish_reason": finish}
+            )
             await event({"choices": [choice]})
         await event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n}})
         await event("[DONE]")
@@ -99,7 +133,8 @@ async def serving(app: FakeOpenAI) -> AsyncIterator[str]:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
-            partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait))
+            partial(hypercorn.trio.serve, app, config, shutdown_trigger=stop.wait)
+        )
         try:
             yield binds[0]
         finally:
@@ -107,8 +142,7 @@ async def serving(app: FakeOpenAI) -> AsyncIterator[str]:
 
 
 def plan(index: int, *, client: str = "a", at: float = 0.0, out: int = 4) -> RequestPlan:
-    return RequestPlan(index=index, client=client, arrival_s=at, prompt_tokens=5,
-                       output_tokens=out)
+    return RequestPlan(index=index, client=client, arrival_s=at, prompt_tokens=5, output_tokens=out)
 
 
 async def test_stream_chunks_are_timed_and_counted() -> None:
@@ -143,8 +177,12 @@ async def test_chat_route_and_usage_rescaled_chunks() -> None:
     app = FakeOpenAI()
     with trio.fail_after(TEST_DEADLINE_S):
         async with serving(app) as url:
-            result = await run_load(Target(base_url=url, endpoint="chat", ignore_eos=True),
-                                    [plan(0, out=3)], WordPrompts(), time_limit_s=10)
+            result = await run_load(
+                Target(base_url=url, endpoint="chat", ignore_eos=True),
+                [plan(0, out=3)],
+                WordPrompts(),
+                time_limit_s=10,
+            )
     (record,) = result.records
     assert record.status == "ok" and len(record.chunk_tokens) == 3
     assert sum(record.chunk_tokens) == 3
@@ -156,12 +194,26 @@ async def test_http_errors_are_recorded_not_raised() -> None:
     app = FakeOpenAI()
     with trio.fail_after(TEST_DEADLINE_S):
         async with serving(app) as url:
-            result = await run_load(Target(base_url=url, model="busy"), [plan(0)],
-                                    WordPrompts(), time_limit_s=10)
+            result = await run_load(
+                Target(base_url=url, model="busy"), [plan(0)], WordPrompts(), time_limit_s=10
+            )
     (record,) = result.records
     assert record.status == "error" and record.http_status == 429
     assert record.error is not None and "queue full" in record.error
     assert record.chunk_times_s == ()
+
+
+async def test_an_error_event_mid_stream_fails_the_request_and_keeps_its_chunks() -> None:
+    app = FakeOpenAI()
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with serving(app) as url:
+            result = await run_load(
+                Target(base_url=url, model="broken"), [plan(0)], WordPrompts(), time_limit_s=10
+            )
+    (record,) = result.records
+    assert record.status == "error" and record.http_status == 200
+    assert record.error is not None and "device lost" in record.error
+    assert len(record.chunk_times_s) == 1 and record.finished_s is not None
 
 
 async def test_connection_refused_is_an_error_record() -> None:
@@ -171,8 +223,9 @@ async def test_connection_refused_is_an_error_record() -> None:
     port = sock.getsockname()[1]
     sock.close()
     with trio.fail_after(TEST_DEADLINE_S):
-        result = await run_load(Target(base_url=f"http://127.0.0.1:{port}"), [plan(0)],
-                                WordPrompts(), time_limit_s=10)
+        result = await run_load(
+            Target(base_url=f"http://127.0.0.1:{port}"), [plan(0)], WordPrompts(), time_limit_s=10
+        )
     assert result.records[0].status == "error"
     assert "Connect" in (result.records[0].error or "")
 
@@ -182,8 +235,9 @@ async def test_fixed_concurrency_is_a_closed_loop() -> None:
     plans = [plan(i, out=2) for i in range(3)]
     with trio.fail_after(TEST_DEADLINE_S):
         async with serving(app) as url:
-            result = await run_load(Target(base_url=url), plans, WordPrompts(),
-                                    time_limit_s=10, concurrency=1)
+            result = await run_load(
+                Target(base_url=url), plans, WordPrompts(), time_limit_s=10, concurrency=1
+            )
     records = result.records
     assert [r.status for r in records] == ["ok"] * 3
     for earlier, later in itertools.pairwise(records):
@@ -196,11 +250,30 @@ async def test_time_limit_stops_the_run_and_cancels_in_flight_requests() -> None
     plans = [plan(0, out=50), plan(1, at=30.0)]
     with trio.fail_after(TEST_DEADLINE_S):
         async with serving(app) as url:
-            result = await run_load(Target(base_url=url, model="slow"), plans, WordPrompts(),
-                                    time_limit_s=1.0)
+            result = await run_load(
+                Target(base_url=url, model="slow"), plans, WordPrompts(), time_limit_s=1.0
+            )
     assert result.hit_time_limit
     assert result.planned == 2
     (record,) = result.records  # request 1 was never sent
     assert record.status == "cancelled" and record.finished_s is None
     assert 1 <= len(record.chunk_times_s) < 50  # what arrived before the limit is kept
     assert 1.0 <= result.duration_s < 50 * SLOW_PACE_S
+
+
+def test_chunk_text_reads_both_routes_and_ignores_malformed_choices() -> None:
+    assert chunk_text({"choices": [{"text": "ab", "finish_reason": None}]}, "completions") == (
+        "ab", None)
+    assert chunk_text({"choices": [{"delta": {"content": "c"}, "finish_reason": "stop"}]},
+                      "chat") == ("c", "stop")
+    assert chunk_text({"choices": [{"delta": {"role": "assistant"}}]}, "chat") == ("", None)
+    assert chunk_text({"choices": ["junk", {"delta": 3}], "usage": {}}, "chat") == ("", None)
+    assert chunk_text({"choices": None}, "completions") == ("", None)
+
+
+def test_request_bodies_carry_the_plan() -> None:
+    body = build_body(Target(base_url="http://127.0.0.1:1", model="m", temperature=0.0,
+                             extra_body={"top_k": 5}), plan(3, client="z", out=9), "hello")
+    assert body == {"model": "m", "max_tokens": 9, "stream": True,
+                    "stream_options": {"include_usage": True}, "user": "z", "prompt": "hello",
+                    "temperature": 0.0, "top_k": 5}
