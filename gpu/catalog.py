@@ -191,6 +191,28 @@ def speculative_shapes(
     return tuple(shapes)
 
 
+def check_envelope(shape: GraphShape, envelope: int) -> None:
+    """Refuse a speculative or mixed program outside the target-token envelope R:
+    rectangular programs need ``B * W <= R`` (SPEC-12), ragged ones ``P <= R``
+    (SPEC-13). Width one and ``R = 0`` (no bound) always pass."""
+    if envelope <= 0 or shape.token_capacity <= 1:
+        return
+    if shape.kind is GraphKind.SPECULATIVE:
+        rectangular = shape.packed_capacity == shape.batch_capacity * shape.token_capacity
+        if rectangular and shape.packed_capacity > envelope:
+            raise CatalogError(
+                f"{shape.label()}: B*W = {shape.packed_capacity} exceeds R = {envelope} (SPEC-12)"
+            )
+        if not rectangular and shape.packed_capacity > envelope:
+            raise CatalogError(
+                f"{shape.label()}: P = {shape.packed_capacity} exceeds R = {envelope} (SPEC-13)"
+            )
+    elif shape.kind is GraphKind.MIXED:
+        rows = shape.batch_capacity * shape.token_capacity
+        if rows > envelope:
+            raise CatalogError(f"{shape.label()}: B*W = {rows} exceeds R = {envelope} (MIX-41)")
+
+
 def state_shapes() -> tuple[GraphShape, ...]:
     """One program per state operation, for one request row (OPEN-39)."""
     return tuple(

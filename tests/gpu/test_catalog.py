@@ -16,6 +16,7 @@ from gpu.catalog import (
     ModelDims,
     balanced_prompt_bucket,
     build_catalog,
+    check_envelope,
     eligible_widths,
     mixed_shapes,
     plan_catalog,
@@ -201,3 +202,19 @@ def _replace(flags: CatalogFlags, **changes: object) -> CatalogFlags:
     import dataclasses
 
     return dataclasses.replace(flags, **changes)  # type: ignore[arg-type]
+
+
+def test_spec_12_13_envelope_check_refuses_programs_beyond_r() -> None:
+    rect = GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=2,
+                      proposal_depth=1, packed_capacity=8, binding=TargetBinding.QUERY_LENGTH)
+    ragged = GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4,
+                        proposal_depth=3, packed_capacity=7,
+                        binding=TargetBinding.SPECULATIVE_PREFIX_LIMIT)
+    with pytest.raises(CatalogError, match="SPEC-12"):
+        check_envelope(rect, 6)
+    with pytest.raises(CatalogError, match="SPEC-13"):
+        check_envelope(ragged, 6)
+    check_envelope(ragged, 7)
+    check_envelope(rect, 0)  # no bound
+    for shape in build_catalog(_replace(SEED_EXAMPLE, max_batch=8)):
+        check_envelope(shape, 6)  # everything the catalog generates fits its own R
