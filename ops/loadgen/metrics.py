@@ -12,6 +12,8 @@ repeats them for users):
   gives each of its ``k`` tokens an inter-token latency of ``g / k``; the distribution is
   over tokens (mean = total gap time / tokens after the first chunk).
 * **E2E**: end of the stream minus send time, per successful request.
+* **Longest stall**: per successful request, its largest gap between text chunks (what a
+  long prompt admitted beside it costs a streaming reader); distribution over requests.
 * Distributions report mean, median, p90, p99 (numpy's linear interpolation between order
   statistics), min and max; weighted ones use the inverted empirical CDF (the smallest value
   whose cumulative weight reaches the quantile).
@@ -215,6 +217,22 @@ def client_service(
     return out
 
 
+def _per_client_latency(
+    records: Sequence[RequestRecord], options: MetricOptions
+) -> dict[str, dict[str, Any]]:
+    """Per client: TTFT, E2E and QoE distributions over its successful requests."""
+    out: dict[str, dict[str, Any]] = {}
+    for client in sorted({r.client for r in records}):
+        ok = [r for r in records if r.client == client and r.status == "ok"]
+        out[client] = {
+            "ttft_s": distribution(t for r in ok if (t := r.ttft_s) is not None),
+            "e2e_s": distribution(t for r in ok if (t := r.e2e_s) is not None),
+            "qoe": distribution(q for r in ok if (q := stream_qoe(
+                r, options.qoe_expected_ttft_s, options.qoe_reading_tokens_per_s)) is not None),
+        }
+    return out
+
+
 def summarize(
     records: Sequence[RequestRecord], *, duration_s: float, planned: int, options: MetricOptions
 ) -> dict[str, Any]:
@@ -250,6 +268,8 @@ def summarize(
         "itl_s": distribution(gaps),
         "itl_token_weighted_s": weighted_distribution(itl_values, itl_weights),
         "e2e_s": distribution(e for r in ok if (e := r.e2e_s) is not None),
+        "longest_stall_s": distribution(max(g) for r in ok if (g := r.chunk_gaps_s())),
+        "per_client": _per_client_latency(records, options),
         "goodput": {
             "ttft_slo_s": options.ttft_slo_s,
             "tpot_slo_s": options.tpot_slo_s,

@@ -135,7 +135,8 @@ def test_qoe_is_one_when_delivery_keeps_ahead_and_zero_when_all_comes_at_the_end
     assert stream_qoe(stream((3.0,), (4,)), 1.0, 1.0) == 0.0
     # Sent at 10: times are measured from the send time.
     assert stream_qoe(stream((12, 13, 14, 15), (1, 1, 1, 1), sent=10), 1.0, 1.0) == (
-        pytest.approx(0.75))
+        pytest.approx(0.75)
+    )
     assert stream_qoe(stream((), ()), 1.0, 1.0) is None
 
 
@@ -147,8 +148,9 @@ def test_goodput_counts_requests_within_both_slos() -> None:
         stream((0.3,), (1,), index=3),  # single token, no TPOT: good
         stream((0.1, 0.2), (1, 1), status="cancelled", index=4),  # unfinished: never good
     ]
-    summary = summarize(records, duration_s=4.0, planned=6,
-                        options=MetricOptions(ttft_slo_s=1.0, tpot_slo_s=0.2))
+    summary = summarize(
+        records, duration_s=4.0, planned=6, options=MetricOptions(ttft_slo_s=1.0, tpot_slo_s=0.2)
+    )
     assert summary["goodput"]["good_requests"] == 2
     assert summary["goodput"]["fraction_of_sent"] == pytest.approx(2 / 5)
     assert summary["goodput"]["requests_per_s"] == pytest.approx(0.5)
@@ -184,15 +186,22 @@ def test_client_service_and_fairness_by_hand() -> None:
     assert clients["b"]["service"] == pytest.approx(16)
     assert clients["b"]["demand"] == pytest.approx(16 + 10)
     summary = summarize(records, duration_s=3.0, planned=4, options=options)
-    assert summary["fairness"]["jain_service"] == pytest.approx((32 + 16) ** 2 / (2 * (32**2 + 16**2)))
+    assert summary["fairness"]["jain_service"] == pytest.approx(
+        (32 + 16) ** 2 / (2 * (32**2 + 16**2))
+    )
     ratios = (1.0, 16 / 26)
     assert summary["fairness"]["jain_service_per_demand"] == pytest.approx(
-        sum(ratios) ** 2 / (2 * sum(r * r for r in ratios)))
+        sum(ratios) ** 2 / (2 * sum(r * r for r in ratios))
+    )
 
 
 def test_summary_latency_sections_match_the_records() -> None:
-    summary = summarize([EXAMPLE], duration_s=2.0, planned=1, options=MetricOptions(
-        qoe_expected_ttft_s=0.0, qoe_reading_tokens_per_s=1000.0))
+    summary = summarize(
+        [EXAMPLE],
+        duration_s=2.0,
+        planned=1,
+        options=MetricOptions(qoe_expected_ttft_s=0.0, qoe_reading_tokens_per_s=1000.0),
+    )
     assert summary["ttft_s"]["mean"] == pytest.approx(0.5)
     assert summary["e2e_s"]["median"] == pytest.approx(1.7)
     assert summary["itl_s"]["max"] == pytest.approx(0.6)
@@ -200,6 +209,23 @@ def test_summary_latency_sections_match_the_records() -> None:
     # A very fast reader wants all 5 tokens 5 ms after sending; over the 1.6 s to the last
     # chunk the user had 1 x .2 + 2 x .3 + 4 x .6 = 3.2 of 5 x 1.6 - 5 x .005 / 2.
     assert summary["qoe"]["mean"] == pytest.approx(3.2 / (8 - 0.0125))
+
+
+def test_longest_stall_and_per_client_latency() -> None:
+    records = [
+        EXAMPLE,  # client a, gaps .2 .3 .6, TTFT .5
+        stream((0.1, 0.2, 1.2), (1, 1, 1), client="b", index=1),  # gaps .1 1.0, TTFT .1
+        stream((0.3,), (1,), client="b", index=2),  # no gaps: no stall sample
+    ]
+    summary = summarize(records, duration_s=3.0, planned=3, options=MetricOptions())
+    assert summary["longest_stall_s"]["count"] == 2
+    assert summary["longest_stall_s"]["max"] == pytest.approx(1.0)
+    assert summary["longest_stall_s"]["min"] == pytest.approx(0.6)
+    per_client = summary["per_client"]
+    assert per_client["a"]["ttft_s"]["mean"] == pytest.approx(0.5)
+    assert per_client["b"]["ttft_s"]["mean"] == pytest.approx(0.2)
+    assert per_client["b"]["e2e_s"]["max"] == pytest.approx(1.2)
+    assert per_client["b"]["qoe"]["count"] == 2
 
 
 def test_chunk_tokens_rescale_to_the_reported_usage() -> None:
