@@ -1,0 +1,238 @@
+"""``flare run``: serve a model over the OpenAI-compatible HTTP API.
+
+With no arguments it serves the embedded default model (``models/default``) on
+127.0.0.1:8000. Every flag is checked (``RuntimeConfig.validate`` and the HTTP settings)
+before anything loads; an invalid value stops the command with a message naming it.
+Preparation is logged (``runtime.preparing`` / ``runtime.prepared``), readiness is logged
+with the bound address (``server.ready``). SIGINT/SIGTERM start a graceful shutdown: stop
+admitting, let in-flight requests finish within ``--shutdown-grace`` seconds, end the rest
+with an error event, close the runtime. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pathlib
+import signal
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from functools import partial
+
+import structlog
+import trio
+
+from actors.config import DEFAULT_MODEL_DIR, ConfigError, RuntimeConfig
+from actors.public import Runtime
+from app import AppSettings, ServerHandle, configure_logging, create_app, serve_http
+from app.chat_template import ChatTemplateError
+from app.log_config import LOG_FORMATS
+from app.service import DEFAULT_MAX_REQUEST_BYTES
+
+log = structlog.get_logger("flare.run")
+
+OpenRuntime = Callable[[RuntimeConfig], AbstractAsyncContextManager[Runtime]]
+DEFAULT_PORT = 8000
+DEFAULT_SHUTDOWN_GRACE_S = 30.0
+NOT_AVAILABLE = ("flare run: serving is not available in this build: the runtime "
+                 "(actors.system.open_runtime) is not built yet. Nothing was started.")
+
+
+def _capacities(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers such as 64,256,1024, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one capacity")
+    return values
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {port}")
+    return port
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL_DIR,
+                       help="HF-format model directory (default: the embedded default model)")
+    model.add_argument("--draft-model", type=pathlib.Path, default=None,
+                       help="draft model directory for learned speculative proposals")
+    model.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    model.add_argument("--max-context", type=int, default=None,
+                       help="context length (default: the model's max_position_embeddings)")
+    sched = parser.add_argument_group("scheduling")
+    sched.add_argument("--max-batch", type=int, default=8,
+                       help="largest decode batch (a power of two, 1..64); request slots")
+    sched.add_argument("--prefill-capacity", type=_capacities, default=(64, 256, 1024),
+                       help="prefill token capacities, comma separated multiples of 64")
+    sched.add_argument("--mixed-prefill", action="store_true",
+                       help="prepare mixed prefill/decode programs (families that declare them)")
+    sched.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default=None,
+                       help="speculative decoding mode (default: adaptive with --draft-model, "
+                            "otherwise off)")
+    sched.add_argument("--speculative-token-capacity", type=int, default=0,
+                       help="bound R on aggregate target rows of speculative programs (0 = B*W)")
+    sched.add_argument("--scheduler-policy", choices=("balanced", "throughput"),
+                       default="balanced",
+                       help="balanced (default) or throughput: throughput keeps token fairness "
+                            "and output value but drops delivery fairness and decode-age price")
+    sched.add_argument("--scheduler-terminal-value", type=float, default=None,
+                       help="override the terminal service value (finite, >= 0; 0 disables)")
+    sched.add_argument("--scheduler-terminal-age-price", type=float, default=None,
+                       help="override the terminal age price (finite, >= 0; 0 disables)")
+    sched.add_argument("--mtp-adaptive-verification-alpha", type=float, default=None,
+                       help="exponent on prefix-survival estimates in speculative selection "
+                            "scores (default 1; finite, > 0): above 1 discounts uncertain long "
+                            "prefixes and favours narrower verification, below 1 favours wider")
+    sched.add_argument("--max-queue", type=int, default=64,
+                       help="bounded admission queue; beyond it requests get 429")
+    sched.add_argument("--kv-pages", type=int, default=None, help="KV cache pages in the pool")
+    http = parser.add_argument_group("http")
+    http.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    http.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (0 picks a free one)")
+    http.add_argument("--api-key", default=os.environ.get("FLARE_API_KEY"),
+                      help="require 'Authorization: Bearer KEY' on /v1/* (env FLARE_API_KEY)")
+    http.add_argument("--served-model-name", default=None,
+                      help="model id clients send (default: the model directory's name)")
+    http.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                      help="largest accepted request body; larger ones get 413")
+    http.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
+                      help="seconds in-flight requests may finish after SIGINT/SIGTERM")
+    logs = parser.add_argument_group("logging")
+    logs.add_argument("--log-format", choices=LOG_FORMATS, default="console")
+    logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                      default="info")
+
+
+def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
+    speculation = args.speculation or ("adaptive" if args.draft_model is not None else "off")
+    return RuntimeConfig(
+        model_dir=args.model,
+        draft_model_dir=args.draft_model,
+        backend=args.backend,
+        max_batch=args.max_batch,
+        prefill_capacities=tuple(args.prefill_capacity),
+        mixed_prefill=args.mixed_prefill,
+        speculation=speculation,
+        speculative_token_capacity=args.speculative_token_capacity,
+        max_context=args.max_context,
+        kv_pages=args.kv_pages,
+        max_queue=args.max_queue,
+        scheduler_policy=args.scheduler_policy,
+        scheduler_terminal_value=args.scheduler_terminal_value,
+        scheduler_terminal_age_price=args.scheduler_terminal_age_price,
+        adaptive_verification_alpha=args.mtp_adaptive_verification_alpha,
+    )
+
+
+def build_app_settings(args: argparse.Namespace) -> AppSettings:
+    if args.max_request_bytes < 1024:
+        raise ConfigError(f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}")
+    if not args.shutdown_grace >= 0 or args.shutdown_grace == float("inf"):
+        raise ConfigError(f"--shutdown-grace must be finite and >= 0, got {args.shutdown_grace}")
+    if args.max_context is not None and args.max_context < 1:
+        raise ConfigError(f"--max-context must be positive, got {args.max_context}")
+    if args.kv_pages is not None and args.kv_pages < 1:
+        raise ConfigError(f"--kv-pages must be positive, got {args.kv_pages}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key must not be empty")
+    return AppSettings(api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                       served_model_name=args.served_model_name)
+
+
+def find_open_runtime() -> OpenRuntime | None:
+    """``actors.system.open_runtime`` if this build has it."""
+    try:
+        module = importlib.import_module("actors.system")
+    except ModuleNotFoundError as exc:
+        if exc.name != "actors.system":
+            raise
+        return None
+    opener = getattr(module, "open_runtime", None)
+    return opener if callable(opener) else None
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        config = build_runtime_config(args)
+        config.validate()
+        settings = build_app_settings(args)
+    except ConfigError as exc:
+        print(f"flare run: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_format, level=args.log_level)
+    open_runtime = find_open_runtime()
+    if open_runtime is None:
+        print(NOT_AVAILABLE, file=sys.stderr)
+        return 1
+    try:
+        trio.run(partial(serve_until_signalled, open_runtime, config, settings,
+                         host=args.host, port=args.port, grace_s=args.shutdown_grace))
+    except (ConfigError, ChatTemplateError) as exc:
+        print(f"flare run: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"flare run: error: cannot serve on {args.host}:{args.port}: {exc}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig,
+                                settings: AppSettings, *, host: str, port: int, grace_s: float,
+                                task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
+                                ) -> None:
+    """Prepare the runtime, serve until SIGINT/SIGTERM, then drain and close.
+
+    A signal during preparation, or a second signal while draining, stops at once.
+    """
+    stop_requested = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            serving = False
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if serving and not stop_requested.is_set():
+                        log.info("server.signal", signal=name, action="graceful shutdown",
+                                 grace_s=grace_s)
+                        stop_requested.set()
+                    else:
+                        log.warning("server.signal", signal=name, action="stop now")
+                        nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_signals)
+            log.info("runtime.preparing", model=str(config.model_dir), backend=config.backend,
+                     max_batch=config.max_batch, prefill_capacities=list(config.prefill_capacities),
+                     speculation=config.speculation)
+            started = time.monotonic()
+            async with open_runtime(config) as runtime:
+                log.info("runtime.prepared", model=runtime.model_name,
+                         max_context=runtime.max_context,
+                         seconds=round(time.monotonic() - started, 3))
+                app = create_app(runtime, settings)
+                async with trio.open_nursery() as http:
+                    handle: ServerHandle = await http.start(partial(serve_http, app, host=host,
+                                                                    port=port))
+                    serving = True
+                    log.info("server.ready", address=handle.url, model=handle.service.model_name,
+                             api_key_required=settings.api_key is not None)
+                    task_status.started(handle)
+                    await stop_requested.wait()
+                    await handle.shutdown(grace_s)
+            nursery.cancel_scope.cancel()
+    log.info("server.stopped")
+
+

@@ -1,0 +1,172 @@
+"""``flare run``: flags are validated before anything loads (POL-19, POL-24, SPEC-11
+reach the config), a missing runtime is reported rather than faked, and SIGTERM drains
+in-flight streams before the runtime closes."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import signal
+import sys
+import types
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+
+import pytest
+import structlog
+import trio
+import trio.testing
+from http_fakes import FakeRuntime, TinyCodec
+from http_harness import SseReader, client_for
+
+from actors.config import RuntimeConfig
+from app import AppSettings, ServerHandle
+from ops import cli
+from ops.run_command import build_app_settings, build_runtime_config, serve_until_signalled
+
+
+@pytest.fixture
+def model_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    (tmp_path / "model").mkdir()
+    return tmp_path / "model"
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
+    """A stand-in ``actors.system`` that records whether anything was loaded."""
+    calls: list[RuntimeConfig] = []
+    module = types.ModuleType("actors.system")
+
+    def open_runtime(config: RuntimeConfig) -> object:
+        calls.append(config)
+        raise AssertionError("nothing may load when a flag is invalid")
+
+    module.open_runtime = open_runtime  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "actors.system", module)
+    return calls
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--max-batch", "3"], "--max-batch must be a power of two"),
+    (["--max-batch", "128"], "--max-batch must be a power of two"),
+    (["--prefill-capacity", "100"], "multiples of 64"),
+    (["--speculative-token-capacity", "-1"], "--speculative-token-capacity"),
+    (["--scheduler-terminal-value", "-1"], "--scheduler-terminal-value must be finite"),
+    (["--scheduler-terminal-value", "nan"], "--scheduler-terminal-value must be finite"),
+    (["--scheduler-terminal-age-price", "inf"], "--scheduler-terminal-age-price must be finite"),
+    (["--mtp-adaptive-verification-alpha", "0"], "--mtp-adaptive-verification-alpha"),
+    (["--max-queue", "0"], "max_queue"),
+    (["--max-request-bytes", "10"], "--max-request-bytes"),
+    (["--shutdown-grace", "-1"], "--shutdown-grace"),
+    (["--max-context", "0"], "--max-context"),
+    (["--api-key", " "], "--api-key"),
+    (["--draft-model", "/definitely/not/here"], "--draft-model: no such directory"),
+])
+def test_pol_19_invalid_values_stop_before_loading(
+        flags: list[str], message: str, model_dir: pathlib.Path, opened: list[RuntimeConfig],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["run", "--model", str(model_dir), *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert opened == []
+
+
+def test_missing_model_directory_is_named(opened: list[RuntimeConfig],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--model", "/no/such/model"]) == 2
+    assert "--model: no such directory: /no/such/model" in capsys.readouterr().err
+    assert opened == []
+
+
+@pytest.mark.parametrize("flags", [["--log-format", "xml"], ["--port", "70000"],
+                                   ["--backend", "tpu"], ["--prefill-capacity", "a,b"],
+                                   ["--scheduler-policy", "fcfs"], ["--max-batch", "two"]])
+def test_unparseable_flags_exit_with_usage_error(
+        flags: list[str], model_dir: pathlib.Path, opened: list[RuntimeConfig],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--model", str(model_dir), *flags])
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+    assert opened == []
+
+
+def test_without_runtime_says_serving_is_unavailable(
+        model_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "actors.system", None)
+    formats: list[str] = []
+    monkeypatch.setattr("ops.run_command.configure_logging",
+                        lambda fmt, level: formats.append(fmt))
+    assert cli.main(["run", "--model", str(model_dir), "--log-format", "json"]) == 1
+    assert "serving is not available" in capsys.readouterr().err
+    assert formats == ["json"]
+
+
+def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args([
+        "run", "--model", str(model_dir), "--draft-model", str(model_dir), "--max-batch", "4",
+        "--prefill-capacity", "64,4096", "--mixed-prefill", "--speculative-token-capacity", "6",
+        "--scheduler-policy", "throughput", "--scheduler-terminal-value", "0.5",
+        "--scheduler-terminal-age-price", "0", "--mtp-adaptive-verification-alpha", "1.5",
+        "--backend", "cuda", "--max-queue", "9", "--api-key", "k", "--served-model-name", "m"])
+    config = build_runtime_config(args)
+    assert config == RuntimeConfig(
+        model_dir=model_dir, draft_model_dir=model_dir, backend="cuda", max_batch=4,
+        prefill_capacities=(64, 4096), mixed_prefill=True, speculation="adaptive",
+        speculative_token_capacity=6, max_queue=9, scheduler_policy="throughput",
+        scheduler_terminal_value=0.5, scheduler_terminal_age_price=0.0,
+        adaptive_verification_alpha=1.5)
+    settings = build_app_settings(args)
+    assert (settings.api_key, settings.served_model_name) == ("k", "m")
+
+
+def test_pol_24_help_states_the_alpha_effect(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exponent on prefix-survival estimates" in text
+    assert "above 1 discounts" in text
+
+
+async def test_sigterm_drains_streams_then_closes_runtime(codec: TinyCodec,
+                                                          model_dir: pathlib.Path) -> None:
+    rt = FakeRuntime(codec, gated=True, reply="one two")
+    closed = trio.Event()
+
+    @asynccontextmanager
+    async def open_fake(config: RuntimeConfig) -> AsyncIterator[FakeRuntime]:
+        assert config.max_batch == 4
+        try:
+            yield rt
+        finally:
+            closed.set()
+
+    config = RuntimeConfig(model_dir=model_dir, max_batch=4)
+    with trio.fail_after(20), structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            server: ServerHandle = await nursery.start(partial(
+                serve_until_signalled, open_fake, config, AppSettings(), host="127.0.0.1",
+                port=0, grace_s=15))
+            async with (client_for(server) as client,
+                        client.stream("POST", "/v1/completions", json={
+                            "prompt": "Hi", "max_tokens": 10, "stream": True}) as response):
+                reader = SseReader(response)
+                rt.release(1)
+                await reader.next_data()
+                signal.raise_signal(signal.SIGTERM)
+                await trio.testing.wait_all_tasks_blocked()
+                assert server.service.draining and not closed.is_set()
+                rt.release(100)
+                rest = await reader.rest()
+        assert closed.is_set()
+    assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "stop"
+    events = [e["event"] for e in logs]
+    assert events.index("server.ready") < events.index("server.signal")
+    assert events[-1] == "server.stopped"
+    ready = next(e for e in logs if e["event"] == "server.ready")
+    assert ready["address"] == server.url and ready["address"].startswith("http://127.0.0.1:")
+    assert math.isfinite(next(e for e in logs if e["event"] == "runtime.prepared")["seconds"])
