@@ -5,10 +5,13 @@ record ours here, one duration per shape, with the shape of real hardware: a fix
 launch cost plus a per-token or per-row cost, so larger prefills and batches are more
 efficient per token (a throughput knee) yet take longer.
 
-- prefill C in 64..4096:        2.0 ms + 0.004 ms * C          (4096 -> 18.384 ms)
-- decode B in 1..64:            4.0 ms + 0.1 ms * B            (B=4 -> 4.4 ms)
+- prefill C in 64..4096:        3.0 ms + 0.02 ms * C           (4096 -> 84.92 ms)
+- decode B in 1..64:            8.0 ms + 0.05 ms * B           (B=4 -> 8.2 ms)
 - mixed (B in 2,4,8; C in 64, 256, 1024), width one:
-                                decode(B) + 0.9 * (prefill(C) - 2.0 ms)
+                                decode(B) + 0.9 * 0.02 ms * C
+
+The ratios follow a mid-size model on one accelerator: a full 4096-token prefill costs
+about ten small-batch decode steps.
 - state snapshot B in 1, 4:     1.0 ms + 0.2 ms * B
 
 ``drive`` runs the production ``Scheduler`` through plan/commit/complete/publish with
@@ -62,12 +65,12 @@ def snapshot(b: int) -> GraphShape:
 def duration_ns(shape: GraphShape) -> int:
     """The recorded duration of ``shape`` in ns."""
     if shape.kind is GraphKind.PREFILL:
-        return round((2.0 + 0.004 * shape.token_capacity) * MS)
+        return round((3.0 + 0.02 * shape.token_capacity) * MS)
     if shape.kind is GraphKind.DECODE:
-        return round((4.0 + 0.1 * shape.batch_capacity) * MS)
+        return round((8.0 + 0.05 * shape.batch_capacity) * MS)
     if shape.kind is GraphKind.MIXED:
-        return round((4.0 + 0.1 * shape.batch_capacity
-                      + 0.9 * 0.004 * shape.prefill_capacity) * MS)
+        return round((8.0 + 0.05 * shape.batch_capacity
+                      + 0.9 * 0.02 * shape.prefill_capacity) * MS)
     if shape.kind is GraphKind.STATE:
         return round((1.0 + 0.2 * shape.batch_capacity) * MS)
     raise ValueError(shape)

@@ -34,8 +34,8 @@ def test_sel_19_hand_computed_two_decoder_score() -> None:
     b = make_decoder(s, token_rate=4.0, delivery_rate=0.25, age_ms=3.0)
     plan = s.plan()
     assert plan is not None and set(plan.handles()) == {a, b}
-    cfg, t = s.config, 4.2
-    sigma = 2 * 4.2 / 2  # K=2, only decode[B=2] measured: 2 * T / min(2, 2)
+    cfg, t = s.config, duration_ns(decode(2)) / MS
+    sigma = 2 * t / 2  # K=2, only decode[B=2] measured: 2 * T / min(2, 2)
     value = 0.0
     for h, age in ((a, 10.0), (b, 3.0)):
         hist = s.request(h).history
