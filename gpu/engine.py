@@ -132,7 +132,8 @@ class ModelEngine:
         max_tokens = max([s.max_packed_extent for s in shapes if s.kind is not GraphKind.STATE],
                          default=1)
         max_lanes = max([s.batch_capacity for s in shapes], default=1)
-        workspace = Workspace(max_tokens=max_tokens, max_lanes=max_lanes, device=device)
+        workspace = Workspace(max_tokens=max_tokens, max_lanes=max_lanes, device=device,
+                              sink_row=state.sink_row, sink_page=geometry.sink_page)
         parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace)
         programs = {shape: build_program(shape, parts) for shape in shapes}
         return cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,

@@ -5,6 +5,9 @@ a program of a smaller shape takes contiguous leading views of them, so adding a
 variant (including the later speculative B/D/W/P programs) allocates nothing new.
 Programs run in stream order on one stream, so variants can share one workspace: a
 frame's ``bind`` happens only after the previous frame's ``read_outputs``.
+
+Until a frame is bound, every lane addresses the sink row and every slot the sink page,
+so a warm-up or capture ``execute`` before the first ``bind`` mutates nothing.
 """
 
 from __future__ import annotations
@@ -42,14 +45,16 @@ class PackedBuffers:
 class Workspace:
     """The shared buffers for packed programs and state operations."""
 
-    def __init__(self, *, max_tokens: int, max_lanes: int, device: str) -> None:
+    def __init__(
+        self, *, max_tokens: int, max_lanes: int, device: str, sink_row: int, sink_page: int
+    ) -> None:
         self.max_tokens = max_tokens
         self.max_lanes = max_lanes
         i64, f32 = torch.int64, torch.float32
         n, r = max_tokens, max_lanes
 
-        def z(size: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(size, dtype=dtype, device=device)
+        def z(size: int, dtype: torch.dtype, fill: int = 0) -> torch.Tensor:
+            return torch.full((size,), fill, dtype=dtype, device=device)
 
         self._token = {
             "host_token": z(n, i64), "host_position": z(n, i64),
@@ -58,17 +63,17 @@ class Workspace:
             "out_prompt_logprobs": z(n, f32),
         }
         self._lane = {
-            "lane_rows": z(r, i64), "sample_index": z(r, i64),
-            "commits_token": z(r, torch.bool), "absolute_position": z(r, i64),
+            "lane_rows": z(r, i64, sink_row), "sample_index": z(r, i64),
+            "commits_token": z(r, torch.bool), "absolute_position": z(r, i64, -1),
             "advance": z(r, i64), "out_token": z(r, i64), "out_logprob": z(r, f32),
             "out_finite": z(r, torch.bool),
         }
         # state operations: per lane source/destination rows and pages
-        self.copy_src_row = z(r, i64)
-        self.copy_dst_row = z(r, i64)
-        self.copy_dst_page = z(r, i64)
-        self.page_src = z(r, i64)
-        self.page_dst = z(r, i64)
+        self.copy_src_row = z(r, i64, sink_row)
+        self.copy_dst_row = z(r, i64, sink_row)
+        self.copy_dst_page = z(r, i64, -1)
+        self.page_src = z(r, i64, sink_page)
+        self.page_dst = z(r, i64, sink_page)
 
     def packed_views(self, tokens: int, lanes: int) -> PackedBuffers:
         """Leading views for a program with ``tokens`` slots and ``lanes`` lanes."""

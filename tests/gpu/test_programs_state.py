@@ -233,3 +233,20 @@ def test_pre_37_snapshot_shares_full_pages_and_copies_the_partial_page(
     assert torch.equal(cache.keys[:, copy], cache.keys[:, pages[2]])
     assert int(st.position[6]) == 37 and int(st.pending_token[6]) == int(st.pending_token[0])
     assert set(table[3:]) == {engine.geometry.sink_page}
+
+
+def test_mix_15_execute_before_any_bind_touches_only_the_sink(
+    tiny_checkpoints: dict[str, Path],
+) -> None:
+    """Warm-up and capture run ``execute`` before any frame is bound: that must not
+    mutate real rows or pages (the workspace starts addressed at the sink)."""
+    engine = build_engine(tiny_checkpoints["llama"])
+    st = engine.parts.state
+    st.position[:-1] = torch.arange(st.rows) + 3
+    st.pending_token[:-1] = 7
+    engine.parts.cache.keys[:, :-1] = 1.5
+    before = _state_copy(engine)
+    for shape in sorted(engine.programs, key=lambda s: -s.max_packed_extent):
+        engine.programs[shape].execute()
+    assert _changed_rows(before, engine) == set()
+    assert _changed_pages(before, engine) == set()
