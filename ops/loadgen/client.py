@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -52,6 +52,18 @@ class Target:
     ignore_eos: bool = False
     temperature: float | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress:
+    """A snapshot of a run in progress (for a periodic progress line)."""
+
+    elapsed_s: float
+    planned: int
+    sent: int
+    finished: int
+    errors: int
+    output_chunks: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +194,16 @@ class _Run:
     def now(self) -> float:
         return trio.current_time() - self.t0
 
+    def progress(self, planned: int) -> Progress:
+        return Progress(
+            elapsed_s=self.now(),
+            planned=planned,
+            sent=len(self.flights),
+            finished=sum(f.finished_s is not None for f in self.flights),
+            errors=sum(f.status == "error" for f in self.flights),
+            output_chunks=sum(len(f.chunk_times) for f in self.flights),
+        )
+
     async def send(self, plan: RequestPlan) -> None:
         flight = _InFlight(plan, self.now())
         self.flights.append(flight)
@@ -259,10 +281,13 @@ async def run_load(
     concurrency: int | None = None,
     seed: int = 0,
     transport: httpx.AsyncBaseTransport | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 10.0,
 ) -> RunResult:
     """Send ``plans`` to ``target`` (open loop by ``arrival_s``, or ``concurrency`` workers).
 
     Returns when every request has ended or ``time_limit_s`` has passed, whichever is first.
+    ``on_progress`` (if given) gets a snapshot every ``progress_interval_s`` seconds.
     """
     if not time_limit_s > 0 or math.isnan(time_limit_s):
         raise ValueError("time_limit_s must be positive")
@@ -282,15 +307,21 @@ async def run_load(
             target = replace(target, model=await discover_model(http))
         run = _Run(http, target, prompts, builder, trio.current_time())
         with trio.move_on_at(run.t0 + time_limit_s) as deadline:
-            async with trio.open_nursery() as nursery:
-                if concurrency is None:
-                    for plan in sorted(plans, key=lambda p: (p.arrival_s, p.index)):
-                        await trio.sleep_until(run.t0 + plan.arrival_s)
-                        nursery.start_soon(run.send, plan)
-                else:
-                    queue = iter(sorted(plans, key=lambda p: p.index))
-                    for _ in range(min(concurrency, len(plans))):
-                        nursery.start_soon(_worker, run, queue)
+            async with trio.open_nursery() as reporting:
+                if on_progress is not None:
+                    reporting.start_soon(
+                        _report_progress, run, len(plans), on_progress, progress_interval_s
+                    )
+                async with trio.open_nursery() as nursery:
+                    if concurrency is None:
+                        for plan in sorted(plans, key=lambda p: (p.arrival_s, p.index)):
+                            await trio.sleep_until(run.t0 + plan.arrival_s)
+                            nursery.start_soon(run.send, plan)
+                    else:
+                        queue = iter(sorted(plans, key=lambda p: p.index))
+                        for _ in range(min(concurrency, len(plans))):
+                            nursery.start_soon(_worker, run, queue)
+                reporting.cancel_scope.cancel()  # every request has ended
         duration = run.now()
     return RunResult(
         records=tuple(sorted((f.record() for f in run.flights), key=lambda r: r.index)),
@@ -299,6 +330,15 @@ async def run_load(
         duration_s=duration,
         hit_time_limit=deadline.cancelled_caught,
     )
+
+
+async def _report_progress(
+    run: _Run, planned: int, on_progress: Callable[[Progress], None], interval_s: float
+) -> None:
+    """Hand a snapshot to ``on_progress`` every ``interval_s`` until cancelled."""
+    while True:
+        await trio.sleep(interval_s)  # pacing a report, not synchronising with anything
+        on_progress(run.progress(planned))
 
 
 async def _worker(run: _Run, queue: Iterator[RequestPlan]) -> None:

@@ -60,8 +60,15 @@ def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
     """Count, mean, median, p90, p99, min, max (``None`` statistics when empty)."""
     data = np.asarray(list(values), dtype=float)
     if data.size == 0:
-        return {"count": 0, "mean": None, "median": None, "p90": None, "p99": None,
-                "min": None, "max": None}
+        return {
+            "count": 0,
+            "mean": None,
+            "median": None,
+            "p90": None,
+            "p99": None,
+            "min": None,
+            "max": None,
+        }
     p50, p90, p99 = np.percentile(data, [50, 90, 99])
     return {
         "count": int(data.size),
@@ -170,8 +177,7 @@ def stream_qoe(
     def expected(t: float) -> float:
         return min(total, max(0.0, reading_tokens_per_s * (t - expected_ttft_s)))
 
-    points = sorted({0.0, horizon, *[t for t in (expected_ttft_s, full_at) if t < horizon],
-                     *times})
+    points = sorted({0.0, horizon, *[t for t in (expected_ttft_s, full_at) if t < horizon], *times})
     points = [p for p in points if 0.0 <= p <= horizon]
     delivered_at = np.cumsum(record.chunk_tokens)
     had = 0.0
@@ -203,15 +209,20 @@ def client_service(
     """Per client: requests sent, weighted service received, weighted demand, and their ratio."""
     out: dict[str, dict[str, float]] = {}
     for r in records:
-        row = out.setdefault(r.client, {"requests": 0.0, "output_tokens": 0.0,
-                                         "service": 0.0, "demand": 0.0})
+        row = out.setdefault(
+            r.client, {"requests": 0.0, "output_tokens": 0.0, "service": 0.0, "demand": 0.0}
+        )
         row["requests"] += 1
         row["output_tokens"] += r.output_tokens
         served_prompt = r.prompt_tokens if r.chunk_times_s else 0
-        row["service"] += (options.service_input_weight * served_prompt
-                           + options.service_output_weight * r.output_tokens)
-        row["demand"] += (options.service_input_weight * r.target_prompt_tokens
-                          + options.service_output_weight * r.target_output_tokens)
+        row["service"] += (
+            options.service_input_weight * served_prompt
+            + options.service_output_weight * r.output_tokens
+        )
+        row["demand"] += (
+            options.service_input_weight * r.target_prompt_tokens
+            + options.service_output_weight * r.target_output_tokens
+        )
     for row in out.values():
         row["service_per_demand"] = row["service"] / row["demand"] if row["demand"] else 0.0
     return out
@@ -227,8 +238,16 @@ def _per_client_latency(
         out[client] = {
             "ttft_s": distribution(t for r in ok if (t := r.ttft_s) is not None),
             "e2e_s": distribution(t for r in ok if (t := r.e2e_s) is not None),
-            "qoe": distribution(q for r in ok if (q := stream_qoe(
-                r, options.qoe_expected_ttft_s, options.qoe_reading_tokens_per_s)) is not None),
+            "qoe": distribution(
+                q
+                for r in ok
+                if (
+                    q := stream_qoe(
+                        r, options.qoe_expected_ttft_s, options.qoe_reading_tokens_per_s
+                    )
+                )
+                is not None
+            ),
         }
     return out
 
@@ -245,8 +264,12 @@ def summarize(
     itl_values, itl_weights = token_weighted_itl(ok)
     good = [r for r in records if _is_good(r, options)]
     clients = client_service(records, options)
-    qoe_values = [q for r in ok if (q := stream_qoe(
-        r, options.qoe_expected_ttft_s, options.qoe_reading_tokens_per_s)) is not None]
+    qoe_values = [
+        q
+        for r in ok
+        if (q := stream_qoe(r, options.qoe_expected_ttft_s, options.qoe_reading_tokens_per_s))
+        is not None
+    ]
     qoe = distribution(qoe_values)
     qoe["p10"] = float(np.percentile(qoe_values, 10)) if qoe_values else None
     return {
@@ -283,7 +306,8 @@ def summarize(
             "output_weight": options.service_output_weight,
             "jain_service": jain_index([c["service"] for c in clients.values()]),
             "jain_service_per_demand": jain_index(
-                [c["service_per_demand"] for c in clients.values()]),
+                [c["service_per_demand"] for c in clients.values()]
+            ),
             "clients": clients,
         },
         "qoe": {

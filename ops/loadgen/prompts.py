@@ -22,9 +22,18 @@ import numpy as np
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[2] / "models" / "default"
 
 # Common English words: text that any byte-level BPE tokenizes to ordinary tokens.
-_WORDS = tuple(
-    ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "it", "an", "were", "are", "which", "this", "be", "or", "had", "not", "but", "first", "one", "their", "its", "new", "after", "who", "they", "have", "two", "she", "been", "other", "when", "there", "all", "during", "into", "school", "time", "may", "years", "more", "most", "only", "over", "city", "some", "world", "would", "where", "later", "up", "such", "used", "many", "can", "state", "about", "national", "out", "known", "university", "united", "then", "made", "between", "through", "long", "river", "since", "before", "both", "under", "three", "well", "year", "part", "against", "while", "around", "people", "high", "still", "team", "found", "work", "each", "water", "small", "house", "early", "light", "music", "story", "garden", "window", "morning", "market", "letter", "number", "simple", "quiet", "strong", "bright", "paper", "travel", "winter", "summer", "island", "forest", "engine", "signal", "bridge", "mountain", "language", "history", "reason", "answer", "question", "machine", "picture", "season", "station", "village", "ocean", "planet"]
-)
+_WORD_TEXT = """
+the of and to in is was for on that with as by at from his her it an were are which this
+be or had not but first one their its new after who they have two she been other when
+there all during into school time may years more most only over city some world would
+where later up such used many can state about national out known university united then
+made between through long river since before both under three well year part against
+while around people high still team found work each water small house early light music
+story garden window morning market letter number simple quiet strong bright paper travel
+winter summer island forest engine signal bridge mountain language history reason answer
+question machine picture season station village ocean planet
+"""
+_WORDS = tuple(_WORD_TEXT.split())
 
 
 class PromptBuilder(Protocol):

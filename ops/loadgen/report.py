@@ -49,7 +49,9 @@ def write_run(path: pathlib.Path, run: RunFile) -> None:
 def read_run(path: pathlib.Path) -> RunFile:
     data = json.loads(path.read_text())
     if data.get("version") != RUN_FILE_VERSION:
-        raise ValueError(f"{path}: not a flare load-benchmark run file (version {RUN_FILE_VERSION})")
+        raise ValueError(
+            f"{path}: not a flare load-benchmark run file (version {RUN_FILE_VERSION})"
+        )
     return RunFile(
         label=str(data["label"]),
         config=dict(data["config"]),
@@ -66,7 +68,10 @@ def _ok(run: RunFile) -> list[RequestRecord]:
 LATENCY_PANELS: tuple[tuple[str, Callable[[RunFile], list[float]]], ...] = (
     ("time to first token (s)", lambda run: [t for r in _ok(run) if (t := r.ttft_s) is not None]),
     ("time per output token (s)", lambda run: [t for r in _ok(run) if (t := r.tpot_s) is not None]),
-    ("inter-token latency per chunk (s)", lambda run: [g for r in _ok(run) for g in r.chunk_gaps_s()]),
+    (
+        "inter-token latency per chunk (s)",
+        lambda run: [g for r in _ok(run) for g in r.chunk_gaps_s()],
+    ),
     ("end-to-end latency (s)", lambda run: [t for r in _ok(run) if (t := r.e2e_s) is not None]),
 )
 
@@ -106,8 +111,9 @@ def plot_latency_cdfs(runs: Sequence[RunFile], path: pathlib.Path) -> None:
 
 def delivered_curve(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     """(times, cumulative output tokens) over every chunk of ``records``, in time order."""
-    pairs = sorted((t, k) for r in records for t, k in zip(r.chunk_times_s, r.chunk_tokens,
-                                                           strict=True))
+    pairs = sorted(
+        (t, k) for r in records for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=True)
+    )
     times = np.asarray([t for t, _ in pairs], dtype=float)
     tokens = np.cumsum(np.asarray([k for _, k in pairs], dtype=float))
     return times, tokens
@@ -140,28 +146,45 @@ def plot_tokens_over_time(runs: Sequence[RunFile], path: pathlib.Path) -> None:
 
 def summary_table(runs: Sequence[RunFile]) -> str:
     """A plain-text comparison of the headline numbers of each run."""
-    rows = [("label", "ok/sent", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-             "ITL p99", "E2E p99", "goodput", "Jain", "QoE mean")]
+    rows = [
+        (
+            "label",
+            "ok/sent",
+            "req/s",
+            "out tok/s",
+            "TTFT p50",
+            "TTFT p99",
+            "TPOT p50",
+            "ITL p99",
+            "E2E p99",
+            "goodput",
+            "Jain",
+            "QoE mean",
+        )
+    ]
 
     def fmt(value: Any, scale: float = 1.0, digits: int = 3) -> str:
         return "-" if value is None else f"{value * scale:.{digits}g}"
 
     for run in runs:
         s = run.summary
-        rows.append((
-            run.label,
-            f"{s['requests']['ok']}/{s['requests']['sent']}",
-            fmt(s["throughput"]["requests_per_s"]),
-            fmt(s["throughput"]["output_tokens_per_s"]),
-            fmt(s["ttft_s"]["median"]),
-            fmt(s["ttft_s"]["p99"]),
-            fmt(s["tpot_s"]["median"]),
-            fmt(s["itl_s"]["p99"]),
-            fmt(s["e2e_s"]["p99"]),
-            fmt(s["goodput"]["fraction_of_sent"]),
-            fmt(s["fairness"]["jain_service"]),
-            fmt(s["qoe"]["mean"]),
-        ))
+        rows.append(
+            (
+                run.label,
+                f"{s['requests']['ok']}/{s['requests']['sent']}",
+                fmt(s["throughput"]["requests_per_s"]),
+                fmt(s["throughput"]["output_tokens_per_s"]),
+                fmt(s["ttft_s"]["median"]),
+                fmt(s["ttft_s"]["p99"]),
+                fmt(s["tpot_s"]["median"]),
+                fmt(s["itl_s"]["p99"]),
+                fmt(s["e2e_s"]["p99"]),
+                fmt(s["goodput"]["fraction_of_sent"]),
+                fmt(s["fairness"]["jain_service"]),
+                fmt(s["qoe"]["mean"]),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True))
-                     for row in rows)
+    return "\n".join(
+        "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows
+    )

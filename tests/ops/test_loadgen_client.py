@@ -19,7 +19,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
-from ops.loadgen.client import Target, build_body, chunk_text, run_load
+from ops.loadgen.client import Progress, Target, build_body, chunk_text, run_load
 from ops.loadgen.prompts import WordPrompts
 from ops.loadgen.workload import RequestPlan
 
@@ -248,10 +248,16 @@ async def test_time_limit_stops_the_run_and_cancels_in_flight_requests() -> None
     app = FakeOpenAI()
     # Request 0 needs 2.5 s (50 slow tokens); request 1 is planned after the limit.
     plans = [plan(0, out=50), plan(1, at=30.0)]
+    snapshots: list[Progress] = []
     with trio.fail_after(TEST_DEADLINE_S):
         async with serving(app) as url:
             result = await run_load(
-                Target(base_url=url, model="slow"), plans, WordPrompts(), time_limit_s=1.0
+                Target(base_url=url, model="slow"),
+                plans,
+                WordPrompts(),
+                time_limit_s=1.0,
+                on_progress=snapshots.append,
+                progress_interval_s=0.2,
             )
     assert result.hit_time_limit
     assert result.planned == 2
@@ -259,21 +265,39 @@ async def test_time_limit_stops_the_run_and_cancels_in_flight_requests() -> None
     assert record.status == "cancelled" and record.finished_s is None
     assert 1 <= len(record.chunk_times_s) < 50  # what arrived before the limit is kept
     assert 1.0 <= result.duration_s < 50 * SLOW_PACE_S
+    # Progress snapshots came while the stream was open: one request sent, none finished.
+    assert snapshots and all(s.planned == 2 and s.finished == 0 for s in snapshots)
+    assert snapshots[-1].sent == 1
+    chunks = [s.output_chunks for s in snapshots]
+    assert chunks == sorted(chunks)
 
 
 def test_chunk_text_reads_both_routes_and_ignores_malformed_choices() -> None:
     assert chunk_text({"choices": [{"text": "ab", "finish_reason": None}]}, "completions") == (
-        "ab", None)
-    assert chunk_text({"choices": [{"delta": {"content": "c"}, "finish_reason": "stop"}]},
-                      "chat") == ("c", "stop")
+        "ab",
+        None,
+    )
+    assert chunk_text(
+        {"choices": [{"delta": {"content": "c"}, "finish_reason": "stop"}]}, "chat"
+    ) == ("c", "stop")
     assert chunk_text({"choices": [{"delta": {"role": "assistant"}}]}, "chat") == ("", None)
     assert chunk_text({"choices": ["junk", {"delta": 3}], "usage": {}}, "chat") == ("", None)
     assert chunk_text({"choices": None}, "completions") == ("", None)
 
 
 def test_request_bodies_carry_the_plan() -> None:
-    body = build_body(Target(base_url="http://127.0.0.1:1", model="m", temperature=0.0,
-                             extra_body={"top_k": 5}), plan(3, client="z", out=9), "hello")
-    assert body == {"model": "m", "max_tokens": 9, "stream": True,
-                    "stream_options": {"include_usage": True}, "user": "z", "prompt": "hello",
-                    "temperature": 0.0, "top_k": 5}
+    body = build_body(
+        Target(base_url="http://127.0.0.1:1", model="m", temperature=0.0, extra_body={"top_k": 5}),
+        plan(3, client="z", out=9),
+        "hello",
+    )
+    assert body == {
+        "model": "m",
+        "max_tokens": 9,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "z",
+        "prompt": "hello",
+        "temperature": 0.0,
+        "top_k": 5,
+    }

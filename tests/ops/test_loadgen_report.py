@@ -30,11 +30,22 @@ from ops.loadgen.report import (
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def record(index: int, client: str, times: tuple[float, ...], tokens: tuple[float, ...],
-           sent: float = 0.0) -> RequestRecord:
-    return RequestRecord(index=index, client=client, scheduled_s=sent, sent_s=sent, status="ok",
-                         target_prompt_tokens=4, target_output_tokens=len(times), prompt_tokens=4,
-                         chunk_times_s=times, chunk_tokens=tokens, finished_s=times[-1])
+def record(
+    index: int, client: str, times: tuple[float, ...], tokens: tuple[float, ...], sent: float = 0.0
+) -> RequestRecord:
+    return RequestRecord(
+        index=index,
+        client=client,
+        scheduled_s=sent,
+        sent_s=sent,
+        status="ok",
+        target_prompt_tokens=4,
+        target_output_tokens=len(times),
+        prompt_tokens=4,
+        chunk_times_s=times,
+        chunk_tokens=tokens,
+        finished_s=times[-1],
+    )
 
 
 def run_file(label: str, scale: float) -> RunFile:
@@ -93,11 +104,40 @@ async def test_bench_serve_command_runs_writes_and_compares(tmp_path: pathlib.Pa
     out = tmp_path / "results"
     with trio.fail_after(TEST_DEADLINE_S * 2):
         async with serving(app) as url:
-            args = parse(["--base-url", url, "--num-requests", "6", "--rate", "inf",
-                          "--clients", "a:2,b:1", "--lengths", "uniform", "--prompt-min", "3",
-                          "--prompt-max", "6", "--output-min", "2", "--output-max", "4",
-                          "--model-dir", str(tmp_path), "--ttft-slo", "5", "--tpot-slo", "1",
-                          "--label", "first", "--output-dir", str(out), "--time-limit", "20"])
+            args = parse(
+                [
+                    "--base-url",
+                    url,
+                    "--num-requests",
+                    "6",
+                    "--rate",
+                    "inf",
+                    "--clients",
+                    "a:2,b:1",
+                    "--lengths",
+                    "uniform",
+                    "--prompt-min",
+                    "3",
+                    "--prompt-max",
+                    "6",
+                    "--output-min",
+                    "2",
+                    "--output-max",
+                    "4",
+                    "--model-dir",
+                    str(tmp_path),
+                    "--ttft-slo",
+                    "5",
+                    "--tpot-slo",
+                    "1",
+                    "--label",
+                    "first",
+                    "--output-dir",
+                    str(out),
+                    "--time-limit",
+                    "20",
+                ]
+            )
             # The command calls trio.run itself, so it runs in a worker thread here.
             code = await trio.to_thread.run_sync(bench_serve.main, args)
     assert code == 0
@@ -112,8 +152,16 @@ async def test_bench_serve_command_runs_writes_and_compares(tmp_path: pathlib.Pa
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
 
     replot = tmp_path / "replot"
-    args = parse(["--no-run", "--compare", str(out / "first.json"), str(out / "first.json"),
-                  "--output-dir", str(replot)])
+    args = parse(
+        [
+            "--no-run",
+            "--compare",
+            str(out / "first.json"),
+            str(out / "first.json"),
+            "--output-dir",
+            str(replot),
+        ]
+    )
     assert bench_serve.main(args) == 0
     assert (replot / "latency-cdf.png").read_bytes()[:8] == PNG_MAGIC
     assert not (replot / "run.json").exists()
@@ -124,8 +172,9 @@ def test_no_run_without_files_is_a_usage_error(capsys: pytest.CaptureFixture[str
     assert "nothing to report" in capsys.readouterr().err
 
 
-def test_bad_options_and_files_are_usage_errors(tmp_path: pathlib.Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_options_and_files_are_usage_errors(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert bench_serve.main(parse(["--clients", "a:0", "--output-dir", str(tmp_path)])) == 2
     assert "bad client spec" in capsys.readouterr().err
     assert bench_serve.main(parse(["--no-run", "--compare", str(tmp_path / "missing.json")])) == 2

@@ -35,10 +35,13 @@ def test_arrivals_are_deterministic_for_a_seed(kind: str) -> None:
     assert np.all(np.diff(first) >= 0)
 
 
-@pytest.mark.parametrize(("kind", "burstiness", "cv2"),
-                         [("poisson", 1.0, 1.0), ("gamma", 0.25, 4.0), ("gamma", 4.0, 0.25)])
-def test_arrivals_have_the_mean_rate_and_burstiness(kind: str, burstiness: float,
-                                                     cv2: float) -> None:
+@pytest.mark.parametrize(
+    ("kind", "burstiness", "cv2"),
+    [("poisson", 1.0, 1.0), ("gamma", 0.25, 4.0), ("gamma", 4.0, 0.25)],
+)
+def test_arrivals_have_the_mean_rate_and_burstiness(
+    kind: str, burstiness: float, cv2: float
+) -> None:
     gaps = arrival_gaps(kind, 8.0, 40_000, np.random.default_rng(1), burstiness)  # type: ignore[arg-type]
     assert 1 / gaps.mean() == pytest.approx(8.0, rel=0.03)
     # Squared coefficient of variation of the gaps: 1 / shape (1 for Poisson).
@@ -46,8 +49,9 @@ def test_arrivals_have_the_mean_rate_and_burstiness(kind: str, burstiness: float
 
 
 def test_infinite_rate_sends_everything_at_once_and_bad_rates_are_refused() -> None:
-    assert np.array_equal(arrival_times("poisson", math.inf, 4, np.random.default_rng(0)),
-                          np.zeros(4))
+    assert np.array_equal(
+        arrival_times("poisson", math.inf, 4, np.random.default_rng(0)), np.zeros(4)
+    )
     with pytest.raises(ValueError, match="rate"):
         arrival_gaps("poisson", 0.0, 3, np.random.default_rng(0))
     with pytest.raises(ValueError, match="burstiness"):
@@ -58,32 +62,51 @@ def test_length_distributions() -> None:
     rng = np.random.default_rng(3)
     fixed = sample_lengths(LengthSpec(kind="fixed", prompt_tokens=7, output_tokens=9), 5, rng)
     assert fixed.tolist() == [[7, 9]] * 5
-    uniform = sample_lengths(LengthSpec(kind="uniform", prompt_min=3, prompt_max=5,
-                                        output_min=10, output_max=10), 2000, rng)
+    uniform = sample_lengths(
+        LengthSpec(kind="uniform", prompt_min=3, prompt_max=5, output_min=10, output_max=10),
+        2000,
+        rng,
+    )
     assert set(uniform[:, 0].tolist()) == {3, 4, 5}
     assert set(uniform[:, 1].tolist()) == {10}
-    mix = sample_lengths(LengthSpec(kind="sharegpt", prompt_min=1, prompt_max=100_000,
-                                    output_min=1, output_max=100_000), 20_000, rng)
+    mix = sample_lengths(
+        LengthSpec(
+            kind="sharegpt", prompt_min=1, prompt_max=100_000, output_min=1, output_max=100_000
+        ),
+        20_000,
+        rng,
+    )
     assert np.median(mix[:, 0]) == pytest.approx(120, rel=0.05)
     assert np.median(mix[:, 1]) == pytest.approx(180, rel=0.05)
     assert mix[:, 0].mean() > 1.4 * np.median(mix[:, 0])  # heavy right tail
-    clipped = sample_lengths(LengthSpec(kind="sharegpt", prompt_min=16, prompt_max=64,
-                                        output_min=8, output_max=32), 2000, rng)
+    clipped = sample_lengths(
+        LengthSpec(kind="sharegpt", prompt_min=16, prompt_max=64, output_min=8, output_max=32),
+        2000,
+        rng,
+    )
     assert clipped[:, 0].min() == 16 and clipped[:, 0].max() == 64
     assert clipped[:, 1].min() >= 8 and clipped[:, 1].max() == 32
 
 
 def test_clients_parse_and_reject_bad_specs() -> None:
-    assert parse_clients("alice:3, bob") == (ClientSpec(name="alice", weight=3.0),
-                                             ClientSpec(name="bob", weight=1.0))
+    assert parse_clients("alice:3, bob") == (
+        ClientSpec(name="alice", weight=3.0),
+        ClientSpec(name="bob", weight=1.0),
+    )
     for bad in ("", "a:0", "a:-1", "a,a", ":2"):
         with pytest.raises(ValueError):
             parse_clients(bad)
 
 
 def test_plan_follows_client_weights_and_is_ordered_and_deterministic() -> None:
-    kwargs = dict(count=4000, rate=20.0, arrivals="poisson", lengths=LengthSpec(),
-                  clients=parse_clients("heavy:3,light:1"), seed=11)
+    kwargs = dict(
+        count=4000,
+        rate=20.0,
+        arrivals="poisson",
+        lengths=LengthSpec(),
+        clients=parse_clients("heavy:3,light:1"),
+        seed=11,
+    )
     plans = plan_requests(**kwargs)  # type: ignore[arg-type]
     assert plans == plan_requests(**kwargs)  # type: ignore[arg-type]
     assert [p.index for p in plans] == list(range(4000))
@@ -95,8 +118,14 @@ def test_plan_follows_client_weights_and_is_ordered_and_deterministic() -> None:
 
 
 def test_all_at_once_plan_interleaves_clients_by_weight() -> None:
-    plans = plan_requests(count=8, rate=math.inf, arrivals="poisson", lengths=LengthSpec(),
-                          clients=parse_clients("a:3,b:1"), seed=0)
+    plans = plan_requests(
+        count=8,
+        rate=math.inf,
+        arrivals="poisson",
+        lengths=LengthSpec(),
+        clients=parse_clients("a:3,b:1"),
+        seed=0,
+    )
     assert [p.client for p in plans].count("a") == 6
     assert all(p.arrival_s == 0.0 for p in plans)
 
@@ -119,8 +148,9 @@ def test_tokenizer_prompts_hit_the_target_length(tmp_path: pathlib.Path) -> None
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     corpus = [WordPrompts().build(200, np.random.default_rng(i)) for i in range(20)]
     tokenizer.train_from_iterator(corpus, trainer)
     from tokenizers import decoders
