@@ -46,6 +46,12 @@ class ModelConfig:
     bos_token_id: int | None
 
     @property
+    def mixed_capture(self) -> bool:
+        """Whether this family runs mixed programs (OPEN-25): every family flare loads
+        does, at decode width one."""
+        return True
+
+    @property
     def max_context(self) -> int:
         """Longest sequence (prompt + output) the model was configured for."""
         return self.max_position_embeddings

@@ -29,7 +29,10 @@ class PackedBatch:
     """Device tensors describing one packed forward (all fixed-size views).
 
     ``token_ids``/``positions``/``write_slots``/``token_lane``: int64 ``[N]``;
-    ``lane_block_tables``: int64 ``[R, blocks_per_row]``.
+    ``lane_block_tables``: int64 ``[R, blocks_per_row]``. ``lane_major_width`` W > 0
+    declares the static layout ``N == R * W`` with token ``n`` in lane ``n // W``
+    (decode, later speculative verification): attention then runs per lane instead
+    of over every lane's keys.
     """
 
     token_ids: torch.Tensor
@@ -37,6 +40,7 @@ class PackedBatch:
     write_slots: torch.Tensor
     token_lane: torch.Tensor
     lane_block_tables: torch.Tensor
+    lane_major_width: int = 0
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,10 +101,17 @@ class Decoder:
         lanes = batch.lane_block_tables.shape[0]
         ctx = batch.lane_block_tables.shape[1] * cache.geometry.page_size
         key_pos = torch.arange(ctx, device=batch.positions.device)
-        # mask[n, r*ctx + c]: token n sees key c of lane r iff r is its lane and c <= pos.
-        lane_match = batch.token_lane[:, None] == torch.arange(lanes, device=self.device)[None, :]
         causal = key_pos[None, :] <= batch.positions[:, None]
-        mask = (lane_match[:, :, None] & causal[:, None, :]).reshape(n, lanes * ctx)
+        width = batch.lane_major_width
+        if width:
+            if n != lanes * width:
+                raise ValueError("lane-major layout needs N == R * W")
+            mask = causal.view(lanes, 1, width, ctx)
+        else:
+            # mask[n, r*ctx + c]: token n sees key c of lane r iff r is its lane and c <= pos.
+            lanes_idx = torch.arange(lanes, device=batch.positions.device)
+            lane_match = batch.token_lane[:, None] == lanes_idx[None, :]
+            mask = (lane_match[:, :, None] & causal[:, None, :]).reshape(1, 1, n, lanes * ctx)
 
         h = self.embed[batch.token_ids]
         for i in range(cfg.num_layers):
@@ -120,18 +131,18 @@ class Decoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             cache.write(i, batch.write_slots, k, v)
-            keys, values = cache.gather_rows(i, batch.lane_block_tables)
-            keys = keys.reshape(lanes * ctx, kv_heads, hd)
-            values = values.reshape(lanes * ctx, kv_heads, hd)
+            keys, values = cache.gather_rows(i, batch.lane_block_tables)  # [R, ctx, kvh, hd]
+            if not width:
+                keys = keys.reshape(1, lanes * ctx, kv_heads, hd)
+                values = values.reshape(1, lanes * ctx, kv_heads, hd)
             if group > 1:
-                keys = keys.repeat_interleave(group, dim=1)
-                values = values.repeat_interleave(group, dim=1)
+                keys = keys.repeat_interleave(group, dim=2)
+                values = values.repeat_interleave(group, dim=2)
+            queries = q.view(lanes, width, h_heads, hd) if width else q[None]
             attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
-                keys.transpose(0, 1)[None],
-                values.transpose(0, 1)[None],
-                attn_mask=mask[None, None],
-            )[0].transpose(0, 1).reshape(n, h_heads * hd)
+                queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                attn_mask=mask,
+            ).transpose(1, 2).reshape(n, h_heads * hd)
             h = h + F.linear(attn, self._layer(i, "self_attn.o_proj.weight"))
             x = _rms_norm(h, self._layer(i, "post_attention_layernorm.weight"), cfg.rms_norm_eps)
             gate = F.linear(x, self._layer(i, "mlp.gate_proj.weight"))

@@ -76,6 +76,8 @@ class StepProgram:
         )
         self.buffers = workspace.packed_views(tokens, lanes)
         self._bound: HostPack | None = None
+        # decode packs lane i at slots i*W..: attention can run per lane (a static choice)
+        self._lane_major_width = shape.token_capacity if kind is GraphKind.DECODE else 0
 
     @property
     def shape(self) -> GraphShape:
@@ -144,7 +146,7 @@ class StepProgram:
         slots = torch.where(valid, page * ps + pos % ps, sink_slot)
         batch = PackedBatch(
             token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
-            lane_block_tables=st.block_table[rows],
+            lane_block_tables=st.block_table[rows], lane_major_width=self._lane_major_width,
         )
         hidden = self._decoder.forward(batch, cache)
 
