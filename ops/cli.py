@@ -17,6 +17,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("run",), "ops.run_command", "serve a model (the embedded default with no arguments)"),
     (("bench", "programs"), "ops.bench_programs", "time every prepared program shape"),
     (("bench", "plan"), "ops.bench_plan", "time the scheduler's plan() and complete()"),
+    (("bench", "serve"), "ops.bench_serve", "load-benchmark an OpenAI-compatible streaming endpoint"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
 
