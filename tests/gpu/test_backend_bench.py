@@ -48,3 +48,17 @@ def test_bench_programs_without_a_checkpoint(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert flare(["bench", "programs", "--model", str(tmp_path)]) == 2
     assert "config.json missing" in capsys.readouterr().err
+
+
+def test_bench_programs_on_cuda_without_a_device(
+    tiny_checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Selecting cuda without a GPU stops with the probe's reason, no traceback."""
+    from gpu.device import probe_cuda
+
+    if probe_cuda().available:
+        pytest.skip("a CUDA device is present")
+    code = flare(["bench", "programs", "--backend", "cuda",
+                  "--model", str(tiny_checkpoints["llama"])])
+    assert code == 2
+    assert "cuda: no CUDA device (" in capsys.readouterr().err
