@@ -211,9 +211,7 @@ def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = load_model_config(model_dir)
-    # OPEN-25: a family declares mixed capture through ModelConfig.mixed_capture; every
-    # family flare loads runs width-one mixed programs, so a missing field means yes.
-    family_mixed = bool(getattr(config, "mixed_capture", True))
+    family_mixed = config.mixed_capture  # the family's declaration (CAT-13, OPEN-25)
     flags = CatalogFlags(
         max_batch=args.max_batch, prefill_capacities=tuple(args.prefill_capacities),
         mixed_prefill=args.mixed_prefill, family_supports_mixed=family_mixed,
