@@ -79,7 +79,12 @@ class GrantArrived:
     grant: Grant | None
 
 
-AdmissionInbox = Admit | Withdraw | GrantArrived
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseAdmission:
+    """Shutdown, phase one: refuse new requests and end the queued ones."""
+
+
+AdmissionInbox = Admit | Withdraw | GrantArrived | CloseAdmission
 
 
 # ------------------------------------------------------------------- checkpoint-allocator
@@ -107,6 +112,7 @@ class Acquire:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     message_ends: tuple[int, ...]
+    use_prefix_cache: bool
     reply: trio.MemorySendChannel[Grant | None]
 
 
@@ -149,16 +155,14 @@ class Reserve:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Release:
     """The request is done (finished, cancelled, failed). Its row and pages return
-    once ``last_fence`` retires (QUEUE-9, PRE-54). ``token_ids`` is the content of its
+    once the last fence it was reserved for retires (QUEUE-9, PRE-54). ``token_ids`` is the content of its
     first ``kv_tokens`` positions; with ``publish`` its full pages enter the prefix
     cache (the terminal snapshot of a normal completion, OPEN-35)."""
 
     handle: RequestHandle
-    last_fence: Fence | None
-    token_ids: tuple[int, ...]
-    kv_tokens: int
-    publish: bool
-    message_ends: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    kv_tokens: int = 0
+    publish: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,11 +191,14 @@ class Admitted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
-    """Stop a resident request at once (QUEUE-8)."""
+    """Stop a request at once (QUEUE-8); ignored if it is no longer resident."""
 
     request_id: RequestId
-    handle: RequestHandle
-    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionClosed:
+    """Admission admits nothing more: the planner drains and then stops."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,7 +246,7 @@ class Published:
     finished: tuple[HostFinish, ...]
 
 
-PlannerInbox = Admitted | Cancel | ValidatedFrame | Published
+PlannerInbox = Admitted | Cancel | AdmissionClosed | ValidatedFrame | Published
 
 
 # ------------------------------------------------------------------- dispatcher/validator

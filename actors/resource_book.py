@@ -81,13 +81,15 @@ class ResourceBook:
         return pages_for(prompt_len + max_tokens - 1, self.page_size)
 
     def acquire(
-        self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = ()
+        self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = (),
+        use_prefix_cache: bool = True,
     ) -> Grant | None:
         """A grant if a row and the request's budget are available now, else None."""
         if self.rows.free_count == 0:
             return None
         # At least one prompt token must run so the first output has logits.
-        hit = self.cache.lookup(prompt, limit_tokens=len(prompt) - 1)
+        limit = len(prompt) - 1 if use_prefix_cache else 0
+        hit = self.cache.lookup(prompt, limit_tokens=limit)
         budget = self.budget_for(len(prompt), max_tokens) - len(hit.pages)
         if budget > self._available_pages():
             self.pages.drop(hit.pages)

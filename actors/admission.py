@@ -1,0 +1,269 @@
+"""admission: validates requests, keeps the bounded admission queue, and makes requests
+resident once the checkpoint-allocator grants them a row and a page budget.
+
+Architecture step 2. ``check_request`` is the pure decision (limits in
+``AdmissionLimits``); ``AdmissionState`` is the queue logic; ``run`` is the actor.
+
+- Refusals are typed (``actors.errors``) and answered on the caller's decision
+  channel before ``generate`` yields anything: ``InvalidRequest`` (never servable as
+  sent), ``ContextTooLong`` (prompt plus ``max_tokens`` beyond the context),
+  ``QueueFull`` with a retry hint (``max_queue`` requests already wait),
+  ``RuntimeShutDown``.
+- Backpressure is explicit: at most ``max_queue`` accepted requests wait; only the
+  queue head is parked at the allocator, so admission order is FIFO and a request
+  withdrawn while queued never touches a resource.
+- A granted request goes to the planner with its client stream (``Admitted``); a
+  withdrawal of a resident request is forwarded as ``Cancel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from actors.errors import (
+    AdmissionError,
+    ContextTooLong,
+    InvalidRequest,
+    QueueFull,
+    RuntimeShutDown,
+)
+from actors.messages import (
+    Acquire,
+    AdmissionClosed,
+    AdmissionInbox,
+    Admit,
+    Admitted,
+    AllocatorInbox,
+    Cancel,
+    CancelAcquire,
+    CloseAdmission,
+    Grant,
+    GrantArrived,
+    PlannerInbox,
+    Release,
+    RequestId,
+    Withdraw,
+)
+from actors.public import Finished, GenerationRequest
+
+MAX_STOP_STRINGS = 16
+"""More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""
+
+QUEUE_FULL_RETRY_AFTER_S = 1
+"""Retry hint for ``QueueFull``: about one scheduling round of a busy server."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionLimits:
+    max_context: int
+    vocab_size: int
+    max_queue: int
+
+
+def _end(msg: Admit, message: str) -> None:
+    """End an accepted, never-started request's stream."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        msg.events.send_nowait(Finished(
+            reason="cancelled", prompt_tokens=len(msg.request.prompt_token_ids),
+            completion_tokens=0, message=message,
+        ))
+    msg.events.close()
+
+
+def check_request(request: GenerationRequest, limits: AdmissionLimits) -> AdmissionError | None:
+    """The first reason ``request`` can never be served, or None."""
+    prompt = request.prompt_token_ids
+    if not prompt:
+        return InvalidRequest("the prompt is empty")
+    if request.max_tokens < 1:
+        return InvalidRequest(f"max_tokens must be at least 1, got {request.max_tokens}")
+    if any(not 0 <= t < limits.vocab_size for t in prompt):
+        return InvalidRequest(f"prompt token ids must lie in 0..{limits.vocab_size - 1}")
+    if len(prompt) + request.max_tokens > limits.max_context:
+        return ContextTooLong(
+            f"prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
+            f"the model's context of {limits.max_context} tokens"
+        )
+    s = request.sampling
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        return InvalidRequest(f"temperature must be finite and >= 0, got {s.temperature}")
+    if not 0 < s.top_p <= 1:
+        return InvalidRequest(f"top_p must lie in (0, 1], got {s.top_p}")
+    if s.top_k < 0:
+        return InvalidRequest(f"top_k must be >= 0, got {s.top_k}")
+    if s.seed is not None and not 0 <= s.seed < 2**63:
+        return InvalidRequest("seed must lie in 0..2**63-1")
+    if len(request.stop) > MAX_STOP_STRINGS:
+        return InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(not 0 < e <= len(prompt) for e in request.message_ends):
+        return InvalidRequest("message_ends must lie within the prompt")
+    if request.system_end is not None and not 0 < request.system_end <= len(prompt):
+        return InvalidRequest("system_end must lie within the prompt")
+    return None
+
+
+class AdmissionState:
+    """The admission queue. Methods return the messages to send; ``run`` sends them."""
+
+    def __init__(self, limits: AdmissionLimits) -> None:
+        self.limits = limits
+        self.waiting: deque[Admit] = deque()
+        self.head_parked = False
+        self.head_withdrawn = False
+        self.closing = False
+
+    def on_admit(self, msg: Admit) -> AdmissionError | None:
+        if self.closing:
+            return RuntimeShutDown("the runtime is shutting down")
+        refusal = check_request(msg.request, self.limits)
+        if refusal is None and len(self.waiting) >= self.limits.max_queue:
+            refusal = QueueFull(
+                f"{len(self.waiting)} requests are already waiting; try again shortly",
+                retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
+            )
+        if refusal is None:
+            self.waiting.append(msg)
+        return refusal
+
+    def acquire_for_head(self, reply: trio.MemorySendChannel[Grant | None]) -> Acquire | None:
+        """The ``Acquire`` to park for the queue head, if one is due."""
+        if self.head_parked or not self.waiting:
+            return None
+        head = self.waiting[0]
+        self.head_parked = True
+        self.head_withdrawn = False
+        return Acquire(
+            request_id=head.request_id, prompt_token_ids=head.request.prompt_token_ids,
+            max_tokens=head.request.max_tokens, message_ends=head.request.message_ends,
+            use_prefix_cache=not head.request.prompt_logprobs, reply=reply,
+        )
+
+    def on_withdraw(self, request_id: RequestId) -> str:
+        """'parked' (cancel the allocator request), 'queued' (dropped here), or
+        'resident' (forward to the planner)."""
+        for index, msg in enumerate(self.waiting):
+            if msg.request_id != request_id:
+                continue
+            if index == 0 and self.head_parked:
+                self.head_withdrawn = True
+                return "parked"
+            del self.waiting[index]
+            msg.events.close()
+            return "queued"
+        return "resident"
+
+    def close(self) -> tuple[RequestId, ...]:
+        """Admit nothing more; end every queued request. Returns the parked head's id
+        (to withdraw at the allocator), if any."""
+        self.closing = True
+        parked = self.waiting.popleft() if self.head_parked and self.waiting else None
+        for msg in self.waiting:
+            _end(msg, "the runtime shut down before this request started")
+        self.waiting.clear()
+        if parked is None:
+            return ()
+        self.waiting.append(parked)
+        self.head_withdrawn = True
+        return (parked.request_id,)
+
+    def on_grant(self, grant: Grant | None) -> tuple[Admit | None, Grant | None]:
+        """The head's answer: (admit to the planner, grant to give back)."""
+        head = self.waiting.popleft()
+        self.head_parked = False
+        if grant is None or self.head_withdrawn:
+            head.events.close()
+            return None, grant
+        return head, grant
+
+
+async def _await_grant(
+    receive: trio.MemoryReceiveChannel[Grant | None],
+    loopback: trio.MemorySendChannel[AdmissionInbox],
+    request_id: RequestId,
+) -> None:
+    async with receive, loopback:
+        try:
+            grant = await receive.receive()
+        except trio.EndOfChannel:
+            grant = None
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await loopback.send(GrantArrived(request_id=request_id, grant=grant))
+
+
+async def run(
+    inbox: trio.MemoryReceiveChannel[AdmissionInbox],
+    loopback: trio.MemorySendChannel[AdmissionInbox],
+    to_allocator: trio.MemorySendChannel[AllocatorInbox],
+    to_planner: trio.MemorySendChannel[PlannerInbox],
+    *,
+    state: AdmissionState,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Admit until ``CloseAdmission`` arrives and the parked head is settled.
+
+    ``loopback`` is admission's own end of its inbox, cloned for the tasks that wait
+    on the allocator's answers.
+    """
+    async with trio.open_nursery() as nursery, to_allocator, to_planner:
+        task_status.started()
+
+        async def park_head() -> None:
+            reply_send, reply_receive = trio.open_memory_channel[Grant | None](1)
+            acquire = state.acquire_for_head(reply_send)
+            if acquire is None:
+                reply_send.close()
+                reply_receive.close()
+                return
+            nursery.start_soon(_await_grant, reply_receive, loopback.clone(), acquire.request_id)
+            await to_allocator.send(acquire)
+
+        async with inbox:
+            with loopback:
+                async for msg in inbox:
+                    if isinstance(msg, Admit):
+                        if not _decide(state, msg):
+                            continue
+                        await park_head()
+                    elif isinstance(msg, Withdraw):
+                        where = state.on_withdraw(msg.request_id)
+                        if where == "parked":
+                            await to_allocator.send(CancelAcquire(request_id=msg.request_id))
+                        elif where == "resident":
+                            await to_planner.send(Cancel(request_id=msg.request_id))
+                    elif isinstance(msg, CloseAdmission):
+                        for parked in state.close():
+                            await to_allocator.send(CancelAcquire(request_id=parked))
+                    else:
+                        admit, grant = state.on_grant(msg.grant)
+                        if admit is not None and grant is not None:
+                            await to_planner.send(Admitted(
+                                request_id=admit.request_id, request=admit.request,
+                                grant=grant, events=admit.events,
+                            ))
+                        elif grant is not None:
+                            await to_allocator.send(Release(handle=grant.handle))
+                        await park_head()
+                    if state.closing and not state.waiting:
+                        break
+            await to_planner.send(AdmissionClosed())
+
+
+def _decide(state: AdmissionState, msg: Admit) -> bool:
+    """Answer an ``Admit``; True if it was queued."""
+    refusal = state.on_admit(msg)
+    try:
+        msg.decision.send_nowait(refusal)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        if refusal is None:  # the caller gave up waiting for the answer
+            state.on_withdraw(msg.request_id)
+        refusal = refusal or RuntimeShutDown("the caller left")
+    msg.decision.close()
+    if refusal is not None:
+        msg.events.close()
+        return False
+    return True

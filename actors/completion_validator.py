@@ -1,0 +1,156 @@
+"""completion-validator: checks every lane of a finished frame before anything changes.
+
+Architecture step 5; seed *Service accounting and publication* ("complete validates
+every lane before updating graph costs, acceptance, service prices, or committed
+state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
+
+- for each lane: the sample belongs to the lane's state row (handle), the lane's
+  epoch is the one committed, the token id lies in the vocabulary, the sampled lane
+  count stays within the lane's ceiling, the log-probability is finite (and not
+  positive) and the program's finite flag holds;
+- a malformed lane fails only its own request (``ok=False`` with a message); a
+  program fault fails every lane of its frame with the fault's message;
+- it then retires the fence at the checkpoint-allocator *before* handing the
+  validated frame to the planner, so anything the planner releases in response sees
+  the fence as retired (PRE-53).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import trio
+
+from actors.messages import (
+    AllocatorInbox,
+    FenceRetired,
+    FrameOrder,
+    FrameOutcome,
+    LaneContext,
+    LaneFailure,
+    PlannerInbox,
+    ValidatedFrame,
+    ValidatorInbox,
+)
+from gpu.frames import LaneSample, StepResult, result_of
+from policy.descriptors import ExecutionTiming
+from policy.types import CompletionRecord, Lane, LaneRole
+
+LOGPROB_TOLERANCE = 1e-4
+"""A log-probability above this is malformed (float rounding can give tiny positives)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameCheck:
+    records: tuple[CompletionRecord, ...]
+    failures: tuple[LaneFailure, ...]
+    logprobs: tuple[tuple[float, ...], ...]
+    prompt_logprobs: tuple[float, ...] | None
+
+
+def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
+    return FrameCheck(
+        records=tuple(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False)
+                      for lane in lanes),
+        failures=tuple(LaneFailure(handle=lane.handle, epoch=lane.epoch, message=message)
+                       for lane in lanes),
+        logprobs=tuple(() for _ in lanes),
+        prompt_logprobs=None,
+    )
+
+
+def _sample_problem(sample: LaneSample, context: LaneContext, vocab_size: int) -> str | None:
+    if sample.row != context.row:
+        return f"sample for state row {sample.row}, expected row {context.row}"
+    if not 0 <= sample.token < vocab_size:
+        return f"token id {sample.token} outside the vocabulary (size {vocab_size})"
+    if not sample.finite or not math.isfinite(sample.logprob):
+        return "non-finite logits or log-probability"
+    if sample.logprob > LOGPROB_TOLERANCE:
+        return f"log-probability {sample.logprob} is positive"
+    return None
+
+
+def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) -> FrameCheck:
+    """Validate every lane of ``order`` against what the device returned."""
+    lanes = order.plan.lanes
+    if outcome.fault is not None:
+        return _failed(lanes, f"program fault: {outcome.fault}")
+    if outcome.completion is None:
+        return _failed(lanes, "the frame returned no completion")
+    try:
+        result = result_of(outcome.completion.outputs)
+    except (KeyError, TypeError) as exc:
+        return _failed(lanes, f"malformed outputs: {exc}")
+    samples: tuple[LaneSample, ...] = ()
+    prompt_logprobs: tuple[float, ...] | None = None
+    if isinstance(result, StepResult):
+        samples = result.samples
+        prompt_logprobs = result.prompt_logprobs
+    sampling = [i for i, ctx in enumerate(order.lanes) if ctx.samples]
+    if len(samples) != len(sampling):
+        # Which sample belongs to which lane is unknowable: fail the whole frame.
+        return _failed(lanes, f"{len(samples)} samples for {len(sampling)} sampling lanes")
+    by_lane = dict(zip(sampling, samples, strict=True))
+    records: list[CompletionRecord] = []
+    failures: list[LaneFailure] = []
+    logprobs: list[tuple[float, ...]] = []
+    for index, (lane, context) in enumerate(zip(lanes, order.lanes, strict=True)):
+        problem = None
+        if (context.handle, context.epoch) != (lane.handle, lane.epoch):
+            problem = "lane identity does not match the committed plan"
+        sample = by_lane.get(index)
+        if problem is None and sample is not None:
+            problem = _sample_problem(sample, context, vocab_size)
+            if problem is None and lane.token_ceiling < 1:
+                problem = "output beyond the lane's ceiling"
+        if problem is not None:
+            records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
+            failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
+                                        message=f"malformed completion: {problem}"))
+            logprobs.append(())
+            continue
+        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
+        records.append(CompletionRecord(
+            handle=lane.handle, epoch=lane.epoch, token_ids=tokens,
+            prompt_tokens=lane.prompt_tokens if lane.role is LaneRole.PROMPT else 0,
+            terminated=any(t in context.eos_token_ids for t in tokens),
+        ))
+        logprobs.append((sample.logprob,) if sample is not None else ())
+    if prompt_logprobs is not None and not all(
+        math.isfinite(v) for v in prompt_logprobs[:-1]
+    ):
+        return _failed(lanes, "non-finite prompt log-probabilities")
+    return FrameCheck(records=tuple(records), failures=tuple(failures),
+                      logprobs=tuple(logprobs), prompt_logprobs=prompt_logprobs)
+
+
+def zero_timing(wall_ns: int) -> ExecutionTiming:
+    """Timing of a faulted frame: no device interval (DUR-19: changes no estimate)."""
+    return ExecutionTiming(device_intervals_ns=(0,), wall_ns=wall_ns)
+
+
+async def run(
+    inbox: trio.MemoryReceiveChannel[ValidatorInbox],
+    to_planner: trio.MemorySendChannel[PlannerInbox],
+    to_allocator: trio.MemorySendChannel[AllocatorInbox],
+    *,
+    vocab_size: int,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Validate frames in completion order until the dispatcher closes the inbox."""
+    async with inbox, to_planner, to_allocator:
+        task_status.started()
+        async for outcome in inbox:
+            order = outcome.order
+            check = check_frame(order, outcome, vocab_size=vocab_size)
+            timing = (outcome.completion.timing if outcome.completion is not None
+                      else zero_timing(outcome.wall_ns))
+            await to_allocator.send(FenceRetired(fence=order.fence))
+            await to_planner.send(ValidatedFrame(
+                fence=order.fence, plan=order.plan, records=check.records,
+                failures=check.failures, timing=timing, logprobs=check.logprobs,
+                prompt_logprobs=check.prompt_logprobs,
+                fault=str(outcome.fault) if outcome.fault is not None else None,
+            ))

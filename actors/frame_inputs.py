@@ -1,0 +1,158 @@
+"""Input packing: a committed plan plus the planner's request table become one
+``gpu.frames`` value (the host inputs the program's ``bind`` copies into its static
+buffers) and the per-lane context the validator checks against (VER-28).
+
+Owns three rules:
+
+- **KV extents.** A prompt lane writes positions ``prompt_start ..
+  prompt_start + prompt_tokens``; an ordinary decode lane writes its pending token at
+  ``prompt_len + decodes_before`` (every decode so far, queued ones included, since a
+  decode frame can be queued behind another). The allocator reserves pages covering
+  those extents before commit (QUEUE-49).
+- **State updates ride with the frame.** A request's first frame initialises its row
+  (``RowInit``: position = cached prefix, sampling parameters) and appends its cached
+  pages; every frame appends the pages reserved for it. They are applied in stream
+  order inside ``bind``, so the runtime never writes device state behind a queued
+  frame's back.
+- **Lane order is plan order.** Rows, samples and records line up lane by lane.
+
+Pure: no trio, no device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, StateRow
+from actors.public import GenerationRequest
+from gpu.frames import (
+    NO_PROMPT_ROW,
+    DecodeFrame,
+    Frame,
+    MixedFrame,
+    PageAppend,
+    PrefillFrame,
+    RowInit,
+    SamplingParams,
+    StateUpdate,
+)
+from policy.descriptors import GraphKind
+from policy.types import Lane, LaneRole, ScheduledPlan
+
+
+class PackingError(ValueError):
+    """Raised when a plan cannot be turned into a frame (a kind flare does not run)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class LaneSource:
+    """What the planner knows about one resident request, for packing."""
+
+    handle: RequestHandle
+    epoch: int
+    row: StateRow
+    request: GenerationRequest
+    cached_tokens: int
+    cached_pages: tuple[PageId, ...]
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    initialised: bool = False
+    decodes_submitted: int = 0
+    output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.request.prompt_token_ids
+
+
+def kv_extent(lane: Lane, source: LaneSource) -> int:
+    """KV positions the request holds once this lane has run."""
+    if lane.role is LaneRole.PROMPT:
+        return lane.prompt_start + lane.prompt_tokens
+    if lane.role is LaneRole.DECODE:
+        return len(source.prompt) + source.decodes_submitted + lane.token_ceiling
+    return 0
+
+
+def _updates(
+    lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSource],
+    pages: Mapping[RequestHandle, PagePlan],
+) -> tuple[StateUpdate, ...]:
+    updates: list[StateUpdate] = []
+    for lane in lanes:
+        source = sources[lane.handle]
+        if not source.initialised:
+            updates.append(RowInit(row=source.row, position=source.cached_tokens,
+                                   sampling=source.sampling))
+            if source.cached_pages:
+                updates.append(PageAppend(row=source.row, first_block=0,
+                                          page_ids=tuple(source.cached_pages)))
+        plan = pages.get(lane.handle)
+        if plan is not None and plan.page_ids:
+            updates.append(PageAppend(row=plan.row, first_block=plan.first_block,
+                                      page_ids=tuple(plan.page_ids)))
+    return tuple(updates)
+
+
+def _context(lane: Lane, source: LaneSource) -> LaneContext:
+    if lane.role is LaneRole.PROMPT:
+        samples = lane.prompt_start + lane.prompt_tokens == len(source.prompt)
+    else:
+        samples = lane.role is LaneRole.DECODE
+    return LaneContext(handle=lane.handle, epoch=lane.epoch, row=source.row, samples=samples,
+                       eos_token_ids=source.eos_token_ids)
+
+
+def pack_frame(
+    plan: ScheduledPlan,
+    sources: Mapping[RequestHandle, LaneSource],
+    pages: Sequence[PagePlan],
+) -> tuple[Frame, tuple[LaneContext, ...]]:
+    """The frame value and lane contexts for ``plan`` (sources must hold every lane)."""
+    by_handle = {p.handle: p for p in pages}
+    lanes = plan.lanes
+    updates = _updates(lanes, sources, by_handle)
+    contexts = tuple(_context(lane, sources[lane.handle]) for lane in lanes)
+    kind = plan.shape.kind
+    frame: Frame
+    if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+        (lane,) = lanes
+        source = sources[lane.handle]
+        end = lane.prompt_start + lane.prompt_tokens
+        frame = PrefillFrame(
+            row=source.row, tokens=source.prompt[lane.prompt_start:end],
+            start_position=lane.prompt_start, ends_prompt=end == len(source.prompt),
+            following_token=source.prompt[end] if end < len(source.prompt) else -1,
+            updates=updates,
+        )
+    elif kind is GraphKind.DECODE:
+        frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
+                            updates=updates)
+    elif kind is GraphKind.MIXED:
+        prompt_row = next((i for i, lane in enumerate(lanes) if lane.role is LaneRole.PROMPT),
+                          NO_PROMPT_ROW)
+        prompt_tokens: tuple[int, ...] = ()
+        prompt_start = 0
+        ends = False
+        if prompt_row != NO_PROMPT_ROW:
+            lane = lanes[prompt_row]
+            source = sources[lane.handle]
+            prompt_start = lane.prompt_start
+            prompt_tokens = source.prompt[prompt_start:prompt_start + lane.prompt_tokens]
+            ends = prompt_start + lane.prompt_tokens == len(source.prompt)
+        frame = MixedFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
+                           prefill_row=prompt_row, prompt_tokens=prompt_tokens,
+                           prompt_start=prompt_start, prompt_ends=ends, updates=updates)
+    else:
+        raise PackingError(f"{plan.shape.label()}: the runtime does not run {kind.value} frames")
+    return frame, contexts
+
+
+def mark_submitted(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource]) -> None:
+    """After commit: rows are initialised and decode counts include this frame."""
+    for lane in plan.lanes:
+        source = sources[lane.handle]
+        source.initialised = True
+        if lane.role is LaneRole.DECODE:
+            source.decodes_submitted += lane.token_ceiling

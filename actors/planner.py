@@ -1,0 +1,350 @@
+"""planner: the thin loop around ``policy.Scheduler`` (architecture step 3).
+
+On every event the planner advances the scheduler's clock, applies the event, then
+plans and submits while a plan fits the window: it reserves pages with the
+checkpoint-allocator *before* ``commit`` (QUEUE-49), packs the frame
+(``frame_inputs``) and sends it to the dispatcher. The scheduler's frame queue holds
+at most two frames and decides which plans may queue behind another and when the
+window must drain (QUEUE-10..14, QUEUE-34..39); the planner never second-guesses it.
+
+Completion and publication order (ACCT-17): after ``complete(fence N)`` the planner
+sends the frame's tokens to the publisher and handles no further completion until the
+publisher's ``Published(N)`` arrived, so the delivery correction never rewinds across
+later service observations. Resources of requests the scheduler releases are returned
+(``Release``) *before* their last tokens go to the publisher, so a client that sees
+``Finished`` and sends its next turn finds the terminal checkpoint published (PRE-53).
+Cancellation stops selection at once (``Scheduler.cancel``); the client stream ends
+right away, while pages and row stay owned through the request's last fence.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from actors.frame_inputs import LaneSource, kv_extent, mark_submitted, pack_frame
+from actors.messages import (
+    AdmissionClosed,
+    Admitted,
+    AllocatorInbox,
+    Cancel,
+    DispatcherInbox,
+    Drop,
+    FrameOrder,
+    LaneExtent,
+    PagePlan,
+    PlannerInbox,
+    Published,
+    PublisherInbox,
+    PublishFrame,
+    Release,
+    RequestId,
+    Reserve,
+    Track,
+    ValidatedFrame,
+)
+from actors.public import FinishReason
+from gpu.frames import SamplingParams
+from policy.scheduler import Scheduler
+from policy.types import (
+    CommitRejected,
+    Fence,
+    FinishKind,
+    GeneratedToken,
+    LaneRole,
+    RequestHandle,
+)
+
+log = structlog.get_logger("flare.planner")
+
+
+@dataclass(slots=True, kw_only=True)
+class _Resident:
+    request_id: RequestId
+    source: LaneSource
+    kv_done: int
+    """KV positions written by validated, applied frames (what may be published)."""
+    scores: list[float]
+    host_finish: FinishReason | None = None
+    """How the output ended (scheduler finish or host stop); ``Drop`` carries it."""
+    cancelled: bool = False
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class PlannerCounters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    frames: int = 0
+
+
+class Planner:
+    """The planner's state; ``run`` feeds it events. Methods that send are async."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        *,
+        to_dispatcher: trio.MemorySendChannel[DispatcherInbox],
+        to_publisher: trio.MemorySendChannel[PublisherInbox],
+        to_allocator: trio.MemorySendChannel[AllocatorInbox],
+        eos_token_ids: Sequence[int],
+        clock_ns: Callable[[], int],
+    ) -> None:
+        self.scheduler = scheduler
+        self._to_dispatcher = to_dispatcher
+        self._to_publisher = to_publisher
+        self._to_allocator = to_allocator
+        self._eos = tuple(eos_token_ids)
+        self._clock_ns = clock_ns
+        self._residents: dict[RequestHandle, _Resident] = {}
+        self._by_request: dict[RequestId, RequestHandle] = {}
+        self._next_fence = 1
+        self._awaiting: Fence | None = None
+        self._awaiting_handles: tuple[RequestHandle, ...] = ()
+        self._deferred: deque[ValidatedFrame] = deque()
+        self._drops: deque[Drop] = deque()
+        self.draining = False
+        self.counters = PlannerCounters()
+        self.executions_by_graph: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ state views
+
+    @property
+    def resident_count(self) -> int:
+        return len(self._residents)
+
+    @property
+    def idle(self) -> bool:
+        return (not self._residents and not self.scheduler.in_flight()
+                and self._awaiting is None and not self._deferred)
+
+    def _now(self) -> int:
+        now = max(self._clock_ns(), self.scheduler.now_ns)
+        self.scheduler.advance_to(now)
+        return now
+
+    # ------------------------------------------------------------------ events
+
+    async def handle(self, msg: PlannerInbox) -> None:
+        self._now()
+        if isinstance(msg, Admitted):
+            await self._admit(msg)
+        elif isinstance(msg, Cancel):
+            await self._cancel(msg.request_id)
+        elif isinstance(msg, AdmissionClosed):
+            self.draining = True
+            for request_id in list(self._by_request):
+                await self._cancel(request_id, message="the runtime shut down")
+        elif isinstance(msg, ValidatedFrame):
+            self._deferred.append(msg)
+        else:
+            await self._published(msg)
+        while self._awaiting is None and self._deferred:
+            await self._complete(self._deferred.popleft())
+        await self._release_finished()
+        await self._send_drops()
+        await self._plan_and_submit()
+
+    async def _admit(self, msg: Admitted) -> None:
+        request, grant = msg.request, msg.grant
+        handle = self.scheduler.admit(
+            prompt_len=len(request.prompt_token_ids), max_output_tokens=request.max_tokens,
+            cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
+            system_end=request.system_end, scored_prompt=request.prompt_logprobs,
+            handle=grant.handle,
+        )
+        epoch = self.scheduler.request(handle).epoch
+        s = request.sampling
+        source = LaneSource(
+            handle=handle, epoch=epoch, row=grant.row, request=request,
+            cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
+            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                    seed=s.seed if s.seed is not None else secrets.randbits(63)),
+            eos_token_ids=() if request.ignore_eos else self._eos,
+        )
+        self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
+                                            kv_done=grant.cached_tokens, scores=[])
+        self._by_request[msg.request_id] = handle
+        self.counters.prefix_hit_tokens += grant.cached_tokens
+        await self._to_publisher.send(Track(
+            request_id=msg.request_id, handle=handle, epoch=epoch, request=request,
+            cached_tokens=grant.cached_tokens, events=msg.events,
+        ))
+
+    async def _cancel(self, request_id: RequestId, message: str = "") -> None:
+        handle = self._by_request.get(request_id)
+        resident = self._residents.get(handle) if handle is not None else None
+        if handle is None or resident is None or resident.cancelled:
+            return
+        resident.cancelled = True
+        self.scheduler.cancel(handle)
+        await self._to_publisher.send(Drop(handle=handle, epoch=resident.source.epoch,
+                                           reason="cancelled", message=message))
+
+    async def _complete(self, frame: ValidatedFrame) -> None:
+        tokens = self.scheduler.complete(frame.fence, frame.records, frame.timing)
+        self.counters.frames += 1
+        label = frame.plan.shape.label()
+        self.executions_by_graph[label] = self.executions_by_graph.get(label, 0) + 1
+        self._apply_extents(frame)
+        for failure in frame.failures:
+            resident = self._residents.get(failure.handle)
+            if resident is not None and resident.source.epoch == failure.epoch:
+                resident.failed = True
+                log.warning("lane failed", handle=failure.handle, reason=failure.message)
+        logprobs = self._logprobs_for(frame, tokens)
+        scores = self._prompt_scores(frame)
+        for token in tokens:
+            resident = self._residents.get(token.handle)
+            if resident is None or resident.source.epoch != token.epoch:
+                continue
+            resident.source.output_ids.extend(token.token_ids)
+            self.counters.generation_tokens += len(token.token_ids)
+            if token.finish is not None:
+                resident.failed = resident.failed or token.finish is FinishKind.ERROR
+                if resident.host_finish is None and token.finish is not FinishKind.ERROR:
+                    resident.host_finish = (
+                        "length" if token.finish is FinishKind.LENGTH else "stop")
+        # Release before the stream can end (PRE-53); Drop after the last tokens.
+        await self._release_finished()
+        if tokens or frame.failures or scores:
+            self._awaiting = frame.fence
+            self._awaiting_handles = tuple(t.handle for t in tokens if t.token_ids)
+            await self._to_publisher.send(PublishFrame(
+                fence=frame.fence, tokens=tuple(tokens), logprobs=logprobs,
+                errors=frame.failures, prompt_scores=scores,
+            ))
+        await self._send_drops()
+
+    def _apply_extents(self, frame: ValidatedFrame) -> None:
+        for lane, record in zip(frame.plan.lanes, frame.records, strict=True):
+            resident = self._residents.get(lane.handle)
+            if resident is None or resident.source.epoch != lane.epoch or not record.ok:
+                continue
+            if lane.role is LaneRole.PROMPT:
+                resident.kv_done = lane.prompt_start + lane.prompt_tokens
+                self.counters.prompt_tokens += lane.prompt_tokens
+            elif lane.role is LaneRole.DECODE:
+                resident.kv_done += lane.token_ceiling
+
+    def _logprobs_for(self, frame: ValidatedFrame,
+                      tokens: Sequence[GeneratedToken]) -> tuple[tuple[float, ...], ...]:
+        by_handle = {lane.handle: lp for lane, lp in
+                     zip(frame.plan.lanes, frame.logprobs, strict=True)}
+        return tuple(by_handle.get(t.handle, ()) for t in tokens)
+
+    def _prompt_scores(
+        self, frame: ValidatedFrame
+    ) -> tuple[tuple[RequestHandle, tuple[float | None, ...]], ...]:
+        if frame.prompt_logprobs is None:
+            return ()
+        out = []
+        for lane, record in zip(frame.plan.lanes, frame.records, strict=True):
+            resident = self._residents.get(lane.handle)
+            if resident is None or lane.role is not LaneRole.PROMPT or not record.ok:
+                continue
+            resident.scores.extend(frame.prompt_logprobs[:lane.prompt_tokens])
+            if lane.prompt_start + lane.prompt_tokens == len(resident.source.prompt):
+                out.append((lane.handle, tuple[float | None, ...](resident.scores)))
+        return tuple(out)
+
+    async def _published(self, msg: Published) -> None:
+        if msg.fence != self._awaiting:
+            log.error("publication for an unexpected fence", fence=msg.fence)
+            return
+        visible = dict(msg.visible)
+        for handle in self._awaiting_handles:
+            if handle in visible:
+                self.scheduler.published_output(handle, msg.fence, visible[handle])
+            else:
+                self.scheduler.nothing_published(handle, msg.fence)
+        self._awaiting = None
+        self._awaiting_handles = ()
+        for finish in msg.finished:
+            resident = self._residents.get(finish.handle)
+            if resident is None or resident.source.epoch != finish.epoch:
+                continue
+            resident.host_finish = finish.reason
+            if not resident.cancelled:
+                resident.cancelled = True
+                self.scheduler.cancel(finish.handle)
+
+    async def _release_finished(self) -> None:
+        for handle in self.scheduler.take_released():
+            resident = self._residents.pop(handle, None)
+            if resident is None:
+                continue
+            self._by_request.pop(resident.request_id, None)
+            source = resident.source
+            written = (*source.prompt, *source.output_ids)[:resident.kv_done]
+            await self._to_allocator.send(Release(
+                handle=handle, token_ids=written, kv_tokens=len(written),
+                publish=not resident.failed,
+            ))
+            if resident.host_finish is not None:
+                self._drops.append(Drop(handle=handle, epoch=source.epoch,
+                                        reason=resident.host_finish))
+
+    async def _send_drops(self) -> None:
+        """End finished streams; called after the frame's tokens went to the publisher
+        (the same channel, so the last tokens precede ``Finished``)."""
+        while self._drops:
+            await self._to_publisher.send(self._drops.popleft())
+
+    # ------------------------------------------------------------------ planning
+
+    async def _reserve(self, fence: Fence, extents: tuple[LaneExtent, ...]
+                       ) -> tuple[PagePlan, ...]:
+        send, receive = trio.open_memory_channel[tuple[PagePlan, ...]](1)
+        async with receive:
+            await self._to_allocator.send(Reserve(fence=fence, extents=extents, reply=send))
+            return await receive.receive()
+
+    async def _plan_and_submit(self) -> None:
+        while True:
+            self._now()
+            plan = self.scheduler.plan()
+            if plan is None or not self.scheduler.window_ready(plan):
+                return
+            fence = Fence(self._next_fence)
+            sources = {h: r.source for h, r in self._residents.items()}
+            extents = tuple(LaneExtent(handle=lane.handle,
+                                       kv_tokens=kv_extent(lane, sources[lane.handle]))
+                            for lane in plan.lanes)
+            pages = await self._reserve(fence, extents)
+            frame, contexts = pack_frame(plan, sources, pages)
+            self._now()
+            try:
+                self.scheduler.commit(plan, fence)
+            except CommitRejected as exc:
+                # Nothing changed; the reserved pages stay with their requests and the
+                # fence number is reused by the next commit, which retires the pin.
+                log.info("plan rejected at commit; replanning later", reason=str(exc))
+                return
+            self._next_fence += 1
+            mark_submitted(plan, sources)
+            await self._to_dispatcher.send(FrameOrder(fence=fence, plan=plan, frame=frame,
+                                                      lanes=contexts))
+
+
+async def run(
+    inbox: trio.MemoryReceiveChannel[PlannerInbox],
+    planner: Planner,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve events until admission has closed and every request and frame is done;
+    then close the dispatcher, publisher and allocator ends (orderly stop spreads)."""
+    async with inbox, planner._to_dispatcher, planner._to_publisher, planner._to_allocator:
+        task_status.started()
+        async for msg in inbox:
+            await planner.handle(msg)
+            if planner.draining and planner.idle:
+                break

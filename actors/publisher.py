@@ -1,0 +1,183 @@
+"""publisher: turns committed tokens into each client's stream events.
+
+Architecture step 6; seed *Service accounting and publication*. The text decisions
+live in ``actors/text_stream.py``; this actor owns the client event channels (it
+receives each one with ``Track`` and closes it after the ``Finished`` event) and
+reports every processed fence to the planner with ``Published`` (OPEN-20: also when
+nothing became visible), carrying the host time each visible burst was written so
+output age is exact (ACCT-18).
+
+When is ``Finished`` sent? Errors end a stream at once. Otherwise the publisher ends
+the text when the scheduler ends the request (EOS, ``max_tokens``) or when it sees a
+stop string (a host stop the scheduler cannot see; reported as ``HostFinish``), and
+then waits for the planner's ``Drop``, which the planner sends right after the
+request's resources were released and its terminal checkpoint published. A client
+that reads ``Finished`` and sends its next turn therefore always finds that
+checkpoint in the prefix cache (PRE-53, OPEN-35).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from actors.messages import (
+    Drop,
+    EventSender,
+    HostFinish,
+    PlannerInbox,
+    Published,
+    PublisherInbox,
+    PublishFrame,
+    RequestHandle,
+    RequestId,
+    Track,
+)
+from actors.public import Finished, FinishReason, GenerationRequest, PromptScores, StreamEvent
+from actors.text_stream import Decode, OutputStream
+from policy.types import FinishKind
+
+log = structlog.get_logger("flare.publisher")
+
+
+def event_buffer_size(request: GenerationRequest) -> int:
+    """A client stream never blocks the publisher: every delta carries at least one
+    token, so ``max_tokens`` deltas plus prompt scores and ``Finished`` always fit."""
+    return request.max_tokens + 2
+
+
+@dataclass(slots=True, kw_only=True)
+class _Stream:
+    request_id: RequestId
+    epoch: int
+    request: GenerationRequest
+    cached_tokens: int
+    events: EventSender
+    output: OutputStream
+    host_finished: FinishReason | None = None
+
+
+def _send(stream: _Stream, event: StreamEvent) -> None:
+    # The client may have left; its Withdraw is then on its way to the planner.
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        stream.events.send_nowait(event)
+
+
+def _finish(stream: _Stream, reason: FinishReason, message: str = "") -> None:
+    _send(stream, Finished(
+        reason=reason, prompt_tokens=len(stream.request.prompt_token_ids),
+        completion_tokens=stream.output.completion_tokens,
+        cached_prompt_tokens=stream.cached_tokens, message=message,
+    ))
+    stream.events.close()
+
+
+def prompt_scores(request: GenerationRequest, chunk_logprobs: Sequence[float]) -> PromptScores:
+    """``chunk_logprobs[i]`` scores prompt token ``i + 1``; nothing predicts token 0."""
+    n = len(request.prompt_token_ids)
+    values: tuple[float | None, ...] = (None, *(float(v) for v in chunk_logprobs[: n - 1]))
+    return PromptScores(token_ids=request.prompt_token_ids, logprobs=values)
+
+
+class PublisherState:
+    """The publisher's synchronous core: one ``_Stream`` per resident request."""
+
+    def __init__(self, *, decode: Decode, eos_token_ids: Sequence[int],
+                 clock_ns: Callable[[], int]) -> None:
+        self._decode = decode
+        self._eos = tuple(eos_token_ids)
+        self._clock_ns = clock_ns
+        self._streams: dict[RequestHandle, _Stream] = {}
+
+    def track(self, msg: Track) -> None:
+        self._streams[msg.handle] = _Stream(
+            request_id=msg.request_id, epoch=msg.epoch, request=msg.request,
+            cached_tokens=msg.cached_tokens, events=msg.events,
+            output=OutputStream(decode=self._decode, max_tokens=msg.request.max_tokens,
+                                eos_token_ids=self._eos, stop=msg.request.stop,
+                                ignore_eos=msg.request.ignore_eos),
+        )
+
+    def _stream(self, handle: RequestHandle, epoch: int) -> _Stream | None:
+        stream = self._streams.get(handle)
+        return stream if stream is not None and stream.epoch == epoch else None
+
+    def publish(self, msg: PublishFrame) -> Published:
+        visible: list[tuple[RequestHandle, int]] = []
+        finished: list[HostFinish] = []
+        for handle, scores in msg.prompt_scores:
+            stream = self._streams.get(handle)
+            if stream is not None:
+                _send(stream, prompt_scores(stream.request, [v or 0.0 for v in scores]))
+        for failure in msg.errors:
+            stream = self._stream(failure.handle, failure.epoch)
+            if stream is not None:
+                del self._streams[failure.handle]
+                _finish(stream, "error", failure.message)
+        for token, logprobs in zip(msg.tokens, msg.logprobs, strict=True):
+            stream = self._stream(token.handle, token.epoch)
+            if stream is None:
+                continue
+            if token.finish is FinishKind.ERROR:
+                del self._streams[token.handle]
+                _finish(stream, "error", "generation failed")
+                continue
+            step = stream.output.push(token.token_ids, logprobs)
+            if step.delta is not None:
+                _send(stream, step.delta)
+                visible.append((token.handle, self._clock_ns()))
+            if token.finish is not None:
+                # The scheduler ended it; ``Finished`` follows the planner's ``Drop``,
+                # which comes right after the request's state was released (PRE-53).
+                stream.host_finished = stream.output.finish_reason or (
+                    "length" if token.finish is FinishKind.LENGTH else "stop")
+            elif step.finish is not None and stream.host_finished is None:
+                stream.host_finished = step.finish
+                finished.append(HostFinish(handle=token.handle, epoch=token.epoch,
+                                           reason=step.finish))
+        return Published(fence=msg.fence, visible=tuple(visible), finished=tuple(finished))
+
+    def drop(self, msg: Drop) -> None:
+        stream = self._stream(msg.handle, msg.epoch)
+        if stream is None:
+            return
+        del self._streams[msg.handle]
+        _finish(stream, stream.host_finished or msg.reason, msg.message)
+
+    def close_all(self, message: str) -> None:
+        for stream in self._streams.values():
+            _finish(stream, "cancelled", message)
+        self._streams.clear()
+
+    @property
+    def tracked(self) -> int:
+        return len(self._streams)
+
+
+async def run(
+    inbox: trio.MemoryReceiveChannel[PublisherInbox],
+    to_planner: trio.MemorySendChannel[PlannerInbox],
+    *,
+    decode: Decode,
+    eos_token_ids: Sequence[int],
+    clock_ns: Callable[[], int],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Publish until the planner closes the inbox; end any stream still open."""
+    state = PublisherState(decode=decode, eos_token_ids=eos_token_ids, clock_ns=clock_ns)
+    async with inbox, to_planner:
+        task_status.started()
+        try:
+            async for msg in inbox:
+                if isinstance(msg, Track):
+                    state.track(msg)
+                elif isinstance(msg, PublishFrame):
+                    await to_planner.send(state.publish(msg))
+                else:
+                    state.drop(msg)
+        finally:
+            state.close_all("the runtime shut down")

@@ -1,0 +1,304 @@
+"""The runtime's one assembly point: opens every channel, starts every actor, shuts down.
+
+``open_runtime(config)`` loads the model (``gpu.engine.ModelEngine``) for the catalog
+the flags describe (``gpu.catalog``), opens and prepares the backend
+(``gpu.backend.open_backend``; CPU by default) and yields a ``Runtime``
+(``actors.public.Runtime``). ``open_runtime_with(parts)`` starts the same actors on
+parts a caller already built (tests use it with the fake backend).
+
+Channels (house style 1-2: one owner per end, named sizes with reasons)::
+
+    Runtime ──Admit/Withdraw/CloseAdmission──▶ admission ──Acquire──▶ allocator
+    admission ──Admitted/Cancel──▶ planner ──Reserve/Release──▶ allocator
+    planner ──FrameOrder──▶ dispatcher ──FrameOutcome──▶ validator
+    validator ──FenceRetired──▶ allocator, ──ValidatedFrame──▶ planner
+    planner ──Track/PublishFrame/Drop──▶ publisher ──Published──▶ planner
+
+Shutdown is two-phase: leaving ``open_runtime`` closes admission, which ends queued
+requests and tells the planner; the planner cancels resident requests, drains the
+frames in flight and closes its outboxes, and the close spreads down the chain. A
+deadline (``SHUTDOWN_DEADLINE_S``) then cancels whatever is still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import trio
+
+from actors import admission, checkpoint_allocator, completion_validator, frame_dispatcher
+from actors import planner as planner_actor
+from actors import publisher as publisher_actor
+from actors.admission import AdmissionLimits, AdmissionState
+from actors.checkpoint_allocator import AllocatorState
+from actors.errors import AdmissionError, RuntimeShutDown
+from actors.messages import (
+    AdmissionInbox,
+    Admit,
+    AllocatorInbox,
+    CloseAdmission,
+    DispatcherInbox,
+    PlannerInbox,
+    PublisherInbox,
+    RequestId,
+    ValidatorInbox,
+    Withdraw,
+)
+from actors.page_pool import pages_for
+from actors.planner import Planner
+from actors.public import (
+    Finished,
+    GenerationRequest,
+    RuntimeStatistics,
+    StreamEvent,
+    TextCodec,
+)
+from actors.publisher import event_buffer_size
+from actors.resource_book import ResourceBook
+from gpu.backend import Backend
+from gpu.program import PreparedProgram
+from policy.config import PolicyConfig
+from policy.descriptors import GraphShape
+from policy.scheduler import Scheduler
+
+log = structlog.get_logger("flare.runtime")
+
+SHUTDOWN_DEADLINE_S = 10.0
+"""Phase two of shutdown: frames still running this long after admission closed are
+abandoned (a frame is at most a few hundred ms on the CPU backend)."""
+
+ALLOCATOR_INBOX = 16
+"""The allocator answers every message at once; a small buffer absorbs bursts (the
+validator's retirements and the planner's reservations arrive together)."""
+
+FRAME_SLOTS = 2
+"""Orders and outcomes in transit: the transport's two frame slots (QUEUE-10)."""
+
+PUBLISHER_INBOX = 16
+"""One ``PublishFrame`` per completed frame plus ``Track``/``Drop`` notes; the planner
+waits for each ``Published`` before sending the next frame, so a few slots suffice."""
+
+UNBOUNDED = math.inf
+"""Only to break a cycle: the planner's inbox (planner -> publisher -> planner), and
+admission's (each caller has at most one ``Admit`` awaiting its decision and sends at
+most one ``Withdraw``, so it is bounded by the callers; a leaving caller must never
+block)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeParts:
+    """Everything the actors need, already built."""
+
+    backend: Backend
+    programs: Mapping[GraphShape, PreparedProgram]
+    codec: TextCodec
+    model_name: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_context: int
+    page_size: int
+    num_pages: int
+    state_rows: int
+    max_queue: int
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
+    close_backend: bool = True
+
+
+class _EventStream:
+    """The caller's view of one request's events; stops after ``Finished``."""
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[StreamEvent]) -> None:
+        self._receive = receive
+        self.finished = False
+
+    def __aiter__(self) -> _EventStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            event = await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        if isinstance(event, Finished):
+            self.finished = True
+        return event
+
+
+class Runtime:
+    """What ``open_runtime`` yields (satisfies ``actors.public.Runtime``)."""
+
+    def __init__(self, parts: RuntimeParts, *, admission_inbox:
+                 trio.MemorySendChannel[AdmissionInbox], admission_state: AdmissionState,
+                 book: ResourceBook, planner: Planner) -> None:
+        self._parts = parts
+        self._admission = admission_inbox
+        self._admission_state = admission_state
+        self._book = book
+        self._planner = planner
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    @property
+    def codec(self) -> TextCodec:
+        return self._parts.codec
+
+    @property
+    def model_name(self) -> str:
+        return self._parts.model_name
+
+    @property
+    def max_context(self) -> int:
+        return self._parts.max_context
+
+    @contextlib.asynccontextmanager
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[_EventStream]:
+        """Admit ``request`` (raising its ``AdmissionError`` if refused) and yield its
+        events. Leaving early withdraws it: selection stops at once and its stream ends
+        ``cancelled``; resources return when its last submitted frame retires."""
+        request_id = RequestId(next(self._ids))
+        events_send, events_receive = trio.open_memory_channel[StreamEvent](
+            event_buffer_size(request))
+        decision_send, decision_receive = trio.open_memory_channel[AdmissionError | None](1)
+        stream = _EventStream(events_receive)
+        submitted = False
+        try:
+            async with events_receive:
+                with decision_receive:
+                    try:
+                        self._admission.send_nowait(Admit(
+                            request_id=request_id, request=request, events=events_send,
+                            decision=decision_send,
+                        ))
+                        submitted = True
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        raise RuntimeShutDown("the runtime is shut down") from None
+                    try:
+                        refusal = await decision_receive.receive()
+                    except trio.EndOfChannel:
+                        refusal = RuntimeShutDown("the runtime is shutting down")
+                if refusal is not None:
+                    submitted = False
+                    raise refusal
+                yield stream
+        finally:
+            if submitted and not stream.finished:
+                with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                    self._admission.send_nowait(Withdraw(request_id=request_id))
+
+    def statistics(self) -> RuntimeStatistics:
+        """A frozen snapshot read from the actors' state between their steps."""
+        sched = self._planner.scheduler.statistics()
+        counters = self._planner.counters
+        pages = self._book.pages
+        return RuntimeStatistics(
+            requests_running=self._planner.resident_count,
+            requests_waiting=len(self._admission_state.waiting),
+            kv_pages_used=pages.used_count,
+            kv_pages_total=pages.total,
+            prefix_cache_hit_tokens=counters.prefix_hit_tokens,
+            prompt_tokens_total=counters.prompt_tokens,
+            generation_tokens_total=counters.generation_tokens,
+            executions_by_kind=tuple(sorted(sched.executions.items())),
+            execution_ns_by_kind=tuple(sorted(sched.execution_ns.items())),
+            executions_by_graph=tuple(sorted(self._planner.executions_by_graph.items())),
+        )
+
+    @property
+    def resources(self) -> ResourceBook:
+        """The allocator's book, for tests and diagnostics (read only)."""
+        return self._book
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The planner's scheduler, for tests and diagnostics (read only)."""
+        return self._planner.scheduler
+
+    def _close_admission(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            self._admission.send_nowait(CloseAdmission())
+        self._admission.close()
+
+
+@contextlib.asynccontextmanager
+async def open_runtime_with(parts: RuntimeParts, *,
+                            catalog: Sequence[GraphShape]) -> AsyncIterator[Runtime]:
+    """Start the six actors on ``parts``; stop them in two phases on exit."""
+    admission_send, admission_receive = trio.open_memory_channel[AdmissionInbox](UNBOUNDED)
+    allocator_send, allocator_receive = trio.open_memory_channel[AllocatorInbox](
+        ALLOCATOR_INBOX)
+    planner_send, planner_receive = trio.open_memory_channel[PlannerInbox](UNBOUNDED)
+    dispatcher_send, dispatcher_receive = trio.open_memory_channel[DispatcherInbox](FRAME_SLOTS)
+    validator_send, validator_receive = trio.open_memory_channel[ValidatorInbox](FRAME_SLOTS)
+    publisher_send, publisher_receive = trio.open_memory_channel[PublisherInbox](
+        PUBLISHER_INBOX)
+
+    book = ResourceBook(num_pages=parts.num_pages, state_rows=parts.state_rows,
+                        page_size=parts.page_size)
+    admission_state = AdmissionState(AdmissionLimits(
+        max_context=parts.max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
+    planner = Planner(
+        Scheduler(parts.policy, catalog), to_dispatcher=dispatcher_send,
+        to_publisher=publisher_send, to_allocator=allocator_send.clone(),
+        eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
+    )
+    runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
+                      book=book, planner=planner)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial_kw(
+                checkpoint_allocator.run, allocator_receive, state=AllocatorState(book)))
+            await nursery.start(partial_kw(
+                publisher_actor.run, publisher_receive, planner_send.clone(),
+                decode=parts.codec.decode, eos_token_ids=parts.eos_token_ids,
+                clock_ns=parts.clock_ns))
+            await nursery.start(partial_kw(
+                completion_validator.run, validator_receive, planner_send.clone(),
+                allocator_send.clone(),
+                vocab_size=parts.vocab_size))
+            await nursery.start(partial_kw(
+                frame_dispatcher.run, dispatcher_receive, validator_send,
+                backend=parts.backend, programs=parts.programs, clock_ns=parts.clock_ns))
+            await nursery.start(partial_kw(planner_actor.run, planner_receive, planner))
+            await nursery.start(partial_kw(
+                admission.run, admission_receive, admission_send.clone(),
+                allocator_send, planner_send, state=admission_state))
+            try:
+                yield runtime
+            finally:
+                runtime._close_admission()
+                nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_DEADLINE_S
+    finally:
+        if parts.close_backend:
+            await trio.to_thread.run_sync(parts.backend.close)
+
+
+def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """``functools.partial`` that keeps ``task_status`` for ``nursery.start``."""
+
+    async def start(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        await fn(*args, task_status=task_status, **kwargs)
+
+    start.__name__ = getattr(fn, "__module__", "actor")
+    return start
+
+
+def _now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+def default_pages(max_batch: int, max_context: int, page_size: int) -> int:
+    """Enough pages for ``max_batch`` full contexts."""
+    return max_batch * pages_for(max_context, page_size)

@@ -1,0 +1,253 @@
+"""A toy "model" for runtime tests: prepared programs that honour ``gpu.frames`` exactly
+(row init, page appends, positions, pending tokens, paged KV) on host lists, so the
+runtime's input packing, page tables and prefix reuse are checked end to end.
+
+The next token is a deterministic function of the whole context *as read back through
+the row's block table*, so a wrong page, a wrong position or a bad prefix-cache hit
+changes the output. ``reference_output`` computes what a correct runtime must produce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from actors.public import GenerationRequest, TextCodec
+from actors.system import Runtime, RuntimeParts, open_runtime_with
+from gpu.fake_backend import FakeBackend
+from gpu.frames import (
+    RESULT_KEY,
+    DecodeFrame,
+    LaneSample,
+    PageAppend,
+    PrefillFrame,
+    RowInit,
+    StepResult,
+    frame_of,
+)
+from policy.config import PolicyConfig
+from policy.descriptors import GraphKind, GraphShape
+
+VOCAB = 40
+EOS = VOCAB - 1
+EOS_MAGIC = 7
+"""A prompt starting with this token emits EOS once the context reaches 12 tokens."""
+ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?0123456789"
+
+
+def next_token(context: Sequence[int]) -> int:
+    if context and context[0] == EOS_MAGIC and len(context) >= 12:
+        return EOS
+    acc = len(context)
+    for i, t in enumerate(context):
+        acc = (acc * 31 + (i + 1) * t) % 1_000_003
+    return acc % (VOCAB - 1)  # never EOS by accident
+
+
+def reference_output(prompt: Sequence[int], max_tokens: int, *, ignore_eos: bool = False
+                     ) -> list[int]:
+    context = list(prompt)
+    out: list[int] = []
+    while len(out) < max_tokens:
+        token = next_token(context)
+        out.append(token)
+        context.append(token)
+        if token == EOS and not ignore_eos:
+            break
+    return out
+
+
+class ToyCodec:
+    """``TextCodec`` of the toy vocabulary: one character per id, EOS has no text."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ALPHABET.index(c) for c in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(ALPHABET[t] for t in token_ids if t != EOS)
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return (EOS,)
+
+    @property
+    def chat_template(self) -> str | None:
+        return None
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        return {}
+
+
+@dataclass(slots=True)
+class _Row:
+    position: int = 0
+    pending: int = 0
+    blocks: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToyDevice:
+    """Host-side stand-in for the device: rows and paged KV token storage."""
+
+    page_size: int
+    rows: dict[int, _Row] = field(default_factory=dict)
+    kv: dict[int, dict[int, int]] = field(default_factory=dict)
+    prompt_tokens_run: int = 0
+    corrupt: list[Callable[[LaneSample], LaneSample]] = field(default_factory=list)
+
+    def apply(self, updates: Sequence[Any]) -> None:
+        for update in updates:
+            if isinstance(update, RowInit):
+                self.rows[update.row] = _Row(position=update.position,
+                                             pending=update.pending_token)
+            elif isinstance(update, PageAppend):
+                row = self.rows[update.row]
+                assert len(row.blocks) == update.first_block, "page append out of order"
+                row.blocks.extend(update.page_ids)
+
+    def write(self, row: _Row, token: int) -> None:
+        page = row.blocks[row.position // self.page_size]
+        self.kv.setdefault(page, {})[row.position % self.page_size] = token
+        row.position += 1
+
+    def context(self, row: _Row) -> list[int]:
+        return [self.kv[row.blocks[p // self.page_size]][p % self.page_size]
+                for p in range(row.position)]
+
+    def sample(self, row_id: int) -> LaneSample:
+        row = self.rows[row_id]
+        token = next_token(self.context(row))
+        row.pending = token
+        sample = LaneSample(row=row_id, token=token, logprob=-0.5, finite=True)
+        if self.corrupt:
+            sample = self.corrupt.pop(0)(sample)
+        return sample
+
+
+class ToyProgram:
+    """One prepared toy program (prefill or decode of one shape)."""
+
+    def __init__(self, shape: GraphShape, device: ToyDevice) -> None:
+        self._shape = shape
+        self._device = device
+        self._frame: Any = None
+        self._result: StepResult | None = None
+
+    @property
+    def shape(self) -> GraphShape:
+        return self._shape
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        frame = frame_of(inputs)
+        self._device.apply(frame.updates)
+        self._frame = frame
+
+    def execute(self) -> None:
+        frame, device = self._frame, self._device
+        if isinstance(frame, PrefillFrame):
+            assert len(frame.tokens) <= self._shape.token_capacity
+            row = device.rows[frame.row]
+            assert row.position == frame.start_position, "prefill at the wrong position"
+            for token in frame.tokens:
+                device.write(row, token)
+            device.prompt_tokens_run += len(frame.tokens)
+            samples = (device.sample(frame.row),) if frame.ends_prompt else ()
+            self._result = StepResult(samples=samples)
+        elif isinstance(frame, DecodeFrame):
+            assert len(frame.rows) <= self._shape.batch_capacity
+            samples = []
+            for row_id in frame.rows:
+                row = device.rows[row_id]
+                device.write(row, row.pending)
+                samples.append(device.sample(row_id))
+            self._result = StepResult(samples=tuple(samples))
+        else:
+            raise TypeError(f"toy programs do not run {type(frame).__name__}")
+
+    def read_outputs(self) -> dict[str, Any]:
+        return {RESULT_KEY: self._result}
+
+
+def toy_catalog(max_batch: int = 4, prefill: Sequence[int] = (64,)) -> tuple[GraphShape, ...]:
+    decode = [GraphShape(kind=GraphKind.DECODE, batch_capacity=b, token_capacity=1,
+                         packed_capacity=b)
+              for b in (1, 2, 4, 8, 16) if b <= max_batch]
+    prefills = [GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=c)
+                for c in prefill]
+    return (*decode, *prefills)
+
+
+def toy_durations(shape: GraphShape) -> int:
+    """Device time per shape: prefill 4 ms per 64 tokens, decode 1 ms + 0.25 ms/row."""
+    if shape.kind is GraphKind.PREFILL:
+        return 4_000_000 * shape.token_capacity // 64
+    return 1_000_000 + 250_000 * shape.batch_capacity
+
+
+@dataclass(slots=True)
+class ToySystem:
+    runtime: Runtime
+    backend: FakeBackend
+    device: ToyDevice
+
+
+@contextlib.asynccontextmanager
+async def toy_runtime(
+    *, page_size: int = 4, num_pages: int = 64, state_rows: int = 4, max_queue: int = 8,
+    max_context: int = 256, auto_complete: bool = True, max_batch: int = 4,
+    prefill: Sequence[int] = (64,), timed: bool = False,
+) -> AsyncIterator[ToySystem]:
+    """``timed``: launches take their ``toy_durations`` in virtual time (a driver task
+    completes them in FIFO order), so concurrency looks like a real device."""
+    clock = lambda: int(trio.current_time() * 1e9)  # noqa: E731
+    backend = FakeBackend(device_ns=toy_durations, auto_complete=auto_complete and not timed,
+                          clock_ns=clock)
+    device = ToyDevice(page_size=page_size)
+    catalog = toy_catalog(max_batch, prefill)
+    programs = {shape: ToyProgram(shape, device) for shape in catalog}
+    backend.prepare(list(programs.values()))
+    codec: TextCodec = ToyCodec()
+    parts = RuntimeParts(
+        backend=backend, programs=programs, codec=codec, model_name="toy", vocab_size=VOCAB,
+        eos_token_ids=(EOS,), max_context=max_context, page_size=page_size,
+        num_pages=num_pages, state_rows=state_rows, max_queue=max_queue,
+        policy=PolicyConfig(), clock_ns=clock,
+    )
+    async with open_runtime_with(parts, catalog=catalog) as runtime:
+        if not timed:
+            yield ToySystem(runtime=runtime, backend=backend, device=device)
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drive, backend)
+            yield ToySystem(runtime=runtime, backend=backend, device=device)
+            nursery.cancel_scope.cancel()
+
+
+async def drive(backend: FakeBackend) -> None:
+    """A virtual-time device: each launch completes after its scripted duration."""
+    while True:
+        await until(lambda: bool(backend.pending()), limit=10**9)
+        await trio.sleep(toy_durations(backend.pending()[0].shape) / 1e9)
+        backend.complete_next()
+
+
+def request(prompt: Sequence[int], max_tokens: int, **kw: Any) -> GenerationRequest:
+    return GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=max_tokens, **kw)
+
+
+async def until(condition: Callable[[], bool], *, limit: int = 10_000) -> None:
+    """Wait (in virtual time) until ``condition()`` holds; fail after ``limit`` polls."""
+    for _ in range(limit):
+        if condition():
+            return
+        await trio.sleep(0.0001)
+    raise AssertionError("condition never became true")
