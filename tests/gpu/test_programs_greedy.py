@@ -27,8 +27,8 @@ from model_fixtures import (
     prompt_of,
 )
 
-from gpu.frames import NO_PROMPT_ROW
-from gpu.programs.driver import ReferenceDriver
+from gpu.frames import NO_PROMPT_ROW, PageAppend, PrefillFrame, RowInit
+from gpu.programs.driver import ReferenceDriver, RowMirror
 
 NEW_TOKENS = 10
 
@@ -123,3 +123,34 @@ def test_pre_37_snapshot_restore_continue_equals_uninterrupted(
     for _ in range(11):
         restored += driver.decode(DECODE[2], [1])
     assert restored == expected
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_prefill_from_a_shared_cached_prefix_equals_generate(
+    kind: str, tiny_checkpoints: dict[str, Path], hf_reference: HFReference
+) -> None:
+    """A second request reuses the first one's four full pages by reference (a prefix
+    cache hit: RowInit at position 64 + PageAppend of the shared pages) and prefills
+    only its own suffix; its continuation equals generate on the whole prompt, and
+    the first request is unaffected."""
+    first = prompt_of(70, seed=21)
+    second = first[:64] + prompt_of(30, seed=22)
+    expected_first = hf_reference.greedy(kind, first, 6)
+    expected_second = hf_reference.greedy(kind, second, 6)
+    driver = ReferenceDriver(build_engine(tiny_checkpoints[kind]))
+    out_first = [driver.prefill(PREFILL_64, 0, first, chunk=64)]
+    shared = tuple(driver.rows[0].pages[:4])
+    own = (driver.free_pages.pop(0), driver.free_pages.pop(0))
+    result = driver.run(PREFILL_64, PrefillFrame(
+        row=1, tokens=tuple(second[64:]), start_position=64, ends_prompt=True,
+        updates=(RowInit(row=1, position=64), PageAppend(row=1, first_block=0, page_ids=shared),
+                 PageAppend(row=1, first_block=4, page_ids=own)),
+    ))
+    driver.rows[1] = RowMirror(position=len(second), pages=[*shared, *own])
+    out_second = [result.samples[0].token]  # type: ignore[union-attr]
+    for _ in range(5):
+        a, b = driver.decode(DECODE[2], [0, 1])
+        out_first.append(a)
+        out_second.append(b)
+    assert out_first == expected_first
+    assert out_second == expected_second
