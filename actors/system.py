@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ from actors import planner as planner_actor
 from actors import publisher as publisher_actor
 from actors.admission import AdmissionLimits, AdmissionState
 from actors.checkpoint_allocator import AllocatorState
+from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.messages import (
     AdmissionInbox,
@@ -62,9 +62,13 @@ from actors.public import (
 )
 from actors.publisher import event_buffer_size
 from actors.resource_book import ResourceBook
-from gpu.backend import Backend
+from gpu.backend import Backend, open_backend
+from gpu.catalog import CatalogFlags, build_catalog
+from gpu.engine import ModelEngine
+from gpu.model_config import load_model_config
 from gpu.program import PreparedProgram
-from policy.config import PolicyConfig
+from gpu.tokenizer import Tokenizer
+from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphShape
 from policy.scheduler import Scheduler
 
@@ -285,6 +289,94 @@ async def open_runtime_with(parts: RuntimeParts, *,
             await trio.to_thread.run_sync(parts.backend.close)
 
 
+@contextlib.asynccontextmanager
+async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
+    """Load the model of ``config``, prepare its catalog on the configured backend
+    (CPU by default), and run the actors until the block exits."""
+    config.validate()
+    backend = open_backend(config.backend)
+    try:
+        engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
+        await trio.to_thread.run_sync(
+            lambda: backend.prepare(list(engine.programs.values())))
+    except BaseException:
+        backend.close()
+        raise
+    tokenizer = engine.tokenizer
+    geometry = engine.geometry
+    parts = RuntimeParts(
+        backend=backend, programs=engine.programs, codec=TokenizerCodec(tokenizer),
+        model_name=config.model_dir.name, vocab_size=engine.config.vocab_size,
+        eos_token_ids=tuple(tokenizer.eos_token_ids), max_context=geometry.max_context,
+        page_size=geometry.page_size, num_pages=geometry.num_pages,
+        state_rows=engine.state_rows, max_queue=config.max_queue,
+        policy=policy_preset(
+            config.scheduler_policy, terminal_value=config.scheduler_terminal_value,
+            terminal_age_price=config.scheduler_terminal_age_price,
+            adaptive_verification_alpha=config.adaptive_verification_alpha),
+    )
+    log.info("runtime ready", model=parts.model_name, backend=backend.name,
+             programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)
+    async with open_runtime_with(parts, catalog=catalog) as runtime:
+        yield runtime
+
+
+def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
+    model = load_model_config(config.model_dir)
+    max_context = min(config.max_context or model.max_context, model.max_context)
+    catalog = build_catalog(CatalogFlags(
+        max_batch=config.max_batch, prefill_capacities=config.prefill_capacities,
+        mixed_prefill=config.mixed_prefill, family_supports_mixed=config.mixed_prefill,
+        # Terminal checkpoints are host-side page publication (docs/runtime.md), so the
+        # runtime prepares no state-operation programs yet.
+        state_operations=False,
+    ))
+    num_pages = config.kv_pages or default_pages(config.max_batch, max_context,
+                                                 config.page_size)
+    engine = ModelEngine.load(
+        config.model_dir, device=device, dtype=None, catalog=catalog.shapes,
+        page_size=config.page_size, num_pages=num_pages,
+        state_rows=state_rows_for(config.max_batch), max_context=max_context,
+    )
+    return engine, catalog.shapes
+
+
+def state_rows_for(max_batch: int) -> int:
+    """Twice the largest batch: a decode batch can run while as many requests more
+    are resident (prefilling, or waiting for their fenced release)."""
+    return 2 * max_batch
+
+
+class TokenizerCodec:
+    """``actors.public.TextCodec`` over ``gpu.tokenizer.Tokenizer``."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self._tokenizer.eos_token_ids)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._tokenizer.chat_template
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        tokens = {"bos_token": self._tokenizer.bos_token, "eos_token": self._tokenizer.eos_token}
+        return {k: v for k, v in tokens.items() if v is not None}
+
+
 def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """``functools.partial`` that keeps ``task_status`` for ``nursery.start``."""
 
@@ -293,10 +385,6 @@ def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
 
     start.__name__ = getattr(fn, "__module__", "actor")
     return start
-
-
-def _now_ns() -> int:
-    return time.perf_counter_ns()
 
 
 def default_pages(max_batch: int, max_context: int, page_size: int) -> int:
