@@ -18,6 +18,19 @@ from actors.public import Finished, TextCodec
 OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length"}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseHead:
+    """The fields every body and chunk of one response repeats."""
+
+    request_id: str
+    created: int
+    model: str
+
+    def fields(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": object_name, "created": self.created,
+                "model": self.model}
+
+
 def sse_event(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
@@ -78,13 +91,10 @@ def chat_logprob_entries(codec: TextCodec, token_ids: Sequence[int],
     return entries
 
 
-def completion_body(*, request_id: str, created: int, model: str, text: str,
+def completion_body(head: ResponseHead, *, text: str,
                     logprobs: dict[str, Any] | None, finished: Finished) -> dict[str, Any]:
     return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
+        **head.fields("text_completion"),
         "choices": [{
             "index": 0,
             "text": text,
@@ -95,26 +105,20 @@ def completion_body(*, request_id: str, created: int, model: str, text: str,
     }
 
 
-def completion_chunk(*, request_id: str, created: int, model: str, text: str,
+def completion_chunk(head: ResponseHead, *, text: str,
                      logprobs: dict[str, Any] | None = None,
                      finish_reason: str | None = None) -> dict[str, Any]:
     return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
+        **head.fields("text_completion"),
         "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                      "finish_reason": finish_reason}],
     }
 
 
-def chat_body(*, request_id: str, created: int, model: str, text: str,
+def chat_body(head: ResponseHead, *, text: str,
               logprobs: list[dict[str, Any]] | None, finished: Finished) -> dict[str, Any]:
     return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
+        **head.fields("chat.completion"),
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": text},
@@ -125,14 +129,11 @@ def chat_body(*, request_id: str, created: int, model: str, text: str,
     }
 
 
-def chat_chunk(*, request_id: str, created: int, model: str, delta: dict[str, Any],
+def chat_chunk(head: ResponseHead, *, delta: dict[str, Any],
                logprobs: list[dict[str, Any]] | None = None,
                finish_reason: str | None = None) -> dict[str, Any]:
     return {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
+        **head.fields("chat.completion.chunk"),
         "choices": [{
             "index": 0,
             "delta": delta,
@@ -142,7 +143,6 @@ def chat_chunk(*, request_id: str, created: int, model: str, delta: dict[str, An
     }
 
 
-def usage_chunk(*, request_id: str, created: int, model: str, object_name: str,
+def usage_chunk(head: ResponseHead, *, object_name: str,
                 finished: Finished) -> dict[str, Any]:
-    return {"id": request_id, "object": object_name, "created": created, "model": model,
-            "choices": [], "usage": usage_body(finished)}
+    return {**head.fields(object_name), "choices": [], "usage": usage_body(finished)}

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
@@ -22,6 +23,7 @@ from app.generation import EventStream
 from app.openai_format import (
     SSE_DONE,
     CompletionLogprobs,
+    ResponseHead,
     chat_body,
     chat_chunk,
     chat_logprob_entries,
@@ -30,16 +32,44 @@ from app.openai_format import (
     sse_event,
     usage_chunk,
 )
-from app.request_parsing import parse_chat, parse_completion, parse_json_object
+from app.request_parsing import (
+    ChatParams,
+    CompletionParams,
+    parse_chat,
+    parse_completion,
+    parse_json_object,
+)
 from app.service import FlareService, PreparedRequest
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Bodies from this size on are parsed and tokenized off the event loop (about 16k tokens
+# of text take a few milliseconds to encode; below that the thread hop costs more).
+OFFLOAD_BYTES = 64 * 1024
+T = TypeVar("T")
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
           ) -> Response:
     return Response(json.dumps(body), status=status, headers=headers,
                     mimetype="application/json")
+
+
+async def _request_body() -> bytes:
+    raw = await request.get_data(as_text=False)
+    return raw.encode() if isinstance(raw, str) else raw
+
+
+async def _off_loop_if_large(prepare: Callable[[], T], size: int) -> T:
+    """Parse and tokenize large bodies in a worker thread so that a long prompt does not
+    stall the event loop (and every stream it serves); small ones inline."""
+    if size < OFFLOAD_BYTES:
+        return prepare()
+    return await trio.to_thread.run_sync(prepare)
+
+
+def _head(service: FlareService, prepared: PreparedRequest) -> ResponseHead:
+    return ResponseHead(request_id=prepared.request.request_id, created=prepared.created,
+                        model=service.model_name)
 
 
 def _failure_error(stream: EventStream) -> ApiError:
@@ -87,8 +117,13 @@ def register_routes(app: Quart, service: FlareService) -> None:
     async def completions() -> Response:
         arrived = time.monotonic()
         service.check_admitting()
-        params = parse_completion(parse_json_object(await request.get_data()))
-        prepared = service.prepare_completion(params, arrived=arrived)
+        raw = await _request_body()
+
+        def prepare() -> tuple[CompletionParams, PreparedRequest]:
+            params = parse_completion(parse_json_object(raw))
+            return params, service.prepare_completion(params, arrived=arrived)
+
+        params, prepared = await _off_loop_if_large(prepare, len(raw))
         stream = await service.start(prepared, endpoint="completions",
                                      stream=params.common.stream)
         logprobs = CompletionLogprobs(service.codec) if params.logprobs else None
@@ -112,8 +147,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
         if finished is None or finished.reason not in ("stop", "length"):
             raise _failure_error(stream)
         return _json(completion_body(
-            request_id=prepared.request.request_id, created=prepared.created,
-            model=service.model_name, text="".join(text),
+            _head(service, prepared), text="".join(text),
             logprobs=None if logprobs is None else logprobs.body(), finished=finished),
             headers={"X-Request-Id": prepared.request.request_id})
 
@@ -121,8 +155,13 @@ def register_routes(app: Quart, service: FlareService) -> None:
     async def chat_completions() -> Response:
         arrived = time.monotonic()
         service.check_admitting()
-        params = parse_chat(parse_json_object(await request.get_data()))
-        prepared = service.prepare_chat(params, arrived=arrived)
+        raw = await _request_body()
+
+        def prepare_chat() -> tuple[ChatParams, PreparedRequest]:
+            params = parse_chat(parse_json_object(raw))
+            return params, service.prepare_chat(params, arrived=arrived)
+
+        params, prepared = await _off_loop_if_large(prepare_chat, len(raw))
         stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
         if params.common.stream:
             return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,
@@ -143,8 +182,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
         if finished is None or finished.reason not in ("stop", "length"):
             raise _failure_error(stream)
         return _json(chat_body(
-            request_id=prepared.request.request_id, created=prepared.created,
-            model=service.model_name, text="".join(text), logprobs=entries,
+            _head(service, prepared), text="".join(text), logprobs=entries,
             finished=finished), headers={"X-Request-Id": prepared.request.request_id})
 
 
@@ -169,27 +207,26 @@ async def _completion_events(service: FlareService, prepared: PreparedRequest,
                              stream: EventStream, *, echo: bool,
                              logprobs: CompletionLogprobs | None,
                              include_usage: bool) -> AsyncIterator[bytes]:
-    ids = {"request_id": prepared.request.request_id, "created": prepared.created,
-           "model": service.model_name}
+    head = _head(service, prepared)
     try:
         if echo and logprobs is None:
-            yield sse_event(completion_chunk(**ids, text=prepared.prompt_text))
+            yield sse_event(completion_chunk(head, text=prepared.prompt_text))
         async for event in stream:
             if isinstance(event, PromptScores):
                 if echo and logprobs is not None:
                     yield sse_event(completion_chunk(
-                        **ids, text=prepared.prompt_text,
+                        head, text=prepared.prompt_text,
                         logprobs=logprobs.add(event.token_ids, event.logprobs)))
             elif isinstance(event, TokenDelta) and (
                     event.text or (logprobs is not None and event.token_ids)):
                 chunk_logprobs = (None if logprobs is None
                                   else logprobs.add(event.token_ids, event.logprobs))
-                yield sse_event(completion_chunk(**ids, text=event.text,
+                yield sse_event(completion_chunk(head, text=event.text,
                                                  logprobs=chunk_logprobs))
         finished = stream.finished
-        last = completion_chunk(**ids, text="",
+        last = completion_chunk(head, text="",
                                 finish_reason=finished.reason if finished else None)
-        usage = (usage_chunk(**ids, object_name="text_completion", finished=finished)
+        usage = (usage_chunk(head, object_name="text_completion", finished=finished)
                  if include_usage and finished is not None else None)
         for chunk in _finish_events(finished, stream, last, usage):
             yield chunk
@@ -199,19 +236,18 @@ async def _completion_events(service: FlareService, prepared: PreparedRequest,
 
 async def _chat_events(service: FlareService, prepared: PreparedRequest, stream: EventStream,
                        *, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    ids = {"request_id": prepared.request.request_id, "created": prepared.created,
-           "model": service.model_name}
+    head = _head(service, prepared)
     try:
-        yield sse_event(chat_chunk(**ids, delta={"role": "assistant", "content": ""}))
+        yield sse_event(chat_chunk(head, delta={"role": "assistant", "content": ""}))
         async for event in stream:
             if isinstance(event, TokenDelta) and (event.text or (logprobs and event.token_ids)):
                 entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
                            if logprobs else None)
-                yield sse_event(chat_chunk(**ids, delta={"content": event.text},
+                yield sse_event(chat_chunk(head, delta={"content": event.text},
                                            logprobs=entries))
         finished = stream.finished
-        last = chat_chunk(**ids, delta={}, finish_reason=finished.reason if finished else None)
-        usage = (usage_chunk(**ids, object_name="chat.completion.chunk", finished=finished)
+        last = chat_chunk(head, delta={}, finish_reason=finished.reason if finished else None)
+        usage = (usage_chunk(head, object_name="chat.completion.chunk", finished=finished)
                  if include_usage and finished is not None else None)
         for chunk in _finish_events(finished, stream, last, usage):
             yield chunk

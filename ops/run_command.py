@@ -25,7 +25,7 @@ from functools import partial
 import structlog
 import trio
 
-from actors.config import DEFAULT_MODEL_DIR, ConfigError, RuntimeConfig
+from actors.config import DEFAULT_MODEL_DIR, ConfigError, RuntimeConfig, SpeculationMode
 from actors.public import Runtime
 from app import AppSettings, ServerHandle, configure_logging, create_app, serve_http
 from app.chat_template import ChatTemplateError
@@ -116,7 +116,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
-    speculation = args.speculation or ("adaptive" if args.draft_model is not None else "off")
+    speculation: SpeculationMode = args.speculation or (
+        "adaptive" if args.draft_model is not None else "off")
     return RuntimeConfig(
         model_dir=args.model,
         draft_model_dir=args.draft_model,

@@ -174,3 +174,22 @@ async def test_lifecycle_log_events(codec: TinyCodec) -> None:
     assert (finished["prompt_tokens"], finished["completion_tokens"]) == (
         len(codec.encode("Hello")), 4)
     assert finished["cached_prompt_tokens"] == 2 and finished["e2e_ms"] >= first["ttft_ms"]
+
+
+async def test_large_bodies_are_prepared_off_the_event_loop(codec: TinyCodec) -> None:
+    """Bodies past app.routes.OFFLOAD_BYTES take the worker-thread path; results and
+    errors are the same as inline."""
+    from app.routes import OFFLOAD_BYTES
+
+    rt = FakeRuntime(codec, reply=REPLY, max_context=200_000)
+    text = "The quick brown fox jumps over the lazy dog. " * (OFFLOAD_BYTES // 40)
+    assert len(text) > OFFLOAD_BYTES
+    with trio.fail_after(30):
+        async with running_server(rt) as server, client_for(server) as client:
+            ok = await client.post(COMPLETIONS, json={"prompt": text, "max_tokens": 2})
+            chat = await client.post(CHAT, json={"messages": [{"role": "user", "content": text}],
+                                                 "max_tokens": 2})
+            bad = await client.post(COMPLETIONS, json={"prompt": text, "max_tokens": "x"})
+    assert ok.status_code == 200 and ok.json()["usage"]["prompt_tokens"] == len(codec.encode(text))
+    assert chat.status_code == 200
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
