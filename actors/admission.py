@@ -176,7 +176,10 @@ class AdmissionState:
         head = self.waiting.popleft()
         self.head_parked = False
         if grant is None or self.head_withdrawn:
-            head.events.close()
+            if self.closing:
+                _end(head, "the runtime shut down before this request started")
+            else:
+                head.events.close()  # the client withdrew; nobody reads the stream
             return None, grant
         return head, grant
 

@@ -346,3 +346,71 @@ async def test_pre_53_second_turn_hits_prefix_cache(autojump_clock: Clock) -> No
     assert final.cached_prompt_tokens == 20  # five full pages of 4 below the 22 written
     assert ran == len(turn_two) - 20
     assert tokens_of(second) == reference_output(turn_two, 6)
+
+
+async def test_acct_17_publication_reported_before_next_completion(autojump_clock: Clock
+                                                                   ) -> None:
+    """Covers ACCT-17, ACCT-14, OPEN-20: for every fence that produced tokens, the
+    planner reports its publication (visible or not) before completing the next."""
+    calls: list[tuple[str, int]] = []
+    async with toy_runtime(timed=True) as toy:
+        sched = toy.runtime.scheduler
+        complete, published, nothing = (sched.complete, sched.published_output,
+                                        sched.nothing_published)
+
+        def record_complete(fence: Any, records: Any, timing: Any) -> Any:
+            calls.append(("complete", int(fence)))
+            return complete(fence, records, timing)
+
+        def record_published(handle: Any, fence: Any, host_ns: int) -> None:
+            calls.append(("published", int(fence)))
+            published(handle, fence, host_ns)
+
+        def record_nothing(handle: Any, fence: Any) -> None:
+            calls.append(("published", int(fence)))
+            nothing(handle, fence)
+
+        sched.complete = record_complete  # type: ignore[method-assign]
+        sched.published_output = record_published  # type: ignore[method-assign]
+        sched.nothing_published = record_nothing  # type: ignore[method-assign]
+        stop = ToyCodec().decode(reference_output([2, 2, 2], 10))[4:6]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect, toy.runtime, request([1, 2, 3], 10))
+            nursery.start_soon(collect, toy.runtime, request([2, 2, 2], 10, stop=(stop,)))
+    completes = [f for kind, f in calls if kind == "complete"]
+    assert len(completes) > 10
+    for index, (kind, fence) in enumerate(calls):
+        if kind != "published":
+            continue
+        # No later completion happened between this fence's completion and its report.
+        since = calls[calls.index(("complete", fence)):index]
+        assert [k for k, _ in since].count("complete") == 1
+
+
+async def test_shutdown_ends_open_streams_and_stops(autojump_clock: Clock) -> None:
+    """Two-phase shutdown: leaving ``open_runtime`` ends every open stream (resident
+    and queued) with ``cancelled`` and frees everything, without hanging."""
+    finals: list[Finished] = []
+    async with toy_runtime(state_rows=1, timed=True) as toy:
+
+        async def client(prompt: list[int]) -> None:
+            async with toy.runtime.generate(request(prompt, 200, ignore_eos=True)) as events:
+                async for event in events:
+                    if isinstance(event, Finished):
+                        finals.append(event)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client, [1, 2, 3])
+            nursery.start_soon(client, [4, 5, 6])
+            await until(lambda: toy.runtime.statistics().requests_waiting == 1)
+            book = toy.runtime.resources
+            await toy_exit(toy)
+    assert sorted(f.reason for f in finals) == ["cancelled", "cancelled"]
+    stats = book.statistics()
+    assert stats.residents == 0 and stats.rows_free == stats.rows_total
+
+
+async def toy_exit(toy: ToySystem) -> None:
+    """Close admission the way leaving ``open_runtime`` does, then wait for the drain."""
+    toy.runtime._close_admission()
+    await until(lambda: toy.runtime.resources.statistics().residents == 0)
