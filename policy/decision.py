@@ -7,7 +7,7 @@ This module owns the step between the scheduler's stored state and the selector:
   zero service for its other participants, and ages are taken at the queue's expected
   end; a request with a queued expected delivery ages from that delivery. Stored
   histories and ages are never touched (QUEUE-42, QUEUE-44..46);
-- the reference intervals (SEL-15..17, MIX-23): one for delivery-bearing streams over
+- the reference intervals (SEL-15..17, MIX-23; same rule as ``utility.reference_interval_ms``): one for delivery-bearing streams over
   measured decode and mixed shapes, one for pending terminals over measured snapshot
   shapes (PRE-44); prefill-only requests never enlarge K;
 - the shared scaling exponent (SEL-20) and every lane's scaled base value and age slope;
@@ -17,16 +17,21 @@ This module owns the step between the scheduler's stored state and the selector:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from policy.config import PolicyConfig
-from policy.cost import DurationEstimates
-from policy.descriptors import GraphKind, StateOp
 from policy.frame_queue import FrameQueue
 from policy.requests import RequestRecord
-from policy.selection import CatalogIndex, DecisionContext, LaneGroup, PromptGroup
+from policy.selection import (
+    CatalogIndex,
+    DecisionContext,
+    IntArray,
+    LaneGroup,
+    PromptGroup,
+    ShapeTimes,
+)
 from policy.service import (
     ServiceHistory,
     delivery_price,
@@ -36,7 +41,7 @@ from policy.service import (
     prefill_token_price,
 )
 from policy.types import Phase, RequestHandle
-from policy.utility import NS_PER_MS, reference_interval_ms, scale_exponent, scaled
+from policy.utility import NS_PER_MS, scale_exponent, scaled
 
 
 def projected_histories(
@@ -69,35 +74,34 @@ def projected_histories(
     return copies
 
 
-def _measured(estimates: DurationEstimates, catalog: CatalogIndex,
-              kinds: Iterable[GraphKind], op: StateOp | None = None
-              ) -> list[tuple[object, int]]:
-    wanted = set(kinds)
-    out: list[tuple[object, int]] = []
-    for s in catalog.shapes:
-        if s.kind in wanted and (op is None or s.state_op is op):
-            est = estimates.estimate_ns(s)
-            if est > 0:
-                out.append((s, est))
-    return out
+def family_reference_ms(catalog: CatalogIndex, times: ShapeTimes, family: IntArray,
+                        streams: int) -> float | None:
+    """``sigma = K*T/min(B, K)`` over the family's measured shapes (SEL-16); None when
+    there is no stream or no measured shape (PRE-50)."""
+    if streams <= 0 or len(family) == 0:
+        return None
+    est = times.estimate_ns[family]
+    known = est > 0
+    if not np.any(known):
+        return None
+    per_stream = (est[known] / NS_PER_MS) / np.minimum(catalog.batch[family][known], streams)
+    return streams * float(per_stream.min())
 
 
 def build_context(
     *,
     records: Mapping[RequestHandle, RequestRecord],
     catalog: CatalogIndex,
-    estimates: DurationEstimates,
+    times: ShapeTimes,
     config: PolicyConfig,
     queue: FrameQueue,
     now_ns: int,
+    ttl_ns: int,
     refresh_funded: bool,
 ) -> DecisionContext:
     """Everything ``selection.select`` needs for a decision at the queue's expected end."""
     start_ns = queue.expected_end_ns(now_ns)
     histories = projected_histories(records, queue, config) if len(queue) else {}
-
-    def hist(r: RequestRecord) -> ServiceHistory:
-        return histories.get(r.handle, r.history)
 
     active_decoders: list[RequestRecord] = []
     decoders: list[RequestRecord] = []
@@ -115,64 +119,57 @@ def build_context(
                 terminals.append(r)
         elif r.phase is Phase.PREFILL and r.selectable:
             prompts.append(r)
+    prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
     pending_terminals = [r for r in records.values()
                          if r.phase is Phase.TERMINAL and not r.cancelled]
 
-    dec_prices = [(output_token_price(hist(r), config), delivery_price(hist(r), config))
-                  for r in decoders]
-    prompt_prices = [(prefill_token_price(hist(r), config), output_token_price(hist(r), config),
-                      delivery_price(hist(r), config)) for r in prompts]
-    magnitudes: list[float] = [config.decode_age_price, config.terminal_value,
-                               config.terminal_age_price]
-    for pair in dec_prices:
-        magnitudes.extend(pair)
-    for triple in prompt_prices:
-        magnitudes.extend(triple)
-    e = scale_exponent(magnitudes)
+    dec_prices = np.array(
+        [(output_token_price(h, config), delivery_price(h, config))
+         for h in (histories.get(r.handle, r.history) for r in decoders)],
+        dtype=np.float64).reshape(len(decoders), 2)
+    prompt_rows = [(prefill_token_price(h, config), output_token_price(h, config),
+                    delivery_price(h, config), r.prompt_cursor, r.logical_prompt_end(),
+                    r.next_endpoint(), r.prompt_len, r.scored_prompt)
+                   for r, h in ((r, histories.get(r.handle, r.history)) for r in prompts)]
+    prompt_cols = np.array(prompt_rows, dtype=np.float64).reshape(len(prompts), 8)
+    e = scale_exponent((config.decode_age_price, config.terminal_value,
+                        config.terminal_age_price,
+                        float(np.abs(dec_prices).max(initial=0.0)),
+                        float(np.abs(prompt_cols[:, :3]).max(initial=0.0))))
 
-    sigma_dec = reference_interval_ms(
-        _measured(estimates, catalog, (GraphKind.DECODE, GraphKind.MIXED)),  # type: ignore[arg-type]
-        len(active_decoders))
-    sigma_term = reference_interval_ms(
-        _measured(estimates, catalog, (GraphKind.STATE,), StateOp.SNAPSHOT),  # type: ignore[arg-type]
-        len(pending_terminals))
+    sigma_dec = family_reference_ms(catalog, times, catalog.delivery_family,
+                                    len(active_decoders))
+    sigma_term = family_reference_ms(catalog, times, catalog.snapshot, len(pending_terminals))
     c_dec = scaled(config.decode_age_price, e)
     c_term = scaled(config.terminal_age_price, e)
     dec_slope = c_dec * sigma_dec if sigma_dec is not None else 0.0
     term_slope = c_term * sigma_term if sigma_term is not None else 0.0
 
-    dec_base = [
-        scaled(op, e) + scaled(dp, e) + dec_slope * (r.output_age_ns(start_ns) / NS_PER_MS)
-        for r, (op, dp) in zip(decoders, dec_prices, strict=True)
-    ]
+    ages_ms = np.array([r.output_age_ns(start_ns) for r in decoders],
+                       dtype=np.float64) / NS_PER_MS
+    dec_base = (np.ldexp(dec_prices.sum(axis=1), -e) + dec_slope * ages_ms).tolist()
     term_value = scaled(config.terminal_value, e)
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
 
-    n = len(prompts)
-    logical_end = np.array([r.logical_prompt_end() for r in prompts], dtype=np.int64)
-    cursor = np.array([r.prompt_cursor for r in prompts], dtype=np.int64)
+    ints = prompt_cols[:, 3:].astype(np.int64)
+    cursor, logical_end, endpoint, prompt_len = ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3]
     prompt_group = PromptGroup(
         records=tuple(prompts),
         cursor=cursor,
-        logical_remaining=logical_end - cursor if n else np.zeros(0, dtype=np.int64),
-        endpoint_remaining=np.array([r.next_endpoint() - r.prompt_cursor for r in prompts],
-                                    dtype=np.int64),
-        reaches_prompt_end=np.array([r.logical_prompt_end() >= r.prompt_len for r in prompts],
-                                    dtype=np.bool_),
-        token_price=np.array([scaled(pp, e) for pp, _, _ in prompt_prices], dtype=np.float64),
-        finish_value=np.array([scaled(op, e) + scaled(dp, e) for _, op, dp in prompt_prices],
-                              dtype=np.float64),
-        scored=np.array([r.scored_prompt for r in prompts], dtype=np.bool_),
+        logical_remaining=logical_end - cursor,
+        endpoint_remaining=endpoint - cursor,
+        reaches_prompt_end=logical_end >= prompt_len,
+        token_price=np.ldexp(prompt_cols[:, 0], -e),
+        finish_value=np.ldexp(prompt_cols[:, 1] + prompt_cols[:, 2], -e),
+        scored=ints[:, 4].astype(np.bool_),
         last_served=np.array([r.last_served_ns for r in prompts], dtype=np.int64),
     )
-    shapes = catalog.shapes
     return DecisionContext(
         catalog=catalog,
-        estimate_ns=np.array([estimates.estimate_ns(s) for s in shapes], dtype=np.int64),
-        stale=np.array([estimates.is_stale(s, now_ns) for s in shapes], dtype=np.bool_),
-        last_touched_ns=np.array([estimates.last_touched_ns(s) for s in shapes],
-                                 dtype=np.int64),
+        estimate_ns=times.estimate_ns,
+        stale=times.stale(now_ns, ttl_ns),
+        last_touched_ns=times.last_touched_ns,
         decoders=LaneGroup.build(decoders, dec_base, dec_slope),
         terminals=LaneGroup.build(terminals, term_base, term_slope),
         prompts=prompt_group,

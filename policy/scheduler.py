@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
 from policy.decision import build_context
@@ -39,7 +41,7 @@ from policy.refresh import (
     timing_refresh_ledger,
 )
 from policy.requests import PendingDelivery, RequestRecord
-from policy.selection import CatalogIndex, select
+from policy.selection import CatalogIndex, ShapeTimes, select
 from policy.service import (
     Normalizers,
     new_history,
@@ -98,6 +100,8 @@ class Scheduler:
         self._committed = 0
         self._failed_lanes = 0
         self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
+        self._times: ShapeTimes | None = None
+        self._normalizer_cache: dict[int, Normalizers] = {}
         self.set_catalog(catalog)
 
     # ---- configuration -------------------------------------------------------------
@@ -108,8 +112,40 @@ class Scheduler:
 
     @property
     def estimates(self) -> DurationEstimates:
-        """The cost catalog (read it; only ``complete`` should feed it)."""
+        """The cost catalog. ``complete`` feeds it; a caller that seeds it directly
+        (tests, preloaded estimates) goes through this property, which drops the
+        scheduler's cached per-shape arrays."""
+        self._invalidate_times()
         return self._estimates
+
+    def _invalidate_times(self) -> None:
+        self._times = None
+        self._normalizer_cache.clear()
+
+    def _refresh_shape_times(self, shape: GraphShape) -> None:
+        """Update one shape's cached timing entries in place."""
+        times = self._times
+        i = self._catalog.position.get(shape)
+        if times is None or i is None:
+            return
+        est = self._estimates
+        times.estimate_ns[i] = est.estimate_ns(shape)
+        times.last_valid_ns[i] = _or_minus_one(est.last_valid_ns(shape))
+        times.last_touched_ns[i] = est.last_touched_ns(shape)
+
+    def _shape_times(self) -> ShapeTimes:
+        """Per-shape estimate arrays, rebuilt only after estimates change."""
+        if self._times is None:
+            est = self._estimates
+            shapes = self._catalog.shapes
+            self._times = ShapeTimes(
+                estimate_ns=np.array([est.estimate_ns(s) for s in shapes], dtype=np.int64),
+                last_valid_ns=np.array([_or_minus_one(est.last_valid_ns(s)) for s in shapes],
+                                       dtype=np.int64),
+                last_touched_ns=np.array([est.last_touched_ns(s) for s in shapes],
+                                         dtype=np.int64),
+            )
+        return self._times
 
     @property
     def refresh_ledger(self) -> CreditLedger:
@@ -127,11 +163,13 @@ class Scheduler:
         config.validate()
         self._config = config
         self._estimates.ttl_ns = config.estimate_ttl_ns
+        self._invalidate_times()
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         """Load the prepared shapes. Estimates are keyed by shape and survive reloads."""
         unique = tuple(dict.fromkeys(shapes))
         self._catalog = CatalogIndex.build(unique)
+        self._invalidate_times()
 
     @property
     def catalog(self) -> tuple[GraphShape, ...]:
@@ -182,7 +220,7 @@ class Scheduler:
         epoch = self._last_epoch.get(handle, -1) + 1
         self._last_epoch[handle] = epoch
         population = sum(1 for r in self._records.values() if not r.cancelled) + 1
-        norms = normalizers_from_catalog(self._estimates.measured(), population)
+        norms = self._normalizers(population)
         self._records[handle] = RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
@@ -238,9 +276,9 @@ class Scheduler:
         while frames are in flight the planner then submits nothing (QUEUE-34, QUEUE-35).
         """
         ctx = build_context(
-            records=self._records, catalog=self._catalog, estimates=self._estimates,
+            records=self._records, catalog=self._catalog, times=self._shape_times(),
             config=self._config, queue=self._queue, now_ns=self._now_ns,
-            refresh_funded=self._refresh.funded(),
+            ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
         )
         return select(ctx)
 
@@ -289,6 +327,7 @@ class Scheduler:
         if plan.reason is SelectionReason.TIMING_REFRESH:
             self._refresh.begin_episode()
         self._estimates.record_attempt(plan.shape, self._now_ns)
+        self._refresh_shape_times(plan.shape)
         for lane in plan.lanes:
             rec = self._records[lane.handle]
             rec.in_flight_fences.append(fence)
@@ -326,7 +365,11 @@ class Scheduler:
             raise StalePlanError(f"request {lane.handle} changed since planning")
 
     def _normalizers(self, population: int) -> Normalizers:
-        return normalizers_from_catalog(self._estimates.measured(), population)
+        cached = self._normalizer_cache.get(population)
+        if cached is None:
+            cached = normalizers_from_catalog(self._estimates.measured(), population)
+            self._normalizer_cache[population] = cached
+        return cached
 
     # ---- completion ----------------------------------------------------------------------
 
@@ -445,7 +488,9 @@ class Scheduler:
         raw = episode_charge_ns(timing, isolated=frame.isolated)
         self._executions[kind.value] += 1
         self._execution_ns[kind.value] += raw
-        self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns)
+        if self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns):
+            self._normalizer_cache.clear()
+        self._refresh_shape_times(frame.plan.shape)
         if kind is SelectionReason.ORDINARY:
             self._refresh.earn(credited_duration_ns(timing, isolated=frame.isolated))
         elif kind is SelectionReason.TIMING_REFRESH:
@@ -513,3 +558,7 @@ class Scheduler:
         if rec is None:
             raise UnknownRequestError(f"request {handle} is not resident")
         return rec
+
+
+def _or_minus_one(value: int | None) -> int:
+    return -1 if value is None else value

@@ -64,6 +64,12 @@ class CatalogIndex:
     snapshot: IntArray
     capacities: IntArray
     """``shapes[i].capacities()`` as rows (for dominance)."""
+    batch: IntArray
+    """``shapes[i].batch_capacity``."""
+    position: dict[GraphShape, int]
+    """Index of each shape in ``shapes``."""
+    delivery_family: IntArray
+    """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
 
     @staticmethod
     def build(shapes: tuple[GraphShape, ...]) -> CatalogIndex:
@@ -94,7 +100,28 @@ class CatalogIndex:
             capacities=np.array(
                 [s.capacities() for s in shapes] or np.zeros((0, 4)), dtype=np.int64
             ).reshape(len(shapes), 4),
+            batch=np.array([s.batch_capacity for s in shapes], dtype=np.int64),
+            position={s: i for i, s in enumerate(shapes)},
+            delivery_family=pick(
+                lambda s: s.kind in (GraphKind.DECODE, GraphKind.MIXED),
+                lambda s: s.batch_capacity,
+            ),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeTimes:
+    """Per-shape timing state, aligned with ``CatalogIndex.shapes`` (0 / -1 = never)."""
+
+    estimate_ns: IntArray
+    last_valid_ns: IntArray
+    last_touched_ns: IntArray
+
+    def stale(self, now_ns: int, ttl_ns: int) -> BoolArray:
+        """Known and ``now - last valid >= ttl`` (DUR-10, OPEN-11)."""
+        result: BoolArray = (self.estimate_ns > 0) & (self.last_valid_ns >= 0) & (
+            now_ns - self.last_valid_ns >= ttl_ns)
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +234,31 @@ class _Table:
         return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _dominated_pairwise(caps: IntArray, keys: IntArray) -> BoolArray:
-    """Row i is dominated when some row j with the same key has capacities all <= and
-    at least one < (SEL-32)."""
-    if len(caps) < 2:
-        return np.zeros(len(caps), dtype=np.bool_)
-    same = np.all(keys[:, None, :] == keys[None, :, :], axis=2)
-    le = np.all(caps[None, :, :] <= caps[:, None, :], axis=2)  # [i, j]: j <= i
-    lt = np.any(caps[None, :, :] < caps[:, None, :], axis=2)
-    result: BoolArray = np.any(same & le & lt, axis=1)
+def _dominated_by_smaller(keys: IntArray, batch: IntArray, prompt: IntArray) -> BoolArray:
+    """Dominance among ordinary mixed candidates (SEL-32, SEL-33).
+
+    Rows with equal ``keys`` (prompt row, prompt work, decoder cohort) compete; their
+    physical capacities are (B, 1, C, C + B - 1), so row i is dominated exactly when
+    another row of its group has B' <= B and C' <= C with one strictly smaller. Sorting
+    by (group, B, C) and taking a running minimum of C within each group finds every
+    such row in O(n log n) without pairwise comparison.
+    """
+    n = len(batch)
+    result = np.zeros(n, dtype=np.bool_)
+    if n < 2:
+        return result
+    span = keys.max(axis=0) - keys.min(axis=0) + 1
+    flat = ((keys[:, 0] - keys[:, 0].min()) * span[1] + keys[:, 1] - keys[:, 1].min()) \
+        * span[2] + keys[:, 2] - keys[:, 2].min()
+    _, group = np.unique(flat, return_inverse=True)
+    order = np.lexsort((prompt, batch, group))
+    big = int(prompt.max()) + 1
+    shifted = prompt[order] - group[order] * big  # later groups never leak backwards
+    running = np.minimum.accumulate(shifted)
+    earlier = np.empty(n, dtype=np.int64)
+    earlier[0] = np.iinfo(np.int64).max
+    earlier[1:] = running[:-1]
+    result[order] = earlier <= shifted
     return result
 
 
@@ -224,7 +267,7 @@ def _cohort_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
     """Decode or snapshot shapes: the first min(B, n) lanes of the sorted group."""
     if len(idx) == 0 or len(group) == 0:
         return
-    cap = np.array([ctx.catalog.shapes[i].batch_capacity for i in idx], dtype=np.int64)
+    cap = ctx.catalog.batch[idx]
     m = np.minimum(cap, len(group))
     dominated = np.zeros(len(idx), dtype=np.bool_)
     dominated[1:] = m[1:] == m[:-1]  # sorted by B: same cohort, larger capacities
@@ -242,7 +285,7 @@ def _prefill_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
     rows = np.nonzero(p.scored == scored)[0]
     if len(idx) == 0 or len(rows) == 0:
         return
-    cap = np.array([ctx.catalog.shapes[i].token_capacity for i in idx], dtype=np.int64)
+    cap = ctx.catalog.capacities[idx, 1]
     remaining = p.logical_remaining[rows][:, None]
     tokens = np.minimum(cap[None, :], remaining)
     final = (tokens == remaining) & p.reaches_prompt_end[rows][:, None]
@@ -271,9 +314,8 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
     if len(idx) == 0:
         return
     dec, p = ctx.decoders, ctx.prompts
-    shapes = [ctx.catalog.shapes[i] for i in idx]
-    cap_b = np.array([s.batch_capacity for s in shapes], dtype=np.int64)
-    cap_c = np.array([s.prefill_capacity for s in shapes], dtype=np.int64)
+    cap_b = ctx.catalog.batch[idx]
+    cap_c = ctx.catalog.capacities[idx, 2]
     cols: dict[str, list[npt.NDArray[np.generic]]] = {}
 
     def push(**kw: npt.NDArray[np.generic]) -> None:
@@ -291,10 +333,9 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
         tokens = np.minimum(cap_c[None, :], remaining)
         final = (tokens == remaining) & p.reaches_prompt_end[rows][:, None]
         value = tokens * p.token_price[rows][:, None] + final * p.finish_value[rows][:, None]
-        # Best prompt row per shape (ties: least recently served, then lowest position).
-        lru = p.last_served[rows].astype(np.float64)
-        best = np.lexsort((np.arange(len(rows))[:, None].repeat(len(idx), 1), lru[:, None]
-                           .repeat(len(idx), 1), -value), axis=0)[0]
+        # Best prompt row per shape; prompt rows are ordered least recently served
+        # first, so argmax's first maximum is the DUR-24 tie-break.
+        best = np.argmax(value, axis=0)
         col = np.arange(len(idx))
         best_tokens = tokens[best, col]
         m2 = np.minimum(cap_b - 1, len(dec))
@@ -307,8 +348,10 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
         return
     merged = {k: np.concatenate(v) for k, v in cols.items()}
     keys = np.stack([merged["prompt_pos"], merged["prompt_tokens"], merged["n_dec"]], axis=1)
-    caps = ctx.catalog.capacities[merged["shape"].astype(np.int64)]
-    table.add(dominated=_dominated_pairwise(caps, keys.astype(np.int64)), **merged)
+    shape_idx = merged["shape"].astype(np.int64)
+    caps = ctx.catalog.capacities[shape_idx]
+    dominated = _dominated_by_smaller(keys.astype(np.int64), caps[:, 0], caps[:, 2])
+    table.add(dominated=dominated, **merged)
 
 
 def select(ctx: DecisionContext) -> ScheduledPlan | None:
@@ -322,46 +365,50 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     _mixed_candidates(table, ctx)
     if not table.shape:
         return None
-    shape = table.cat("shape").astype(np.int64)
-    base = table.cat("base").astype(np.float64)
-    slope = table.cat("slope").astype(np.float64)
-    served = table.cat("served").astype(np.int64)
+    cols = {name: table.cat(name) for name in _Table.__slots__}
+    shape = cols["shape"].astype(np.int64)
+    base = cols["base"].astype(np.float64)
     est = ctx.estimate_ns[shape]
     known = est > 0
-    t_ms = est / NS_PER_MS
-    rates = value_rates(base, slope, t_ms, ctx.waiting)
+    rates = value_rates(base, cols["slope"].astype(np.float64), est / NS_PER_MS, ctx.waiting)
     primary = np.where(known, rates, base)
-    order = np.lexsort((
-        table.cat("pad_tokens"), table.cat("pad_rows"), table.cat("lru"), -served,
-        np.where(known, est, 0), -primary, known.astype(np.int64),
-    ))
-    blocked = table.cat("excluded").astype(np.bool_)
-    eligible = ~(table.cat("dominated").astype(np.bool_) | blocked)
-    ranked = order[eligible[order]]
-    if len(ranked) == 0:
+    blocked = cols["excluded"].astype(np.bool_)
+    eligible = np.nonzero(~(cols["dominated"].astype(np.bool_) | blocked))[0]
+    if len(eligible) == 0:
         return None
-    win = int(ranked[0])
+
+    def ranked(rows: IntArray, *first: npt.NDArray[np.generic]) -> IntArray:
+        """``rows`` in ranking order: unknown first, value, then DUR-24 tie-breaks."""
+        keys = (cols["pad_tokens"][rows], cols["pad_rows"][rows], cols["lru"][rows],
+                -cols["served"][rows].astype(np.int64), np.where(known[rows], est[rows], 0), -primary[rows],
+                known[rows].astype(np.int64), *first)
+        result: IntArray = rows[np.lexsort(keys)]
+        return result
+
+    # Unknown durations win (DUR-22); only rows tied on the primary key need the sort.
+    pool = eligible[~known[eligible]] if not known[eligible].all() else eligible
+    top = pool[primary[pool] == primary[pool].max()]
+    win = int(ranked(top)[0]) if len(top) > 1 else int(top[0])
     reason = SelectionReason.ORDINARY if known[win] else SelectionReason.DISCOVERY
     if ctx.refresh_funded and known[win]:
-        stale = ctx.stale[shape] & known & ~blocked & (shape != shape[win])
-        if np.any(stale):
-            rank_pos = np.empty(len(order), dtype=np.int64)
-            rank_pos[order] = np.arange(len(order))
-            cands = np.nonzero(stale)[0]
-            pick = np.lexsort((rank_pos[cands], ctx.last_touched_ns[shape[cands]]))[0]
-            win = int(cands[pick])
+        stale = np.nonzero(ctx.stale[shape] & known & ~blocked & (shape != shape[win]))[0]
+        if len(stale):
+            # Least recently touched first (REF-8, OPEN-9), then ordinary ranking.
+            win = int(ranked(stale, ctx.last_touched_ns[shape[stale]])[0])
             reason = SelectionReason.TIMING_REFRESH
-    return _build_plan(ctx, table, win, reason, rates, base, known, est)
+    return _build_plan(ctx, cols, win, reason, rates, base, known, est)
 
 
-def _build_plan(ctx: DecisionContext, table: _Table, win: int, reason: SelectionReason,
+def _build_plan(ctx: DecisionContext, cols: dict[str, npt.NDArray[np.generic]], win: int,
+                reason: SelectionReason,
                 rates: FloatArray, base: FloatArray, known: BoolArray,
                 est: IntArray) -> ScheduledPlan:
-    shape = ctx.catalog.shapes[int(table.cat("shape")[win])]
-    n_dec = int(table.cat("n_dec")[win])
-    n_term = int(table.cat("n_term")[win])
-    prompt_pos = int(table.cat("prompt_pos")[win])
-    prompt_tokens = int(table.cat("prompt_tokens")[win])
+    shape_index = int(cols["shape"][win])
+    shape = ctx.catalog.shapes[shape_index]
+    n_dec = int(cols["n_dec"][win])
+    n_term = int(cols["n_term"][win])
+    prompt_pos = int(cols["prompt_pos"][win])
+    prompt_tokens = int(cols["prompt_tokens"][win])
     t_ms = float(est[win]) / NS_PER_MS
     lanes: list[Lane] = []
     if prompt_pos >= 0:
@@ -395,7 +442,7 @@ def _build_plan(ctx: DecisionContext, table: _Table, win: int, reason: Selection
         mixed = MixedRole(prefill_row=0 if prompt_pos >= 0 else -1,
                           decode_mode=DecodeMode.ORDINARY)
     is_known = bool(known[win])
-    stale = bool(ctx.stale[int(table.cat("shape")[win])])
+    stale = bool(ctx.stale[shape_index])
     useful = float(base[win])
     return ScheduledPlan(
         step=ScheduledStep(shape=shape, lanes=tuple(lanes), mixed=mixed),

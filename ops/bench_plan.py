@@ -1,0 +1,154 @@
+"""``flare bench plan``: time the scheduler's ``plan()`` and ``complete()``.
+
+Builds a realistic prepared catalog (prefill and scored-prefill ladders, every decode
+bucket, an ordinary mixed grid, snapshot/restore state operations and a speculative
+grid that ordinary selection skips: well over 100 shapes), keeps a steady population of
+resident requests in mixed phases (long and short prompts, decoders, pending terminal
+snapshots), and drives the production ``policy.Scheduler`` frame by frame with a
+synthetic clock. Prints p50/p99/max of ``plan()`` and ``complete()`` wall time and
+thread CPU time (the CPU figure is the fairer one on a shared, oversubscribed machine).
+
+The durations are synthetic (a fixed launch cost plus per-token and per-row costs);
+they shape the decisions, not the timings measured here (VER-36: no throughput claim).
+Results are recorded in docs/benchmarks-plan.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from policy import (
+    CompletionRecord,
+    ExecutionTiming,
+    Fence,
+    GraphKind,
+    GraphShape,
+    Scheduler,
+    StateOp,
+    TargetBinding,
+)
+
+MS = 1_000_000
+PREFILL_LADDER = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+MIXED_PROMPTS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def realistic_catalog() -> tuple[GraphShape, ...]:
+    shapes: list[GraphShape] = []
+    for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+        shapes += [GraphShape(kind=kind, batch_capacity=1, token_capacity=c)
+                   for c in PREFILL_LADDER]
+    shapes += [GraphShape(kind=GraphKind.DECODE, batch_capacity=b, token_capacity=1,
+                          packed_capacity=b) for b in BATCHES]
+    shapes += [GraphShape(kind=GraphKind.MIXED, batch_capacity=b, token_capacity=1,
+                          prefill_capacity=c, packed_capacity=c + b - 1)
+               for b in BATCHES if b >= 2 for c in MIXED_PROMPTS]
+    for op in (StateOp.SNAPSHOT, StateOp.RESTORE):
+        shapes += [GraphShape(kind=GraphKind.STATE, batch_capacity=b, token_capacity=1,
+                              state_op=op) for b in (1, 2, 4, 8)]
+    shapes += [GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
+                          proposal_depth=w - 1, packed_capacity=b * w,
+                          binding=TargetBinding.QUERY_LENGTH)
+               for b in BATCHES for w in (2, 3, 4)]
+    return tuple(shapes)
+
+
+def synthetic_duration_ns(shape: GraphShape) -> int:
+    if shape.kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+        return round((3.0 + 0.02 * shape.token_capacity) * MS)
+    if shape.kind is GraphKind.DECODE:
+        return round((8.0 + 0.05 * shape.batch_capacity) * MS)
+    if shape.kind is GraphKind.MIXED:
+        return round((8.0 + 0.05 * shape.batch_capacity
+                      + 0.018 * shape.prefill_capacity) * MS)
+    if shape.kind is GraphKind.SPECULATIVE:
+        return round((9.0 + 0.06 * shape.packed_capacity) * MS)
+    return round((1.0 + 0.2 * shape.batch_capacity) * MS)
+
+
+def admit_random(s: Scheduler, rng: random.Random) -> None:
+    long_prompt = rng.random() < 0.25
+    prompt = rng.randint(2000, 30_000) if long_prompt else rng.randint(16, 1500)
+    ends = tuple(sorted(rng.sample(range(1, prompt), k=min(3, prompt - 1))))
+    s.admit(prompt_len=prompt, max_output_tokens=rng.randint(8, 400),
+            cached_prefix_len=rng.choice([0, 0, prompt // 2]), message_ends=ends,
+            scored_prompt=rng.random() < 0.05)
+
+
+def percentile(samples: list[int], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000.0
+
+
+def run(iterations: int, population: int, seed: int) -> dict[str, list[int]]:
+    rng = random.Random(seed)
+    catalog = realistic_catalog()
+    s = Scheduler(catalog=catalog)
+    for shape in catalog:
+        s.estimates.observe(shape, synthetic_duration_ns(shape), 1)
+    s.advance_to(1)
+    for _ in range(population):
+        admit_random(s, rng)
+    plan_ns: list[int] = []
+    complete_ns: list[int] = []
+    plan_cpu: list[int] = []
+    complete_cpu: list[int] = []
+    lanes: list[int] = []
+    fence = 0
+    for _ in range(iterations):
+        while len(s.handles()) < population:
+            admit_random(s, rng)
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        plan = s.plan()
+        plan_cpu.append(time.thread_time_ns() - c0)
+        plan_ns.append(time.perf_counter_ns() - t0)
+        if plan is None:
+            s.advance_to(s.now_ns + MS)
+            continue
+        fence += 1
+        s.commit(plan, Fence(fence))
+        d = synthetic_duration_ns(plan.shape)
+        s.advance_to(s.now_ns + d)
+        records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch,
+                                    prompt_tokens=lane.prompt_tokens,
+                                    token_ids=(1,) * lane.token_ceiling,
+                                    terminated=lane.token_ceiling > 0 and rng.random() < 0.01)
+                   for lane in plan.lanes]
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        out = s.complete(Fence(fence), records, ExecutionTiming(device_intervals_ns=(d,),
+                                                                wall_ns=d))
+        complete_cpu.append(time.thread_time_ns() - c0)
+        complete_ns.append(time.perf_counter_ns() - t0)
+        lanes.append(len(plan.lanes))
+        for token in out:
+            if token.token_ids:
+                s.published_output(token.handle, token.fence, s.now_ns)
+        s.take_released()
+    return {"plan": plan_ns, "complete": complete_ns, "plan cpu": plan_cpu,
+            "complete cpu": complete_cpu, "lanes": lanes,
+            "shapes": [len(catalog)]}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iterations", type=int, default=3000,
+                        help="frames to plan, commit and complete (default 3000)")
+    parser.add_argument("--requests", type=int, default=64,
+                        help="resident requests kept in mixed phases (default 64)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = run(args.iterations, args.requests, args.seed)
+    print(f"catalog shapes: {result['shapes'][0]}, resident requests: {args.requests}, "
+          f"frames: {len(result['complete'])}, mean lanes per frame: "
+          f"{statistics.fmean(result['lanes']):.1f}")
+    for name in ("plan", "complete", "plan cpu", "complete cpu"):
+        samples = result[name]
+        label = name.replace(" cpu", "() cpu") if " cpu" in name else f"{name}() wall"
+        print(f"{label:>15}: p50 {percentile(samples, 0.50):8.1f} us   "
+              f"p99 {percentile(samples, 0.99):8.1f} us   max {max(samples) / 1000:8.1f} us")
+    return 0
