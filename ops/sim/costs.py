@@ -1,0 +1,117 @@
+"""Cost tables for ``flare sim``: how long each prepared shape runs.
+
+A ``CostTable`` maps every shape of the simulated catalog to a mean duration in ns and
+draws each execution's duration, optionally with multiplicative noise. Two sources:
+
+* ``SyntheticCosts`` (default): a parametric model ``T = a + b * size`` per program
+  kind, where ``size`` is the work the fixed shape always pays for (its capacity,
+  since padded rows and tokens cost as much as real ones):
+
+  - prefill / scored prefill, chunk capacity C: ``3.0 ms + 0.02 ms * C``
+  - decode, batch B: ``8.0 ms + 0.05 ms * B``
+  - mixed, batch B, prompt capacity C: ``decode(B) + 0.9 * 0.02 ms * C``
+  - speculative, batch B, packed P: ``8.0 ms + 0.05 ms * P``
+  - state operations, rows B: ``1.0 ms + 0.2 ms * B``
+
+  These are the ratios of ``tests/policy/synthetic_catalog.py`` (a mid-size model on one
+  accelerator: a 1024-token chunk costs about three small decode steps). Synthetic
+  results are labelled as such (VER-36).
+* ``load_bench_programs(path, catalog)``: the JSON of ``flare bench programs --json``
+  (``results[].shape`` labels with ``median_device_ms``, falling back to
+  ``median_wall_ms`` when a backend reports no device interval). Every catalog shape
+  must be measured; pass the same catalog flags as the benchmark.
+
+Noise: each duration is the mean times ``exp(sigma * z - sigma**2 / 2)`` with ``z``
+standard normal from the simulator's seeded generator, so the mean is preserved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from policy.descriptors import GraphKind, GraphShape
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyntheticCosts:
+    """Parameters of the synthetic ``a + b * size`` model (milliseconds)."""
+
+    prefill_fixed_ms: float = 3.0
+    prefill_per_token_ms: float = 0.02
+    decode_fixed_ms: float = 8.0
+    decode_per_row_ms: float = 0.05
+    mixed_prompt_factor: float = 0.9
+    state_fixed_ms: float = 1.0
+    state_per_row_ms: float = 0.2
+
+    def mean_ms(self, shape: GraphShape) -> float:
+        k = shape.kind
+        if k in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+            return self.prefill_fixed_ms + self.prefill_per_token_ms * shape.token_capacity
+        if k is GraphKind.DECODE:
+            return self.decode_fixed_ms + self.decode_per_row_ms * shape.batch_capacity
+        if k is GraphKind.MIXED:
+            rows = shape.batch_capacity * shape.token_capacity
+            return (self.decode_fixed_ms + self.decode_per_row_ms * rows
+                    + self.mixed_prompt_factor * self.prefill_per_token_ms
+                    * shape.prefill_capacity)
+        if k is GraphKind.SPECULATIVE:
+            return self.decode_fixed_ms + self.decode_per_row_ms * shape.max_packed_extent
+        return self.state_fixed_ms + self.state_per_row_ms * shape.batch_capacity
+
+    def table(self, catalog: Iterable[GraphShape]) -> CostTable:
+        return CostTable({s: round(self.mean_ms(s) * NS_PER_MS) for s in catalog},
+                         source="synthetic")
+
+
+@dataclass(frozen=True, slots=True)
+class CostTable:
+    """Mean duration per shape (ns) and where the numbers came from."""
+
+    mean_ns: Mapping[GraphShape, int]
+    source: str
+
+    def duration_ns(self, shape: GraphShape, rng: np.random.Generator, noise: float) -> int:
+        """One execution's duration: the mean, times mean-one log-normal noise."""
+        mean = self.mean_ns[shape]
+        if noise <= 0:
+            return mean
+        factor = math.exp(noise * float(rng.standard_normal()) - noise * noise / 2)
+        return max(1, round(mean * factor))
+
+    def to_json(self) -> dict[str, object]:
+        return {"source": self.source,
+                "mean_ms": {s.label(): n / NS_PER_MS for s, n in self.mean_ns.items()}}
+
+
+class CostTableError(ValueError):
+    """The cost file does not cover the simulated catalog."""
+
+
+def load_bench_programs(path: pathlib.Path, catalog: Iterable[GraphShape]) -> CostTable:
+    """Costs from ``flare bench programs --json`` output, for every shape of ``catalog``."""
+    data = json.loads(path.read_text())
+    results = data.get("results")
+    if not isinstance(results, list):
+        raise CostTableError(f"{path}: no 'results' list (not a flare bench programs file)")
+    by_label: dict[str, float] = {}
+    for row in results:
+        ms = float(row.get("median_device_ms") or 0.0) or float(row.get("median_wall_ms") or 0.0)
+        if ms > 0:
+            by_label[str(row["shape"])] = ms
+    shapes = tuple(catalog)
+    missing = [s.label() for s in shapes if s.label() not in by_label]
+    if missing:
+        raise CostTableError(
+            f"{path} has no timing for {len(missing)} catalog shapes (first: "
+            f"{', '.join(missing[:4])}); pass the catalog flags the benchmark used")
+    return CostTable({s: round(by_label[s.label()] * NS_PER_MS) for s in shapes},
+                     source=str(path))

@@ -1,0 +1,296 @@
+"""The discrete-event simulator behind ``flare sim``: real policy code, simulated device.
+
+``simulate(planner, requests, costs, options)`` drives any ``Planner`` (the seed's
+``Scheduler`` or a baseline) exactly as the runtime's planner does -- ``advance_to``,
+``plan``, ``window_ready``, ``commit``, ``complete``, ``published_output``,
+``take_released`` -- while a simulated device runs each committed frame for the cost
+table's duration. Events are request arrivals and frame completions; nothing else moves
+the clock, so results depend only on the inputs and the seed.
+
+Runtime semantics reproduced:
+
+* admission: arrivals wait in a FIFO and become resident while fewer than
+  ``max_resident`` requests are resident (the runtime's row/page grant); with
+  ``max_queue`` set, an arrival finding that many waiting is refused (status "error");
+* two frame slots: after every event the simulator commits plans while the policy's
+  window accepts them (a frame is queued behind another only when the policy's plan
+  allows it); a frame committed into an empty window starts ``dispatch_ns`` after its
+  commit, a queued one starts when its predecessor ends, or ``dispatch_ns`` after its
+  commit if that is later, so queueing hides the host gap as on the real device;
+* completion: frames complete in order at start + duration; every lane gets a
+  well-formed ``CompletionRecord`` (one token per decode lane and per final prompt
+  chunk; ``terminated`` when a request reaches its target output length, the
+  simulated EOS); ``ExecutionTiming`` carries the duration as the device interval and
+  commit-to-completion as wall time;
+* publication: each returned burst is published at the completion time (reported to
+  the policy with ``published_output``) and becomes one streamed chunk of the request's
+  ``ops.loadgen.records.RequestRecord``, so the load benchmark's metrics apply as is.
+
+Options: ``output_limit`` is the ``max_tokens`` a request is admitted with (at least its
+target; 0 admits exactly the target, so requests end by length, not EOS);
+``warm_estimates`` preloads each shape's mean into the policy's duration estimates at
+time 0 (what a server knows after warm-up; off: the seed's scheduler discovers every
+shape online).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ops.loadgen.records import RequestRecord
+from ops.loadgen.workload import RequestPlan
+from ops.sim.costs import CostTable
+from policy.baselines.protocol import ClientTagged, Planner
+from policy.descriptors import ExecutionTiming
+from policy.types import (
+    CompletionRecord,
+    Fence,
+    FinishKind,
+    LaneRole,
+    RequestHandle,
+    ScheduledPlan,
+)
+
+NS_PER_S = 1_000_000_000
+TOKEN_ID = 7
+"""Every simulated output token carries this id (content never matters to policy)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimOptions:
+    max_resident: int = 64
+    max_queue: int | None = None
+    dispatch_ns: int = 50_000
+    output_limit: int = 2048
+    noise: float = 0.0
+    warm_estimates: bool = True
+    seed: int = 0
+    horizon_s: float | None = None
+    """Stop at this simulated time; unfinished requests are reported as cancelled."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_resident": self.max_resident, "max_queue": self.max_queue,
+                "dispatch_ns": self.dispatch_ns, "output_limit": self.output_limit,
+                "noise": self.noise, "warm_estimates": self.warm_estimates,
+                "seed": self.seed, "horizon_s": self.horizon_s}
+
+
+@dataclass(slots=True)
+class _Flight:
+    fence: Fence
+    plan: ScheduledPlan
+    commit_ns: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(slots=True)
+class _Req:
+    plan: RequestPlan
+    arrival_ns: int
+    handle: RequestHandle | None = None
+    produced: int = 0
+    """Tokens the simulated device produced for it (including discarded ones)."""
+    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[float] = field(default_factory=list)
+    finished_s: float | None = None
+    finish: FinishKind | None = None
+    refused: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimResult:
+    """One policy's simulated run."""
+
+    records: tuple[RequestRecord, ...]
+    makespan_s: float
+    frames: dict[str, int]
+    """Committed frames by program kind."""
+    busy_s: float
+    """Device time spent executing frames."""
+    padding: dict[str, float]
+    """Over all frames: fraction of request rows and of prompt capacity left unused."""
+    plan_calls: int
+    wall_s: float
+    """Host seconds the simulation itself took."""
+    unfinished: int
+
+    def stats_json(self) -> dict[str, Any]:
+        return {"makespan_s": self.makespan_s, "frames": self.frames, "busy_s": self.busy_s,
+                "utilization": self.busy_s / self.makespan_s if self.makespan_s else 0.0,
+                "padding": self.padding, "plan_calls": self.plan_calls,
+                "simulation_wall_s": self.wall_s, "unfinished": self.unfinished}
+
+
+class SimulationError(RuntimeError):
+    """The policy stopped making progress while requests remained."""
+
+
+def simulate(planner: Planner, requests: Sequence[RequestPlan], costs: CostTable,
+             options: SimOptions | None = None) -> SimResult:
+    """Run ``requests`` through ``planner`` on the simulated device."""
+    return _Simulation(planner, requests, costs, options or SimOptions()).run()
+
+
+class _Simulation:
+    def __init__(self, planner: Planner, requests: Sequence[RequestPlan], costs: CostTable,
+                 options: SimOptions) -> None:
+        self.p = planner
+        self.costs = costs
+        self.o = options
+        self.rng = np.random.default_rng(options.seed)
+        self.reqs = [_Req(r, round(r.arrival_s * NS_PER_S)) for r in requests]
+        self.reqs.sort(key=lambda q: q.arrival_ns)
+        self.by_handle: dict[RequestHandle, _Req] = {}
+        self.waiting: deque[_Req] = deque()
+        self.flights: deque[_Flight] = deque()
+        self.resident = 0
+        self.fence = 0
+        self.now = 0
+        self.frames: dict[str, int] = {}
+        self.busy_ns = 0
+        self.rows = [0, 0]  # used, capacity
+        self.prompt = [0, 0]
+        self.plan_calls = 0
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        if self.o.warm_estimates:
+            for shape, mean in self.costs.mean_ns.items():
+                self.p.estimates.observe(shape, mean, 0)
+        horizon = math.inf if self.o.horizon_s is None else self.o.horizon_s * NS_PER_S
+        nxt = 0
+        while True:
+            t_arrival = self.reqs[nxt].arrival_ns if nxt < len(self.reqs) else math.inf
+            t_done = self.flights[0].end_ns if self.flights else math.inf
+            t = min(t_arrival, t_done)
+            if t == math.inf or t > horizon:
+                break
+            self.now = int(t)
+            self.p.advance_to(self.now)
+            if t_done <= t_arrival:
+                self._complete()
+            else:
+                while nxt < len(self.reqs) and self.reqs[nxt].arrival_ns == self.now:
+                    self._arrive(self.reqs[nxt])
+                    self._admit()
+                    nxt += 1
+            self._admit()
+            self._dispatch()
+        unfinished = sum(1 for q in self.reqs if q.finished_s is None and not q.refused)
+        if horizon == math.inf and unfinished:
+            raise SimulationError(f"{unfinished} requests never finished (policy stalled)")
+        return SimResult(
+            records=tuple(self._record(q) for q in self.reqs),
+            makespan_s=self.now / NS_PER_S, frames=dict(sorted(self.frames.items())),
+            busy_s=self.busy_ns / NS_PER_S,
+            padding={"rows": 1 - self.rows[0] / self.rows[1] if self.rows[1] else 0.0,
+                     "prompt_tokens": 1 - self.prompt[0] / self.prompt[1]
+                     if self.prompt[1] else 0.0},
+            plan_calls=self.plan_calls, wall_s=time.perf_counter() - started,
+            unfinished=unfinished,
+        )
+
+    # ---- events ----------------------------------------------------------------------
+
+    def _arrive(self, q: _Req) -> None:
+        if self.o.max_queue is not None and len(self.waiting) >= self.o.max_queue:
+            q.refused = True
+            return
+        self.waiting.append(q)
+
+    def _admit(self) -> None:
+        while self.waiting and self.resident < self.o.max_resident:
+            q = self.waiting.popleft()
+            target = q.plan.output_tokens
+            limit = target if self.o.output_limit <= 0 else max(target, self.o.output_limit)
+            h = self.p.admit(prompt_len=q.plan.prompt_tokens, max_output_tokens=limit)
+            if isinstance(self.p, ClientTagged):
+                self.p.assign_client(h, q.plan.client)
+            q.handle = h
+            self.by_handle[h] = q
+            self.resident += 1
+
+    def _dispatch(self) -> None:
+        while len(self.flights) < 2:
+            self.plan_calls += 1
+            plan = self.p.plan()
+            if plan is None or not self.p.window_ready(plan):
+                return
+            self.fence += 1
+            fence = Fence(self.fence)
+            self.p.commit(plan, fence)
+            duration = self.costs.duration_ns(plan.shape, self.rng, self.o.noise)
+            start = self.now + self.o.dispatch_ns
+            if self.flights:
+                start = max(start, self.flights[-1].end_ns)
+            self.flights.append(_Flight(fence, plan, self.now, start, start + duration))
+            self._count(plan, duration)
+
+    def _count(self, plan: ScheduledPlan, duration: int) -> None:
+        kind = plan.shape.kind.value
+        self.frames[kind] = self.frames.get(kind, 0) + 1
+        self.busy_ns += duration
+        self.rows[0] += len(plan.lanes)
+        self.rows[1] += plan.shape.batch_capacity
+        capacity = plan.shape.prefill_capacity or (
+            plan.shape.token_capacity if plan.shape.kind.value.endswith("prefill") else 0)
+        if capacity:
+            self.prompt[0] += sum(lane.prompt_tokens for lane in plan.lanes)
+            self.prompt[1] += capacity
+
+    def _complete(self) -> None:
+        f = self.flights.popleft()
+        records = [self._lane_record(lane.handle, lane.epoch, lane.role, lane.prompt_tokens,
+                                     lane.token_ceiling) for lane in f.plan.lanes]
+        timing = ExecutionTiming(device_intervals_ns=(f.end_ns - f.start_ns,),
+                                 wall_ns=f.end_ns - f.commit_ns)
+        now_s = self.now / NS_PER_S
+        for token in self.p.complete(f.fence, records, timing):
+            q = self.by_handle[token.handle]
+            if token.token_ids:
+                q.chunk_times_s.append(now_s)
+                q.chunk_tokens.append(float(len(token.token_ids)))
+                self.p.published_output(token.handle, f.fence, self.now)
+            if token.finish is not None:
+                q.finished_s = now_s
+                q.finish = token.finish
+        for h in self.p.take_released():
+            self.by_handle.pop(h, None)
+            self.resident -= 1
+
+    def _lane_record(self, handle: RequestHandle, epoch: int, role: LaneRole,
+                     prompt_tokens: int, ceiling: int) -> CompletionRecord:
+        q = self.by_handle[handle]
+        if role is LaneRole.TERMINAL or ceiling == 0:
+            return CompletionRecord(handle=handle, epoch=epoch, prompt_tokens=prompt_tokens)
+        q.produced += 1
+        eos = self.o.output_limit > 0 and q.produced == q.plan.output_tokens
+        return CompletionRecord(handle=handle, epoch=epoch, token_ids=(TOKEN_ID,),
+                                prompt_tokens=prompt_tokens, terminated=eos)
+
+    def _record(self, q: _Req) -> RequestRecord:
+        arrival = q.arrival_ns / NS_PER_S
+        if q.refused:
+            status, reason = "error", "queue_full"
+        elif q.finish is FinishKind.ERROR:
+            status, reason = "error", "error"
+        elif q.finished_s is None:
+            status, reason = "cancelled", None
+        else:
+            status, reason = "ok", q.finish.value if q.finish else None
+        return RequestRecord(
+            index=q.plan.index, client=q.plan.client, scheduled_s=arrival, sent_s=arrival,
+            status=status,  # type: ignore[arg-type]
+            target_prompt_tokens=q.plan.prompt_tokens,
+            target_output_tokens=q.plan.output_tokens, prompt_tokens=q.plan.prompt_tokens,
+            chunk_times_s=tuple(q.chunk_times_s), chunk_tokens=tuple(q.chunk_tokens),
+            finished_s=q.finished_s, finish_reason=reason,
+        )

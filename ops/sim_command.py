@@ -1,0 +1,160 @@
+"""``flare sim``: simulate scheduling policies on a cost table, no model or device needed.
+
+Drives the real policy code (the seed's scheduler presets ``balanced``/``throughput``
+and the baselines ``fcfs``/``sarathi``/``vtc``) through ``ops.sim`` on a synthetic or
+measured (``flare bench programs --json``) cost table, over a named scenario or a
+workload built from flags, and writes per-policy run files, ``sim.json`` and PNG plots
+(see ``docs/simulator.md``). Deterministic for a given ``--seed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+from typing import Any
+
+from ops.loadgen.metrics import MetricOptions
+from ops.loadgen.workload import LengthSpec, parse_clients
+
+DEFAULT_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ops.sim.workloads import SCENARIOS
+    from policy.baselines import DEFAULT_TOKEN_BUDGET, POLICY_NAMES
+
+    pol = parser.add_argument_group("policies")
+    pol.add_argument("--policy", nargs="+", choices=POLICY_NAMES, default=list(DEFAULT_POLICIES),
+                     dest="policies", help="policies to simulate (default: all)")
+    pol.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET,
+                     help="sarathi/vtc tokens per step")
+
+    work = parser.add_argument_group("workload (a scenario, with any field overridden)")
+    work.add_argument("--scenario", choices=tuple(SCENARIOS), default="poisson")
+    work.add_argument("--num-requests", type=int, default=None, dest="count")
+    work.add_argument("--rate", type=float, default=None, help="requests per second")
+    work.add_argument("--arrivals", choices=("poisson", "gamma"), default=None)
+    work.add_argument("--burstiness", type=float, default=None,
+                      help="gamma shape: <1 bursty, 1 Poisson-like")
+    work.add_argument("--clients", default=None, help="tags and demand weights, e.g. 'a:3,b:1'")
+    work.add_argument("--lengths", choices=("fixed", "uniform", "sharegpt"), default=None)
+    work.add_argument("--prompt-tokens", type=int, default=128)
+    work.add_argument("--output-tokens", type=int, default=128)
+    work.add_argument("--prompt-min", type=int, default=4)
+    work.add_argument("--prompt-max", type=int, default=1024)
+    work.add_argument("--output-min", type=int, default=1)
+    work.add_argument("--output-max", type=int, default=512)
+    work.add_argument("--long-prompt-every", type=float, default=None,
+                      dest="long_prompt_every_s", help="seconds between long prompts")
+    work.add_argument("--long-prompt-tokens", type=int, default=None)
+    work.add_argument("--long-output-tokens", type=int, default=None)
+    work.add_argument("--seed", type=int, default=0)
+
+    dev = parser.add_argument_group("simulated server")
+    dev.add_argument("--costs", type=pathlib.Path, default=None,
+                     help="flare bench programs --json file (default: synthetic costs)")
+    dev.add_argument("--noise", type=float, default=0.0,
+                     help="log-normal sigma of multiplicative duration noise")
+    dev.add_argument("--max-batch", type=int, default=16)
+    dev.add_argument("--prefill-capacity", type=int, nargs="+", default=[64, 256, 1024],
+                     dest="prefill_capacities")
+    dev.add_argument("--no-mixed-prefill", action="store_false", dest="mixed_prefill",
+                     help="prepare no mixed prefill/decode programs")
+    dev.add_argument("--max-resident", type=int, default=64)
+    dev.add_argument("--max-queue", type=int, default=None,
+                     help="refuse arrivals when this many wait (default: unbounded)")
+    dev.add_argument("--dispatch-us", type=float, default=50.0,
+                     help="host gap before a frame committed into an empty window starts")
+    dev.add_argument("--max-tokens", type=int, default=2048,
+                     help="max_tokens requests are admitted with (0: exactly their length)")
+    dev.add_argument("--cold-estimates", action="store_true",
+                     help="start with no duration estimates (the seed discovers shapes)")
+    dev.add_argument("--horizon", type=float, default=None, help="stop at this simulated time (s)")
+
+    met = parser.add_argument_group("metrics and output")
+    met.add_argument("--ttft-slo", type=float, default=None)
+    met.add_argument("--tpot-slo", type=float, default=None)
+    met.add_argument("--qoe-ttft", type=float, default=1.0)
+    met.add_argument("--qoe-reading-speed", type=float, default=10.0)
+    met.add_argument("--output-dir", type=pathlib.Path, default=pathlib.Path("sim-results"))
+    met.add_argument("--no-plots", action="store_true")
+
+
+def _workload(args: argparse.Namespace) -> Any:
+    from ops.sim.workloads import scenario
+
+    lengths = None
+    if args.lengths is not None:
+        lengths = LengthSpec(kind=args.lengths, prompt_tokens=args.prompt_tokens,
+                             output_tokens=args.output_tokens, prompt_min=args.prompt_min,
+                             prompt_max=args.prompt_max, output_min=args.output_min,
+                             output_max=args.output_max)
+    return scenario(
+        args.scenario, count=args.count, rate=args.rate, arrivals=args.arrivals,
+        burstiness=args.burstiness, lengths=lengths,
+        clients=parse_clients(args.clients) if args.clients else None,
+        long_prompt_every_s=args.long_prompt_every_s,
+        long_prompt_tokens=args.long_prompt_tokens,
+        long_output_tokens=args.long_output_tokens, seed=args.seed,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from gpu.catalog import CatalogError, CatalogFlags, build_catalog
+    from ops.sim.costs import CostTableError, SyntheticCosts, load_bench_programs
+    from ops.sim.engine import SimOptions, SimulationError
+    from ops.sim.runs import run_policies, write_outputs
+    from ops.sim.workloads import build_workload
+    from policy.types import PolicyError
+
+    def fail(message: str) -> int:
+        print(f"flare sim: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        catalog = build_catalog(CatalogFlags(
+            max_batch=args.max_batch, prefill_capacities=tuple(args.prefill_capacities),
+            mixed_prefill=args.mixed_prefill, family_supports_mixed=True)).shapes
+        costs = (load_bench_programs(args.costs, catalog) if args.costs is not None
+                 else SyntheticCosts().table(catalog))
+        spec = _workload(args)
+        requests = build_workload(spec)
+    except (CatalogError, CostTableError, ValueError, OSError) as exc:
+        return fail(str(exc))
+    if not math.isfinite(args.noise) or args.noise < 0:
+        return fail("--noise must be a finite non-negative number")
+    options = SimOptions(max_resident=args.max_resident, max_queue=args.max_queue,
+                         dispatch_ns=round(args.dispatch_us * 1000),
+                         output_limit=args.max_tokens, noise=args.noise,
+                         warm_estimates=not args.cold_estimates, seed=args.seed,
+                         horizon_s=args.horizon)
+    metrics = MetricOptions(ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
+                            qoe_expected_ttft_s=args.qoe_ttft,
+                            qoe_reading_tokens_per_s=args.qoe_reading_speed)
+    config = {"scenario": args.scenario, "max_batch": args.max_batch,
+              "prefill_capacities": list(args.prefill_capacities),
+              "mixed_prefill": args.mixed_prefill, "token_budget": args.token_budget,
+              "cost_source": costs.source}
+    try:
+        runs = run_policies(args.policies, requests=requests, catalog=catalog, costs=costs,
+                            options=options, metrics=metrics, token_budget=args.token_budget,
+                            config=config,
+                            progress=lambda line: print(line, file=sys.stderr))
+    except (PolicyError, SimulationError) as exc:
+        return fail(str(exc))
+    write_outputs(args.output_dir, runs, workload=spec, options=options, costs=costs,
+                  config=config, plots=not args.no_plots)
+    label = "synthetic costs" if costs.source == "synthetic" else f"costs from {costs.source}"
+    print(f"flare sim: scenario {args.scenario}, {len(requests)} requests, {label}")
+    from ops.loadgen.report import summary_table
+    print(summary_table([r.run for r in runs]))
+    print(f"wrote {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":  # ``python -m ops.sim_command`` until ``flare sim`` is wired
+    _parser = argparse.ArgumentParser(prog="flare sim", description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

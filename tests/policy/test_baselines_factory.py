@@ -1,0 +1,43 @@
+"""``make_policy``: every policy name builds a planner with the seed's interface.
+
+Covers issue 7 (policy selection by name) and POL-14/POL-15 (the seed presets).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from policy import Scheduler
+from policy.baselines import (
+    POLICY_NAMES,
+    FcfsPolicy,
+    Planner,
+    SarathiPolicy,
+    VtcPolicy,
+    make_policy,
+)
+from policy.config import PolicyConfigError, policy_preset
+from tests.policy.test_baselines_fcfs import CATALOG
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("balanced", Scheduler), ("throughput", Scheduler), ("fcfs", FcfsPolicy),
+    ("sarathi", SarathiPolicy), ("vtc", VtcPolicy)])
+def test_make_policy_builds_each_name(name: str, kind: type) -> None:
+    policy = make_policy(name, catalog=CATALOG)
+    assert type(policy) is kind
+    assert isinstance(policy, Planner)
+    assert set(policy.catalog) == set(CATALOG)  # type: ignore[attr-defined]
+
+
+def test_seed_names_use_their_presets() -> None:
+    assert make_policy("throughput").config == policy_preset("throughput")  # type: ignore[attr-defined]
+    assert make_policy("balanced").config == policy_preset("balanced")  # type: ignore[attr-defined]
+
+
+def test_budget_reaches_chunked_baselines_and_unknown_names_fail() -> None:
+    policy = make_policy("vtc", catalog=CATALOG, token_budget=128)
+    assert isinstance(policy, VtcPolicy) and policy.token_budget == 128
+    with pytest.raises(PolicyConfigError, match="unknown scheduler policy"):
+        make_policy("lottery")
+    assert len(POLICY_NAMES) == 5
