@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from gpu.frames import TOP_LOGPROBS
 from gpu.kv_cache import CacheGeometry, PagedKVCache
 from gpu.model.decoder import Decoder
 from gpu.model_config import ModelConfig, load_model_config
@@ -133,7 +134,8 @@ class ModelEngine:
                          default=1)
         max_lanes = max([s.batch_capacity for s in shapes], default=1)
         workspace = Workspace(max_tokens=max_tokens, max_lanes=max_lanes, device=device,
-                              sink_row=state.sink_row, sink_page=geometry.sink_page)
+                              sink_row=state.sink_row, sink_page=geometry.sink_page,
+                              top_width=min(TOP_LOGPROBS, config.vocab_size))
         parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace)
         programs = {shape: build_program(shape, parts) for shape in shapes}
         return cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,

@@ -31,6 +31,10 @@ FRAME_KEY = "frame"
 RESULT_KEY = "result"
 """Key of the result value in the mapping ``read_outputs`` returns."""
 
+TOP_LOGPROBS = 5
+"""Alternatives reported per sampled token and per scored prompt token (the most
+OpenAI ``logprobs`` allows on completions)."""
+
 NO_PROMPT_ROW = -1
 """``prefill_row`` value meaning a mixed frame has no prompt row (MIX-9)."""
 
@@ -172,12 +176,14 @@ Frame = PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaneSample:
     """What one lane sampled: the token, its log-probability under the model's
-    (temperature-1, unfiltered) distribution, and whether every logit was finite."""
+    (temperature-1, unfiltered) distribution, whether every logit was finite, and the
+    ``TOP_LOGPROBS`` most likely tokens with their log-probabilities (best first)."""
 
     row: int
     token: int
     logprob: float
     finite: bool
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,11 +193,13 @@ class StepResult:
     ``samples`` holds one entry per lane that sampled (decode lanes always; a prompt
     lane only when its chunk ends the prompt), in lane order. ``prompt_logprobs``
     (scored prefill only) holds, for chunk token ``i``, the log-probability of the
-    next prompt token (the last entry is NaN when ``following_token`` is -1).
+    next prompt token (the last entry is NaN when ``following_token`` is -1), and
+    ``prompt_top_logprobs[i]`` the ``TOP_LOGPROBS`` most likely tokens at that place.
     """
 
     samples: tuple[LaneSample, ...]
     prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

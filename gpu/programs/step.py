@@ -157,6 +157,9 @@ class StepProgram:
             b.out_prompt_logprobs.copy_(
                 torch.where(b.next_token >= 0, scored, torch.full_like(scored, float("nan")))
             )
+            top_lp, top_id = log_probs.topk(b.out_prompt_top_token.shape[1], dim=-1)
+            b.out_prompt_top_token.copy_(top_id)
+            b.out_prompt_top_logprob.copy_(top_lp)
             lane_logits = all_logits[b.sample_index]
         else:
             lane_logits = self._decoder.logits(hidden[b.sample_index])
@@ -168,6 +171,11 @@ class StepProgram:
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)
         b.out_finite.copy_(finite)
+        top_lp, top_id = torch.log_softmax(lane_logits, dim=-1).topk(
+            b.out_top_token.shape[1], dim=-1
+        )
+        b.out_top_token.copy_(top_id)
+        b.out_top_logprob.copy_(top_lp)
         new_pending = torch.where(b.commits_token, token, st.pending_token[rows])
         new_position = torch.where(
             b.absolute_position >= 0, b.absolute_position, st.position[rows] + b.advance
@@ -185,14 +193,25 @@ class StepProgram:
         tokens = b.out_token.cpu().numpy()
         logprobs = b.out_logprob.cpu().numpy()
         finite = b.out_finite.cpu().numpy()
+        top_ids = b.out_top_token.cpu().numpy()
+        top_lps = b.out_top_logprob.cpu().numpy()
         samples = tuple(
             LaneSample(row=row, token=int(tokens[i]), logprob=float(logprobs[i]),
-                       finite=bool(finite[i]))
+                       finite=bool(finite[i]), top_logprobs=_pairs(top_ids[i], top_lps[i]))
             for i, row in enumerate(pack.rows) if pack.reports_sample[i]
         )
-        prompt_logprobs = None
-        if self.scored:
-            n = int(pack.query_lengths[0])
-            values: np.ndarray = b.out_prompt_logprobs[:n].cpu().numpy()
-            prompt_logprobs = tuple(float(v) for v in values)
-        return {RESULT_KEY: StepResult(samples=samples, prompt_logprobs=prompt_logprobs)}
+        if not self.scored:
+            return {RESULT_KEY: StepResult(samples=samples)}
+        n = int(pack.query_lengths[0])
+        values: np.ndarray = b.out_prompt_logprobs[:n].cpu().numpy()
+        prompt_ids = b.out_prompt_top_token[:n].cpu().numpy()
+        prompt_lps = b.out_prompt_top_logprob[:n].cpu().numpy()
+        return {RESULT_KEY: StepResult(
+            samples=samples,
+            prompt_logprobs=tuple(float(v) for v in values),
+            prompt_top_logprobs=tuple(_pairs(prompt_ids[i], prompt_lps[i]) for i in range(n)),
+        )}
+
+
+def _pairs(ids: np.ndarray, logprobs: np.ndarray) -> tuple[tuple[int, float], ...]:
+    return tuple((int(t), float(lp)) for t, lp in zip(ids, logprobs, strict=True))

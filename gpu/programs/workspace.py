@@ -40,13 +40,24 @@ class PackedBuffers:
     out_logprob: torch.Tensor  # float32 [R]
     out_finite: torch.Tensor  # bool [R]
     out_prompt_logprobs: torch.Tensor  # float32 [N]
+    out_top_token: torch.Tensor  # int64 [R, K]
+    out_top_logprob: torch.Tensor  # float32 [R, K]
+    out_prompt_top_token: torch.Tensor  # int64 [N, K]
+    out_prompt_top_logprob: torch.Tensor  # float32 [N, K]
 
 
 class Workspace:
     """The shared buffers for packed programs and state operations."""
 
     def __init__(
-        self, *, max_tokens: int, max_lanes: int, device: str, sink_row: int, sink_page: int
+        self,
+        *,
+        max_tokens: int,
+        max_lanes: int,
+        device: str,
+        sink_row: int,
+        sink_page: int,
+        top_width: int,
     ) -> None:
         self.max_tokens = max_tokens
         self.max_lanes = max_lanes
@@ -61,12 +72,16 @@ class Workspace:
             "from_state": z(n, torch.bool), "lane_offset": z(n, i64),
             "token_lane": z(n, i64), "valid": z(n, torch.bool), "next_token": z(n, i64),
             "out_prompt_logprobs": z(n, f32),
+            "out_prompt_top_token": torch.zeros((n, top_width), dtype=i64, device=device),
+            "out_prompt_top_logprob": torch.zeros((n, top_width), dtype=f32, device=device),
         }
         self._lane = {
             "lane_rows": z(r, i64, sink_row), "sample_index": z(r, i64),
             "commits_token": z(r, torch.bool), "absolute_position": z(r, i64, -1),
             "advance": z(r, i64), "out_token": z(r, i64), "out_logprob": z(r, f32),
             "out_finite": z(r, torch.bool),
+            "out_top_token": torch.zeros((r, top_width), dtype=i64, device=device),
+            "out_top_logprob": torch.zeros((r, top_width), dtype=f32, device=device),
         }
         # state operations: per lane source/destination rows and pages
         self.copy_src_row = z(r, i64, sink_row)

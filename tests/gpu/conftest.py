@@ -1,73 +1,15 @@
-"""Tiny random HF checkpoints (Llama, Qwen2, Qwen3) saved locally for the gpu tests.
-
-Built once per session with transformers ``save_pretrained`` (no hub access), each
-with a small word-level ``tokenizer.json`` and a ``tokenizer_config.json`` carrying a
-chat template. ``initializer_range`` is large so logits are peaked and greedy
-continuations are free of near-ties.
+"""Session fixtures for the gpu model/program tests: tiny random HF checkpoints
+(Llama, Qwen2, Qwen3) saved locally with transformers ``save_pretrained`` (no hub
+access) and transformers as the reference peer. Builders live in ``model_fixtures``
+(a uniquely named module: several test directories have a ``conftest``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-
-VOCAB = 96
-EOS_ID = 2
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}"
-)
-
-
-def _write_tokenizer(directory: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, VOCAB)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE,
-    }))
-
-
-def _common(**extra: object) -> dict[str, object]:
-    base: dict[str, object] = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3, bos_token_id=1, eos_token_id=EOS_ID, rope_theta=10000.0,
-    )
-    base.update(extra)
-    return base
-
-
-def _build(kind: str, directory: Path) -> Path:
-    import torch
-    import transformers as tf
-
-    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "llama_untied": 4}[kind])
-    if kind == "llama":
-        config = tf.LlamaConfig(**_common(tie_word_embeddings=True))
-        model = tf.LlamaForCausalLM(config)
-    elif kind == "llama_untied":
-        config = tf.LlamaConfig(**_common(tie_word_embeddings=False, num_key_value_heads=4))
-        model = tf.LlamaForCausalLM(config)
-    elif kind == "qwen2":
-        config = tf.Qwen2Config(**_common(tie_word_embeddings=False))
-        model = tf.Qwen2ForCausalLM(config)
-    else:
-        config = tf.Qwen3Config(**_common(tie_word_embeddings=True, head_dim=16))
-        model = tf.Qwen3ForCausalLM(config)
-    model.eval()
-    model.save_pretrained(directory)
-    _write_tokenizer(directory)
-    return directory
-
-
-MODEL_KINDS = ("llama", "qwen2", "qwen3", "llama_untied")
+from model_fixtures import MODEL_KINDS, HFReference, build_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -90,50 +32,8 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     for kind in MODEL_KINDS:
         directory = root / kind
         directory.mkdir()
-        out[kind] = _build(kind, directory)
+        out[kind] = build_checkpoint(kind, directory)
     return out
-
-
-class HFReference:
-    """transformers as the peer: greedy ``generate`` and full-prompt log-probabilities."""
-
-    def __init__(self, checkpoints: dict[str, Path]) -> None:
-        self._dirs = checkpoints
-        self._models: dict[str, object] = {}
-
-    def model(self, kind: str):  # type: ignore[no-untyped-def]
-        import transformers as tf
-
-        if kind not in self._models:
-            self._models[kind] = tf.AutoModelForCausalLM.from_pretrained(
-                self._dirs[kind], dtype="float32"
-            ).eval()
-            # generate() must not stop at the checkpoint's EOS: we compare fixed lengths.
-            self._models[kind].generation_config.eos_token_id = None  # type: ignore[attr-defined]
-        return self._models[kind]
-
-    def greedy(self, kind: str, prompt: list[int], new_tokens: int) -> list[int]:
-        import torch
-        from transformers import GenerationConfig
-
-        config = GenerationConfig(
-            do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0,
-            eos_token_id=None, pad_token_id=0, bos_token_id=None,
-        )
-        with torch.no_grad():
-            out = self.model(kind).generate(  # type: ignore[attr-defined]
-                torch.tensor([prompt]), generation_config=config
-            )
-        tokens = out[0, len(prompt):].tolist()
-        assert len(tokens) == new_tokens, "reference stopped early"
-        return tokens
-
-    def log_probs(self, kind: str, prompt: list[int]):  # type: ignore[no-untyped-def]
-        import torch
-
-        with torch.no_grad():
-            logits = self.model(kind)(torch.tensor([prompt])).logits[0]  # type: ignore[operator]
-        return torch.log_softmax(logits.float(), dim=-1)
 
 
 @pytest.fixture(scope="session")

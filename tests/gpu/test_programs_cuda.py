@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HFReference
-from model_fixtures import CATALOG, DECODE, MIXED_4, PAGE_SIZE, PREFILL_64, prompt_of
+from model_fixtures import CATALOG, DECODE, MIXED_4, PAGE_SIZE, PREFILL_64, HFReference, prompt_of
 
 from gpu.engine import ModelEngine
 from gpu.frames import NO_PROMPT_ROW

@@ -14,15 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import MODEL_KINDS, HFReference
 from model_fixtures import (
     DECODE,
     MIXED_2,
     MIXED_4,
+    MODEL_KINDS,
     PREFILL_64,
     PREFILL_128,
     RESTORE,
     SNAPSHOT,
+    HFReference,
     build_engine,
     prompt_of,
 )
