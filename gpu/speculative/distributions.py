@@ -1,0 +1,63 @@
+"""Sampling distributions as probability rows, for rejection sampling.
+
+Speculative verification compares the target's and the draft's *sampling*
+distributions, so both must be the distributions the ordinary sampler draws from:
+``filtered_probs`` applies exactly ``gpu.sampling.sample``'s processing (temperature,
+top-k, then top-p on the top-k-renormalised mass, the top token always kept) and
+returns probabilities. Greedy rows (temperature 0) become a one-hot at the raw-logit
+argmax, the token ``sample`` picks; rejection sampling between one-hot rows is exact
+greedy verification, so greedy requests need no separate code path.
+Capturable: fixed shapes, no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def filtered_probs(
+    logits: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+) -> torch.Tensor:
+    """Probabilities ``float32 [N, V]`` of the distribution ``sample`` draws from for
+    each row of ``logits [N, V]`` (parameters ``[N]``)."""
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    safe = torch.nan_to_num(logits, nan=-1e30, posinf=1e30, neginf=-1e30)
+    greedy = temperature <= 0.0
+    scaled = safe / torch.where(greedy, 1.0, temperature)[:, None]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device, dtype=torch.int64)[None, :]
+    k = torch.where(top_k > 0, top_k, vocab)[:, None]
+    keep_sorted = rank < k
+    probs_sorted = torch.softmax(sorted_logits.masked_fill(~keep_sorted, float("-inf")), dim=-1)
+    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
+    keep_sorted = keep_sorted & (mass_before < top_p[:, None])
+    keep_sorted[:, 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    sampled = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+    one_hot = torch.zeros_like(sampled).scatter(1, safe.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy[:, None], one_hot, sampled)
+
+
+def filtered_probs_by_lane(
+    logits: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+) -> torch.Tensor:
+    """``filtered_probs`` for ``logits [B, W, V]`` with per-lane parameters ``[B]``."""
+    batch, width, vocab = logits.shape
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return values[:, None].expand(batch, width).reshape(-1)
+
+    probs = filtered_probs(
+        logits.reshape(batch * width, vocab), temperature=per_row(temperature),
+        top_p=per_row(top_p), top_k=per_row(top_k),
+    )
+    return probs.reshape(batch, width, vocab)
