@@ -13,6 +13,7 @@ A program that raises fails only its own launch (``ProgramFault``); the worker g
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -42,6 +43,7 @@ class _Launch:
 
 
 _STOP = object()
+_stream_ids = itertools.count()
 
 
 def run_launch(launch: _Launch, clock_ns: Any = time.perf_counter_ns) -> None:
@@ -106,7 +108,9 @@ class CpuBackend:
         """Prepared programs by identity (held so their ids stay unique)."""
         self._sequence = 0
         self._closed = False
-        self._stream = CpuStream("flare-cpu-stream-0")
+        self.stream_name = f"flare-cpu-stream-{next(_stream_ids)}"
+        """Name of this backend's worker thread (unique per backend)."""
+        self._stream = CpuStream(self.stream_name)
 
     def prepare(
         self, programs: Sequence[PreparedProgram], *, progress: ProgressSink | None = None

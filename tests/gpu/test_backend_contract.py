@@ -35,6 +35,7 @@ from gpu.backend import (
     ProgramNotPrepared,
     open_backend,
 )
+from gpu.cpu_backend import CpuBackend
 from gpu.preparation import PreparationReport, ShapePreparation
 
 WAIT_S = 30.0
@@ -251,15 +252,14 @@ def test_cpu_device_interval_measures_execute_only() -> None:
 
 
 def test_cpu_close_drains_queued_launches() -> None:
-    backend = open_backend("cpu")
+    backend = CpuBackend()
     program = MatmulCounter(decode_shape(1))
     backend.prepare([program])
     handles = [backend.launch(program, {"x": _x(float(i), 1)}) for i in range(4)]
     backend.close()
     assert all(h.done() for h in handles)
     assert [h.result().outputs["counter"] for h in handles] == [1, 2, 3, 4]
-    assert not any(t.name.startswith("flare-cpu-stream") and t.is_alive()
-                   for t in threading.enumerate())
+    assert backend.stream_name not in {t.name for t in threading.enumerate()}
 
 
 def test_result_before_done_is_an_error() -> None:
