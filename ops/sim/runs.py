@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ops.loadgen.metrics import MetricOptions, summarize
+from ops.loadgen.metrics import MetricOptions, distribution, summarize
+from ops.loadgen.records import RequestRecord
 from ops.loadgen.report import (
     RunFile,
     plot_latency_cdfs,
@@ -56,14 +57,35 @@ def run_policies(
         summary = summarize(result.records, duration_s=result.makespan_s,
                             planned=len(requests), options=metrics)
         summary["simulator"] = result.stats_json()
+        summary["per_client"] = per_client_latency(result.records)
         run = RunFile(label=name, config={**config, "policy": name}, summary=summary,
                       records=result.records)
         runs.append(PolicyRun(name, result, run))
         if progress is not None:
             progress(f"{name}: {len(requests)} requests, "
                      f"{sum(result.frames.values())} frames, simulated "
-                     f"{result.makespan_s:.1f} s in {result.wall_s:.2f} s")
+                     f"{result.makespan_s:.1f} s in {result.wall_s:.2f} s "
+                     f"({result.cpu_s:.2f} s CPU)")
     return runs
+
+
+def per_client_latency(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """TTFT, TPOT, per-chunk ITL (with its maximum) and E2E distributions per client tag.
+
+    Separates the chat traffic from the long prompts of the interference scenario and
+    the heavy from the light client of the fairness one.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for client in sorted({r.client for r in records}):
+        ok = [r for r in records if r.client == client and r.status == "ok"]
+        out[client] = {
+            "requests": len(ok),
+            "ttft_s": distribution(t for r in ok if (t := r.ttft_s) is not None),
+            "tpot_s": distribution(t for r in ok if (t := r.tpot_s) is not None),
+            "itl_s": distribution(g for r in ok for g in r.chunk_gaps_s()),
+            "e2e_s": distribution(t for r in ok if (t := r.e2e_s) is not None),
+        }
+    return out
 
 
 def write_outputs(out_dir: pathlib.Path, runs: Sequence[PolicyRun], *, workload: WorkloadSpec,

@@ -1,0 +1,65 @@
+"""``flare sim`` end to end on a tiny workload: exit status, files, table, errors.
+
+Covers issue 7 (simulator outputs): per-policy run files readable by the load
+benchmark's ``read_run``, ``sim.json`` with summaries labelled synthetic, and clear
+usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import pytest
+
+from ops import sim_command
+from ops.loadgen.report import read_run
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    sim_command.add_arguments(parser)
+    return sim_command.main(parser.parse_args(argv))
+
+
+def test_sim_command_writes_run_files_and_summary(tmp_path: pathlib.Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sim"
+    code = run(["--scenario", "fairness", "--num-requests", "12", "--max-batch", "4",
+                "--prefill-capacity", "64", "256", "--policy", "balanced", "fcfs", "vtc",
+                "--token-budget", "256", "--noise", "0.1", "--output-dir", str(out),
+                "--no-plots"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "synthetic costs" in printed and "vtc" in printed
+    data = json.loads((out / "sim.json").read_text())
+    assert data["synthetic"] is True
+    assert set(data["policies"]) == {"balanced", "fcfs", "vtc"}
+    for name in ("balanced", "fcfs", "vtc"):
+        run_file = read_run(out / f"{name}.json")
+        assert run_file.label == name
+        assert run_file.summary["requests"]["ok"] == 12
+        assert set(run_file.summary["per_client"]) == {"heavy", "light"}
+        assert run_file.summary["simulator"]["unfinished"] == 0
+    assert not (out / "latency_cdf.png").exists()
+
+
+def test_sim_command_reports_bad_inputs(tmp_path: pathlib.Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--costs", str(tmp_path / "missing.json"), "--num-requests", "2"]) == 2
+    assert "flare sim:" in capsys.readouterr().err
+    assert run(["--max-batch", "3", "--num-requests", "2"]) == 2
+    assert run(["--policy", "sarathi", "--token-budget", "8", "--num-requests", "2",
+                "--output-dir", str(tmp_path), "--no-plots"]) == 2
+    assert "token budget" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sim_command_draws_plots(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "plots"
+    assert run(["--num-requests", "6", "--max-batch", "2", "--prefill-capacity", "64",
+                "--no-mixed-prefill", "--policy", "fcfs", "sarathi", "--token-budget", "64",
+                "--output-dir", str(out)]) == 0
+    for name in ("latency_cdf.png", "tokens_over_time.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
