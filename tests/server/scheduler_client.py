@@ -7,12 +7,19 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+
+from actors.config import RuntimeConfig
+from actors.public import Runtime
+
+OpenRuntime = Callable[[RuntimeConfig], AbstractAsyncContextManager[Runtime]]
 
 COUNTER_FAMILIES = ("flare_scheduler_executions", "flare_scheduler_graph_executions")
 

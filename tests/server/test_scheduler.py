@@ -20,7 +20,7 @@ import importlib
 import os
 import pathlib
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,6 +29,7 @@ import httpx
 import pytest
 import trio
 from scheduler_client import (
+    OpenRuntime,
     StreamResult,
     cancel_after_chunks,
     counter_deltas,
@@ -37,7 +38,7 @@ from scheduler_client import (
     stream_completion,
 )
 
-from actors.config import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR, RuntimeConfig
+from actors.config import DEFAULT_DRAFT_DIR, RuntimeConfig
 from actors.public import Runtime
 from app import AppSettings, ServerHandle, create_app, serve_http
 
@@ -52,27 +53,11 @@ SOURCE_TEXT = "".join(pathlib.Path(importlib.import_module(name).__file__ or "")
                       for name in ("json.decoder", "textwrap", "fractions"))
 
 
-OpenRuntime = Callable[[RuntimeConfig], AbstractAsyncContextManager[Runtime]]
-
-
 @pytest.fixture
-def open_runtime(mode: str) -> OpenRuntime:
-    """The real ``open_runtime``, or a skip naming what is missing (checked outside trio so
-    the reason reaches the report)."""
-    try:
-        module = importlib.import_module("actors.system")
-    except ModuleNotFoundError as exc:
-        if exc.name != "actors.system":
-            raise
-        pytest.skip("actors.system is not built yet (no real runtime to test)")
-    opener = getattr(module, "open_runtime", None)
-    if opener is None:
-        pytest.skip("actors.system.open_runtime does not exist yet")
-    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
-        pytest.skip("models/default (the embedded default model) is missing")
+def open_runtime(real_open_runtime: OpenRuntime, mode: str) -> OpenRuntime:
     if mode != "off" and not (DEFAULT_DRAFT_DIR / "config.json").is_file():
         pytest.skip("models/default-draft is missing (needed for speculative modes)")
-    return opener  # type: ignore[no-any-return]
+    return real_open_runtime
 
 
 @dataclass
