@@ -68,6 +68,8 @@ class CatalogIndex:
     """``shapes[i].batch_capacity``."""
     position: dict[GraphShape, int]
     """Index of each shape in ``shapes``."""
+    mixed_smallest_prompt: IntArray
+    """For each batch bucket of ``mixed``, its shape with the smallest prompt capacity."""
     delivery_family: IntArray
     """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
 
@@ -79,6 +81,12 @@ class CatalogIndex:
             idx.sort(key=lambda i: key(shapes[i]))
             return np.array(idx, dtype=np.int64)
 
+        mixed = pick(
+            lambda s: s.kind is GraphKind.MIXED
+            and s.token_capacity == 1
+            and not s.speculation_enabled,
+            lambda s: (s.batch_capacity, s.prefill_capacity),
+        )
         return CatalogIndex(
             shapes=shapes,
             decode=pick(lambda s: s.kind is GraphKind.DECODE, lambda s: s.batch_capacity),
@@ -87,12 +95,7 @@ class CatalogIndex:
                 lambda s: s.kind is GraphKind.SCORED_PREFILL, lambda s: s.token_capacity
             ),
             # Ordinary mixed execution: width one without draft-state maintenance (MIX-44).
-            mixed=pick(
-                lambda s: s.kind is GraphKind.MIXED
-                and s.token_capacity == 1
-                and not s.speculation_enabled,
-                lambda s: (s.batch_capacity, s.prefill_capacity),
-            ),
+            mixed=mixed,
             snapshot=pick(
                 lambda s: s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT,
                 lambda s: s.batch_capacity,
@@ -102,11 +105,19 @@ class CatalogIndex:
             ).reshape(len(shapes), 4),
             batch=np.array([s.batch_capacity for s in shapes], dtype=np.int64),
             position={s: i for i, s in enumerate(shapes)},
+            mixed_smallest_prompt=_smallest_prompt_per_batch(shapes, mixed),
             delivery_family=pick(
                 lambda s: s.kind in (GraphKind.DECODE, GraphKind.MIXED),
                 lambda s: s.batch_capacity,
             ),
         )
+
+
+def _smallest_prompt_per_batch(shapes: tuple[GraphShape, ...], mixed: IntArray) -> IntArray:
+    best: dict[int, int] = {}
+    for i in mixed.tolist():  # sorted by (B, C): the first of each B is the smallest C
+        best.setdefault(shapes[i].batch_capacity, i)
+    return np.array(sorted(best.values()), dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,10 +334,14 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
             cols.setdefault(k, []).append(v)
 
     if len(dec):
-        m = np.minimum(cap_b, len(dec))
-        push(shape=idx, base=dec.prefix[m], slope=m * dec.slope, served=m,
-             lru=dec.lru_prefix_min[m], pad_rows=cap_b - m, pad_tokens=cap_c - 1,
-             prompt_pos=np.full(len(idx), -1), prompt_tokens=np.zeros(len(idx)), n_dec=m)
+        # Decode-only rows do the same work at every prompt capacity of a batch bucket,
+        # so only each bucket's smallest prompt capacity can survive dominance.
+        only = ctx.catalog.mixed_smallest_prompt
+        ob, oc = ctx.catalog.batch[only], ctx.catalog.capacities[only, 2]
+        m = np.minimum(ob, len(dec))
+        push(shape=only, base=dec.prefix[m], slope=m * dec.slope, served=m,
+             lru=dec.lru_prefix_min[m], pad_rows=ob - m, pad_tokens=oc,
+             prompt_pos=np.full(len(only), -1), prompt_tokens=np.zeros(len(only)), n_dec=m)
     rows = np.nonzero(~p.scored)[0]
     if len(rows):
         remaining = p.logical_remaining[rows][:, None]

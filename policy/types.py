@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import NewType
+from typing import NamedTuple, NewType
 
 from policy.descriptors import GraphShape
 
@@ -69,9 +69,8 @@ class DecodeMode(enum.Enum):
     SPECULATIVE = "speculative"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lane:
-    """One request's logical work in a step.
+class Lane(NamedTuple):
+    """One request's logical work in a step (immutable).
 
     ``prompt_start``/``prompt_tokens``: the prompt extent a PROMPT lane consumes.
     ``token_ceiling``: the most output tokens the lane may commit (1 for ordinary
@@ -79,6 +78,10 @@ class Lane:
     lane's ``min(D + 1, W, request limit)`` later).
     ``expected_tokens``/``expected_deliveries``: what selection expected (frozen).
     ``value``: the lane's scaled contribution to the plan's value (diagnostic).
+
+    A NamedTuple rather than a frozen dataclass because ``plan()`` builds up to 64 of
+    them per decision and tuple construction is several times cheaper; build it with
+    keywords and read it by attribute.
     """
 
     handle: RequestHandle
