@@ -34,6 +34,11 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SYSTEM_ROLES = ("system", "developer")
+# Anchors are computed for the system boundary and the most recent messages only:
+# each anchor renders a prefix of the conversation, so anchoring all n messages would cost
+# O(n^2). Older turns' boundaries sit at the template's special tokens, which the tokenizer
+# splits on anyway, so their tokens stay identical from turn to turn without a cut.
+MAX_RECENT_ANCHORS = 32
 
 
 class ChatTemplateError(ValueError):
@@ -97,12 +102,23 @@ def _message_boundaries(template: ChatTemplate, messages: Sequence[ChatMessage],
     rendering of the conversation up to it is a prefix of the full rendering."""
     boundaries: list[tuple[int, int]] = []
     last = 0
+    leading_system = _leading_system_count(messages)
+    recent = max(0, len(messages) - MAX_RECENT_ANCHORS)
     for k in range(len(messages)):
+        if k != leading_system - 1 and k < recent:
+            continue
         prefix = template.render(messages[: k + 1], add_generation_prompt=False)
         if len(prefix) > last and full_text.startswith(prefix):
             boundaries.append((k, len(prefix)))
             last = len(prefix)
     return boundaries
+
+
+def _leading_system_count(messages: Sequence[ChatMessage]) -> int:
+    count = 0
+    while count < len(messages) and messages[count].role in SYSTEM_ROLES:
+        count += 1
+    return count
 
 
 def tokenize_chat(template: ChatTemplate, codec: TextCodec,
@@ -113,9 +129,7 @@ def tokenize_chat(template: ChatTemplate, codec: TextCodec,
     token_ids: list[int] = []
     message_ends: list[int] = []
     system_end: int | None = None
-    leading_system = 0
-    while leading_system < len(messages) and messages[leading_system].role in SYSTEM_ROLES:
-        leading_system += 1
+    leading_system = _leading_system_count(messages)
     start = 0
     for index, end in boundaries:
         token_ids.extend(codec.encode(full_text[start:end]))

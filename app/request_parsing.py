@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.public import SamplingParams
-from app.errors import ApiError, bad_request, model_not_found
+from app.errors import bad_request, model_not_found
 
 MAX_STOP_STRINGS = 4
+# Each message adds template work (anchors render prefixes); this bounds a single request's
+# CPU cost far above any real conversation.
+MAX_MESSAGES = 2048
 MAX_SEED = 2**63 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -111,7 +114,10 @@ class _Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad_request(f"'{name}' must be a number.", param=name)
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer literal too large for a float
+            number = math.inf
         if not math.isfinite(number) or number > hi or number < lo or (lo_open and number == lo):
             bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
             raise bad_request(f"'{name}' must be within {bound}, got {value}.", param=name)
@@ -274,6 +280,9 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list.", param="messages")
+    if len(raw) > MAX_MESSAGES:
+        raise bad_request(f"'messages' holds {len(raw)} messages; at most {MAX_MESSAGES} are "
+                          "accepted.", param="messages")
     messages: list[ChatMessage] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
@@ -300,15 +309,3 @@ def check_model(requested: str | None, served: str) -> None:
     if requested is not None and requested != served:
         raise model_not_found(requested)
 
-
-__all__ = [
-    "ApiError",
-    "ChatMessage",
-    "ChatParams",
-    "CommonParams",
-    "CompletionParams",
-    "check_model",
-    "parse_chat",
-    "parse_completion",
-    "parse_json_object",
-]

@@ -47,6 +47,23 @@ def test_queue_16_next_turn_reproduces_earlier_tokens(codec: TinyCodec) -> None:
     assert t1.system_end is None
 
 
+def test_long_conversations_anchor_the_system_end_and_recent_messages(codec: TinyCodec) -> None:
+    """Anchoring renders prefixes; only the system boundary and the last
+    MAX_RECENT_ANCHORS messages are anchored, so cost stays linear in the length."""
+    from app.chat_template import MAX_RECENT_ANCHORS
+
+    turns = [("user" if i % 2 == 0 else "assistant", f"turn {i}") for i in range(100)]
+    messages = conversation(("system", "sys"), *turns)
+    chat = tokenize_chat(template_for(codec), codec, messages)
+    assert len(chat.message_ends) == 1 + MAX_RECENT_ANCHORS
+    assert chat.system_end == chat.message_ends[0]
+    assert codec.decode(chat.token_ids[:chat.message_ends[0]]).endswith("sys<|im_end|>\n")
+    assert codec.decode(chat.token_ids[:chat.message_ends[1]]).endswith(
+        f"turn {100 - MAX_RECENT_ANCHORS}<|im_end|>\n")
+    assert codec.decode(chat.token_ids) == template_for(codec).render(
+        messages, add_generation_prompt=True)
+
+
 def test_fallback_template_when_model_has_none(codec: TinyCodec) -> None:
     template = ChatTemplate(None, codec.special_tokens)
     assert template.uses_fallback

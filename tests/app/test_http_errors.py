@@ -32,6 +32,7 @@ class Case:
     headers: dict[str, str] = field(default_factory=dict)
     param: str | None = None
     code: str | None = None
+    max_request_bytes: int = 16_384
 
 
 def completion(**overrides: Any) -> dict[str, Any]:
@@ -58,6 +59,8 @@ CASES = [
     Case("max_tokens_huge", 400, completion(max_tokens=10**30), param="max_tokens"),
     Case("max_tokens_negative", 400, completion(max_tokens=-1), param="max_tokens"),
     Case("max_tokens_zero_without_echo", 400, completion(max_tokens=0), param="max_tokens"),
+    Case("temperature_integer_beyond_float", 400,
+         raw=b'{"prompt": "hi", "temperature": 1' + b"0" * 400 + b"}", param="temperature"),
     Case("temperature_out_of_range", 400, completion(temperature=5), param="temperature"),
     Case("top_p_zero", 400, completion(top_p=0), param="top_p"),
     Case("top_k_string", 400, completion(top_k="many"), param="top_k"),
@@ -96,6 +99,8 @@ CASES = [
          param="messages"),
     Case("chat_template_rejects", 400, chat([{"role": "assistant", "content": "hi"}]),
          path=CHAT, param="messages"),
+    Case("chat_too_many_messages", 400, chat(USER * 3000), path=CHAT, param="messages",
+         max_request_bytes=1 << 20),
     Case("chat_tools", 400, chat(USER, tools=[{"type": "function"}]), path=CHAT, param="tools"),
     Case("chat_n_above_one", 400, chat(USER, n=3), path=CHAT, param="n"),
     Case("chat_unknown_model", 404, {**chat(USER), "model": "nope"}, path=CHAT,
@@ -131,7 +136,7 @@ async def assert_still_serves(client: httpx.AsyncClient, **headers: str) -> None
 async def test_bad_input_gets_openai_error_then_server_still_serves(
         codec: TinyCodec, case: Case) -> None:
     rt = FakeRuntime(codec, max_context=256)
-    settings = AppSettings(max_request_bytes=16_384)
+    settings = AppSettings(max_request_bytes=case.max_request_bytes)
     with trio.fail_after(20):
         async with running_server(rt, settings) as server, client_for(server) as client:
             if case.raw is not None:
