@@ -29,12 +29,14 @@ from policy import (
     FinishKind,
     LaneRole,
     Phase,
+    PolicyError,
     RequestHandle,
     Scheduler,
     SelectionReason,
     StaleEpochError,
     StalePlanError,
 )
+from policy.config import PolicyConfig
 
 
 def timing(ns: int, wall: int | None = None) -> ExecutionTiming:
@@ -263,3 +265,30 @@ def test_traces_and_counters_by_kind() -> None:
     assert first.selected_cost_ns == 0
     later = [t for t in traces if t.reason is SelectionReason.ORDINARY]
     assert later and all(t.observation_age_ns is not None for t in later)
+
+
+def test_pre_43_preemption_retires_without_finishing() -> None:
+    """Covers PRE-41, PRE-43: preemption starts terminal retirement at once, emits no
+    finish, and the snapshot releases the request."""
+    s = measured_scheduler(ordinary_catalog(with_snapshot=True))
+    h = s.admit(prompt_len=64, max_output_tokens=50)
+    d = Driver(s)
+    d.step()
+    assert s.phase(h) is Phase.DECODE
+    s.preempt(h)
+    assert s.phase(h) is Phase.TERMINAL and s.request(h).terminal_since_ns == s.now_ns
+    assert s.request(h).preempted
+    plan = d.step()
+    assert plan is not None and plan.lanes[0].role is LaneRole.TERMINAL
+    assert all(g.finish is None for _, g in d.trace.tokens)
+    assert h not in s.handles()
+
+
+def test_configure_policy_only_before_admission() -> None:
+    """Covers POL-19 / OPEN-29: preferences are supplied before admission."""
+    s = Scheduler()
+    s.configure_policy(PolicyConfig(decode_age_price=0.5))
+    assert s.config.decode_age_price == 0.5
+    s.admit(prompt_len=10, max_output_tokens=1)
+    with pytest.raises(PolicyError):
+        s.configure_policy(PolicyConfig())
