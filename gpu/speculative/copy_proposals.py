@@ -28,8 +28,8 @@ class CopyProposal(NamedTuple):
     """Copy proposals for a batch of lanes."""
 
     tokens: torch.Tensor
-    """int64 ``[B, D]``: proposed tokens, ``PAD_TOKEN`` from ``count`` on."""
-    count: torch.Tensor
+    """int64 ``[B, D]``: proposed tokens, ``PAD_TOKEN`` from ``proposed`` on."""
+    proposed: torch.Tensor
     """int64 ``[B]``: proposed tokens per lane (0 where nothing matched)."""
 
 
@@ -73,7 +73,7 @@ def propose_copy(
     j = torch.arange(depth, device=device, dtype=torch.int64)[None, :]
     source = (best_end[:, None] + 1 + j).clamp(min=0, max=capacity - 1)
     tokens = torch.where(j < count[:, None], context.gather(1, source), PAD_TOKEN)
-    return CopyProposal(tokens=tokens, count=count)
+    return CopyProposal(tokens=tokens, proposed=count)
 
 
 def reference_copy_proposal(

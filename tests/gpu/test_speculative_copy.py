@@ -23,7 +23,7 @@ def _propose(contexts: list[list[int]], capacity: int, **kwargs: int) -> list[li
     proposal = propose_copy(buffer, lengths, **kwargs)
     out = []
     for b in range(len(contexts)):
-        count = int(proposal.count[b])
+        count = int(proposal.proposed[b])
         assert (proposal.tokens[b, count:] == PAD_TOKEN).all()
         out.append(proposal.tokens[b, :count].tolist())
     return out
