@@ -138,3 +138,28 @@ async def test_client_can_read_slowly_without_timeout(codec: TinyCodec) -> None:
                 assert response.headers["content-type"].startswith("text/event-stream")
                 events = await SseReader(response).rest()
     assert events[-1] == "[DONE]" and rt.finished and not rt.cancelled
+
+
+async def test_dropped_unread_stream_still_cancels_its_request(codec: TinyCodec) -> None:
+    """Quart may drop a response whose body it never started (client gone between the
+    handler and the body); the stream's finalizer then cancels the pump."""
+    import gc
+
+    from actors.public import GenerationRequest
+    from app.generation import Inflight, RequestObserver, start_generation
+    from app.metrics import AppMetrics
+
+    rt = FakeRuntime(codec, gated=True)
+    request = GenerationRequest(prompt_token_ids=(5, 6), max_tokens=4, request_id="cmpl-x")
+    inflight = Inflight()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            observer = RequestObserver(AppMetrics(rt.statistics), request_id="cmpl-x",
+                                       endpoint="completions", arrived=0.0)
+            stream = await start_generation(rt, nursery, inflight, request, observer,
+                                            stream=True)
+            assert len(inflight) == 1
+            del stream
+            gc.collect()
+            await rt.wait_until(lambda: rt.cancelled == ["cmpl-x"])
+            await inflight.wait_empty()
