@@ -153,4 +153,6 @@ async def run(
                 failures=check.failures, timing=timing, logprobs=check.logprobs,
                 prompt_logprobs=check.prompt_logprobs,
                 fault=str(outcome.fault) if outcome.fault is not None else None,
+                launched_ns=outcome.launched_ns,
+                observed_ns=outcome.launched_ns + outcome.wall_ns,
             ))

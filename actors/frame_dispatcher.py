@@ -54,7 +54,7 @@ async def _observe(
                     fault = exc
             await to_validator.send(FrameOutcome(
                 order=order, completion=completion, fault=fault,
-                wall_ns=max(clock_ns() - launched_ns, 0),
+                wall_ns=max(clock_ns() - launched_ns, 0), launched_ns=launched_ns,
             ))
 
 

@@ -224,6 +224,9 @@ class ValidatedFrame:
     prompt_logprobs: tuple[float, ...] | None
     fault: str | None = None
     """The program fault that failed the whole frame, if any."""
+    launched_ns: int = 0
+    observed_ns: int = 0
+    """Runtime clock at launch and when the completion was observed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,6 +285,8 @@ class FrameOutcome:
     completion: Completion | None
     fault: ProgramFault | None
     wall_ns: int
+    launched_ns: int = 0
+    """Runtime clock at launch (``wall_ns`` later the completion was observed)."""
 
 
 DispatcherInbox = FrameOrder

@@ -76,6 +76,22 @@ class _Resident:
     failed: bool = False
 
 
+FRAME_LOG_LENGTH = 4096
+"""Completed frames kept for ``Runtime.frame_log()`` (benchmarks, diagnostics)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameRecord:
+    """One completed frame as the runtime saw it (runtime clock, nanoseconds)."""
+
+    fence: Fence
+    graph: str
+    lanes: int
+    launched_ns: int
+    observed_ns: int
+    device_ns: int
+
+
 @dataclass(slots=True)
 class PlannerCounters:
     prompt_tokens: int = 0
@@ -113,6 +129,7 @@ class Planner:
         self.draining = False
         self.counters = PlannerCounters()
         self.executions_by_graph: dict[str, int] = {}
+        self.frame_log: deque[FrameRecord] = deque(maxlen=FRAME_LOG_LENGTH)
 
     # ------------------------------------------------------------------ state views
 
@@ -193,6 +210,10 @@ class Planner:
         self.counters.frames += 1
         label = frame.plan.shape.label()
         self.executions_by_graph[label] = self.executions_by_graph.get(label, 0) + 1
+        self.frame_log.append(FrameRecord(
+            fence=frame.fence, graph=label, lanes=len(frame.plan.lanes),
+            launched_ns=frame.launched_ns, observed_ns=frame.observed_ns,
+            device_ns=frame.timing.device_ns))
         self._apply_extents(frame)
         for failure in frame.failures:
             resident = self._residents.get(failure.handle)
@@ -320,7 +341,8 @@ class Planner:
                             for lane in plan.lanes)
             pages = await self._reserve(fence, extents)
             frame, contexts = pack_frame(plan, sources, pages)
-            self._now()
+            # The clock stays at the planning instant: the reservation round trip is
+            # part of this planning step, not time in which the window can overrun.
             try:
                 self.scheduler.commit(plan, fence)
             except CommitRejected as exc:

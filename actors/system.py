@@ -52,7 +52,7 @@ from actors.messages import (
     Withdraw,
 )
 from actors.page_pool import pages_for
-from actors.planner import Planner
+from actors.planner import FrameRecord, Planner
 from actors.public import (
     Finished,
     GenerationRequest,
@@ -216,6 +216,10 @@ class Runtime:
             execution_ns_by_kind=tuple(sorted(sched.execution_ns.items())),
             executions_by_graph=tuple(sorted(self._planner.executions_by_graph.items())),
         )
+
+    def frame_log(self) -> tuple[FrameRecord, ...]:
+        """The most recent completed frames, oldest first (benchmarks, diagnostics)."""
+        return tuple(self._planner.frame_log)
 
     @property
     def resources(self) -> ResourceBook:

@@ -414,3 +414,23 @@ async def toy_exit(toy: ToySystem) -> None:
     """Close admission the way leaving ``open_runtime`` does, then wait for the drain."""
     toy.runtime._close_admission()
     await until(lambda: toy.runtime.resources.statistics().residents == 0)
+
+
+async def test_ver_28_mixed_frames_pack_prompt_and_decode_rows(autojump_clock: Clock) -> None:
+    """Covers VER-28 (input packing), MIX-9: a prompt row packed beside decode rows."""
+    prompts = [[(3 * i + j) % 30 for j in range(5 + 20 * i)] for i in range(4)]
+    results: dict[int, list[StreamEvent]] = {}
+    async with toy_runtime(timed=True, mixed=True) as toy:
+
+        async def one(i: int) -> None:
+            await trio.sleep(0.003 * i)  # arrive while others decode
+            results[i] = await collect(toy.runtime, request(prompts[i], 12))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(prompts)):
+                nursery.start_soon(one, i)
+        graphs = dict(toy.runtime.statistics().executions_by_graph)
+        await assert_all_returned(toy)
+    for i, prompt in enumerate(prompts):
+        assert tokens_of(results[i]) == reference_output(prompt, 12)
+    assert any(label.startswith("mixed") for label in graphs), graphs

@@ -23,6 +23,7 @@ from gpu.frames import (
     RESULT_KEY,
     DecodeFrame,
     LaneSample,
+    MixedFrame,
     PageAppend,
     PrefillFrame,
     RowInit,
@@ -170,6 +171,23 @@ class ToyProgram:
                 device.write(row, row.pending)
                 samples.append(device.sample(row_id))
             self._result = StepResult(samples=tuple(samples))
+        elif isinstance(frame, MixedFrame):
+            assert len(frame.rows) <= self._shape.batch_capacity
+            assert len(frame.prompt_tokens) <= self._shape.prefill_capacity
+            samples = []
+            for index, row_id in enumerate(frame.rows):
+                row = device.rows[row_id]
+                if index == frame.prefill_row:
+                    assert row.position == frame.prompt_start, "prompt at the wrong position"
+                    for token in frame.prompt_tokens:
+                        device.write(row, token)
+                    device.prompt_tokens_run += len(frame.prompt_tokens)
+                    if not frame.prompt_ends:
+                        continue
+                else:
+                    device.write(row, row.pending)
+                samples.append(device.sample(row_id))
+            self._result = StepResult(samples=tuple(samples))
         else:
             raise TypeError(f"toy programs do not run {type(frame).__name__}")
 
@@ -177,19 +195,25 @@ class ToyProgram:
         return {RESULT_KEY: self._result}
 
 
-def toy_catalog(max_batch: int = 4, prefill: Sequence[int] = (64,)) -> tuple[GraphShape, ...]:
+def toy_catalog(max_batch: int = 4, prefill: Sequence[int] = (64,), *,
+                mixed: bool = False) -> tuple[GraphShape, ...]:
+    mixed_shapes = [GraphShape(kind=GraphKind.MIXED, batch_capacity=b, token_capacity=1,
+                               prefill_capacity=c, packed_capacity=c + b - 1)
+                    for b in (2, 4) if b <= max_batch for c in prefill] if mixed else []
     decode = [GraphShape(kind=GraphKind.DECODE, batch_capacity=b, token_capacity=1,
                          packed_capacity=b)
               for b in (1, 2, 4, 8, 16) if b <= max_batch]
     prefills = [GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=c)
                 for c in prefill]
-    return (*decode, *prefills)
+    return (*decode, *prefills, *mixed_shapes)
 
 
 def toy_durations(shape: GraphShape) -> int:
     """Device time per shape: prefill 4 ms per 64 tokens, decode 1 ms + 0.25 ms/row."""
     if shape.kind is GraphKind.PREFILL:
         return 4_000_000 * shape.token_capacity // 64
+    if shape.kind is GraphKind.MIXED:
+        return 4_000_000 * shape.prefill_capacity // 64 + 250_000 * shape.batch_capacity
     return 1_000_000 + 250_000 * shape.batch_capacity
 
 
@@ -204,7 +228,7 @@ class ToySystem:
 async def toy_runtime(
     *, page_size: int = 4, num_pages: int = 64, state_rows: int = 4, max_queue: int = 8,
     max_context: int = 256, auto_complete: bool = True, max_batch: int = 4,
-    prefill: Sequence[int] = (64,), timed: bool = False,
+    prefill: Sequence[int] = (64,), timed: bool = False, mixed: bool = False,
 ) -> AsyncIterator[ToySystem]:
     """``timed``: launches take their ``toy_durations`` in virtual time (a driver task
     completes them in FIFO order), so concurrency looks like a real device."""
@@ -212,7 +236,7 @@ async def toy_runtime(
     backend = FakeBackend(device_ns=toy_durations, auto_complete=auto_complete and not timed,
                           clock_ns=clock)
     device = ToyDevice(page_size=page_size)
-    catalog = toy_catalog(max_batch, prefill)
+    catalog = toy_catalog(max_batch, prefill, mixed=mixed)
     programs = {shape: ToyProgram(shape, device) for shape in catalog}
     backend.prepare(list(programs.values()))
     codec: TextCodec = ToyCodec()

@@ -1,0 +1,156 @@
+"""``flare bench runtime``: does the two-slot window hide planning and publication?
+
+Runs a saturating, decode-heavy load through the whole runtime (``open_runtime``: the
+six actors, the real scheduler, the real model on the chosen backend) and prints, over
+the measured window, the device-busy fraction (sum of program execution intervals /
+wall time) and the host gap between consecutive frames (the time from observing one
+frame's completion to launching the next; zero when the next was already queued),
+p50 and p99. The target (issue 4) is a busy fraction of at least 0.95.
+
+With ``--tiny`` it builds a random tiny Llama with transformers in a temporary
+directory (no download), so the benchmark runs on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import trio
+
+from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
+from actors.planner import FrameRecord
+from actors.public import Finished, GenerationRequest, SamplingParams
+from actors.system import Runtime, open_runtime
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR,
+                        help="HF-format model directory (default: the embedded model)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="build a random tiny Llama (d=256, 4 layers) in a temp dir")
+    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=16,
+                        help="concurrent requests (keep above --max-batch to saturate)")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_tiny_model(directory: Path) -> Path:
+    """A random Llama (d=256, 4 layers, vocab 4096) with a word-level tokenizer."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    vocab_size = 4096
+    config = tf.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )
+    tf.LlamaForCausalLM(config).eval().save_pretrained(directory)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return directory
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def graph_counts(frames: list[FrameRecord]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for frame in frames:
+        counts[frame.graph] = counts.get(frame.graph, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def summarize(frames: list[FrameRecord]) -> dict[str, float]:
+    """Busy fraction and host gaps over consecutive completed frames."""
+    if len(frames) < 2:
+        return {"frames": float(len(frames)), "busy_fraction": 0.0,
+                "gap_p50_ms": 0.0, "gap_p99_ms": 0.0, "wall_ms": 0.0}
+    wall = frames[-1].observed_ns - frames[0].launched_ns
+    busy = sum(f.device_ns for f in frames) / wall if wall > 0 else 0.0
+    gaps = [max(b.launched_ns - a.observed_ns, 0) / 1e6 for a, b in itertools.pairwise(frames)]
+    return {
+        "frames": float(len(frames)), "wall_ms": wall / 1e6, "busy_fraction": busy,
+        "gap_p50_ms": statistics.median(gaps), "gap_p99_ms": percentile(gaps, 0.99),
+        "queued_fraction": sum(1 for g in gaps if g == 0) / len(gaps),
+    }
+
+
+async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: int,
+                vocab: int) -> int:
+    produced = 0
+
+    async def one(i: int) -> None:
+        nonlocal produced
+        prompt = tuple(3 + (i * 7919 + j * 104729) % (vocab - 3) for j in range(prompt_tokens))
+        request = GenerationRequest(prompt_token_ids=prompt, max_tokens=max_tokens,
+                                    sampling=SamplingParams(temperature=0.0),
+                                    ignore_eos=True)
+        async with rt.generate(request) as events:
+            async for event in events:
+                if isinstance(event, Finished):
+                    produced += event.completion_tokens
+
+    async with trio.open_nursery() as nursery:
+        for i in range(requests):
+            nursery.start_soon(one, i)
+    return produced
+
+
+async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
+    config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
+                           max_batch=args.max_batch, prefill_capacities=(64, 256),
+                           max_queue=max(args.requests, 1))
+    async with open_runtime(config) as rt:
+        vocab = rt.codec.vocab_size
+        # Warm-up: discover every shape the load will use (discovery drains the window).
+        await _load(rt, requests=args.max_batch, prompt_tokens=args.prompt_tokens,
+                    max_tokens=8, vocab=vocab)
+        first_fence = len(rt.frame_log()) and rt.frame_log()[-1].fence
+        start = trio.current_time()
+        tokens = await _load(rt, requests=args.requests, prompt_tokens=args.prompt_tokens,
+                             max_tokens=args.max_tokens, vocab=vocab)
+        elapsed = trio.current_time() - start
+        frames = [f for f in rt.frame_log() if f.fence > first_fence]
+    result: dict[str, object] = dict(summarize(frames))
+    result["tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
+    result["graphs"] = graph_counts(frames)
+    result["mean_device_ms"] = (sum(f.device_ns for f in frames) / len(frames) / 1e6
+                                if frames else 0.0)
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp)) if args.tiny else args.model
+        result = trio.run(bench, args, model_dir)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    print(f"frames               {result['frames']:.0f}   ({result['graphs']})")
+    print(f"wall                 {result['wall_ms']:.1f} ms")
+    print(f"mean device interval {result['mean_device_ms']:.3f} ms")
+    print(f"device-busy fraction {result['busy_fraction']:.3f}   (target >= 0.95)")
+    print(f"host gap p50 / p99   {result['gap_p50_ms']:.3f} / {result['gap_p99_ms']:.3f} ms")
+    print(f"frames queued behind another: {result.get('queued_fraction', 0.0):.1%}")
+    print(f"output tokens/s      {result['tokens_per_s']:.1f}")
+    return 0
