@@ -14,11 +14,11 @@ Streams (see ``docs/speculation.md``):
   position therefore uses exactly the noise ordinary decoding uses at that position, so
   a lane that verifies no drafts samples what the ordinary sampler would.
 - *acceptance*: the seed mixed with a stream constant.
-- *draft*: the seed mixed with a stream constant *and the round's start position*. A
-  device allocation depends on the confidences of drafts past the tokens a round
-  commits; keying draft noise by the round makes the next round's drafts fresh draws,
-  so those earlier choices cannot bias them (the rejection-sampling proof needs the
-  draft token to be an unconditioned draw from q).
+- *draft*: the seed mixed with a stream constant *and the round's start position*.
+  A round's discarded drafts (past its first rejection) still shape that round's
+  device allocation for other lanes; keying draft noise by the round makes a later
+  round's drafts at the same positions fresh draws, so nothing already committed,
+  in any request, carries information about them.
 """
 
 from __future__ import annotations

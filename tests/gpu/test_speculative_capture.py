@@ -72,6 +72,7 @@ def _compose(x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             "context": context, "copy": copy.tokens, "proposed": copy.proposed}
 
 
+@pytest.mark.slow  # the first meta sort/cumprod imports torch's meta kernels (~5 s)
 def test_the_composition_runs_without_data_on_the_meta_device() -> None:
     meta = {name: torch.empty(value.shape, dtype=value.dtype, device="meta")
             for name, value in _inputs("cpu", 0).items()}

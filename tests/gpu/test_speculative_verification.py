@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from gpu.sampling import sample
+from gpu.sampling import counter_uniform, sample
 from gpu.speculative import verification
 from gpu.speculative.allocation import allocate_target_rows
 from gpu.speculative.confidence import (
@@ -27,7 +27,13 @@ from gpu.speculative.confidence import (
     sampled_token_probability,
 )
 from gpu.speculative.distributions import filtered_probs, filtered_probs_by_lane
-from gpu.speculative.randomness import sample_draft_tokens
+from gpu.speculative.randomness import (
+    ACCEPTANCE_STREAM,
+    DRAFT_STREAM,
+    acceptance_uniforms,
+    sample_draft_tokens,
+    stream_seed,
+)
 from gpu.speculative.verification import PAD_TOKEN, speculative_survival, verify_drafts
 
 # Zeros on purpose: the draft proposes tokens the target never emits (0 after 1) and
@@ -306,3 +312,19 @@ def test_a_lane_verifies_the_same_way_in_any_batch() -> None:
                              target_probs=target[order], lengths=lengths[order],
                              seed=seeds[order], position=positions[order])
     assert torch.equal(shuffled.tokens, together.tokens[order])
+
+
+def test_randomness_streams_are_pure_and_distinct() -> None:
+    """Draft, acceptance and correction draws never share noise; draft noise changes
+    with the round's start position; every draw is a pure function of its key."""
+    seeds = torch.tensor([0, 1, 2, 2**40 + 3])
+    positions = torch.tensor([1, 1, 5, 9])
+    plain = counter_uniform(seeds, positions, 8)
+    acceptance = counter_uniform(stream_seed(seeds, ACCEPTANCE_STREAM), positions, 8)
+    draft_a = counter_uniform(stream_seed(seeds, DRAFT_STREAM, positions - 1), positions, 8)
+    draft_b = counter_uniform(stream_seed(seeds, DRAFT_STREAM, positions - 2), positions, 8)
+    for a, b in [(plain, acceptance), (plain, draft_a), (acceptance, draft_a), (draft_a, draft_b)]:
+        assert not torch.isclose(a, b).any()
+    assert (stream_seed(seeds, DRAFT_STREAM, positions) >= 0).all()
+    uniforms = acceptance_uniforms(seeds, positions, 3)
+    assert torch.equal(uniforms[:, 1], acceptance_uniforms(seeds, positions + 1, 1)[:, 0])
