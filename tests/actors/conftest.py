@@ -66,3 +66,15 @@ def hf_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), generation_config=config)
     return [int(t) for t in out[0, len(prompt):].tolist()]
+
+
+def hf_prompt_logprobs(model_dir: Path, prompt: list[int]) -> list[float]:
+    """log p(prompt[i] | prompt[:i]) for i >= 1, from transformers."""
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0]
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return [float(logprobs[i - 1, prompt[i]]) for i in range(1, len(prompt))]

@@ -12,9 +12,15 @@ import pytest
 import trio
 
 from actors.config import RuntimeConfig
-from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
+from actors.public import (
+    Finished,
+    GenerationRequest,
+    PromptScores,
+    SamplingParams,
+    TokenDelta,
+)
 from actors.system import Runtime, open_runtime
-from tests.actors.conftest import hf_greedy
+from tests.actors.conftest import hf_greedy, hf_prompt_logprobs
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -80,6 +86,15 @@ async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(tiny_ll
             assert final.cached_prompt_tokens == 80  # 81 tokens written: five full pages
             assert ran == len(turn_two) - 80
             assert tokens == hf_greedy(tiny_llama, turn_two, 8)
+
+            # Scored prefill: prompt log-probabilities equal transformers' (OPEN-39).
+            scored = GenerationRequest(prompt_token_ids=tuple(prompts[2]), max_tokens=1,
+                                       sampling=GREEDY, prompt_logprobs=True)
+            async with rt.generate(scored) as events:
+                scores = [e async for e in events if isinstance(e, PromptScores)]
+            assert len(scores) == 1 and scores[0].logprobs[0] is None
+            reference = hf_prompt_logprobs(tiny_llama, prompts[2])
+            assert scores[0].logprobs[1:] == pytest.approx(reference, abs=1e-3)
             await wait_until_idle(rt)
 
 
