@@ -30,6 +30,7 @@ from policy.selection import (
     IntArray,
     LaneGroup,
     PromptGroup,
+    RestoreGroup,
     ShapeTimes,
 )
 from policy.service import (
@@ -40,7 +41,7 @@ from policy.service import (
     output_token_price,
     prefill_token_price,
 )
-from policy.types import Phase, RequestHandle
+from policy.types import Phase, RequestHandle, RestoreNeed
 from policy.utility import NS_PER_MS, scale_exponent, scaled
 
 
@@ -107,9 +108,12 @@ def build_context(
     decoders: list[RequestRecord] = []
     terminals: list[RequestRecord] = []
     prompts: list[RequestRecord] = []
+    restorable: list[RequestRecord] = []
     for r in records.values():
-        if r.cancelled or r.phase is Phase.RETIRED:
+        if r.cancelled or r.phase is Phase.RETIRED or r.restore is RestoreNeed.AWAITING:
             continue
+        if r.restorable:
+            restorable.append(r)
         if r.phase is Phase.DECODE:
             active_decoders.append(r)
             if r.selectable:
@@ -165,6 +169,22 @@ def build_context(
         scored=ints[:, 4].astype(np.bool_),
         last_served=np.array([r.last_served_ns for r in prompts], dtype=np.int64),
     )
+    restore_group = RestoreGroup(
+        records=tuple(restorable),
+        decoding=tuple(r.phase is Phase.DECODE for r in restorable),
+        base=tuple(
+            scaled(output_token_price(r.history, config) + delivery_price(r.history, config), e)
+            + dec_slope * (r.output_age_ns(start_ns) / NS_PER_MS)
+            if r.phase is Phase.DECODE else 0.0 for r in restorable),
+        slope=dec_slope,
+        token_price=tuple(scaled(prefill_token_price(r.history, config), e)
+                          for r in restorable),
+        finish_value=tuple(
+            scaled(output_token_price(r.history, config) + delivery_price(r.history, config), e)
+            if r.logical_prompt_end() >= r.prompt_len else 0.0 for r in restorable),
+        remaining=tuple(r.logical_prompt_end() - r.prompt_cursor
+                        if r.phase is Phase.PREFILL else 0 for r in restorable),
+    )
     return DecisionContext(
         catalog=catalog,
         estimate_ns=times.estimate_ns,
@@ -173,6 +193,7 @@ def build_context(
         decoders=LaneGroup.build(decoders, dec_base, dec_slope),
         terminals=LaneGroup.build(terminals, term_base, term_slope),
         prompts=prompt_group,
+        restorable=restore_group,
         waiting=c_dec * len(active_decoders) + c_term * len(pending_terminals),
         exponent=e,
         now_ns=now_ns,

@@ -15,7 +15,9 @@ work:
   first-stage prefix alone (PRE-11..14, PRE-46);
 - the multistage continuation index ``V*T/(T+F)`` (PRE-21, PRE-22), which is bounded
   lookahead and claims no optimality (PRE-25);
-- a terminal lane's value ``terminal_value + terminal_age_price*sigma*(A+T)`` (PRE-44).
+- a terminal lane's value ``terminal_value + terminal_age_price*sigma*(A+T)`` (PRE-44);
+- ``best_restore_pair``: the scheduler's (restore, following decode or prefill) pair
+  candidates, scored with the exact pair cohort above.
 
 The returned plan keeps only the prerequisite's own duration (PRE-17); lookahead time
 never reaches cost learning (PRE-18). All values here are in the decision's scaled units.
@@ -25,8 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from policy.utility import prefix_sums
+
+if TYPE_CHECKING:
+    from policy.selection import DecisionContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +120,77 @@ def terminal_lane_value(*, terminal_value: float, terminal_age_price: float,
     if sigma_ms is None:
         return terminal_value
     return terminal_value + terminal_age_price * sigma_ms * (age_ms + duration_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreChoice:
+    """The best (restore, following inference) pair of one decision (PRE-2).
+
+    ``restore_shape``/``following_shape`` index the catalog; ``rows`` are positions in
+    the decision's restore order (the rows the restore graph advances, PRE-15);
+    ``value`` is the pair's scaled useful value over the sequence, ``rate`` its
+    sequence score when the restore duration is known (PRE-11), else None (PRE-24).
+    """
+
+    restore_shape: int
+    following_shape: int
+    rows: tuple[int, ...]
+    value: float
+    rate: float | None
+
+
+def best_restore_pair(ctx: DecisionContext) -> RestoreChoice | None:
+    """Score every (restore shape, following decode or prefill shape) pair exactly for
+    its fixed capacities (PRE-2..10) and return the best; None without restorable rows.
+
+    Newly ready rows are the restorable requests; already ready rows are the current
+    decoders. Decoders' age terms run to the following graph's completion (PRE-12).
+    The restore graph also advances further restorable rows in its spare capacity at no
+    extra cost (PRE-15). An unknown following duration counts as zero (optimistic,
+    PRE-24); an unknown restore duration ranks by useful value (DUR-22/23, PRE-50).
+    """
+    order = ctx.restorable
+    if len(order.records) == 0 or len(ctx.catalog.restore) == 0:
+        return None
+    est = ctx.estimate_ns
+    best: RestoreChoice | None = None
+    best_key: tuple[int, float, int] | None = None
+    n = len(order.records)
+    follow_decode = [int(i) for i in ctx.catalog.decode]
+    follow_prefill = [int(i) for i in ctx.catalog.prefill]
+    for r in ctx.catalog.restore.tolist():
+        t_ms = est[r] / 1e6
+        rows = tuple(range(min(int(ctx.catalog.batch[r]), n)))
+        for s in follow_decode + follow_prefill:
+            f_ms = est[s] / 1e6
+            span = t_ms + f_ms
+            if s in follow_decode:
+                newly = [float(v) + order.slope * span if d else float("-inf")
+                         for v, d in zip(order.base, order.decoding, strict=True)]
+                ready = (ctx.decoders.base + ctx.decoders.slope * span).tolist()
+            else:
+                cap = int(ctx.catalog.capacities[s, 1])
+                newly = [float(tp) * min(cap, int(rem)) + (float(fv) if cap >= rem else 0.0)
+                         if not d else float("-inf")
+                         for tp, fv, rem, d in zip(order.token_price, order.finish_value,
+                                                   order.remaining, order.decoding,
+                                                   strict=True)]
+                ready = []
+            usable = [v for v in newly if v != float("-inf")]
+            choice = best_pair_cohort(prerequisite_capacity=len(rows) or 1,
+                                      following_capacity=int(ctx.catalog.batch[s]),
+                                      newly_ready=usable, ready=ready, terminal=[])
+            if choice is None:
+                continue
+            rate = None
+            if t_ms > 0:
+                rate = sequence_rate(value=choice.value, first_ms=t_ms, following_ms=f_ms,
+                                     waiting=ctx.waiting)
+            key = (0 if rate is None else 1,
+                   -(choice.value if rate is None else rate), -len(rows))
+            if best_key is None or key < best_key:
+                # Advance the served rows first, then spare capacity (PRE-15).
+                ranked = sorted(range(n), key=lambda i: -newly[i])
+                best_key = key
+                best = RestoreChoice(r, s, tuple(ranked[: len(rows)]), choice.value, rate)
+    return best

@@ -18,7 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from policy.service import ServiceHistory
-from policy.types import Fence, Phase, RequestHandle
+from policy.types import Fence, Phase, RequestHandle, RestoreNeed
 
 
 @dataclass(slots=True)
@@ -69,6 +69,7 @@ class RequestRecord:
     preempted: bool = False
     failed: bool = False
     pending_delivery: PendingDelivery | None = None
+    restore: RestoreNeed = RestoreNeed.NONE
 
     # ---- prompt work -------------------------------------------------------------
 
@@ -107,11 +108,19 @@ class RequestRecord:
         """Whether any candidate may include this request now (QUEUE-8, QUEUE-15)."""
         if self.cancelled or self.phase is Phase.RETIRED:
             return False
+        if self.restore is not RestoreNeed.NONE:
+            return False  # only a restore prerequisite can serve it (prerequisites.py)
         if self.phase is Phase.DECODE:
             return self.output_room > 0
         # Prefill and terminal work drain the window, so a request with a frame in
         # flight has nothing selectable until that frame completes.
         return not self.in_flight
+
+    @property
+    def restorable(self) -> bool:
+        """Ready for a restore graph now (PRE-1)."""
+        return (self.restore is RestoreNeed.READY and not self.cancelled
+                and self.phase is not Phase.RETIRED and not self.in_flight)
 
     def output_age_ns(self, at_ns: int) -> int:
         """Projected output age A_i at ``at_ns`` (QUEUE-43: from a queued expected

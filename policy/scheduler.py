@@ -64,6 +64,7 @@ from policy.types import (
     Phase,
     PolicyError,
     RequestHandle,
+    RestoreNeed,
     ScheduledPlan,
     SchedulerStatistics,
     SelectionReason,
@@ -191,8 +192,8 @@ class Scheduler:
 
     def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
               message_ends: Sequence[int] = (), system_end: int | None = None,
-              scored_prompt: bool = False, handle: RequestHandle | None = None
-              ) -> RequestHandle:
+              scored_prompt: bool = False, handle: RequestHandle | None = None,
+              restore: RestoreNeed = RestoreNeed.NONE) -> RequestHandle:
         """Make a request resident and return its handle.
 
         ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
@@ -200,6 +201,11 @@ class Scheduler:
         (DUR-20's endpoints); ``system_end`` ends the system prompt, a boundary no
         prefill chunk crosses (SEL-40, OPEN-36). A reused ``handle`` gets a larger epoch,
         so its old fences can never charge it (ACCT-5).
+
+        ``restore``: READY when the request's saved state must first be restored by a
+        prepared restore graph (selected as a prerequisite pair, PRE-1..19); AWAITING
+        while an external restoration is still running (call ``restoration_ready``);
+        such a request is outside every participant set meanwhile (ACCT-4).
         """
         if prompt_len < 1:
             raise AdmissionRefused("a request needs at least one prompt token")
@@ -226,10 +232,16 @@ class Scheduler:
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
-            last_visible_ns=self._now_ns,
+            last_visible_ns=self._now_ns, restore=restore,
         )
         self._admitted_any = True
         return handle
+
+    def restoration_ready(self, handle: RequestHandle) -> None:
+        """External restoration finished: a restore graph may now bind the state."""
+        rec = self._record(handle)
+        if rec.restore is RestoreNeed.AWAITING:
+            rec.restore = RestoreNeed.READY
 
     def cancel(self, handle: RequestHandle) -> None:
         """Stop selecting ``handle`` at once (QUEUE-8). Its in-flight lanes complete
@@ -318,7 +330,8 @@ class Scheduler:
         start = self._queue.expected_end_ns(self._now_ns)
         end = start + plan.estimated_duration_ns
         participants = tuple((h, r.epoch) for h, r in self._records.items()
-                             if r.phase is not Phase.RETIRED and not r.cancelled)
+                             if r.phase is not Phase.RETIRED and not r.cancelled
+                             and r.restore is not RestoreNeed.AWAITING)
         frame = QueuedFrame(
             fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
             expected_end_ns=end, isolated=len(self._queue) == 0, participants=participants,
@@ -359,6 +372,8 @@ class Scheduler:
                   and lane.prompt_start + lane.prompt_tokens <= rec.prompt_len)
         elif lane.role is LaneRole.DECODE:
             ok = rec.phase is Phase.DECODE and rec.output_room >= lane.token_ceiling
+        elif lane.role is LaneRole.RESTORE:
+            ok = rec.restorable
         else:
             ok = rec.phase is Phase.TERMINAL and not rec.in_flight
         if not ok:
@@ -455,6 +470,13 @@ class Scheduler:
                     fence: Fence) -> GeneratedToken | None:
         if lane.role is LaneRole.TERMINAL:
             rec.phase = Phase.RETIRED
+            return None
+        if lane.role is LaneRole.RESTORE:
+            # Restore binds the state to a fresh generation (PRE-32); setup earns no
+            # tokens (PRE-20). Read the new epoch from ``request(handle).epoch``.
+            rec.restore = RestoreNeed.NONE
+            rec.epoch += 1
+            self._last_epoch[rec.handle] = rec.epoch
             return None
         first = False
         if lane.role is LaneRole.PROMPT:

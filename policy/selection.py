@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.prerequisites import RestoreChoice, best_restore_pair
 from policy.requests import RequestRecord
 from policy.types import (
     DecodeMode,
@@ -70,6 +71,8 @@ class CatalogIndex:
     """Index of each shape in ``shapes``."""
     mixed_smallest_prompt: IntArray
     """For each batch bucket of ``mixed``, its shape with the smallest prompt capacity."""
+    restore: IntArray
+    """Restore state operations, by batch capacity (prerequisites, PRE-1)."""
     delivery_family: IntArray
     """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
 
@@ -106,6 +109,10 @@ class CatalogIndex:
             batch=np.array([s.batch_capacity for s in shapes], dtype=np.int64),
             position={s: i for i, s in enumerate(shapes)},
             mixed_smallest_prompt=_smallest_prompt_per_batch(shapes, mixed),
+            restore=pick(
+                lambda s: s.kind is GraphKind.STATE and s.state_op is StateOp.RESTORE,
+                lambda s: s.batch_capacity,
+            ),
             delivery_family=pick(
                 lambda s: s.kind in (GraphKind.DECODE, GraphKind.MIXED),
                 lambda s: s.batch_capacity,
@@ -187,6 +194,22 @@ class PromptGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class RestoreGroup:
+    """Restorable requests (newly ready rows of a prerequisite pair, PRE-7), with their
+    scaled lane values as decoders (``decoding``) or as prompt rows."""
+
+    records: tuple[RequestRecord, ...]
+    decoding: tuple[bool, ...]
+    base: tuple[float, ...]
+    """Decoder value at the planning start (age so far); 0 for prompt rows."""
+    slope: float
+    token_price: tuple[float, ...]
+    finish_value: tuple[float, ...]
+    remaining: tuple[int, ...]
+    """Prompt tokens up to the logical end; 0 for decoders."""
+
+
+@dataclass(frozen=True, slots=True)
 class DecisionContext:
     """Everything one decision needs, already projected and scaled."""
 
@@ -197,6 +220,7 @@ class DecisionContext:
     decoders: LaneGroup
     terminals: LaneGroup
     prompts: PromptGroup
+    restorable: RestoreGroup
     waiting: float
     """Scaled sum of c_i over active decoders and pending terminals (SEL-19, PRE-45)."""
     exponent: int
@@ -378,8 +402,9 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     _prefill_candidates(table, ctx, cat.prefill, scored=False)
     _prefill_candidates(table, ctx, cat.scored_prefill, scored=True)
     _mixed_candidates(table, ctx)
+    pair = best_restore_pair(ctx)
     if not table.shape:
-        return None
+        return _restore_plan(ctx, pair) if pair is not None else None
     cols = {name: table.cat(name) for name in _Table.__slots__}
     shape = cols["shape"].astype(np.int64)
     base = cols["base"].astype(np.float64)
@@ -390,7 +415,7 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     blocked = cols["excluded"].astype(np.bool_)
     eligible = np.nonzero(~(cols["dominated"].astype(np.bool_) | blocked))[0]
     if len(eligible) == 0:
-        return None
+        return _restore_plan(ctx, pair) if pair is not None else None
 
     def ranked(rows: IntArray, *first: npt.NDArray[np.generic]) -> IntArray:
         """``rows`` in ranking order: unknown first, value, then DUR-24 tie-breaks."""
@@ -404,6 +429,12 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     pool = eligible[~known[eligible]] if not known[eligible].all() else eligible
     top = pool[primary[pool] == primary[pool].max()]
     win = int(ranked(top)[0]) if len(top) > 1 else int(top[0])
+    if pair is not None:
+        # The pair competes on the same footing: unknown first, then value (PRE-2).
+        pair_key = (0, pair.value) if pair.rate is None else (1, pair.rate)
+        win_key = (1, float(primary[win])) if known[win] else (0, float(base[win]))
+        if (-pair_key[0], pair_key[1]) > (-win_key[0], win_key[1]):
+            return _restore_plan(ctx, pair)
     reason = SelectionReason.ORDINARY if known[win] else SelectionReason.DISCOVERY
     if ctx.refresh_funded and known[win]:
         stale = np.nonzero(ctx.stale[shape] & known & ~blocked & (shape != shape[win]))[0]
@@ -412,6 +443,31 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
             win = int(ranked(stale, ctx.last_touched_ns[shape[stale]])[0])
             reason = SelectionReason.TIMING_REFRESH
     return _build_plan(ctx, cols, win, reason, rates, base, known, est)
+
+
+def _restore_plan(ctx: DecisionContext, pair: RestoreChoice) -> ScheduledPlan:
+    """The prerequisite plan: only the restore graph executes before replanning
+    (PRE-19); its duration is its own (PRE-17)."""
+    shape = ctx.catalog.shapes[pair.restore_shape]
+    est = int(ctx.estimate_ns[pair.restore_shape])
+    group = ctx.restorable
+    lanes = tuple(Lane(handle=group.records[i].handle, epoch=group.records[i].epoch,
+                       role=LaneRole.RESTORE) for i in pair.rows)
+    known = est > 0
+    return ScheduledPlan(
+        step=ScheduledStep(shape=shape, lanes=lanes),
+        estimated_duration_ns=est,
+        scaled_score=pair.rate if pair.rate is not None else optimistic_rate(pair.value),
+        scale_exponent=ctx.exponent,
+        duration_known=known,
+        stale=bool(ctx.stale[pair.restore_shape]),
+        reason=SelectionReason.ORDINARY if known else SelectionReason.DISCOVERY,
+        requires_empty_window=True,
+        planned_at_ns=ctx.now_ns,
+        start_ns=ctx.start_ns,
+        useful_value=pair.value,
+        lookahead_shape=ctx.catalog.shapes[pair.following_shape],
+    )
 
 
 def _build_plan(ctx: DecisionContext, cols: dict[str, npt.NDArray[np.generic]], win: int,

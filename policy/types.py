@@ -48,6 +48,19 @@ class LaneRole(enum.Enum):
     PROMPT = "prompt"
     DECODE = "decode"
     TERMINAL = "terminal"
+    RESTORE = "restore"
+    """A state-operation row that restores the request's saved state (a prerequisite)."""
+
+
+class RestoreNeed(enum.Enum):
+    """Whether a resident request must have its state restored before more work."""
+
+    NONE = "none"
+    AWAITING = "awaiting"
+    """Waiting for external restoration (host or disk copy); outside every participant
+    set and never selectable (ACCT-4)."""
+    READY = "ready"
+    """Its state can be restored by a prepared restore graph (PRE-1)."""
 
 
 class SelectionReason(enum.Enum):
