@@ -92,8 +92,10 @@ AdmissionInbox = Admit | Withdraw | GrantArrived | CloseAdmission
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Grant:
-    """Resources for one admitted request: its state row (which is also its handle),
-    its generation, and the prefix-cache hit (full pages shared by reference)."""
+    """Resources for one admitted request: its state row (which is also its scheduler
+    handle), the row's generation in the allocator's bookkeeping (lanes carry the
+    scheduler's own epoch for the handle), and the prefix-cache hit (full pages shared
+    by reference)."""
 
     handle: RequestHandle
     epoch: int

@@ -64,7 +64,12 @@ class _Stream:
 def _send(stream: _Stream, event: StreamEvent) -> None:
     # The client may have left; its Withdraw is then on its way to the planner.
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        stream.events.send_nowait(event)
+        try:
+            stream.events.send_nowait(event)
+        except trio.WouldBlock:
+            # Cannot happen with ``event_buffer_size``; never let one client stall or
+            # crash the publisher if it somehow does.
+            log.error("client stream full; event dropped", request_id=stream.request_id)
 
 
 def _finish(stream: _Stream, reason: FinishReason, message: str = "") -> None:

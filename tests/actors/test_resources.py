@@ -179,3 +179,51 @@ def test_release_without_frames_is_immediate_and_unknown_reserve_raises() -> Non
         b.reserve(Fence(1), [LaneExtent(handle=g.handle, kv_tokens=1)])
     assert b.pages.used_count == 0 and b.rows.free_count == 2
     assert RequestHandle(0) == g.handle and isinstance(PageId(1), int)
+
+
+def test_open_3_random_lifecycles_conserve_pages_and_rows() -> None:
+    """Random acquire / reserve / release / retire sequences: the budget invariant holds,
+    reservations never fail for a granted request, and once everything retires only the
+    prefix cache holds pages (QUEUE-9, QUEUE-49, QUEUE-50, OPEN-3)."""
+    import random
+
+    rng = random.Random(1234)
+    b = ResourceBook(num_pages=24, state_rows=3, page_size=PAGE)
+    live: dict[RequestHandle, tuple[list[int], int, int]] = {}  # tokens, kv, max extent
+    fence = 0
+    in_flight: list[int] = []
+    for _ in range(600):
+        action = rng.random()
+        if action < 0.3:
+            prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 14))]
+            max_tokens = rng.randrange(1, 10)
+            grant = b.acquire(prompt, max_tokens)
+            if grant is not None:
+                assert grant.cached_tokens % PAGE == 0 and grant.cached_tokens < len(prompt)
+                live[grant.handle] = (prompt, grant.cached_tokens, len(prompt) + max_tokens - 1)
+        elif action < 0.65 and live:
+            handle = rng.choice(list(live))
+            tokens, kv, limit = live[handle]
+            if kv < limit:
+                fence += 1
+                kv = min(limit, kv + rng.randrange(1, 6))
+                b.reserve(Fence(fence), [LaneExtent(handle=handle, kv_tokens=kv)])
+                in_flight.append(fence)
+                tokens = tokens + [rng.randrange(3) for _ in range(kv - len(tokens))]
+                live[handle] = (tokens, kv, limit)
+        elif action < 0.8 and in_flight:
+            b.retire(Fence(in_flight.pop(0)))
+        elif live:
+            handle = rng.choice(list(live))
+            tokens, kv, _ = live.pop(handle)
+            b.release(handle, token_ids=tokens[:kv], kv_tokens=kv, publish=rng.random() < 0.7)
+        assert b._available_pages() >= 0  # free + evictable cover every budget
+    for handle in list(live):
+        b.release(handle)
+    for f in in_flight:
+        b.retire(Fence(f))
+    stats = b.statistics()
+    assert stats.residents == 0 and stats.rows_free == stats.rows_total
+    assert stats.pages_total - stats.pages_free == stats.pages_cached
+    b.cache.clear()
+    assert b.pages.free_count == b.pages.total
