@@ -68,8 +68,9 @@ class PagedKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense keys/values ``[R, dense_context, kv_heads, head_dim]`` of tables ``[R, nb]``."""
         rows = block_tables.shape[0]
-        k = self.keys[layer][block_tables].reshape(rows, -1, *self.keys.shape[3:])
-        v = self.values[layer][block_tables].reshape(rows, -1, *self.values.shape[3:])
+        flat = block_tables.reshape(-1)
+        k = self.keys[layer].index_select(0, flat).view(rows, -1, *self.keys.shape[3:])
+        v = self.values[layer].index_select(0, flat).view(rows, -1, *self.values.shape[3:])
         return k, v
 
     def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -32,7 +32,9 @@ class PackedBatch:
     ``lane_block_tables``: int64 ``[R, blocks_per_row]``. ``lane_major_width`` W > 0
     declares the static layout ``N == R * W`` with token ``n`` in lane ``n // W``
     (decode, later speculative verification): attention then runs per lane instead
-    of over every lane's keys.
+    of over every lane's keys. ``phase_split`` (mixed frames) gathers prompt and
+    decode queries into fixed phase workspaces for attention (seed: *Mixed execution
+    contract*), then returns the results to the packed layout.
     """
 
     token_ids: torch.Tensor
@@ -41,6 +43,22 @@ class PackedBatch:
     token_lane: torch.Tensor
     lane_block_tables: torch.Tensor
     lane_major_width: int = 0
+    phase_split: PhaseSplit | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSplit:
+    """Where each phase's queries sit in the packed layout (index ``N`` = none).
+
+    ``prompt_slots`` int64 ``[C]``: packed index of prompt token ``j``;
+    ``prompt_lane`` int64 ``[1]``: the prompt lane (any lane when there is none);
+    ``decode_slots`` int64 ``[R * width]``: packed index of lane ``r``'s token ``j``.
+    """
+
+    prompt_slots: torch.Tensor
+    prompt_lane: torch.Tensor
+    decode_slots: torch.Tensor
+    width: int
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,6 +71,42 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _grouped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    batches: int,
+    queries: int,
+    group: int,
+) -> torch.Tensor:
+    """Grouped-query attention without copying K/V per query head: the ``group`` query
+    heads that share a KV head are stacked along the query axis.
+
+    ``q`` ``[batches * queries, H, hd]``; ``keys``/``values`` ``[batches, S, kvh, hd]``;
+    ``mask`` bool ``[batches, 1, queries, S]``. Returns ``[batches * queries, H * hd]``
+    (head ``h`` reads KV head ``h // group``, as in HF ``repeat_kv``).
+    """
+    kv_heads, hd = keys.shape[2], keys.shape[3]
+    stacked = (
+        q.view(batches, queries, kv_heads, group, hd)
+        .permute(0, 2, 3, 1, 4)
+        .reshape(batches, kv_heads, group * queries, hd)
+    )
+    if group > 1:
+        mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(
+            batches, 1, group * queries, mask.shape[-1]
+        )
+    out = F.scaled_dot_product_attention(
+        stacked, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
+    )
+    return (
+        out.view(batches, kv_heads, group, queries, hd)
+        .permute(0, 3, 1, 2, 4)
+        .reshape(batches * queries, kv_heads * group * hd)
+    )
 
 
 class Decoder:
@@ -103,15 +157,29 @@ class Decoder:
         key_pos = torch.arange(ctx, device=batch.positions.device)
         causal = key_pos[None, :] <= batch.positions[:, None]
         width = batch.lane_major_width
-        if width:
+        split = batch.phase_split
+        if split is not None:
+            pos_ext = torch.cat((batch.positions, batch.positions.new_zeros(1)))
+            p_len, d_width = split.prompt_slots.shape[0], split.width
+            prompt_mask = (key_pos[None, :] <= pos_ext[split.prompt_slots][:, None]).view(
+                1, 1, p_len, ctx
+            )
+            decode_mask = (key_pos[None, :] <= pos_ext[split.decode_slots][:, None]).view(
+                lanes, 1, d_width, ctx
+            )
+            mask = decode_mask
+            batches, queries_per_batch = lanes, d_width
+        elif width:
             if n != lanes * width:
                 raise ValueError("lane-major layout needs N == R * W")
             mask = causal.view(lanes, 1, width, ctx)
+            batches, queries_per_batch = lanes, width
         else:
             # mask[n, r*ctx + c]: token n sees key c of lane r iff r is its lane and c <= pos.
             lanes_idx = torch.arange(lanes, device=batch.positions.device)
             lane_match = batch.token_lane[:, None] == lanes_idx[None, :]
             mask = (lane_match[:, :, None] & causal[:, None, :]).reshape(1, 1, n, lanes * ctx)
+            batches, queries_per_batch = 1, n
 
         h = self.embed[batch.token_ids]
         for i in range(cfg.num_layers):
@@ -132,17 +200,25 @@ class Decoder:
             k = k * cos + _rotate_half(k) * sin
             cache.write(i, batch.write_slots, k, v)
             keys, values = cache.gather_rows(i, batch.lane_block_tables)  # [R, ctx, kvh, hd]
-            if not width:
-                keys = keys.reshape(1, lanes * ctx, kv_heads, hd)
-                values = values.reshape(1, lanes * ctx, kv_heads, hd)
-            if group > 1:
-                keys = keys.repeat_interleave(group, dim=2)
-                values = values.repeat_interleave(group, dim=2)
-            queries = q.view(lanes, width, h_heads, hd) if width else q[None]
-            attn = F.scaled_dot_product_attention(
-                queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                attn_mask=mask,
-            ).transpose(1, 2).reshape(n, h_heads * hd)
+            if split is not None:
+                q_ext = torch.cat((q, q.new_zeros(1, h_heads, hd)))
+                prompt_attn = _grouped_attention(
+                    q_ext[split.prompt_slots], keys.index_select(0, split.prompt_lane),
+                    values.index_select(0, split.prompt_lane), prompt_mask, 1, p_len, group,
+                )
+                decode_attn = _grouped_attention(
+                    q_ext[split.decode_slots], keys, values, decode_mask, lanes, d_width, group
+                )
+                merged = q.new_zeros(n + 1, h_heads * hd)
+                merged.index_copy_(0, split.decode_slots, decode_attn)
+                merged.index_copy_(0, split.prompt_slots, prompt_attn)
+                attn = merged[:n]
+            else:
+                if not width:
+                    keys = keys.reshape(1, lanes * ctx, kv_heads, hd)
+                    values = values.reshape(1, lanes * ctx, kv_heads, hd)
+                attn = _grouped_attention(q, keys, values, mask, batches, queries_per_batch,
+                                          group)
             h = h + F.linear(attn, self._layer(i, "self_attn.o_proj.weight"))
             x = _rms_norm(h, self._layer(i, "post_attention_layernorm.weight"), cfg.rms_norm_eps)
             gate = F.linear(x, self._layer(i, "mlp.gate_proj.weight"))

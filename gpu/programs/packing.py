@@ -46,6 +46,9 @@ class HostPack:
     commits_token: np.ndarray
     absolute_position: np.ndarray
     advance: np.ndarray
+    prompt_slots: np.ndarray
+    prompt_lane: np.ndarray
+    decode_slots: np.ndarray
     query_lengths: np.ndarray
     offsets: np.ndarray
     reports_sample: tuple[bool, ...]
@@ -127,6 +130,9 @@ def pack_lanes(
     commits = np.zeros(r, np.bool_)
     absolute = np.full(r, -1, np.int64)
     advance = np.zeros(r, np.int64)
+    prompt_slots = np.full(limits.prompt_capacity, n, np.int64)
+    prompt_lane = np.zeros(1, np.int64)
+    decode_slots = np.full(r * limits.decode_width, n, np.int64)
     reports: list[bool] = []
     for lane, (row, length, start) in enumerate(zip(rows, lengths, offsets, strict=True)):
         span = slice(int(start), int(start) + length)
@@ -140,19 +146,24 @@ def pack_lanes(
             next_token[span][:-1] = prompt_tokens[1:]
             next_token[int(start) + length - 1] = following_token
             absolute[lane] = prompt_start + length
+            prompt_slots[:length] = np.arange(start, start + length)
+            prompt_lane[0] = lane
             commits[lane] = prompt_ends
             reports.append(prompt_ends)
         else:
             from_state[span] = True
             lane_offset[span] = np.arange(length)
             advance[lane] = length
+            first = lane * limits.decode_width
+            decode_slots[first:first + length] = np.arange(start, start + length)
             commits[lane] = True
             reports.append(True)
     return HostPack(
         host_token=host_token, host_position=host_position, from_state=from_state,
         lane_offset=lane_offset, token_lane=token_lane, valid=valid, next_token=next_token,
         lane_rows=lane_rows, sample_index=sample_index, commits_token=commits,
-        absolute_position=absolute, advance=advance,
+        absolute_position=absolute, advance=advance, prompt_slots=prompt_slots,
+        prompt_lane=prompt_lane, decode_slots=decode_slots,
         query_lengths=np.asarray(lengths, np.int64), offsets=offsets,
         reports_sample=tuple(reports), rows=rows,
     )

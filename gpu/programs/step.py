@@ -31,7 +31,7 @@ from gpu.frames import (
     frame_of,
 )
 from gpu.kv_cache import PagedKVCache
-from gpu.model.decoder import Decoder, PackedBatch
+from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
@@ -74,10 +74,19 @@ class StepProgram:
             prompt_capacity=prompt_capacity, state_rows=state.rows, sink_row=state.sink_row,
             vocab_size=decoder.config.vocab_size, max_context=cache.geometry.max_context,
         )
-        self.buffers = workspace.packed_views(tokens, lanes)
+        self.buffers = workspace.packed_views(
+            tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
+        )
         self._bound: HostPack | None = None
         # decode packs lane i at slots i*W..: attention can run per lane (a static choice)
         self._lane_major_width = shape.token_capacity if kind is GraphKind.DECODE else 0
+        # mixed: prompt and decode queries attend in their own fixed phase workspaces
+        self._phase_split = (
+            PhaseSplit(prompt_slots=self.buffers.prompt_slots,
+                       prompt_lane=self.buffers.prompt_lane,
+                       decode_slots=self.buffers.decode_slots, width=shape.token_capacity)
+            if kind is GraphKind.MIXED else None
+        )
 
     @property
     def shape(self) -> GraphShape:
@@ -123,7 +132,8 @@ class StepProgram:
         b = self.buffers
         for name in ("host_token", "host_position", "from_state", "lane_offset", "token_lane",
                      "valid", "next_token", "lane_rows", "sample_index", "commits_token",
-                     "absolute_position", "advance"):
+                     "absolute_position", "advance", "prompt_slots", "prompt_lane",
+                     "decode_slots"):
             getattr(b, name).copy_(torch.from_numpy(getattr(pack, name)), non_blocking=False)
         self._bound = pack
 
@@ -147,6 +157,7 @@ class StepProgram:
         batch = PackedBatch(
             token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
             lane_block_tables=st.block_table[rows], lane_major_width=self._lane_major_width,
+            phase_split=self._phase_split,
         )
         hidden = self._decoder.forward(batch, cache)
 

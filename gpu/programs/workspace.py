@@ -35,6 +35,10 @@ class PackedBuffers:
     commits_token: torch.Tensor  # bool: lane writes its sample into pending_token
     absolute_position: torch.Tensor  # int64: >=0 sets position; -1: position += advance
     advance: torch.Tensor  # int64
+    # phase split (mixed): packed index of each prompt / decode query (N: none)
+    prompt_slots: torch.Tensor  # int64 [C]
+    prompt_lane: torch.Tensor  # int64 [1]
+    decode_slots: torch.Tensor  # int64 [R * W]
     # outputs
     out_token: torch.Tensor  # int64 [R]
     out_logprob: torch.Tensor  # float32 [R]
@@ -72,6 +76,7 @@ class Workspace:
             "from_state": z(n, torch.bool), "lane_offset": z(n, i64),
             "token_lane": z(n, i64), "valid": z(n, torch.bool), "next_token": z(n, i64),
             "out_prompt_logprobs": z(n, f32),
+            "prompt_slots": z(n, i64), "decode_slots": z(n, i64),
             "out_prompt_top_token": torch.zeros((n, top_width), dtype=i64, device=device),
             "out_prompt_top_logprob": torch.zeros((n, top_width), dtype=f32, device=device),
         }
@@ -84,16 +89,23 @@ class Workspace:
             "out_top_logprob": torch.zeros((r, top_width), dtype=f32, device=device),
         }
         # state operations: per lane source/destination rows and pages
+        self._prompt_lane = z(1, i64)
         self.copy_src_row = z(r, i64, sink_row)
         self.copy_dst_row = z(r, i64, sink_row)
         self.copy_dst_page = z(r, i64, -1)
         self.page_src = z(r, i64, sink_page)
         self.page_dst = z(r, i64, sink_page)
 
-    def packed_views(self, tokens: int, lanes: int) -> PackedBuffers:
+    def packed_views(
+        self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int
+    ) -> PackedBuffers:
         """Leading views for a program with ``tokens`` slots and ``lanes`` lanes."""
-        if tokens > self.max_tokens or lanes > self.max_lanes:
+        if (tokens > self.max_tokens or lanes > self.max_lanes
+                or max(prompt_capacity, lanes * decode_width) > self.max_tokens):
             raise ValueError("workspace smaller than the program; size it to the catalog")
         views = {k: t[:tokens] for k, t in self._token.items()}
         views.update({k: t[:lanes] for k, t in self._lane.items()})
+        views["prompt_slots"] = self._token["prompt_slots"][:prompt_capacity]
+        views["decode_slots"] = self._token["decode_slots"][:lanes * decode_width]
+        views["prompt_lane"] = self._prompt_lane
         return PackedBuffers(**views)

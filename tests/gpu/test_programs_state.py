@@ -157,6 +157,11 @@ def test_ver_17_bound_buffers_hold_the_packed_layout(engine: ModelEngine) -> Non
     assert b.host_position[1:13].tolist() == list(range(12))
     assert not b.valid[14:].any()
     assert b.lane_rows.tolist() == [0, 3, 1, engine.parts.state.sink_row]
+    # phase workspaces: prompt queries at its offset, one decode query per decode lane
+    n = program.shape.max_packed_extent
+    assert b.prompt_slots.tolist() == list(range(1, 13)) + [n] * (64 - 12)
+    assert b.decode_slots.tolist() == [0, n, 13, n]
+    assert b.prompt_lane.tolist() == [1]
 
 
 @pytest.mark.parametrize(
