@@ -278,8 +278,9 @@ class Planner:
 
     async def _published(self, msg: Published) -> None:
         if msg.fence != self._awaiting:
-            log.error("publication for an unexpected fence", fence=msg.fence)
-            return
+            # Only one PublishFrame is ever outstanding; anything else is a bug that
+            # must stop the system loudly rather than stall completions forever.
+            raise RuntimeError(f"publication for fence {msg.fence}, awaiting {self._awaiting}")
         visible = dict(msg.visible)
         for handle in self._awaiting_handles:
             if handle in visible:

@@ -27,7 +27,7 @@ import itertools
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
@@ -59,6 +59,9 @@ from actors.public import (
     RuntimeStatistics,
     StreamEvent,
     TextCodec,
+)
+from actors.public import (
+    Runtime as PublicRuntime,
 )
 from actors.publisher import event_buffer_size
 from actors.resource_book import ResourceBook
@@ -394,3 +397,7 @@ def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
 def default_pages(max_batch: int, max_context: int, page_size: int) -> int:
     """Enough pages for ``max_batch`` full contexts."""
     return max_batch * pages_for(max_context, page_size)
+
+
+if TYPE_CHECKING:  # ``Runtime`` satisfies the public protocol (checked by mypy --strict).
+    _RUNTIME_IS_PUBLIC: type[PublicRuntime] = Runtime
