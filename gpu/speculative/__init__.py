@@ -42,7 +42,9 @@ from gpu.speculative.randomness import (
 )
 from gpu.speculative.verification import (
     PAD_TOKEN,
+    SURVIVAL_OUTPUT,
     Verification,
+    emitted_logprobs,
     speculative_survival,
     verify_drafts,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "PAD_TOKEN",
     "POSITION_CONFIDENCE",
     "SIDECAR_DTYPE",
+    "SURVIVAL_OUTPUT",
     "CopyProposal",
     "PackedLayout",
     "Verification",
@@ -61,6 +64,7 @@ __all__ = [
     "confidence_sidecar",
     "copy_confidence",
     "draft_confidence",
+    "emitted_logprobs",
     "filtered_probs",
     "filtered_probs_by_lane",
     "packed_layout",

@@ -29,6 +29,9 @@ from gpu.speculative.randomness import acceptance_uniforms, gumbel_noise
 PAD_TOKEN = -1
 """Token value in emitted-token slots past a lane's emitted count, and for absent drafts."""
 
+SURVIVAL_OUTPUT = "completion_speculative_survival"
+"""The output name a program gives ``Verification.survival`` (ACC-27)."""
+
 
 class Verification(NamedTuple):
     """Per-lane result of ``verify_drafts`` (all device tensors)."""
@@ -180,3 +183,14 @@ def speculative_survival(
     clipped, _, _ = _clipped_ratios(draft_tokens, draft_probs, target_probs)
     verified = j < (lengths.clamp(min=0, max=width) - 1)[:, None]
     return torch.where(verified, clipped.cumprod(dim=1), 0.0).float()
+
+
+def emitted_logprobs(target_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities float32 ``[B, W]`` of emitted ``tokens [B, W]`` under the
+    target's unfiltered temperature-1 distribution (what OpenAI ``logprobs`` report,
+    as ``gpu.sampling.sample`` does), from ``target_logits [B, W, V]``; NaN at
+    ``PAD_TOKEN`` slots."""
+    logits = torch.nan_to_num(target_logits.float(), nan=-1e30, posinf=1e30, neginf=-1e30)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    picked = log_probs.gather(2, tokens.clamp(min=0)[..., None]).squeeze(2)
+    return torch.where(tokens >= 0, picked, float("nan"))

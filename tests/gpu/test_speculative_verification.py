@@ -34,7 +34,12 @@ from gpu.speculative.randomness import (
     sample_draft_tokens,
     stream_seed,
 )
-from gpu.speculative.verification import PAD_TOKEN, speculative_survival, verify_drafts
+from gpu.speculative.verification import (
+    PAD_TOKEN,
+    emitted_logprobs,
+    speculative_survival,
+    verify_drafts,
+)
 
 # Zeros on purpose: the draft proposes tokens the target never emits (0 after 1) and
 # the target emits a token the draft never proposes (2 after 1).
@@ -328,3 +333,21 @@ def test_randomness_streams_are_pure_and_distinct() -> None:
     assert (stream_seed(seeds, DRAFT_STREAM, positions) >= 0).all()
     uniforms = acceptance_uniforms(seeds, positions, 3)
     assert torch.equal(uniforms[:, 1], acceptance_uniforms(seeds, positions + 1, 1)[:, 0])
+
+
+def test_emitted_logprobs_match_the_ordinary_samplers_report() -> None:
+    """Logprobs of emitted tokens are under the unfiltered target, like ``sample``'s."""
+    gen = torch.Generator().manual_seed(30)
+    logits = torch.randn(3, 2, 7, generator=gen)
+    tokens = torch.tensor([[4, PAD_TOKEN], [0, 6], [PAD_TOKEN, PAD_TOKEN]])
+    got = emitted_logprobs(logits, tokens)
+    _, ordinary, _ = sample(logits[1], temperature=torch.zeros(2), top_p=torch.ones(2),
+                            top_k=torch.zeros(2, dtype=torch.int64),
+                            seed=torch.zeros(2, dtype=torch.int64),
+                            position=torch.zeros(2, dtype=torch.int64))
+    greedy = logits[1].argmax(dim=-1)
+    assert torch.allclose(got[1], torch.log_softmax(logits[1], -1).gather(1, tokens[1][:, None])
+                          .squeeze(1))
+    assert got[0, 0] == pytest.approx(float(torch.log_softmax(logits[0, 0], -1)[4]))
+    assert torch.isnan(got[0, 1]) and torch.isnan(got[2]).all()
+    assert torch.allclose(emitted_logprobs(logits[1:2], greedy[None, :])[0], ordinary)
