@@ -58,6 +58,7 @@ from policy.types import (
     GeneratedToken,
     LaneRole,
     RequestHandle,
+    TraceRecord,
 )
 
 log = structlog.get_logger("flare.planner")
@@ -345,7 +346,7 @@ class Planner:
             # The clock stays at the planning instant: the reservation round trip is
             # part of this planning step, not time in which the window can overrun.
             try:
-                self.scheduler.commit(plan, fence)
+                trace = self.scheduler.commit(plan, fence)
             except CommitRejected as exc:
                 # Nothing changed; the reserved pages stay with their requests and the
                 # fence number is reused by the next commit, which retires the pin.
@@ -353,8 +354,24 @@ class Planner:
                 return
             self._next_fence += 1
             mark_submitted(plan, sources)
+            log_trace(trace)
             await self._to_dispatcher.send(FrameOrder(fence=fence, plan=plan, frame=frame,
                                                       lanes=contexts))
+
+
+def log_trace(trace: TraceRecord) -> None:
+    """The scheduler trace: one record per committed plan with the seed's fields
+    (ACC-32: physical B/D/W/P, selected cost, observation age, selection reason,
+    exploration credit). Debug level: it is per frame."""
+    shape = trace.shape
+    log.debug(
+        "scheduler.trace", fence=int(trace.fence), graph=shape.label(),
+        kind=shape.kind.value, batch=shape.batch_capacity, depth=shape.proposal_depth,
+        width=shape.token_capacity, packed=shape.packed_capacity, lanes=trace.lanes,
+        selected_cost_ns=trace.selected_cost_ns, observation_age_ns=trace.observation_age_ns,
+        reason=trace.reason.value, exploration_credit_ns=trace.exploration_credit_ns,
+        value_rate=trace.value_rate, log_scale=trace.log_scale,
+    )
 
 
 async def run(

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import statistics
 import tempfile
 from pathlib import Path
 
+import structlog
 import trio
 
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
@@ -140,6 +142,8 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
 
 
 def main(args: argparse.Namespace) -> int:
+    # The planner logs a debug trace record per frame; keep the benchmark's output clean.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp)) if args.tiny else args.model
         result = trio.run(bench, args, model_dir)
