@@ -87,7 +87,7 @@ def _clipped_ratios(
     if draft_probs is None:
         q_of_draft = torch.ones_like(p_of_draft)
     else:
-        q_of_draft = draft_probs.float().gather(2, safe_drafts[..., None]).squeeze(2)
+        q_of_draft = draft_probs.gather(2, safe_drafts[..., None]).squeeze(2).float()
     clipped = torch.where(present, _acceptance_ratio(p_of_draft, q_of_draft), 0.0)
     return clipped, present, safe_drafts
 
@@ -145,8 +145,8 @@ def verify_drafts(
             token_at = safe_drafts.gather(1, at_draft[:, None])
             draft_row = torch.zeros_like(target_row).scatter(1, token_at, 1.0)
         else:
-            draft_row = draft_probs.float().gather(
-                1, at_draft[:, None, None].expand(batch, 1, vocab)).squeeze(1)
+            draft_row = draft_probs.gather(
+                1, at_draft[:, None, None].expand(batch, 1, vocab)).squeeze(1).float()
         draft_present = present.gather(1, at_draft[:, None])
         draft_row = torch.where(draft_present, draft_row, 0.0)
     weights = _correction_weights(target_row, draft_row, rejected)
