@@ -150,11 +150,14 @@ class MixedFrame:
 class RowCopy:
     """Copy request state ``src_row -> dst_row``. Full pages are shared by reference
     (the block table is copied); the partial last page, if the row has one, is copied
-    into ``dst_page`` (-1: the row has no partial page, PRE-37)."""
+    into ``dst_page`` (-1: the row has no partial page, PRE-37). ``sampling``, when
+    given, replaces the copied sampling parameters and seed: a prompt checkpoint
+    restored for a new request generation samples with that request's own."""
 
     src_row: int
     dst_row: int
     dst_page: int = -1
+    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,6 +43,13 @@ class StateOpProgram:
         self.dst_page = workspace.copy_dst_page[:lanes]
         self.page_src = workspace.page_src[:lanes]
         self.page_dst = workspace.page_dst[:lanes]
+        self.override = workspace.copy_override[:lanes]
+        self.sampling_values = {
+            "temperature": workspace.copy_temperature[:lanes],
+            "top_p": workspace.copy_top_p[:lanes],
+            "top_k": workspace.copy_top_k[:lanes],
+            "seed": workspace.copy_seed[:lanes],
+        }
         self._lanes = 0
 
     @property
@@ -97,8 +104,19 @@ class StateOpProgram:
         dpage = [-1] * cap
         psrc = [sink_page] * cap
         pdst = [sink_page] * cap
+        override = [False] * cap
+        sampling: dict[str, list[float] | list[int]] = {
+            "temperature": [0.0] * cap, "top_p": [1.0] * cap, "top_k": [0] * cap, "seed": [0] * cap,
+        }
         for i, c in enumerate(frame.copies):
             src[i], dst[i], dpage[i] = c.src_row, c.dst_row, c.dst_page
+            if c.sampling is not None:
+                override[i] = True
+                for name in sampling:
+                    sampling[name][i] = getattr(c.sampling, name)
+        self.override.copy_(torch.tensor(override, dtype=torch.bool))
+        for name, buf in self.sampling_values.items():
+            buf.copy_(torch.tensor(sampling[name], dtype=buf.dtype))
         for i, (s, d) in enumerate(frame.page_pairs):
             psrc[i], pdst[i] = s, d
         for buf, values in ((self.src_row, src), (self.dst_row, dst), (self.dst_page, dpage),
@@ -133,6 +151,8 @@ class StateOpProgram:
             (block_index == partial_block[:, None]) & has_partial[:, None], dpage[:, None], tables
         )
         copied["block_table"] = tables
+        for name, value in self.sampling_values.items():
+            copied[name] = torch.where(self.override, value, copied[name])
         for name, tensor in st.fields().items():
             tensor.index_copy_(0, dst, copied[name])
 

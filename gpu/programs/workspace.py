@@ -95,6 +95,11 @@ class Workspace:
         self.copy_dst_page = z(r, i64, -1)
         self.page_src = z(r, i64, sink_page)
         self.page_dst = z(r, i64, sink_page)
+        self.copy_override = z(r, torch.bool)
+        self.copy_temperature = z(r, f32)
+        self.copy_top_p = z(r, f32)
+        self.copy_top_k = z(r, i64)
+        self.copy_seed = z(r, i64)
 
     def packed_views(
         self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int

@@ -22,6 +22,7 @@ from model_fixtures import (
     PAGE_COPY,
     PAGE_SIZE,
     PREFILL_64,
+    RESTORE,
     SNAPSHOT,
     build_engine,
     prompt_of,
@@ -35,6 +36,7 @@ from gpu.frames import (
     MixedFrame,
     PageAppend,
     PrefillFrame,
+    RowCopy,
     RowInit,
     SamplingParams,
     StateOpFrame,
@@ -255,3 +257,17 @@ def test_mix_15_execute_before_any_bind_touches_only_the_sink(
         engine.programs[shape].execute()
     assert _changed_rows(before, engine) == set()
     assert _changed_pages(before, engine) == set()
+
+
+def test_restore_for_a_new_generation_takes_its_own_sampling(engine: ModelEngine) -> None:
+    """A prompt checkpoint restored for another request keeps the cached extent but
+    samples with the new request's parameters and seed."""
+    driver = _prefilled(engine, {0: 20})
+    new = SamplingParams(temperature=0.5, top_p=0.8, top_k=7, seed=99)
+    driver.run(RESTORE, StateOpFrame(copies=(RowCopy(src_row=0, dst_row=3, dst_page=40,
+                                                     sampling=new),)))
+    st = engine.parts.state
+    assert int(st.position[3]) == 20 and int(st.seed[3]) == 99 and int(st.top_k[3]) == 7
+    assert float(st.temperature[3]) == pytest.approx(0.5)
+    assert float(st.top_p[3]) == pytest.approx(0.8)
+    assert float(st.temperature[0]) == 0.0 and int(st.seed[0]) == 0
