@@ -64,6 +64,15 @@ def _expected_y(program: MatmulCounter, value: float) -> torch.Tensor:
     return torch.as_tensor(_x(value, program.x.shape[0])) @ program.weight.cpu()
 
 
+def _prepare(backend: Backend, program: MatmulCounter) -> None:
+    """Prepare, then reset the execution counter: preparation may execute the program
+    (CUDA warm-up), and the tests count launches only."""
+    backend.prepare([program])
+    program.counter.zero_()
+    if backend.name == "cuda":
+        torch.cuda.synchronize()
+
+
 def _finished(handle: LaunchHandle) -> LaunchHandle:
     assert handle.wait(WAIT_S), "launch did not finish in time"
     return handle
@@ -73,7 +82,7 @@ def test_fifo_order_and_per_launch_outputs(backend: Backend) -> None:
     """Launches run bind->execute->read_outputs in FIFO order; each completion keeps
     its own outputs after later launches (architecture: one stream, OPEN-40)."""
     program = MatmulCounter(decode_shape(2), device=backend.device)
-    backend.prepare([program])
+    _prepare(backend, program)
     handles = [backend.launch(program, {"x": _x(float(i))}) for i in range(6)]
     assert [h.sequence for h in handles] == list(range(6))
     completions = [_finished(h).result() for h in handles]
@@ -90,7 +99,7 @@ def test_timing_fields_are_valid(backend: Backend) -> None:
     """Every completion carries one positive device interval, a wall interval no
     shorter than it, and readiness delay 0 (DUR-14, DUR-15, OPEN-21)."""
     program = MatmulCounter(prefill_shape(64), device=backend.device)
-    backend.prepare([program])
+    _prepare(backend, program)
     timing = _finished(backend.launch(program, {"x": _x(1.0, 64)})).result().timing
     assert len(timing.device_intervals_ns) == 1
     assert timing.device_ns > 0
@@ -103,7 +112,7 @@ def test_fault_fails_only_its_launch(backend: Backend) -> None:
     """A program raising in bind, execute or read_outputs fails only that launch with
     ProgramFault carrying the cause; the stream keeps serving later launches."""
     program = MatmulCounter(decode_shape(2), device=backend.device)
-    backend.prepare([program])
+    _prepare(backend, program)
     # A captured graph replays without calling Python's execute(), so on cuda only
     # bind and read_outputs can raise from Python.
     stages = ("bind", "read_outputs") if backend.name == "cuda" else (
@@ -168,7 +177,7 @@ def test_duplicate_shapes_are_refused(backend: Backend) -> None:
 def test_close_is_clean(backend: Backend) -> None:
     """close() lets finished work stand, refuses new launches, and is idempotent."""
     program = MatmulCounter(decode_shape(1), device=backend.device)
-    backend.prepare([program])
+    _prepare(backend, program)
     handle = backend.launch(program, {"x": _x(1.0, 1)})
     assert _finished(handle).result().outputs["counter"] == 1
     backend.close()
@@ -179,7 +188,7 @@ def test_close_is_clean(backend: Backend) -> None:
 
 def test_done_callback_runs_once(backend: Backend) -> None:
     program = MatmulCounter(decode_shape(1), device=backend.device)
-    backend.prepare([program])
+    _prepare(backend, program)
     seen: list[int] = []
     handle = backend.launch(program, {"x": _x(1.0, 1)})
     handle.add_done_callback(lambda h: seen.append(h.sequence))
@@ -193,7 +202,7 @@ def test_done_callback_runs_once(backend: Backend) -> None:
 async def test_waiting_does_not_block_trio(backend: Backend) -> None:
     """The runtime waits through trio.to_thread; other trio tasks keep running."""
     program = MatmulCounter(decode_shape(1), device=backend.device)
-    backend.prepare([program])
+    _prepare(backend, program)
     ticks = 0
 
     async def ticker() -> None:
@@ -243,7 +252,7 @@ def test_cpu_device_interval_measures_execute_only() -> None:
     backend = open_backend("cpu")
     try:
         program = SlowProgram(decode_shape(1), bind_s=0.02, execute_s=0.03)
-        backend.prepare([program])
+        _prepare(backend, program)
         timing = _finished(backend.launch(program, {"x": _x(1.0, 1)})).result().timing
         assert timing.device_ns >= 30_000_000
         assert timing.wall_ns >= timing.device_ns + 20_000_000
@@ -254,7 +263,7 @@ def test_cpu_device_interval_measures_execute_only() -> None:
 def test_cpu_close_drains_queued_launches() -> None:
     backend = CpuBackend()
     program = MatmulCounter(decode_shape(1))
-    backend.prepare([program])
+    _prepare(backend, program)
     handles = [backend.launch(program, {"x": _x(float(i), 1)}) for i in range(4)]
     backend.close()
     assert all(h.done() for h in handles)
@@ -265,7 +274,7 @@ def test_cpu_close_drains_queued_launches() -> None:
 def test_result_before_done_is_an_error() -> None:
     backend = open_backend("fake", auto_complete=False)
     program = MatmulCounter(decode_shape(1))
-    backend.prepare([program])
+    _prepare(backend, program)
     handle = backend.launch(program, {"x": _x(1.0, 1)})
     with pytest.raises(BackendError, match="before the launch finished"):
         handle.result()
