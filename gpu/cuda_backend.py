@@ -12,6 +12,11 @@ stream), records an end event, waits for it with ``cudaEventSynchronize`` (block
 the worker only, never the caller or trio), reads the outputs and reports the device
 interval from ``cudaEventElapsedTime`` (seed: *Duration estimates*, DUR-14).
 
+``cudaGraphLaunch`` does not advance torch's CUDA generator offsets the way
+``CUDAGraph.replay()`` does, so captured programs must not draw from torch's global
+CUDA RNG (flare's sampling is counter-based, keyed by request seed and position);
+``use_graph_launch=False`` selects ``replay()`` for programs that do.
+
 Known limit: because ``PreparedProgram.read_outputs`` returns host values, a launch is
 enqueued on the device only after the previous launch's outputs were read, so two
 queued frames are separated by a short host gap (worker wake-up, output copy, bind).
