@@ -26,6 +26,7 @@ from policy import (
     Fence,
     GraphKind,
     GraphShape,
+    RestoreNeed,
     Scheduler,
     StateOp,
     TargetBinding,
@@ -76,7 +77,8 @@ def admit_random(s: Scheduler, rng: random.Random) -> None:
     ends = tuple(sorted(rng.sample(range(1, prompt), k=min(3, prompt - 1))))
     s.admit(prompt_len=prompt, max_output_tokens=rng.randint(8, 400),
             cached_prefix_len=rng.choice([0, 0, prompt // 2]), message_ends=ends,
-            scored_prompt=rng.random() < 0.05)
+            scored_prompt=rng.random() < 0.05,
+            restore=RestoreNeed.READY if rng.random() < 0.05 else RestoreNeed.NONE)
 
 
 def percentile(samples: list[int], q: float) -> float:

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from policy.utility import prefix_sums
 
 if TYPE_CHECKING:
@@ -144,53 +146,74 @@ def best_restore_pair(ctx: DecisionContext) -> RestoreChoice | None:
     its fixed capacities (PRE-2..10) and return the best; None without restorable rows.
 
     Newly ready rows are the restorable requests; already ready rows are the current
-    decoders. Decoders' age terms run to the following graph's completion (PRE-12).
-    The restore graph also advances further restorable rows in its spare capacity at no
-    extra cost (PRE-15). An unknown following duration counts as zero (optimistic,
-    PRE-24); an unknown restore duration ranks by useful value (DUR-22/23, PRE-50).
+    decoders. Decoders' age terms run to the following graph's completion (PRE-12), so
+    every decoder value is ``base + slope*(T+F)`` with one slope: the sorted orders do not
+    depend on the pair, and the k-enumeration of ``best_pair_cohort`` becomes a vector
+    expression over prefix sums. The restore graph also advances further restorable rows
+    in its spare capacity at no extra cost (PRE-15). An unknown following duration
+    counts as zero (optimistic, PRE-24); an unknown restore duration ranks by useful
+    value (DUR-22/23, PRE-50).
     """
-    order = ctx.restorable
-    if len(order.records) == 0 or len(ctx.catalog.restore) == 0:
+    group = ctx.restorable
+    n = len(group.records)
+    if n == 0 or len(ctx.catalog.restore) == 0:
         return None
-    est = ctx.estimate_ns
-    best: RestoreChoice | None = None
-    best_key: tuple[int, float, int] | None = None
-    n = len(order.records)
-    follow_decode = [int(i) for i in ctx.catalog.decode]
-    follow_prefill = [int(i) for i in ctx.catalog.prefill]
+    decoding = np.array(group.decoding, dtype=np.bool_)
+    base = np.array(group.base, dtype=np.float64)
+    dec_rows = np.nonzero(decoding)[0]
+    dec_rows = dec_rows[np.argsort(-base[dec_rows], kind="stable")]
+    new_prefix = prefix_sums(base[dec_rows])
+    ready_prefix = ctx.decoders.prefix
+    slope = group.slope
+    prompt_rows = np.nonzero(~decoding)[0]
+    token_price = np.array(group.token_price, dtype=np.float64)[prompt_rows]
+    finish = np.array(group.finish_value, dtype=np.float64)[prompt_rows]
+    remaining = np.array(group.remaining, dtype=np.int64)[prompt_rows]
+    est_ms = ctx.estimate_ns / 1e6
+    # Following prefill shapes: one newly ready prompt row each (k = 1), the same for
+    # every restore shape, so evaluate them once as a matrix.
+    prefill_idx = ctx.catalog.prefill
+    prefill_values = np.zeros((len(prompt_rows), len(prefill_idx)))
+    if len(prompt_rows) and len(prefill_idx):
+        cap = ctx.catalog.capacities[prefill_idx, 1][None, :]
+        rem = remaining[:, None]
+        prefill_values = token_price[:, None] * np.minimum(cap, rem) + np.where(
+            cap >= rem, finish[:, None], 0.0)
+    best: tuple[tuple[int, float, int], int, int, float, float | None] | None = None
     for r in ctx.catalog.restore.tolist():
-        t_ms = est[r] / 1e6
-        rows = tuple(range(min(int(ctx.catalog.batch[r]), n)))
-        for s in follow_decode + follow_prefill:
-            f_ms = est[s] / 1e6
-            span = t_ms + f_ms
-            if s in follow_decode:
-                newly = [float(v) + order.slope * span if d else float("-inf")
-                         for v, d in zip(order.base, order.decoding, strict=True)]
-                ready = (ctx.decoders.base + ctx.decoders.slope * span).tolist()
-            else:
-                cap = int(ctx.catalog.capacities[s, 1])
-                newly = [float(tp) * min(cap, int(rem)) + (float(fv) if cap >= rem else 0.0)
-                         if not d else float("-inf")
-                         for tp, fv, rem, d in zip(order.token_price, order.finish_value,
-                                                   order.remaining, order.decoding,
-                                                   strict=True)]
-                ready = []
-            usable = [v for v in newly if v != float("-inf")]
-            choice = best_pair_cohort(prerequisite_capacity=len(rows) or 1,
-                                      following_capacity=int(ctx.catalog.batch[s]),
-                                      newly_ready=usable, ready=ready, terminal=[])
-            if choice is None:
-                continue
+        t_ms = float(est_ms[r])
+        b_r = int(ctx.catalog.batch[r])
+        options: list[tuple[int, float]] = []
+        if len(dec_rows):
+            for s in ctx.catalog.decode.tolist():
+                b_s = int(ctx.catalog.batch[s])
+                k = np.arange(1, min(b_r, b_s, len(dec_rows)) + 1)
+                ready = np.minimum(b_s - k, len(ctx.decoders))
+                span = t_ms + float(est_ms[s])
+                values = new_prefix[k] + ready_prefix[ready] + (k + ready) * slope * span
+                options.append((s, float(values.max())))
+        if len(prompt_rows):
+            options += zip(prefill_idx.tolist(), prefill_values.max(axis=0).tolist(),
+                           strict=True)
+        for s, value in options:
             rate = None
             if t_ms > 0:
-                rate = sequence_rate(value=choice.value, first_ms=t_ms, following_ms=f_ms,
+                rate = sequence_rate(value=value, first_ms=t_ms, following_ms=float(est_ms[s]),
                                      waiting=ctx.waiting)
-            key = (0 if rate is None else 1,
-                   -(choice.value if rate is None else rate), -len(rows))
-            if best_key is None or key < best_key:
-                # Advance the served rows first, then spare capacity (PRE-15).
-                ranked = sorted(range(n), key=lambda i: -newly[i])
-                best_key = key
-                best = RestoreChoice(r, s, tuple(ranked[: len(rows)]), choice.value, rate)
-    return best
+            key = (0 if rate is None else 1, -(value if rate is None else rate), -min(b_r, n))
+            if best is None or key < best[0]:
+                best = (key, r, s, value, rate)
+    if best is None:
+        return None
+    _, r, s, value, rate = best
+    if s in ctx.catalog.decode.tolist():
+        served_first = dec_rows.tolist()
+    else:
+        column = int(np.nonzero(prefill_idx == s)[0][0])
+        served_first = prompt_rows[np.argsort(-prefill_values[:, column],
+                                              kind="stable")].tolist()
+    # Advance the served rows first, then spare capacity (PRE-15).
+    taken = set(served_first)
+    ranked = [*served_first, *(i for i in range(n) if i not in taken)]
+    rows_advanced = min(int(ctx.catalog.batch[r]), n)
+    return RestoreChoice(r, s, tuple(ranked[:rows_advanced]), value, rate)

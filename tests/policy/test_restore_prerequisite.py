@@ -121,3 +121,41 @@ def test_pre_15_spare_restore_rows_advance_more_requests(cap: int) -> None:
     plan = s.plan()
     assert plan is not None and plan.shape == restore(cap)
     assert len(plan.lanes) == cap and set(plan.handles()) <= blocked
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pre_9_scheduler_pair_value_equals_pair_cohort_optimum(seed: int) -> None:
+    """Covers PRE-7, PRE-9, PRE-12: the scheduler's vectorised pair value for the chosen
+    shapes equals ``best_pair_cohort`` on the same lane values."""
+    import random
+
+    from policy.decision import build_context
+    from policy.prerequisites import best_pair_cohort, best_restore_pair
+
+    rng = random.Random(seed)
+    cat = {decode(1): duration_ns(decode(1)), decode(2): duration_ns(decode(2)),
+           decode(4): duration_ns(decode(4)), restore(1): MS, restore(2): 2 * MS}
+    s = measured_scheduler(tuple(cat), durations=cat.__getitem__)
+    for _ in range(rng.randint(0, 4)):
+        make_decoder(s, token_rate=rng.uniform(0.1, 5), delivery_rate=rng.uniform(0.1, 2),
+                     age_ms=rng.uniform(0, 50))
+    for _ in range(rng.randint(1, 3)):
+        h = make_decoder(s, token_rate=rng.uniform(0.1, 5), delivery_rate=rng.uniform(0.1, 2),
+                         age_ms=rng.uniform(0, 50))
+        s.request(h).restore = RestoreNeed.READY
+    ctx = build_context(records={h: s.request(h) for h in s.handles()},
+                        catalog=s._catalog, times=s._shape_times(), config=s.config,
+                        queue=s._queue, now_ns=s.now_ns, ttl_ns=s.estimates.ttl_ns,
+                        refresh_funded=False)
+    choice = best_restore_pair(ctx)
+    assert choice is not None
+    span = (ctx.estimate_ns[choice.restore_shape] + ctx.estimate_ns[choice.following_shape]) / MS
+    group = ctx.restorable
+    newly = [b + group.slope * span for b, d in zip(group.base, group.decoding, strict=True)
+             if d]
+    ready = [float(b) + ctx.decoders.slope * span for b in ctx.decoders.base]
+    exact = best_pair_cohort(
+        prerequisite_capacity=int(ctx.catalog.batch[choice.restore_shape]),
+        following_capacity=int(ctx.catalog.batch[choice.following_shape]),
+        newly_ready=newly, ready=ready, terminal=[])
+    assert exact is not None and choice.value == pytest.approx(exact.value, rel=1e-12)
