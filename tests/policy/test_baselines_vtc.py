@@ -95,10 +95,15 @@ def flood(light_at: float = 0.05) -> list[RequestPlan]:
 
 
 def test_vtc_keeps_backlogged_counters_within_its_bound() -> None:
+    """max_tokens equal to each length keeps the bound tight: 2 * 4 running * (300 +
+    2 * 40) = 3040 weighted tokens, while the flooded run reaches a spread above half
+    of it."""
     p = Checked(catalog=MIXED_CATALOG, token_budget=256)
-    result = simulate(p, flood(), SyntheticCosts().table(MIXED_CATALOG), SimOptions())
+    result = simulate(p, flood(), SyntheticCosts().table(MIXED_CATALOG),
+                      SimOptions(output_limit=0))
     assert result.unfinished == 0
-    assert p.worst_spread > 0
+    assert p.counter_bound() == 3040
+    assert p.worst_spread > p.counter_bound() / 2
 
 
 def _light_ttft(policy: Planner) -> float:
