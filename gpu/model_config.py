@@ -123,7 +123,7 @@ def parse_model_config(
             rope_theta=_rope_theta(raw),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=(arch == "Qwen2ForCausalLM") or bool(raw.get("attention_bias", False)),
+            attention_bias=arch == "Qwen2ForCausalLM",
             qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=tuple(dict.fromkeys(
                 _as_ids((generation or {}).get("eos_token_id")) + _as_ids(raw.get("eos_token_id"))
@@ -134,6 +134,13 @@ def parse_model_config(
         raise ModelLoadError(f"config.json lacks required key {exc.args[0]!r}") from exc
     if heads % kv_heads:
         raise UnsupportedModelError("num_attention_heads must be a multiple of num_key_value_heads")
+    if arch != "Qwen2ForCausalLM" and raw.get("attention_bias"):
+        raise UnsupportedModelError(
+            "attention_bias is not supported for this architecture; flare supports the "
+            "q/k/v biases of Qwen2ForCausalLM only"
+        )
+    if raw.get("mlp_bias"):
+        raise UnsupportedModelError("mlp_bias is not supported")
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported; flare supports 'silu'")

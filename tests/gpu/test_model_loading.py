@@ -64,6 +64,10 @@ def test_rope_scaling_and_other_activations_are_refused() -> None:
         parse_model_config(_raw(rope_scaling={"rope_type": "llama3", "factor": 8.0}))
     with pytest.raises(UnsupportedModelError, match="hidden_act"):
         parse_model_config(_raw(hidden_act="gelu"))
+    with pytest.raises(UnsupportedModelError, match="attention_bias"):
+        parse_model_config(_raw(attention_bias=True))
+    with pytest.raises(UnsupportedModelError, match="mlp_bias"):
+        parse_model_config(_raw(mlp_bias=True))
     plain = parse_model_config(_raw(rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
     assert plain.rope_theta == 5e5
 
