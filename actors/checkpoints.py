@@ -47,8 +47,8 @@ def checkpoint_roles(
 
     A checkpoint at endpoint ``e`` is kept as its last full page (index
     ``e // page_size - 1``); endpoints inside the first page have none. With
-    ``terminal`` (a normal completion, OPEN-35) the last full page of the whole
-    written state carries the terminal role.
+    ``terminal`` (the end of a request, OPEN-35) the page holding the last written
+    position (a partial tail when unaligned) carries the terminal role.
     """
     roles: dict[int, CheckpointRole] = {}
 
@@ -60,8 +60,10 @@ def checkpoint_roles(
     for endpoint in anchor_order(prompt_len, message_ends):
         role = CheckpointRole.PROMPT_END if endpoint == prompt_len else CheckpointRole.MESSAGE
         mark(endpoint, role)
-    if terminal:
-        mark(kv_tokens, CheckpointRole.TERMINAL)
+    if terminal and kv_tokens > 0:
+        # The page holding the last written position: a partial tail when unaligned.
+        index = (kv_tokens - 1) // page_size
+        roles[index] = max(roles.get(index, CheckpointRole.INTERIOR), CheckpointRole.TERMINAL)
     return roles
 
 

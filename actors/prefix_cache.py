@@ -8,6 +8,11 @@ and OPEN-3 as ``docs/runtime.md`` states them:
   hit is the longest chain of full pages matching a prompt. Attention KV at a
   position depends only on the tokens up to it, so a full page is a complete,
   immutable checkpoint of its span.
+- **Partial tails.** The partial last page of a finished request is no longer written
+  by anyone, so it is kept as it is (zero copy), keyed by (parent node, its tokens).
+  A hit *moves* it to the request that reuses it, which will write the rest of that
+  page: only an unshared tail can be taken, and the cache forgets it (the taker
+  publishes its own pages when it finishes).
 - **Publication.** Pages enter the cache only after the frame that wrote them retired
   (the caller's job: ``ResourceBook`` publishes on fence retirement). Inserting a page
   whose node already exists keeps the existing page (the request's duplicate is freed
@@ -54,6 +59,8 @@ class _Node:
     last_demand: int
     children: int = 0
     node_id: int = field(default=0)
+    partial: bool = False
+    """A last page holding fewer than ``page_size`` tokens (never a parent)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +69,8 @@ class PrefixHit:
 
     pages: tuple[PageId, ...]
     tokens: int
+    tail: _Node | None = None
+    """The partial tail moved to the caller, if any (``give_back`` can return it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +89,8 @@ class PrefixCache:
         self._pool = pool
         self.page_size = page_size
         self._nodes: dict[tuple[int, tuple[int, ...]], _Node] = {}
+        self._partials: dict[int, list[_Node]] = {}
+        """Partial tails by parent node id (0: the root)."""
         self._next_id = 1
         self._demand = 0
         self._hits = 0
@@ -102,10 +113,53 @@ class PrefixCache:
             pages.append(node.page)
             parent_id = node.node_id
         self._pool.share(pages)
+        tokens = len(pages) * self.page_size
+        tail = self._take_partial(parent_id, token_ids[tokens:limit_tokens])
+        if tail is not None:
+            pages.append(tail.page)  # the cache's reference moves to the caller
+            tokens += len(tail.key[1])
         if pages:
             self._hits += 1
-            self._hit_tokens += len(pages) * self.page_size
-        return PrefixHit(pages=tuple(pages), tokens=len(pages) * self.page_size)
+            self._hit_tokens += tokens
+        return PrefixHit(pages=tuple(pages), tokens=tokens, tail=tail)
+
+    def give_back(self, hit: PrefixHit) -> None:
+        """Undo ``lookup`` for a caller that could not use it: drop the shared pages'
+        references and put a moved tail back into the cache."""
+        shared = hit.pages[:-1] if hit.tail is not None else hit.pages
+        self._pool.drop(shared)
+        if hit.tail is not None:
+            node = hit.tail
+            self._nodes[node.key] = node
+            self._partials.setdefault(node.key[0], []).append(node)
+        if hit.pages:
+            self._hits -= 1
+            self._hit_tokens -= hit.tokens
+
+    def _take_partial(self, parent_id: int, rest: Sequence[int]) -> _Node | None:
+        """Remove and return the longest partial tail under ``parent_id`` that ``rest``
+        starts with and that no request shares (move on reuse: the taker writes the
+        rest of that page, so it must own it alone)."""
+        best: _Node | None = None
+        for node in self._partials.get(parent_id, ()):
+            chunk = node.key[1]
+            if (len(chunk) <= len(rest) and tuple(rest[:len(chunk)]) == chunk
+                    and self._pool.references(node.page) == 1
+                    and (best is None or len(chunk) > len(best.key[1]))):
+                best = node
+        if best is not None:
+            self._forget(best)
+        return best
+
+    def _forget(self, node: _Node) -> None:
+        """Unlink ``node`` (its page reference is the caller's business)."""
+        del self._nodes[node.key]
+        if node.partial:
+            self._partials[node.key[0]].remove(node)
+            if not self._partials[node.key[0]]:
+                del self._partials[node.key[0]]
+        elif node.parent is not None:
+            node.parent.children -= 1
 
     # ------------------------------------------------------------------ publication
 
@@ -144,7 +198,30 @@ class PrefixCache:
                 node.role = max(node.role, role)
                 node.last_demand = self._demand
             parent = node
+        rest = tuple(token_ids[full * self.page_size:])
+        if full == len(token_ids) // self.page_size and rest and len(pages) > full:
+            added += self._publish_partial(parent, rest, pages[full],
+                                           roles.get(full, CheckpointRole.INTERIOR))
         return added
+
+    def _publish_partial(self, parent: _Node | None, chunk: tuple[int, ...], page: PageId,
+                         role: CheckpointRole) -> int:
+        """Keep a written, no-longer-written partial last page (zero copy)."""
+        parent_id = parent.node_id if parent else 0
+        key = (parent_id, chunk)
+        existing = self._nodes.get(key)
+        if existing is not None:
+            existing.role = max(existing.role, role)
+            existing.last_demand = self._demand
+            return 0
+        node = _Node(key=key, page=page, parent=parent, depth=(parent.depth if parent else 0),
+                     role=role, last_demand=self._demand, node_id=self._next_id,
+                     partial=True)
+        self._next_id += 1
+        self._nodes[key] = node
+        self._partials.setdefault(parent_id, []).append(node)
+        self._pool.share([page])
+        return 1
 
     # ------------------------------------------------------------------ eviction
 
@@ -153,8 +230,10 @@ class PrefixCache:
         return sum(1 for n in self._nodes.values() if self._pool.references(n.page) == 1)
 
     def victim_order_key(self, node: _Node) -> tuple[int, int, int]:
-        """Smaller sorts first: least recent demand, weakest role, longest endpoint."""
-        return (node.last_demand, int(node.role), -node.depth)
+        """Smaller sorts first: least recent demand, weakest role, longest endpoint
+        (a partial tail ends after its parent's full pages)."""
+        endpoint = node.depth * self.page_size + (len(node.key[1]) if node.partial else 0)
+        return (node.last_demand, int(node.role), -endpoint)
 
     def evict(self, pages_needed: int) -> int:
         """Free up to ``pages_needed`` pages by evicting victims; return pages freed."""
@@ -167,9 +246,7 @@ class PrefixCache:
             if not leaves:
                 break
             victim = min(leaves, key=self.victim_order_key)
-            del self._nodes[victim.key]
-            if victim.parent is not None:
-                victim.parent.children -= 1
+            self._forget(victim)
             freed += self._pool.drop([victim.page])
             self._evictions += 1
         return freed
@@ -179,6 +256,7 @@ class PrefixCache:
         for node in self._nodes.values():
             self._pool.drop([node.page])
         self._nodes.clear()
+        self._partials.clear()
 
     def statistics(self) -> PrefixCacheStatistics:
         return PrefixCacheStatistics(

@@ -92,7 +92,7 @@ class ResourceBook:
         hit = self.cache.lookup(prompt, limit_tokens=limit)
         budget = self.budget_for(len(prompt), max_tokens) - len(hit.pages)
         if budget > self._available_pages():
-            self.pages.drop(hit.pages)
+            self.cache.give_back(hit)
             return None
         row, epoch = self.rows.take()
         handle = RequestHandle(int(row))
@@ -179,7 +179,7 @@ class ResourceBook:
         return len(done)
 
     def _finalize(self, owner: _Ownership) -> None:
-        if owner.publish and owner.publish_kv_tokens >= self.page_size:
+        if owner.publish and owner.publish_kv_tokens > 0:
             kv = owner.publish_kv_tokens
             roles = checkpoint_roles(
                 prompt_len=owner.prompt_len, message_ends=owner.message_ends,

@@ -43,14 +43,45 @@ def test_prefix_cache_shares_full_pages_by_content() -> None:
     cache = PrefixCache(pool, PAGE)
     pages = pool.take(3)
     tokens = list(range(10))  # two full pages + a partial one
-    assert cache.publish(tokens, pages) == 2
-    assert pool.references(pages[0]) == 2 and pool.references(pages[2]) == 1
+    assert cache.publish(tokens, pages) == 3  # two full pages and the partial tail
+    assert pool.references(pages[0]) == 2 and pool.references(pages[2]) == 2
     hit = cache.lookup([*range(8), 99, 98], limit_tokens=9)
     assert hit.pages == pages[:2] and hit.tokens == 8
     miss = cache.lookup([0, 1, 2, 7, 4], limit_tokens=4)
     assert miss.pages == ()
     # Same content under a different prefix is a different key.
     assert cache.lookup([9, 9, 9, 9, 4, 5, 6, 7], limit_tokens=8).pages == ()
+    pool.drop(hit.pages)
+
+
+def test_partial_tail_moves_to_its_only_reuser() -> None:
+    """Covers OPEN-3 (partial pages): a finished request's partial last page is kept
+    without a copy and handed, unshared, to the one request that extends it."""
+    pool = PagePool(8)
+    cache = PrefixCache(pool, PAGE)
+    pages = pool.take(3)
+    cache.publish(list(range(10)), pages)
+    assert cache.lookup(list(range(11)), limit_tokens=10).tokens == 8  # the request
+    pool.drop(pages)  # the finished request lets go; the tail is shared no more
+    taken = cache.lookup([*range(10), 7, 7], limit_tokens=11)
+    assert taken.pages == pages and taken.tokens == 10
+    assert pool.references(pages[2]) == 1  # moved: the cache holds it no longer
+    again = cache.lookup([*range(10), 7, 7], limit_tokens=11)
+    assert again.tokens == 8
+    # An unusable hit gives its tail back.
+    pool.drop(again.pages)
+    tail_page = pool.take(1)
+    cache.publish([*range(8), 3, 3], [*pages[:2], *tail_page])
+    pool.drop(tail_page)
+    refused = cache.lookup([*range(8), 3, 3, 1], limit_tokens=11)
+    assert refused.tokens == 10 and refused.pages[-1] == tail_page[0]
+    cache.give_back(refused)
+    assert pool.references(tail_page[0]) == 1  # the cache's reference again
+    assert cache.lookup([*range(8), 3, 3, 1], limit_tokens=11).tokens == 10
+    # A tail that a resident request still shares is never taken.
+    other = pool.take(2)
+    cache.publish([5, 5, 5, 5, 6, 6], other)
+    assert cache.lookup([5, 5, 5, 5, 6, 6, 1], limit_tokens=6).tokens == 4
 
 
 def test_queue_30_victims_by_recency_then_role_then_length() -> None:
@@ -100,7 +131,7 @@ def test_checkpoint_roles_mark_anchor_pages() -> None:
     roles = checkpoint_roles(prompt_len=10, message_ends=[5], kv_tokens=13, page_size=PAGE,
                              terminal=True)
     assert roles == {0: CheckpointRole.MESSAGE, 1: CheckpointRole.PROMPT_END,
-                     2: CheckpointRole.TERMINAL}
+                     3: CheckpointRole.TERMINAL}  # the partial tail holds position 12
 
 
 def test_queue_20_22_extra_work_allowance() -> None:
@@ -151,7 +182,7 @@ def test_pre_53_terminal_publication_is_seen_by_the_next_turn() -> None:
     written = prompt + output[:-1]  # the last sampled token has no KV yet
     assert b.release(grant.handle, token_ids=written, kv_tokens=len(written), publish=True)
     follow_up = b.acquire([*prompt, *output, 60, 61], max_tokens=2)
-    assert follow_up is not None and follow_up.cached_tokens == 8
+    assert follow_up is not None and follow_up.cached_tokens == 9  # two pages + the tail
     assert follow_up.epoch > grant.epoch
 
 
@@ -199,7 +230,7 @@ def test_open_3_random_lifecycles_conserve_pages_and_rows() -> None:
             max_tokens = rng.randrange(1, 10)
             grant = b.acquire(prompt, max_tokens)
             if grant is not None:
-                assert grant.cached_tokens % PAGE == 0 and grant.cached_tokens < len(prompt)
+                assert grant.cached_tokens < len(prompt)
                 live[grant.handle] = (prompt, grant.cached_tokens, len(prompt) + max_tokens - 1)
         elif action < 0.65 and live:
             handle = rng.choice(list(live))

@@ -83,8 +83,8 @@ async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(tiny_ll
             before = rt.statistics().prompt_tokens_total
             tokens, final = await generate(rt, turn_two, 8)
             ran = rt.statistics().prompt_tokens_total - before
-            assert final.cached_prompt_tokens == 80  # 81 tokens written: five full pages
-            assert ran == len(turn_two) - 80
+            assert final.cached_prompt_tokens == 81  # five full pages and a 1-token tail
+            assert ran == len(turn_two) - 81
             assert tokens == hf_greedy(tiny_llama, turn_two, 8)
 
             # Scored prefill: prompt log-probabilities equal transformers' (OPEN-39).

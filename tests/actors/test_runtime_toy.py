@@ -343,8 +343,8 @@ async def test_pre_53_second_turn_hits_prefix_cache(autojump_clock: Clock) -> No
         ran = toy.device.prompt_tokens_run - before
         await assert_all_returned(toy)
     final = finished(second)
-    assert final.cached_prompt_tokens == 20  # five full pages of 4 below the 22 written
-    assert ran == len(turn_two) - 20
+    assert final.cached_prompt_tokens == 22  # five full pages of 4 and a 2-token tail
+    assert ran == len(turn_two) - 22
     assert tokens_of(second) == reference_output(turn_two, 6)
 
 
