@@ -20,7 +20,7 @@ from actors.public import (
     TokenDelta,
 )
 from actors.system import Runtime, open_runtime
-from tests.actors.conftest import hf_greedy, hf_prompt_logprobs
+from tests.actors.reference import hf_greedy, hf_prompt_logprobs
 
 GREEDY = SamplingParams(temperature=0.0)
 
