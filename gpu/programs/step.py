@@ -147,8 +147,11 @@ class StepProgram:
         tok_row = rows[b.token_lane]
         pos = torch.where(b.from_state, st.position[tok_row] + b.lane_offset, b.host_position)
         ids = torch.where(b.from_state, st.pending_token[tok_row], b.host_token)
-        valid = b.valid
-        pos = torch.where(valid, pos, torch.zeros_like(pos)).clamp(0, geo.max_context - 1)
+        # A token past the context (a host bug) writes only the sink and its lane
+        # reports a non-finite sample, so the completion validator rejects it.
+        in_context = pos < geo.max_context
+        valid = b.valid & in_context
+        pos = torch.where(valid, pos, torch.zeros_like(pos))
         block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
         page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
         slot_index = torch.arange(pos.shape[0], device=pos.device)
@@ -181,7 +184,7 @@ class StepProgram:
         )
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)
-        b.out_finite.copy_(finite)
+        b.out_finite.copy_(finite & in_context[b.sample_index])
         top_lp, top_id = torch.log_softmax(lane_logits, dim=-1).topk(
             b.out_top_token.shape[1], dim=-1
         )

@@ -271,3 +271,21 @@ def test_restore_for_a_new_generation_takes_its_own_sampling(engine: ModelEngine
     assert float(st.temperature[3]) == pytest.approx(0.5)
     assert float(st.top_p[3]) == pytest.approx(0.8)
     assert float(st.temperature[0]) == 0.0 and int(st.seed[0]) == 0
+
+
+def test_decode_past_the_context_is_inert_and_flagged(tiny_checkpoints: dict[str, Path]) -> None:
+    """A lane whose position reached the context limit writes no real page and reports
+    a non-finite sample (the validator then fails that lane only); its neighbour in
+    the same frame decodes normally."""
+    engine = ModelEngine.load(tiny_checkpoints["llama"], device="cpu", dtype=None,
+                              catalog=(DECODE[2],), page_size=PAGE_SIZE, num_pages=8,
+                              state_rows=2, max_context=64)
+    assert engine.geometry.max_context == 64
+    driver = ReferenceDriver(engine)
+    updates = (RowInit(row=0, position=63), PageAppend(row=0, first_block=0, page_ids=(0, 1, 2, 3)),
+               RowInit(row=1, position=63), PageAppend(row=1, first_block=0, page_ids=(4, 5, 6, 7)))
+    driver.run(DECODE[2], DecodeFrame(rows=(1,), updates=updates))  # row 1 reaches 64
+    before = _state_copy(engine)
+    result = driver.run(DECODE[2], DecodeFrame(rows=(0, 1)))
+    assert [s.finite for s in result.samples] == [True, False]
+    assert _changed_pages(before, engine) == {3}
