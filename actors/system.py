@@ -6,7 +6,9 @@ the flags describe (``gpu.catalog``), opens and prepares the backend
 (``actors.public.Runtime``). ``open_runtime_with(parts)`` starts the same actors on
 parts a caller already built (tests use it with the fake backend).
 
-Channels (house style 1-2: one owner per end, named sizes with reasons)::
+Channels (house style 1-2: one owner per end, named sizes with reasons; the only
+channels opened elsewhere are one-shot reply channels of size one, opened by the task
+that asks the question)::
 
     Runtime ──Admit/Withdraw/CloseAdmission──▶ admission ──Acquire──▶ allocator
     admission ──Admitted/Cancel──▶ planner ──Reserve/Release──▶ allocator
@@ -258,8 +260,10 @@ async def open_runtime_with(parts: RuntimeParts, *,
 
     book = ResourceBook(num_pages=parts.num_pages, state_rows=parts.state_rows,
                         page_size=parts.page_size)
+    # A request whose worst case exceeds the whole page pool could never be granted.
+    max_context = min(parts.max_context, parts.num_pages * parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
-        max_context=parts.max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
+        max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
     planner = Planner(
         Scheduler(parts.policy, catalog), to_dispatcher=dispatcher_send,
         to_publisher=publisher_send, to_allocator=allocator_send.clone(),

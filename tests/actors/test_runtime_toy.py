@@ -434,3 +434,13 @@ async def test_ver_28_mixed_frames_pack_prompt_and_decode_rows(autojump_clock: C
     for i, prompt in enumerate(prompts):
         assert tokens_of(results[i]) == reference_output(prompt, 12)
     assert any(label.startswith("mixed") for label in graphs), graphs
+
+
+async def test_request_larger_than_the_page_pool_is_refused(autojump_clock: Clock) -> None:
+    """A worst case beyond the whole pool could never be granted: refuse it up front."""
+    async with toy_runtime(num_pages=4, max_context=256) as toy:  # 16 positions
+        with pytest.raises(ContextTooLong):
+            async with toy.runtime.generate(request([1] * 10, 8)):
+                pass
+        assert tokens_of(await collect(toy.runtime, request([1] * 10, 6))) == \
+            reference_output([1] * 10, 6)
