@@ -1,0 +1,528 @@
+"""Speculative round candidates and confidence forecasts (seed module ``rounds.rs``).
+
+This module owns the speculative half of selection: for the decoding lanes of one
+decision and every loaded speculative program ``(B, D, W, P, binding)`` it chooses a
+cohort and per-lane target rows, prices the complete program and returns the
+non-dominated candidates ranked like ordinary candidates. The Scheduler compares the
+best of them with the ordinary winner on the same scaled F-SEL score.
+
+Seed sections: *Speculative graph coverage*, *Completed confidence and acceptance*,
+*Useful service and selection* (speculative parts), *Planning and the execution queue*
+(the queued-lane advance bound).
+
+- Lane value (SEL-19, ACC-1..3): a lane given ``L`` target rows is worth
+  ``output price * E(L) + delivery price + c*sigma*(A + T)`` where
+  ``E(L) = 1 + sum(s_i ** alpha, i < L)`` is ``speculation.expected_output``, bounded by
+  the verified proposals, the output limit and the context (ACC-2, SEL-13). One visible
+  burst is one delivery (SEL-4). Scores use ``utility.value_rate`` over the complete
+  program's estimate ``T``, unused rows included (SPEC-31).
+- Lane ceilings are ``min(D + 1, W, request limit)`` target rows (SPEC-25); they may
+  sum above ``P`` (SPEC-26).
+- ``QueryLength`` (host) allocation fixes lengths before any proposal is drawn
+  (SPEC-19..21). Fixed-width execution keeps complete prefixes, shortened only by
+  request limits (SEL-26); when ``P`` constrains them the cohort is the highest-value
+  one fitting both ``B`` and ``P`` (SEL-27), solved exactly by dynamic programming over
+  (lanes, rows). Adaptive execution lets each lane take any length ``1..ceiling``; the
+  same dynamic program picks cohort and lengths together (a multiple-choice knapsack).
+  When ``P`` cannot bind the best cohort is the top-``B`` additive lane values (SEL-25).
+- ``SpeculativePrefixLimit`` (device) allocation: cohorts are prefixes of the lanes
+  under three orderings, total lane value, pending-token delivery value and value per
+  target row (SEL-28), each priced with the causal allocation the program would make on
+  the lanes' confidence forecasts (SEL-29; ``frontier_allocation`` mirrors
+  ``gpu/speculative/allocation.py``). At most ``3 * B`` cohorts per shape (SEL-30).
+- Every loaded ``B`` and ``W`` competes, width one included (SPEC-6, SEL-24). Dominance
+  drops a shape whose ``(B, W, P)`` are all at least another's, one strictly larger,
+  only among candidates with the same cohort, lane rows, binding and actual proposal
+  depth ``D`` (SEL-32, SEL-34).
+
+Values are already scaled by the decision's shared exponent (SEL-20): callers pass
+scaled prices, as ``policy/decision.py`` builds them. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.speculation import AcceptanceState, ProposalSource, expected_output
+from policy.types import Lane, LaneRole, RequestHandle
+from policy.utility import NS_PER_MS, FloatArray, value_rate
+
+IntArray = npt.NDArray[np.int64]
+
+__all__ = [
+    "Ordering",
+    "RoundCandidate",
+    "RoundLane",
+    "SpeculationMode",
+    "SpeculativeLane",
+    "best_round",
+    "forecast_observation",
+    "frontier_allocation",
+    "lane_ceiling",
+    "observe_completed_round",
+    "plan_lanes",
+    "price_rows",
+    "queued_advance_bound",
+    "rank_key",
+    "round_candidates",
+    "speculative_lane",
+]
+
+
+class SpeculationMode(enum.Enum):
+    """How the loaded catalog is driven (issue 6: modes selectable at ``flare run``)."""
+
+    FIXED = "fixed"
+    """Fixed-width: complete prefixes, host allocation only (SPEC-16, SPEC-17, LRN-10)."""
+    ADAPTIVE = "adaptive"
+    """Adaptive: host lengths or device allocation, widths compete (SPEC-6)."""
+
+
+class Ordering(enum.Enum):
+    """How a candidate's cohort was found."""
+
+    HOST = "host"
+    """Exact host choice (top-B, or the dynamic program when ``P`` binds)."""
+    TOTAL_VALUE = "total_value"
+    DELIVERY_VALUE = "delivery_value"
+    VALUE_PER_ROW = "value_per_row"
+
+
+class SpeculativeLane(NamedTuple):
+    """One decoding request as speculative selection sees it (scaled values).
+
+    ``token_value``/``delivery_value``: scaled output-token and delivery prices.
+    ``age_value``: scaled ``c_i * sigma_i * A_i`` at the planning start; ``age_slope``:
+    scaled ``c_i * sigma_i`` (the value of the program's own duration, SEL-19).
+    ``output_limit``/``context_limit``: output tokens and context positions left after
+    queued work (QUEUE-48). ``survival``: ``s_1..s_n`` means for the program's source
+    (ACC-25). ``forecast``: joint-prefix-probability forecast means, the device
+    allocation's input (ACC-18); empty means "use ``survival``". ``optimistic`` and
+    ``weights``: the ACC-26 bound and aged weights per depth, for acceptance learning.
+    """
+
+    handle: RequestHandle
+    epoch: int
+    token_value: float
+    delivery_value: float
+    age_value: float
+    age_slope: float
+    output_limit: int
+    context_limit: int
+    survival: tuple[float, ...]
+    forecast: tuple[float, ...] = ()
+    optimistic: tuple[float, ...] = ()
+    weights: tuple[float, ...] = ()
+
+    @property
+    def request_limit(self) -> int:
+        """Output tokens this round may commit at most (ACC-2, SPEC-25)."""
+        return max(min(self.output_limit, self.context_limit), 0)
+
+
+def speculative_lane(
+    *,
+    handle: RequestHandle,
+    epoch: int,
+    state: AcceptanceState,
+    source: ProposalSource,
+    depth_limit: int,
+    token_value: float,
+    delivery_value: float,
+    age_value: float,
+    age_slope: float,
+    output_limit: int,
+    context_limit: int,
+) -> SpeculativeLane:
+    """Build a lane from a request's acceptance state for the program's ``source``
+    (ACC-5): means for ordinary scoring, forecast means for device allocation, and the
+    optimistic bounds and weights funded learning reads (ACC-25, ACC-26)."""
+    estimate = state.acceptance(source)
+    return SpeculativeLane(
+        handle=handle, epoch=epoch, token_value=token_value,
+        delivery_value=delivery_value, age_value=age_value, age_slope=age_slope,
+        output_limit=output_limit, context_limit=context_limit,
+        survival=state.survival(source, depth_limit),
+        forecast=state.forecast_means(source, depth_limit),
+        optimistic=state.optimistic_survival(source, depth_limit),
+        weights=tuple(estimate.weight(d) for d in range(1, depth_limit + 1)),
+    )
+
+
+def lane_ceiling(shape: GraphShape, request_limit: int) -> int:
+    """``min(D + 1, W, request limit)`` target rows (SPEC-25); 0 when nothing is left."""
+    return max(min(shape.proposal_depth + 1, shape.token_capacity, request_limit), 0)
+
+
+def queued_advance_bound(ceiling: int, shape: GraphShape) -> int:
+    """The most a queued speculative lane can advance: ``min(ceiling, P)`` (QUEUE-47).
+
+    Output limits and continuation positions of later decisions subtract it (QUEUE-48).
+    """
+    return max(min(ceiling, shape.packed_capacity), 0)
+
+
+def forecast_observation(joint_prefix: Sequence[float], shape: GraphShape) -> tuple[float, ...]:
+    """The completed round's joint prefix probabilities a forecast may observe: draft
+    positions up to the frozen ``min(D + 1, W)`` ceiling, i.e. ``min(D, W - 1)`` of them
+    (LRN-12). Request limits do not shorten it (OPEN-28, decided here: the confidence
+    describes the drafts, which the program produced whatever the output limit;
+    termination already censors acceptance, ACC-8)."""
+    depth = min(shape.proposal_depth, shape.token_capacity - 1)
+    return tuple(float(v) for v in joint_prefix[:max(depth, 0)])
+
+
+def observe_completed_round(
+    state: AcceptanceState,
+    source: ProposalSource,
+    shape: GraphShape,
+    *,
+    joint_prefix: Sequence[float] | None,
+    offered: int,
+    accepted: int,
+    terminated: bool,
+    survival: Sequence[float] | None = None,
+) -> None:
+    """Fold one *completed* round of one lane into its request's estimates (ACC-13).
+
+    ``joint_prefix``: rank zero's sidecar row ``[1, slot, :]`` (ACC-14), or None when the
+    program produced no confidence; it updates the forecast up to the LRN-12 ceiling
+    (ACC-17..20). ``offered``/``accepted``/``terminated``/``survival`` update verified
+    acceptance (ACC-6..9, ACC-28). Cancelled or in-flight rounds must not be passed.
+    """
+    if joint_prefix is not None:
+        state.observe_forecast(source, forecast_observation(joint_prefix, shape))
+    state.observe_round(source, offered=offered, accepted=accepted,
+                        terminated=terminated, survival=survival)
+
+
+def frontier_allocation(forecast: FloatArray, ceilings: Sequence[int] | IntArray,
+                        total_rows: int) -> list[int]:
+    """Target rows per lane under the device's causal frontier rule (SPEC-28, SPEC-29).
+
+    ``forecast`` ``[m, D]``: joint prefix probability of draft prefix ``k`` at ``k - 1``.
+    Every active lane keeps its pending row; the remaining ``P - active`` rows go to
+    candidates ``(lane, k)`` with ``k < ceiling`` by probability descending, then shorter
+    prefix, then lower slot. Probabilities are made non-increasing per lane, so every
+    prefix of that order is causally closed (see ``gpu/speculative/allocation.py``).
+    """
+    probs = np.clip(np.nan_to_num(np.asarray(forecast, dtype=np.float64)), 0.0, 1.0)
+    m = probs.shape[0]
+    ceil = np.clip(np.asarray(ceilings, dtype=np.int64), 0, probs.shape[1] + 1 if m else 0)
+    active = ceil > 0
+    lengths = active.astype(np.int64)
+    budget = total_rows - int(active.sum())
+    if m == 0 or probs.shape[1] == 0 or budget <= 0:
+        return [int(x) for x in lengths]
+    probs = np.minimum.accumulate(probs, axis=1)
+    depth = np.broadcast_to(np.arange(1, probs.shape[1] + 1), probs.shape)
+    slot = np.broadcast_to(np.arange(m)[:, None], probs.shape)
+    valid = depth < ceil[:, None]
+    p, d, s = probs[valid], depth[valid], slot[valid]
+    order = np.lexsort((s, d, -p))[:budget]
+    np.add.at(lengths, s[order], 1)
+    return [int(x) for x in lengths]
+
+
+class RoundLane(NamedTuple):
+    """One lane of a speculative candidate.
+
+    ``rows``: target rows the host fixed (``QueryLength``) or the forecast allocation
+    it was priced with (``SpeculativePrefixLimit``); ``ceiling``: the immutable ceiling.
+    """
+
+    handle: RequestHandle
+    epoch: int
+    rows: int
+    ceiling: int
+    expected_tokens: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class RoundCandidate:
+    """One speculative program with its cohort, priced as a complete program."""
+
+    shape: GraphShape
+    lanes: tuple[RoundLane, ...]
+    base: float
+    """Scaled value at ``T = 0`` (token and delivery service plus age so far)."""
+    slope: float
+    """Sum of the lanes' ``c_i * sigma_i`` (scaled)."""
+    estimate_ns: int
+    """The complete program's estimate (0 = unknown, SPEC-31)."""
+    rate: float | None
+    """F-SEL value rate; None for an unknown duration (ranked by useful value)."""
+    ordering: Ordering
+
+    @property
+    def useful_value(self) -> float:
+        """Scaled useful value including the age earned over the program (DUR-23)."""
+        return self.base + self.slope * self.estimate_ns / NS_PER_MS
+
+    @property
+    def rows_used(self) -> int:
+        return sum(lane.rows for lane in self.lanes)
+
+    def logical_key(self) -> tuple[object, ...]:
+        """What dominance compares: cohort, rows, ceilings, binding and actual D (SEL-34)."""
+        return (self.shape.proposal_depth, self.shape.binding,
+                tuple(sorted((ln.handle, ln.rows, ln.ceiling) for ln in self.lanes)))
+
+
+class _LaneTable:
+    """Per-decision lane values: ``base[i, L]`` for ``L`` target rows (0 for ``L = 0``)."""
+
+    def __init__(self, lanes: Sequence[SpeculativeLane], max_rows: int, alpha: float,
+                 *, optimistic: bool) -> None:
+        self.lanes = tuple(lanes)
+        n = len(self.lanes)
+        self.limit = np.array([ln.request_limit for ln in self.lanes], dtype=np.int64)
+        self.slope = np.array([ln.age_slope for ln in self.lanes], dtype=np.float64)
+        self.tokens = np.zeros((n, max_rows + 1), dtype=np.float64)
+        self.base = np.zeros((n, max_rows + 1), dtype=np.float64)
+        depth = max(max_rows - 1, 0)
+        self.forecast = np.zeros((n, depth), dtype=np.float64)
+        for i, ln in enumerate(self.lanes):
+            survival = ln.optimistic if optimistic and ln.optimistic else ln.survival
+            entry = ln.delivery_value + ln.age_value
+            for rows in range(1, max_rows + 1):
+                e = expected_output(survival, width=rows, alpha=alpha,
+                                    limit=max(int(self.limit[i]), 0))
+                self.tokens[i, rows] = e
+                self.base[i, rows] = ln.token_value * e + entry
+            fc = (ln.forecast or ln.survival)[:depth]
+            self.forecast[i, :len(fc)] = fc
+
+
+def _unconstrained(values: FloatArray, ceilings: IntArray, batch: int) -> list[int]:
+    """Top-``B`` lanes by value (SEL-25); ties keep input order."""
+    order = np.argsort(-values, kind="stable")
+    chosen = [int(i) for i in order[:batch] if ceilings[i] > 0]
+    return chosen
+
+
+def _knapsack(options: list[list[tuple[int, float]]], batch: int, total_rows: int
+              ) -> dict[int, int]:
+    """Exact best choice of at most ``batch`` lanes, each taking one (rows, value) option
+    or none, with rows summing to at most ``total_rows`` (SEL-27; multiple-choice
+    knapsack by dynamic programming over (lanes taken, rows used))."""
+    neg = -math.inf
+    best = np.full((batch + 1, total_rows + 1), neg)
+    best[0, 0] = 0.0
+    choices: list[npt.NDArray[np.int64]] = []
+    for opts in options:
+        new = best.copy()
+        pick = np.zeros(best.shape, dtype=np.int64)
+        for rows, value in opts:
+            if rows > total_rows:
+                continue
+            cand = np.full(best.shape, neg)
+            cand[1:, rows:] = best[:-1, :total_rows + 1 - rows] + value
+            better = cand > new
+            new = np.where(better, cand, new)
+            pick = np.where(better, rows, pick)
+        choices.append(pick)
+        best = new
+    k, r = np.unravel_index(int(np.argmax(best)), best.shape)
+    chosen: dict[int, int] = {}
+    for i in range(len(options) - 1, -1, -1):
+        rows = int(choices[i][k, r])
+        if rows:
+            chosen[i] = rows
+            k, r = k - 1, r - rows
+    return chosen
+
+
+def _candidate(shape: GraphShape, table: _LaneTable, chosen: Sequence[tuple[int, int]],
+               ceilings: IntArray, estimate_ns: int, waiting: float,
+               ordering: Ordering) -> RoundCandidate:
+    t_ms = estimate_ns / NS_PER_MS
+    lanes: list[RoundLane] = []
+    base = slope = 0.0
+    for i, rows in chosen:
+        ln = table.lanes[i]
+        b = float(table.base[i, rows])
+        s = float(table.slope[i])
+        base += b
+        slope += s
+        lanes.append(RoundLane(handle=ln.handle, epoch=ln.epoch, rows=rows,
+                               ceiling=int(ceilings[i]),
+                               expected_tokens=float(table.tokens[i, rows]),
+                               value=b + s * t_ms))
+    rate = value_rate(base, slope, t_ms, waiting) if estimate_ns > 0 else None
+    return RoundCandidate(shape=shape, lanes=tuple(lanes), base=base, slope=slope,
+                          estimate_ns=estimate_ns, rate=rate, ordering=ordering)
+
+
+def _host_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
+                     estimate_ns: int, waiting: float, mode: SpeculationMode
+                     ) -> list[RoundCandidate]:
+    t_ms = estimate_ns / NS_PER_MS
+    n = len(table.lanes)
+    idx = np.arange(n)
+    full = table.base[idx, ceilings] + table.slope * t_ms
+    batch, packed = shape.batch_capacity, shape.packed_capacity
+    top = _unconstrained(full, ceilings, batch)
+    if sum(int(ceilings[i]) for i in top) <= packed:
+        # P does not constrain the best cohort: complete prefixes, top-B values (SEL-25).
+        chosen = [(i, int(ceilings[i])) for i in top]
+    else:
+        options: list[list[tuple[int, float]]] = []
+        for i in range(n):
+            c = int(ceilings[i])
+            if c <= 0:
+                options.append([])
+            elif mode is SpeculationMode.FIXED:
+                options.append([(c, float(full[i]))])  # complete prefixes only (SEL-26)
+            else:
+                options.append([(rows, float(table.base[i, rows] + table.slope[i] * t_ms))
+                                for rows in range(1, c + 1)])
+        picked = _knapsack(options, batch, packed)
+        chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
+    if not chosen:
+        return []
+    return [_candidate(shape, table, chosen, ceilings, estimate_ns, waiting, Ordering.HOST)]
+
+
+def _device_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
+                       estimate_ns: int, waiting: float) -> list[RoundCandidate]:
+    t_ms = estimate_ns / NS_PER_MS
+    live = np.nonzero(ceilings > 0)[0]
+    if len(live) == 0:
+        return []
+    full = table.base[live, ceilings[live]] + table.slope[live] * t_ms
+    pending = table.base[live, 1] + table.slope[live] * t_ms
+    per_row = full / ceilings[live]
+    limit = min(shape.batch_capacity, shape.packed_capacity, len(live))
+    depth = shape.proposal_depth
+    seen: set[tuple[int, ...]] = set()
+    out: list[RoundCandidate] = []
+    for ordering, key in ((Ordering.TOTAL_VALUE, full), (Ordering.DELIVERY_VALUE, pending),
+                          (Ordering.VALUE_PER_ROW, per_row)):
+        order = live[np.argsort(-key, kind="stable")]
+        for m in range(1, limit + 1):
+            cohort = tuple(int(i) for i in order[:m])
+            if cohort in seen:
+                continue
+            seen.add(cohort)
+            rows = frontier_allocation(table.forecast[list(cohort), :depth],
+                                       ceilings[list(cohort)], shape.packed_capacity)
+            out.append(_candidate(shape, table, list(zip(cohort, rows, strict=True)),
+                                  ceilings, estimate_ns, waiting, ordering))
+    return out
+
+
+def price_rows(candidate: RoundCandidate, lanes: Sequence[SpeculativeLane], estimate_ns: int,
+               *, alpha: float, waiting: float, optimistic: bool = False) -> RoundCandidate:
+    """Price ``candidate``'s cohort and rows again from ``lanes`` (for instance with the
+    means after an optimistic search, ACC-25); lane order and rows are kept."""
+    by_handle = {ln.handle: i for i, ln in enumerate(lanes)}
+    max_rows = max((ln.rows for ln in candidate.lanes), default=1)
+    table = _LaneTable(lanes, max(max_rows, 1), alpha, optimistic=optimistic)
+    ceilings = np.zeros(len(lanes), dtype=np.int64)
+    chosen: list[tuple[int, int]] = []
+    for ln in candidate.lanes:
+        i = by_handle[ln.handle]
+        ceilings[i] = ln.ceiling
+        chosen.append((i, ln.rows))
+    return _candidate(candidate.shape, table, chosen, ceilings, estimate_ns, waiting,
+                      candidate.ordering)
+
+
+def rank_key(c: RoundCandidate) -> tuple[float, ...]:
+    """Sort key, best first: unknown durations by useful value (DUR-22, DUR-23), then
+    value rate, then shorter time, more lanes, fewer unused rows (DUR-24)."""
+    known = c.rate is not None
+    primary = c.rate if c.rate is not None else c.useful_value
+    return (float(known), -primary, float(c.estimate_ns), -float(len(c.lanes)),
+            float(c.shape.batch_capacity - len(c.lanes)),
+            float(c.shape.packed_capacity - c.rows_used))
+
+
+def _dominance_filter(cands: list[RoundCandidate]) -> list[RoundCandidate]:
+    """Drop shapes whose (B, W, P) are all >= an alternative's with one larger, among
+    candidates doing the same logical work at the same actual D (SEL-32, SEL-34)."""
+    groups: dict[tuple[object, ...], list[RoundCandidate]] = {}
+    for c in cands:
+        groups.setdefault(c.logical_key(), []).append(c)
+    kept: list[RoundCandidate] = []
+    for group in groups.values():
+        caps = [(c.shape.batch_capacity, c.shape.token_capacity, c.shape.packed_capacity)
+                for c in group]
+        for c, mine in zip(group, caps, strict=True):
+            if not any(all(a >= b for a, b in zip(mine, other, strict=True)) and mine != other
+                       for other in caps):
+                kept.append(c)
+    return kept
+
+
+def round_candidates(
+    lanes: Sequence[SpeculativeLane],
+    shapes: Iterable[GraphShape],
+    estimates_ns: Mapping[GraphShape, int],
+    *,
+    alpha: float,
+    waiting: float,
+    mode: SpeculationMode,
+    optimistic: bool = False,
+    keep_dominated: bool = False,
+) -> list[RoundCandidate]:
+    """Every non-dominated speculative candidate of one decision, best first.
+
+    ``shapes``: the loaded catalog (non-speculative shapes are ignored); every ``B`` and
+    ``W`` competes (SPEC-6, SEL-24). ``estimates_ns``: each shape's complete-program
+    estimate (missing or 0 = unknown). ``waiting``: the decision's scaled sum of ``c_i``
+    (SEL-19). ``optimistic``: score with the ACC-26 bounds instead of the means
+    (acceptance learning only, ACC-25). ``keep_dominated``: skip the SEL-34 filter
+    (acceptance probes are separate from ordinary selection, like refresh, SEL-37).
+    Fixed mode skips device-allocated programs (SPEC-17).
+    """
+    spec = [s for s in shapes if s.kind is GraphKind.SPECULATIVE]
+    est = [int(estimates_ns.get(s, 0)) for s in spec]
+    live = [ln for ln in lanes if ln.request_limit > 0]
+    if not spec or not live:
+        return []
+    max_rows = max(min(s.proposal_depth + 1, s.token_capacity) for s in spec)
+    table = _LaneTable(live, max_rows, alpha, optimistic=optimistic)
+    out: list[RoundCandidate] = []
+    for shape, estimate in zip(spec, est, strict=True):
+        ceilings = np.minimum(table.limit, min(shape.proposal_depth + 1, shape.token_capacity))
+        if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
+            if mode is SpeculationMode.FIXED:
+                continue
+            out.extend(_device_candidates(shape, table, ceilings, estimate, waiting))
+        else:
+            out.extend(_host_candidates(shape, table, ceilings, estimate, waiting, mode))
+    if not keep_dominated:
+        out = _dominance_filter(out)
+    out.sort(key=rank_key)
+    return out
+
+
+def best_round(candidates: Sequence[RoundCandidate]) -> RoundCandidate | None:
+    """The top-ranked candidate (see ``rank_key``), or None."""
+    return min(candidates, key=rank_key) if candidates else None
+
+
+def plan_lanes(candidate: RoundCandidate) -> tuple[Lane, ...]:
+    """The plan's lanes in slot order (the device's tie-break order, SPEC-29).
+
+    ``token_ceiling`` is the host length under ``QueryLength`` (SPEC-19) and the
+    immutable ceiling under ``SpeculativePrefixLimit`` (SPEC-22); expected tokens and
+    one expected delivery per lane are frozen for projection (QUEUE-41, SEL-4).
+    """
+    device = candidate.shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT
+    return tuple(
+        Lane(handle=ln.handle, epoch=ln.epoch, role=LaneRole.DECODE,
+             token_ceiling=ln.ceiling if device else ln.rows,
+             expected_tokens=ln.expected_tokens, expected_deliveries=1.0, value=ln.value)
+        for ln in candidate.lanes)
