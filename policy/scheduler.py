@@ -32,7 +32,7 @@ import numpy as np
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
 from policy.decision import build_context
-from policy.descriptors import MAX_REQUEST_SLOTS, ExecutionTiming, GraphShape
+from policy.descriptors import MAX_REQUEST_SLOTS, ExecutionTiming, GraphKind, GraphShape
 from policy.frame_queue import FrameQueue, QueuedFrame
 from policy.refresh import (
     CreditLedger,
@@ -225,8 +225,7 @@ class Scheduler:
         self._next_handle = max(self._next_handle, handle + 1)
         epoch = self._last_epoch.get(handle, -1) + 1
         self._last_epoch[handle] = epoch
-        population = sum(1 for r in self._records.values() if not r.cancelled) + 1
-        norms = self._normalizers(population)
+        norms = self._normalizers(self._fair_share_population())
         self._records[handle] = RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
@@ -378,6 +377,16 @@ class Scheduler:
             ok = rec.phase is Phase.TERMINAL and not rec.in_flight
         if not ok:
             raise StalePlanError(f"request {lane.handle} changed since planning")
+
+    def _fair_share_population(self) -> int:
+        """How many requests a new request's fair-share start is divided among: the
+        catalog's request slots (its largest generation batch), not the momentary
+        resident count. Requests admitted together then start at the same price, so
+        their order is decided by service, not by who arrived first in a burst (a
+        resident-count population made a burst of arrivals run last-in first-out)."""
+        slots = [s.batch_capacity for s in self._catalog.shapes if s.is_generation
+                 or s.kind is GraphKind.MIXED]
+        return max(slots, default=1)
 
     def _normalizers(self, population: int) -> Normalizers:
         cached = self._normalizer_cache.get(population)
