@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,16 @@ class Tokenizer:
         def raise_exception(message: str) -> None:
             raise jinja2.TemplateError(message)
 
+        def tojson(value: Any, indent: int | None = None) -> str:
+            # HF's filter: no HTML escaping (jinja2's builtin escapes <, >, &).
+            return json.dumps(value, ensure_ascii=False, indent=indent)
+
+        def strftime_now(fmt: str) -> str:
+            return datetime.now().strftime(fmt)
+
+        env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = strftime_now
         template = env.from_string(self.chat_template)
         return template.render(
             messages=list(messages),

@@ -159,3 +159,15 @@ def test_sharded_checkpoint_loads_like_the_single_file(
     b = build_engine(sharded).parts.decoder.w
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_chat_template_helpers_follow_hf(tiny_checkpoints: dict[str, Path]) -> None:
+    """``tojson`` does not HTML-escape; ``raise_exception`` raises a template error."""
+    import jinja2
+
+    tok = Tokenizer.load(tiny_checkpoints["llama"])
+    tok.chat_template = "{{ messages[0]['content'] | tojson }}"
+    assert tok.apply_chat_template([{"role": "user", "content": "a<b>&é"}]) == '"a<b>&é"'
+    tok.chat_template = "{{ raise_exception('no system role') }}"
+    with pytest.raises(jinja2.TemplateError, match="no system role"):
+        tok.apply_chat_template([])
