@@ -32,6 +32,7 @@ Pure and synchronous; recency is a logical counter, not a clock.
 from __future__ import annotations
 
 import enum
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -132,6 +133,8 @@ class PrefixCache:
             node = hit.tail
             self._nodes[node.key] = node
             self._partials.setdefault(node.key[0], []).append(node)
+            if node.parent is not None:
+                node.parent.children += 1
         if hit.pages:
             self._hits -= 1
             self._hit_tokens -= hit.tokens
@@ -158,7 +161,7 @@ class PrefixCache:
             self._partials[node.key[0]].remove(node)
             if not self._partials[node.key[0]]:
                 del self._partials[node.key[0]]
-        elif node.parent is not None:
+        if node.parent is not None:
             node.parent.children -= 1
 
     # ------------------------------------------------------------------ publication
@@ -220,6 +223,8 @@ class PrefixCache:
         self._next_id += 1
         self._nodes[key] = node
         self._partials.setdefault(parent_id, []).append(node)
+        if parent is not None:
+            parent.children += 1  # a node with a cached tail is not a leaf
         self._pool.share([page])
         return 1
 
@@ -236,19 +241,26 @@ class PrefixCache:
         return (node.last_demand, int(node.role), -endpoint)
 
     def evict(self, pages_needed: int) -> int:
-        """Free up to ``pages_needed`` pages by evicting victims; return pages freed."""
+        """Free up to ``pages_needed`` pages by evicting victims; return pages freed.
+
+        One scan builds a heap of evictable leaves; a parent joins it when its last
+        child goes (keys do not change during an eviction).
+        """
+        def evictable_leaf(node: _Node) -> bool:
+            return node.children == 0 and self._pool.references(node.page) == 1
+
+        heap = [(self.victim_order_key(n), n.node_id, n) for n in self._nodes.values()
+                if evictable_leaf(n)]
+        heapq.heapify(heap)
         freed = 0
-        while freed < pages_needed:
-            leaves = [
-                n for n in self._nodes.values()
-                if n.children == 0 and self._pool.references(n.page) == 1
-            ]
-            if not leaves:
-                break
-            victim = min(leaves, key=self.victim_order_key)
+        while freed < pages_needed and heap:
+            _, _, victim = heapq.heappop(heap)
             self._forget(victim)
             freed += self._pool.drop([victim.page])
             self._evictions += 1
+            parent = victim.parent
+            if parent is not None and evictable_leaf(parent):
+                heapq.heappush(heap, (self.victim_order_key(parent), parent.node_id, parent))
         return freed
 
     def clear(self) -> None:

@@ -258,3 +258,18 @@ def test_open_3_random_lifecycles_conserve_pages_and_rows() -> None:
     assert stats.pages_total - stats.pages_free == stats.pages_cached
     b.cache.clear()
     assert b.pages.free_count == b.pages.total
+
+
+def test_open_3_tails_are_evicted_before_their_parents() -> None:
+    """A page with a cached tail is not a leaf: eviction takes the tail first, and the
+    parent only when asked for more, so no tail is ever orphaned."""
+    pool = PagePool(4)
+    cache = PrefixCache(pool, PAGE)
+    pages = pool.take(2)
+    cache.publish([1, 1, 1, 1, 2, 2], pages)
+    pool.drop(pages)
+    assert cache.evict(1) == 1
+    assert cache.lookup([1, 1, 1, 1, 2, 2, 3], limit_tokens=6).tokens == 4  # tail gone
+    pool.drop([pages[0]])
+    assert cache.evict(5) == 1 and pool.free_count == 4
+    assert cache.statistics().pages == 0
