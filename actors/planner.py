@@ -274,7 +274,7 @@ class Planner:
                 continue
             resident.scores.extend(frame.prompt_logprobs[:lane.prompt_tokens])
             if lane.prompt_start + lane.prompt_tokens == len(resident.source.prompt):
-                out.append((lane.handle, tuple[float | None, ...](resident.scores)))
+                out.append((lane.handle, tuple(resident.scores)))
         return tuple(out)
 
     async def _published(self, msg: Published) -> None:

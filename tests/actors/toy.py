@@ -37,6 +37,8 @@ VOCAB = 40
 EOS = VOCAB - 1
 EOS_MAGIC = 7
 """A prompt starting with this token emits EOS once the context reaches 12 tokens."""
+TOY_DEADLINE_S = 30
+"""Every toy test finishes within this much virtual time (a hang fails, never blocks)."""
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?0123456789"
 
 
@@ -246,14 +248,21 @@ async def toy_runtime(
         num_pages=num_pages, state_rows=state_rows, max_queue=max_queue,
         policy=PolicyConfig(), clock_ns=clock,
     )
-    async with open_runtime_with(parts, catalog=catalog) as runtime:
-        if not timed:
+    with trio.fail_after(TOY_DEADLINE_S):
+        async with (open_runtime_with(parts, catalog=catalog) as runtime,
+                    _maybe_driven(backend, timed)):
             yield ToySystem(runtime=runtime, backend=backend, device=device)
-            return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(drive, backend)
-            yield ToySystem(runtime=runtime, backend=backend, device=device)
-            nursery.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _maybe_driven(backend: FakeBackend, timed: bool) -> AsyncIterator[None]:
+    if not timed:
+        yield
+        return
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drive, backend)
+        yield
+        nursery.cancel_scope.cancel()
 
 
 async def drive(backend: FakeBackend) -> None:
