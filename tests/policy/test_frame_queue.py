@@ -164,3 +164,23 @@ def test_dur_27_28_plan_outliving_freshness_is_rejected_behind_queue() -> None:
     assert stale is not None and stale.stale and stale.requires_empty_window
     s.commit(stale, Fence(2))
     assert not s.window_ready(stale)
+
+
+def test_queue_13_14_feedback_dependence_comes_from_the_selected_program() -> None:
+    """Covers QUEUE-13, QUEUE-14: the empty-window flag follows the chosen shape and its
+    estimate (fresh decode: queueable; stale, unknown, prefill, refresh: not)."""
+    cfg = PolicyConfig(estimate_ttl_ns=50 * MS)
+    s = two_decoders(config=cfg)
+    fresh = s.plan()
+    assert fresh is not None and not fresh.requires_empty_window
+    s.advance_to(s.now_ns + 60 * MS)
+    stale = s.plan()
+    assert stale is not None and stale.stale and stale.requires_empty_window
+    s.set_catalog((decode(1), decode(2), decode(4)))
+    make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=0.0)
+    unknown = s.plan()
+    assert unknown is not None and not unknown.duration_known and unknown.requires_empty_window
+    p = measured_scheduler((prefill(64),))
+    make_prompt(p, prompt_len=50, token_rate=1.0)
+    prompt_plan = p.plan()
+    assert prompt_plan is not None and prompt_plan.requires_empty_window
