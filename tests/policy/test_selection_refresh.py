@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from selection_setup import make_decoder, make_prompt
 from synthetic_catalog import (
     MS,
@@ -117,6 +118,7 @@ def test_ref_5_discovery_earns_no_credit() -> None:
     assert s.refresh_ledger.balance_ns == 0
 
 
+@pytest.mark.slow
 def test_ref_18_aggregate_bound_over_long_synthetic_run() -> None:
     """Covers REF-18, REF-17, VER-9 (expiry and recovery): a long randomized run with a
     short freshness interval; the bound holds after every step and refreshes happen."""
