@@ -48,7 +48,7 @@ from ops.loadgen.records import RequestRecord
 from ops.loadgen.workload import RequestPlan
 from ops.sim.costs import CostTable
 from policy.baselines.protocol import ClientTagged, Planner
-from policy.descriptors import ExecutionTiming
+from policy.descriptors import ExecutionTiming, GraphKind
 from policy.types import (
     CompletionRecord,
     Fence,
@@ -59,6 +59,7 @@ from policy.types import (
 )
 
 NS_PER_S = 1_000_000_000
+PREFILL_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
 TOKEN_ID = 7
 """Every simulated output token carries this id (content never matters to policy)."""
 
@@ -245,7 +246,7 @@ class _Simulation:
         self.rows[0] += len(plan.lanes)
         self.rows[1] += plan.shape.batch_capacity
         capacity = plan.shape.prefill_capacity or (
-            plan.shape.token_capacity if plan.shape.kind.value.endswith("prefill") else 0)
+            plan.shape.token_capacity if plan.shape.kind in PREFILL_KINDS else 0)
         if capacity:
             self.prompt[0] += sum(lane.prompt_tokens for lane in plan.lanes)
             self.prompt[1] += capacity

@@ -53,6 +53,7 @@ def test_one_request_exact_times_by_length(policy: str) -> None:
     assert rec.finished_s == pytest.approx(1.022)
     assert result.frames == {"decode": 2, "prefill": 1}
     assert result.busy_s == pytest.approx(0.020)
+    assert result.padding == {"rows": 0.0, "prompt_tokens": pytest.approx(14 / 64)}
 
 
 @pytest.mark.parametrize("policy", ["balanced", "fcfs", "sarathi"])
