@@ -161,7 +161,8 @@ def find_probe(
     by_handle = {ln.handle: ln for ln in lanes}
     best: tuple[tuple[float, float, int, tuple[int, int, int, int]], Probe] | None = None
     for cand in round_candidates(lanes, shapes, estimates_ns, alpha=alpha, waiting=waiting,
-                                 mode=mode, optimistic=True, keep_dominated=True):
+                                 mode=mode, optimistic=True, keep_dominated=True,
+                                 every_cohort=True):
         if cand.rate is None or cand.shape.kind is not GraphKind.SPECULATIVE:
             continue
         if cand.shape.proposal_depth == 0 or not cand.rate > ordinary.rate:

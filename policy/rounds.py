@@ -42,7 +42,6 @@ scaled prices, as ``policy/decision.py`` builds them. Pure: numpy only.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -51,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.round_search import best_lengths, frontier_allocation, prefix_cohort_values
 from policy.speculation import AcceptanceState, ProposalSource, expected_output
 from policy.types import Lane, LaneRole, RequestHandle
 from policy.utility import NS_PER_MS, FloatArray, value_rate
@@ -64,6 +64,7 @@ __all__ = [
     "SpeculationMode",
     "SpeculativeLane",
     "best_round",
+    "device_cohort_values",
     "forecast_observation",
     "frontier_allocation",
     "lane_ceiling",
@@ -204,34 +205,6 @@ def observe_completed_round(
                         terminated=terminated, survival=survival)
 
 
-def frontier_allocation(forecast: FloatArray, ceilings: Sequence[int] | IntArray,
-                        total_rows: int) -> list[int]:
-    """Target rows per lane under the device's causal frontier rule (SPEC-28, SPEC-29).
-
-    ``forecast`` ``[m, D]``: joint prefix probability of draft prefix ``k`` at ``k - 1``.
-    Every active lane keeps its pending row; the remaining ``P - active`` rows go to
-    candidates ``(lane, k)`` with ``k < ceiling`` by probability descending, then shorter
-    prefix, then lower slot. Probabilities are made non-increasing per lane, so every
-    prefix of that order is causally closed (see ``gpu/speculative/allocation.py``).
-    """
-    probs = np.clip(np.nan_to_num(np.asarray(forecast, dtype=np.float64)), 0.0, 1.0)
-    m = probs.shape[0]
-    ceil = np.clip(np.asarray(ceilings, dtype=np.int64), 0, probs.shape[1] + 1 if m else 0)
-    active = ceil > 0
-    lengths = active.astype(np.int64)
-    budget = total_rows - int(active.sum())
-    if m == 0 or probs.shape[1] == 0 or budget <= 0:
-        return [int(x) for x in lengths]
-    probs = np.minimum.accumulate(probs, axis=1)
-    depth = np.broadcast_to(np.arange(1, probs.shape[1] + 1), probs.shape)
-    slot = np.broadcast_to(np.arange(m)[:, None], probs.shape)
-    valid = depth < ceil[:, None]
-    p, d, s = probs[valid], depth[valid], slot[valid]
-    order = np.lexsort((s, d, -p))[:budget]
-    np.add.at(lengths, s[order], 1)
-    return [int(x) for x in lengths]
-
-
 class RoundLane(NamedTuple):
     """One lane of a speculative candidate.
 
@@ -303,45 +276,6 @@ class _LaneTable:
             self.forecast[i, :len(fc)] = fc
 
 
-def _unconstrained(values: FloatArray, ceilings: IntArray, batch: int) -> list[int]:
-    """Top-``B`` lanes by value (SEL-25); ties keep input order."""
-    order = np.argsort(-values, kind="stable")
-    chosen = [int(i) for i in order[:batch] if ceilings[i] > 0]
-    return chosen
-
-
-def _knapsack(options: list[list[tuple[int, float]]], batch: int, total_rows: int
-              ) -> dict[int, int]:
-    """Exact best choice of at most ``batch`` lanes, each taking one (rows, value) option
-    or none, with rows summing to at most ``total_rows`` (SEL-27; multiple-choice
-    knapsack by dynamic programming over (lanes taken, rows used))."""
-    neg = -math.inf
-    best = np.full((batch + 1, total_rows + 1), neg)
-    best[0, 0] = 0.0
-    choices: list[npt.NDArray[np.int64]] = []
-    for opts in options:
-        new = best.copy()
-        pick = np.zeros(best.shape, dtype=np.int64)
-        for rows, value in opts:
-            if rows > total_rows:
-                continue
-            cand = np.full(best.shape, neg)
-            cand[1:, rows:] = best[:-1, :total_rows + 1 - rows] + value
-            better = cand > new
-            new = np.where(better, cand, new)
-            pick = np.where(better, rows, pick)
-        choices.append(pick)
-        best = new
-    k, r = np.unravel_index(int(np.argmax(best)), best.shape)
-    chosen: dict[int, int] = {}
-    for i in range(len(options) - 1, -1, -1):
-        rows = int(choices[i][k, r])
-        if rows:
-            chosen[i] = rows
-            k, r = k - 1, r - rows
-    return chosen
-
-
 def _candidate(shape: GraphShape, table: _LaneTable, chosen: Sequence[tuple[int, int]],
                ceilings: IntArray, estimate_ns: int, waiting: float,
                ordering: Ordering) -> RoundCandidate:
@@ -363,61 +297,102 @@ def _candidate(shape: GraphShape, table: _LaneTable, chosen: Sequence[tuple[int,
                           estimate_ns=estimate_ns, rate=rate, ordering=ordering)
 
 
+def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bool
+             ) -> FloatArray:
+    """``options[i, L]``: lane ``i``'s value with ``L`` rows over ``t_ms`` (``-inf`` where
+    not allowed: past the ceiling, or below it when prefixes must be complete)."""
+    width = table.base.shape[1]
+    values = table.base + table.slope[:, None] * t_ms
+    rows = np.arange(width)[None, :]
+    allowed = (rows <= ceilings[:, None]) & (rows >= 1)
+    if complete:
+        allowed &= rows == ceilings[:, None]
+    options: FloatArray = np.where(allowed, values, -np.inf)
+    options[:, 0] = 0.0
+    return options
+
+
 def _host_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
                      estimate_ns: int, waiting: float, mode: SpeculationMode
                      ) -> list[RoundCandidate]:
     t_ms = estimate_ns / NS_PER_MS
-    n = len(table.lanes)
-    idx = np.arange(n)
-    full = table.base[idx, ceilings] + table.slope * t_ms
     batch, packed = shape.batch_capacity, shape.packed_capacity
-    top = _unconstrained(full, ceilings, batch)
+    full = table.base[np.arange(len(table.lanes)), ceilings] + table.slope * t_ms
+    top = [int(i) for i in np.argsort(-full, kind="stable")[:batch] if ceilings[i] > 0]
     if sum(int(ceilings[i]) for i in top) <= packed:
         # P does not constrain the best cohort: complete prefixes, top-B values (SEL-25).
         chosen = [(i, int(ceilings[i])) for i in top]
     else:
-        options: list[list[tuple[int, float]]] = []
-        for i in range(n):
-            c = int(ceilings[i])
-            if c <= 0:
-                options.append([])
-            elif mode is SpeculationMode.FIXED:
-                options.append([(c, float(full[i]))])  # complete prefixes only (SEL-26)
-            else:
-                options.append([(rows, float(table.base[i, rows] + table.slope[i] * t_ms))
-                                for rows in range(1, c + 1)])
-        picked = _knapsack(options, batch, packed)
+        options = _options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
+        picked = best_lengths(options, batch, packed)
         chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
     if not chosen:
         return []
     return [_candidate(shape, table, chosen, ceilings, estimate_ns, waiting, Ordering.HOST)]
 
 
-def _device_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
-                       estimate_ns: int, waiting: float) -> list[RoundCandidate]:
-    t_ms = estimate_ns / NS_PER_MS
+_ORDERINGS = (Ordering.TOTAL_VALUE, Ordering.DELIVERY_VALUE, Ordering.VALUE_PER_ROW)
+
+
+def _device_search(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
+                   t_ms: float) -> tuple[list[IntArray], FloatArray, IntArray]:
+    """The bounded device search (SEL-28..30): for each ordering (total lane value,
+    pending-token delivery value, value per target row) the lane order and the value and
+    rows of every prefix cohort of at most ``min(B, P)`` lanes, priced with its own
+    frontier allocation. Returns (orders, values ``[3, m]``, rows ``[3, m, m]``)."""
     live = np.nonzero(ceilings > 0)[0]
-    if len(live) == 0:
-        return []
-    full = table.base[live, ceilings[live]] + table.slope[live] * t_ms
-    pending = table.base[live, 1] + table.slope[live] * t_ms
-    per_row = full / ceilings[live]
     limit = min(shape.batch_capacity, shape.packed_capacity, len(live))
-    depth = shape.proposal_depth
+    options = _options(table, ceilings, t_ms, complete=False)
+    full = options[live, ceilings[live]]
+    keys = (full, options[live, 1], full / ceilings[live])
+    orders: list[IntArray] = []
+    values = np.zeros((len(keys), limit), dtype=np.float64)
+    rows = np.zeros((len(keys), limit, limit), dtype=np.int64)
+    forecast = table.forecast[:, : shape.proposal_depth]
+    for k, key in enumerate(keys):
+        order = live[np.argsort(-key, kind="stable")][:limit].astype(np.int64)
+        same = next((j for j in range(k) if np.array_equal(orders[j], order)), None)
+        orders.append(order)
+        if same is not None:  # homogeneous lanes often give one order thrice
+            values[k], rows[k] = values[same], rows[same]
+        elif limit:
+            values[k], rows[k] = prefix_cohort_values(options, forecast, ceilings, order,
+                                                      shape.packed_capacity)
+    return orders, values, rows
+
+
+def device_cohort_values(lanes: Sequence[SpeculativeLane], shape: GraphShape, *,
+                         estimate_ns: int, alpha: float) -> FloatArray:
+    """Scaled value (at the program's duration) of every cohort the device search prices
+    for ``shape``: ``[3, min(B, P, lanes)]``, one row per ordering (SEL-28, SEL-30)."""
+    live = [ln for ln in lanes if ln.request_limit > 0]
+    width = min(shape.proposal_depth + 1, shape.token_capacity)
+    table = _LaneTable(live, width, alpha, optimistic=False)
+    ceilings = np.minimum(table.limit, width)
+    return _device_search(shape, table, ceilings, estimate_ns / NS_PER_MS)[1]
+
+
+def _device_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
+                       estimate_ns: int, waiting: float, *, every: bool
+                       ) -> list[RoundCandidate]:
+    orders, values, rows = _device_search(shape, table, ceilings, estimate_ns / NS_PER_MS)
+    if values.shape[1] == 0:
+        return []
+    if every:
+        picks = [(k, m) for k in range(values.shape[0]) for m in range(values.shape[1])]
+    else:
+        k, m = divmod(int(np.argmax(values)), values.shape[1])
+        picks = [(k, m)]
     seen: set[tuple[int, ...]] = set()
     out: list[RoundCandidate] = []
-    for ordering, key in ((Ordering.TOTAL_VALUE, full), (Ordering.DELIVERY_VALUE, pending),
-                          (Ordering.VALUE_PER_ROW, per_row)):
-        order = live[np.argsort(-key, kind="stable")]
-        for m in range(1, limit + 1):
-            cohort = tuple(int(i) for i in order[:m])
-            if cohort in seen:
-                continue
-            seen.add(cohort)
-            rows = frontier_allocation(table.forecast[list(cohort), :depth],
-                                       ceilings[list(cohort)], shape.packed_capacity)
-            out.append(_candidate(shape, table, list(zip(cohort, rows, strict=True)),
-                                  ceilings, estimate_ns, waiting, ordering))
+    for k, m in picks:
+        cohort = tuple(int(i) for i in orders[k][: m + 1])
+        if cohort in seen:
+            continue
+        seen.add(cohort)
+        chosen = list(zip(cohort, (int(r) for r in rows[k, m, : m + 1]), strict=True))
+        out.append(_candidate(shape, table, chosen, ceilings, estimate_ns, waiting,
+                              _ORDERINGS[k]))
     return out
 
 
@@ -475,6 +450,7 @@ def round_candidates(
     mode: SpeculationMode,
     optimistic: bool = False,
     keep_dominated: bool = False,
+    every_cohort: bool = False,
 ) -> list[RoundCandidate]:
     """Every non-dominated speculative candidate of one decision, best first.
 
@@ -484,6 +460,8 @@ def round_candidates(
     (SEL-19). ``optimistic``: score with the ACC-26 bounds instead of the means
     (acceptance learning only, ACC-25). ``keep_dominated``: skip the SEL-34 filter
     (acceptance probes are separate from ordinary selection, like refresh, SEL-37).
+    ``every_cohort``: return every cohort the device search priced, not only each
+    program's best (probes look for one that offers a request a deeper prefix).
     Fixed mode skips device-allocated programs (SPEC-17).
     """
     spec = [s for s in shapes if s.kind is GraphKind.SPECULATIVE]
@@ -499,7 +477,8 @@ def round_candidates(
         if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
             if mode is SpeculationMode.FIXED:
                 continue
-            out.extend(_device_candidates(shape, table, ceilings, estimate, waiting))
+            out.extend(_device_candidates(shape, table, ceilings, estimate, waiting,
+                                          every=every_cohort))
         else:
             out.extend(_host_candidates(shape, table, ceilings, estimate, waiting, mode))
     if not keep_dominated:

@@ -11,12 +11,14 @@ import pytest
 
 from gpu.speculative.allocation import reference_allocation
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.round_search import best_lengths
 from policy.rounds import (
     Ordering,
     RoundCandidate,
     SpeculationMode,
     SpeculativeLane,
     best_round,
+    device_cohort_values,
     forecast_observation,
     frontier_allocation,
     lane_ceiling,
@@ -243,13 +245,21 @@ def test_sel_28_only_value_per_row_ordering_finds_the_best_cohort() -> None:
 
 
 def test_sel_30_device_search_is_bounded() -> None:
-    """Covers SEL-30: at most three orderings times B cohort prefixes per shape."""
+    """Covers SEL-30: the device search prices three orderings times at most min(B, P)
+    cohort prefixes (never every cohort), and its best is the chosen candidate."""
     rng = np.random.default_rng(7)
     lanes = random_lanes(rng, 40)
     shape = spec(8, 3, 4, 12, DEVICE)
+    values = device_cohort_values(lanes, shape, estimate_ns=MS, alpha=1.0)
+    assert values.shape == (3, 8)
     cands = round_candidates(lanes, [shape], {shape: MS}, alpha=1.0, waiting=0.0,
                              mode=ADAPTIVE, keep_dominated=True)
-    assert 8 <= len(cands) <= 3 * 8
+    assert len(cands) == 1
+    assert cands[0].base + cands[0].slope * 1.0 == pytest.approx(values.max())
+    every = round_candidates(lanes, [shape], {shape: MS}, alpha=1.0, waiting=0.0,
+                             mode=ADAPTIVE, keep_dominated=True, every_cohort=True)
+    assert 8 <= len(every) <= 3 * 8
+    assert len({c.logical_key() for c in every}) == len(every)
 
 
 def test_ver_4_width_rises_with_acceptance() -> None:
@@ -367,3 +377,29 @@ def test_acc_5_lane_from_state_reads_its_source() -> None:
     assert built[ProposalSource.COPY].optimistic[0] == pytest.approx(
         0.8 + math.sqrt(math.log(20) / 256))
     assert built[ProposalSource.COPY].weights == (128.0, 128.0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sel_27_best_lengths_with_pruning_equals_brute_force(seed: int) -> None:
+    """Covers SEL-27 and SPEC-19 at the search level: on arbitrary (also non-concave)
+    lane values, with duplicate lanes that the dominance pruning removes, the host
+    search finds the exhaustive optimum over cohorts fitting B and P."""
+    rng = np.random.default_rng(500 + seed)
+    n, width = int(rng.integers(1, 8)), int(rng.integers(2, 5))
+    batch = int(rng.integers(1, 4))
+    total = int(rng.integers(1, batch * width + 1))
+    options = np.round(rng.uniform(0, 5, (n, width + 1)), 0)
+    ceil = rng.integers(1, width + 1, n)
+    options[np.arange(width + 1)[None, :] > ceil[:, None]] = -np.inf
+    if seed % 2:
+        options[n // 2:] = options[0]  # duplicates: pruning must keep enough of them
+        ceil[n // 2:] = ceil[0]
+    options[:, 0] = 0.0
+    got = best_lengths(options, batch, total)
+    assert len(got) <= batch and sum(got.values()) <= total
+    value = sum(options[i, r] for i, r in got.items())
+    best = 0.0
+    for rows in itertools.product(*[range(int(c) + 1) for c in ceil]):
+        if sum(r > 0 for r in rows) <= batch and sum(rows) <= total:
+            best = max(best, sum(options[i, r] for i, r in enumerate(rows) if r))
+    assert value == pytest.approx(best)
