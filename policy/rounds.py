@@ -159,8 +159,14 @@ def speculative_lane(
 
 
 def lane_ceiling(shape: GraphShape, request_limit: int) -> int:
-    """``min(D + 1, W, request limit)`` target rows (SPEC-25); 0 when nothing is left."""
-    return max(min(shape.proposal_depth + 1, shape.token_capacity, request_limit), 0)
+    """``min(D + 1, W, request limit)`` target rows (SPEC-25), never above ``P`` (no lane
+    can hold more rows than the program, QUEUE-47); 0 when nothing is left."""
+    return max(min(_width(shape), request_limit), 0)
+
+
+def _width(shape: GraphShape) -> int:
+    """The most rows one lane of ``shape`` can verify: ``min(D + 1, W, P)``."""
+    return min(shape.proposal_depth + 1, shape.token_capacity, shape.packed_capacity)
 
 
 def queued_advance_bound(ceiling: int, shape: GraphShape) -> int:
@@ -366,7 +372,7 @@ def device_cohort_values(lanes: Sequence[SpeculativeLane], shape: GraphShape, *,
     """Scaled value (at the program's duration) of every cohort the device search prices
     for ``shape``: ``[3, min(B, P, lanes)]``, one row per ordering (SEL-28, SEL-30)."""
     live = [ln for ln in lanes if ln.request_limit > 0]
-    width = min(shape.proposal_depth + 1, shape.token_capacity)
+    width = _width(shape)
     table = _LaneTable(live, width, alpha, optimistic=False)
     ceilings = np.minimum(table.limit, width)
     return _device_search(shape, table, ceilings, estimate_ns / NS_PER_MS)[1]
@@ -469,11 +475,11 @@ def round_candidates(
     live = [ln for ln in lanes if ln.request_limit > 0]
     if not spec or not live:
         return []
-    max_rows = max(min(s.proposal_depth + 1, s.token_capacity) for s in spec)
+    max_rows = max(_width(s) for s in spec)
     table = _LaneTable(live, max_rows, alpha, optimistic=optimistic)
     out: list[RoundCandidate] = []
     for shape, estimate in zip(spec, est, strict=True):
-        ceilings = np.minimum(table.limit, min(shape.proposal_depth + 1, shape.token_capacity))
+        ceilings = np.minimum(table.limit, _width(shape))
         if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
             if mode is SpeculationMode.FIXED:
                 continue

@@ -341,6 +341,11 @@ def test_queue_47_queued_advance_bound() -> None:
     """Covers QUEUE-47, QUEUE-48: a queued lane advances at most min(ceiling, P)."""
     assert queued_advance_bound(5, spec(1, 5, 6, 3)) == 3
     assert queued_advance_bound(2, spec(2, 5, 6, 8)) == 2
+    # A lane never holds more rows than the program: its ceiling is already within P.
+    narrow_p = spec(1, 3, 4, 2)
+    assert lane_ceiling(narrow_p, 100) == 2 == queued_advance_bound(4, narrow_p)
+    got = only(narrow_p, [lane(1, survival=(1.0, 1.0, 1.0))], ADAPTIVE)
+    assert got.lanes[0].rows == got.lanes[0].ceiling == 2
     # A lane with 3 tokens left after a queued bound of 3 has a ceiling of 0 next.
     assert lane_ceiling(spec(1, 5, 6), 3 - queued_advance_bound(5, spec(1, 5, 6, 3))) == 0
 
