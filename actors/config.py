@@ -59,6 +59,10 @@ class RuntimeConfig:
                 raise ConfigError(f"--prefill-capacity values must be positive multiples of 64, got {c}")
         if self.speculative_token_capacity < 0:
             raise ConfigError("--speculative-token-capacity must be non-negative")
+        if self.max_context is not None and self.max_context < 1:
+            raise ConfigError(f"--max-context must be positive, got {self.max_context}")
+        if self.kv_pages is not None and self.kv_pages < 1:
+            raise ConfigError(f"--kv-pages must be positive, got {self.kv_pages}")
         if self.max_queue < 1:
             raise ConfigError("max_queue must be at least 1")
         if self.page_size < 1:
@@ -74,3 +78,7 @@ class RuntimeConfig:
             raise ConfigError(f"--model: no such directory: {self.model_dir}")
         if self.draft_model_dir is not None and not self.draft_model_dir.is_dir():
             raise ConfigError(f"--draft-model: no such directory: {self.draft_model_dir}")
+        if self.speculation != "off":
+            raise ConfigError(
+                f"--speculation {self.speculation} is not available yet: complete speculative "
+                "programs are not wired into the runtime (issue 6); use --speculation off")

@@ -337,7 +337,9 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
     max_context = min(config.max_context or model.max_context, model.max_context)
     catalog = build_catalog(CatalogFlags(
         max_batch=config.max_batch, prefill_capacities=config.prefill_capacities,
-        mixed_prefill=config.mixed_prefill, family_supports_mixed=config.mixed_prefill,
+        mixed_prefill=config.mixed_prefill,
+        # CAT-13: mixed programs only for model families that declare mixed capture.
+        family_supports_mixed=model.mixed_capture,
         # Terminal checkpoints are host-side page publication (docs/runtime.md), so the
         # runtime prepares no state-operation programs yet.
         state_operations=False,

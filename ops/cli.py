@@ -18,6 +18,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "programs"), "ops.bench_programs", "time every prepared program shape"),
     (("bench", "plan"), "ops.bench_plan", "time the scheduler's plan() and complete()"),
     (("bench", "serve"), "ops.bench_serve", "load-benchmark an OpenAI-compatible streaming endpoint"),
+    (("bench", "runtime"), "ops.bench_runtime",
+     "device-busy fraction and host gaps of the runtime under decode-heavy load"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
 

@@ -63,6 +63,10 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
     (["--max-context", "0"], "--max-context"),
     (["--api-key", " "], "--api-key"),
     (["--draft-model", "/definitely/not/here"], "--draft-model: no such directory"),
+    (["--kv-pages", "0"], "--kv-pages must be positive"),
+    # Speculative execution is refused, never silently served as ordinary (issue 6).
+    (["--speculation", "fixed"], "--speculation fixed is not available yet"),
+    (["--speculation", "adaptive"], "--speculation adaptive is not available yet"),
 ])
 def test_pol_19_invalid_values_stop_before_loading(
         flags: list[str], message: str, model_dir: pathlib.Path, opened: list[RuntimeConfig],
