@@ -1,0 +1,152 @@
+"""Draft-side device state for speculative programs (seed: *Speculative graph coverage*).
+
+Owns what a proposal source needs beyond the target's request state:
+
+- the **learned draft**: a second ``Decoder`` (same tokenizer and vocabulary as the
+  target) with its own paged KV pool. The draft pool has the target's page geometry
+  and is addressed through the *target's* block tables, so a state row's draft KV
+  follows the target's positions exactly: draft KV exists for every position the
+  target has cached, in the page with the same id in the draft pool. Rolling back a
+  rejected suffix therefore needs no work: the row's position only advances by the
+  emitted count, and positions past it are overwritten by later rounds (the same rule
+  the target KV follows).
+- the **token history** ``[rows + 1, max_context]`` for copy (n-gram) proposals: the
+  token at each cached position plus the pending token at ``position``.
+
+``DraftMaintainingProgram`` wraps the ordinary prefill / decode / mixed programs so
+that every token they feed the target is also fed to the draft and recorded in the
+history (SPEC-5, MIX-6: width-one execution keeps the draft context current so that
+wider rounds can resume). Everything is capturable: fixed shapes, no host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu.kv_cache import PagedKVCache
+from gpu.model.decoder import Decoder, PackedBatch
+from gpu.model_config import load_model_config
+from gpu.programs.step import StepProgram
+from gpu.request_state import RequestState
+from gpu.weights import load_weights
+from policy.descriptors import GraphKind, GraphShape
+
+
+class DraftModelError(ValueError):
+    """Raised when a draft checkpoint cannot serve a target (vocabulary mismatch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModel:
+    """The learned draft: decoder plus its KV pool (target geometry)."""
+
+    decoder: Decoder
+    cache: PagedKVCache
+
+
+class DraftState:
+    """Draft model (optional) and token history for one target's request state."""
+
+    def __init__(self, state: RequestState, draft: DraftModel | None, *, device: str) -> None:
+        self.state = state
+        self.draft = draft
+        geo = state.geometry
+        self.history = torch.zeros((state.rows + 1, geo.max_context), dtype=torch.int64,
+                                   device=device)
+
+    # ----------------------------------------------------------------- writes
+
+    def record(self, rows: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
+               valid: torch.Tensor) -> None:
+        """History: ``history[rows[i], positions[i]] = tokens[i]`` where ``valid``; other
+        entries write the sink row (nobody reads it). All tensors are ``[N]``."""
+        st = self.state
+        capacity = self.history.shape[1]
+        ok = valid & (positions >= 0) & (positions < capacity)
+        row = torch.where(ok, rows, st.sink_row)
+        col = torch.where(ok, positions, 0).clamp(0, capacity - 1)
+        self.history.index_put_((row, col), torch.where(ok, tokens, 0))
+
+    def record_pending(self, rows: torch.Tensor) -> None:
+        """Record each row's pending token at its position (rows ``[R]``; sink allowed)."""
+        st = self.state
+        self.record(rows, st.position[rows], st.pending_token[rows], rows != st.sink_row)
+
+    def draft_forward(self, batch: PackedBatch) -> torch.Tensor | None:
+        """Run the draft over ``batch`` (writes draft KV); final hidden states or None."""
+        if self.draft is None:
+            return None
+        return self.draft.decoder.forward(batch, self.draft.cache)
+
+
+def load_draft_model(model_dir: str | Path, *, target: Decoder, target_cache: PagedKVCache
+                     ) -> DraftModel:
+    """Load a draft checkpoint for ``target`` (same vocabulary, target page geometry)."""
+    directory = Path(model_dir)
+    config = load_model_config(directory)
+    if config.vocab_size != target.config.vocab_size:
+        raise DraftModelError(
+            f"draft vocabulary {config.vocab_size} differs from the target's "
+            f"{target.config.vocab_size}")
+    geometry = target_cache.geometry
+    weights = load_weights(directory, config, device=target.device, dtype=target.dtype)
+    decoder = Decoder(config, weights, max_context=geometry.max_context, device=target.device,
+                      dtype=target.dtype)
+    cache = PagedKVCache(config, geometry, device=target.device, dtype=target.dtype)
+    return DraftModel(decoder=decoder, cache=cache)
+
+
+class DraftMaintainingProgram:
+    """An ordinary prefill / decode / mixed program that also keeps draft state current.
+
+    ``execute`` feeds the draft exactly the tokens the wrapped program feeds the target
+    (same positions and KV slots, in the draft's pool), records them in the history,
+    runs the wrapped program, then records each lane's new pending token.
+    """
+
+    def __init__(self, inner: StepProgram, draft_state: DraftState) -> None:
+        if inner.shape.kind not in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL,
+                                    GraphKind.DECODE, GraphKind.MIXED):
+            raise ValueError(f"cannot maintain draft state around {inner.shape.label()}")
+        self.inner = inner
+        self.draft_state = draft_state
+        self._lane_major = inner.shape.token_capacity if inner.shape.kind is GraphKind.DECODE \
+            else 0
+
+    @property
+    def shape(self) -> GraphShape:
+        return self.inner.shape
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        self.inner.bind(inputs)
+
+    def execute(self) -> None:
+        b, st, ds = self.inner.buffers, self.draft_state.state, self.draft_state
+        geo = st.geometry
+        ps, nb = geo.page_size, geo.blocks_per_row
+        rows = b.lane_rows
+        tok_row = rows[b.token_lane]
+        pos = torch.where(b.from_state, st.position[tok_row] + b.lane_offset, b.host_position)
+        ids = torch.where(b.from_state, st.pending_token[tok_row], b.host_token)
+        valid = b.valid & (pos < geo.max_context)
+        pos = torch.where(valid, pos, torch.zeros_like(pos))
+        ds.record(tok_row, pos, ids, valid)
+        if ds.draft is not None:
+            block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
+            page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
+            slot_index = torch.arange(pos.shape[0], device=pos.device)
+            slots = torch.where(valid, page * ps + pos % ps, geo.sink_page * ps + slot_index % ps)
+            ds.draft_forward(PackedBatch(
+                token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
+                lane_block_tables=st.block_table[rows], lane_major_width=self._lane_major,
+            ))
+        self.inner.execute()
+        ds.record_pending(rows)
+
+    def read_outputs(self) -> dict[str, Any]:
+        return self.inner.read_outputs()

@@ -1,0 +1,381 @@
+"""Complete speculative programs, one per physical ``(B, D, W, P)`` (seed: *Speculative
+graph coverage*, *Completed confidence and acceptance*).
+
+One prepared execution (CAT-10) does the whole round for up to B lanes:
+
+1. **proposal**: the learned draft (``D`` draft decoder steps from each lane's pending
+   token, drafts drawn on the draft stream from the request's own sampling
+   distribution, plus one step that caches the last draft's KV so a fully accepted
+   round leaves the draft context complete) or copy (n-gram lookup in the lane's
+   token history, SPEC-8/9);
+2. **confidence** sidecar ``float32 [2, B, D]`` (ACC-10..12; learned: ``max q``, copy: 1
+   per supplied token);
+3. **target rows**: ``QueryLength`` takes host-fixed per-lane lengths (sum <= P);
+   ``SpeculativePrefixLimit`` allocates inside the program from the host's immutable
+   lane ceilings by joint prefix probability (SPEC-22..30; copy lanes are capped at
+   ``min(ceiling, proposed + 1)``);
+4. **verification**: one target forward over the packed lane rows (rectangular
+   programs lane-major, ragged ones packed in slot order), then rejection sampling
+   with ``verify_drafts`` (exact target law; greedy lanes get exactly the target's
+   greedy tokens) and ``completion_speculative_survival`` (ACC-27);
+5. **commit**: each active lane's pending token becomes the last emitted token and its
+   position advances by the emitted count. Target and draft KV past the accepted
+   prefix is simply overwritten later (rollback by position); the history records the
+   emitted tokens.
+
+Width-one programs (``D = 0``) feed the pending token to target and draft alike and
+sample exactly what ordinary decoding samples, keeping the draft context current so
+wider rounds can resume (SPEC-5). Idle lanes address the sink row and sink page and
+mutate nothing. ``execute`` is capturable: fixed shapes, no host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpu.draft_state import DraftMaintainingProgram, DraftState, load_draft_model
+from gpu.engine import ModelEngine
+from gpu.frames import FRAME_KEY, RESULT_KEY, FrameError, StateUpdate
+from gpu.kv_cache import PagedKVCache
+from gpu.model.decoder import Decoder, PackedBatch
+from gpu.programs.step import StepProgram
+from gpu.request_state import RequestState
+from gpu.speculative import (
+    PAD_TOKEN,
+    PackedLayout,
+    allocate_target_rows,
+    copy_confidence,
+    draft_confidence,
+    emitted_logprobs,
+    filtered_probs,
+    filtered_probs_by_lane,
+    packed_layout,
+    propose_copy,
+    sample_draft_tokens,
+    unpack_lane_rows,
+    verify_drafts,
+    write_confidence_sidecar,
+)
+from policy.descriptors import GraphKind, GraphShape, TargetBinding
+
+LEARNED = "draft"
+COPY = "copy"
+SOURCES = (LEARNED, COPY)
+TOP_WIDTH = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeFrame:
+    """One speculative round for ``rows`` (lane ``i`` is ``rows[i]``).
+
+    ``limits[i]`` is, for a ``QueryLength`` program, the lane's exact target rows
+    (1..W: the pending token plus ``limits[i] - 1`` verified drafts; their sum fits P);
+    for a ``SpeculativePrefixLimit`` program, the lane's immutable ceiling
+    ``min(D + 1, W, request limit)`` (1..W; the sum may exceed P). The host reserves
+    pages for positions ``position .. position + limits[i] - 1`` (in ``updates``)."""
+
+    rows: tuple[int, ...]
+    limits: tuple[int, ...]
+    updates: tuple[StateUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeLane:
+    """What one lane produced: ``tokens`` (accepted drafts then the correction or bonus
+    token), their logprobs and top alternatives, whether the target rows were finite,
+    the accepted and verified draft counts, the target rows it used, the drafts the
+    source supplied (copy: the proposal length; learned: D) and the survival products
+    of its verified prefixes (ACC-27)."""
+
+    row: int
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+    finite: bool
+    accepted: int
+    evaluated: int
+    target_rows: int
+    proposed: int
+    survival: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SpeculativeResult:
+    """Result of a speculative round: one entry per frame lane, and the sidecars over
+    all B slots: ``confidence float32 [2, B, D]`` and ``survival float32 [B, D]``
+    (``completion_speculative_survival``)."""
+
+    lanes: tuple[SpeculativeLane, ...]
+    confidence: np.ndarray
+    survival: np.ndarray
+
+
+class SpeculativeProgram:
+    """A prepared complete speculative program of one ``GraphShape``."""
+
+    def __init__(self, shape: GraphShape, *, decoder: Decoder, cache: PagedKVCache,
+                 state: RequestState, draft_state: DraftState, source: str,
+                 copy_max_ngram: int = 3) -> None:
+        if shape.kind is not GraphKind.SPECULATIVE or shape.binding is None:
+            raise ValueError("SpeculativeProgram runs GraphKind.SPECULATIVE shapes")
+        if source not in SOURCES:
+            raise ValueError(f"proposal source {source!r}: choose one of {SOURCES}")
+        if source == LEARNED and draft_state.draft is None:
+            raise ValueError("a learned-draft program needs a draft model")
+        b, w, d = shape.batch_capacity, shape.token_capacity, shape.proposal_depth
+        p = shape.max_packed_extent
+        if d != w - 1:
+            raise ValueError(f"{shape.label()}: flare programs draft D = W - 1")
+        if p < b or p > b * w:
+            raise ValueError(f"{shape.label()}: need B <= P <= B * W")
+        self._shape = shape
+        self._decoder, self._cache, self._state, self._draft = decoder, cache, state, draft_state
+        self.source = source
+        self.copy_max_ngram = copy_max_ngram
+        self.batch, self.width, self.depth, self.rows_total = b, w, d, p
+        self.rectangular = p == b * w
+        self.device_allocation = shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT
+        dev = state.pending_token.device
+        i64, f32 = torch.int64, torch.float32
+        self.lane_rows = torch.full((b,), state.sink_row, dtype=i64, device=dev)
+        self.lane_limit = torch.zeros(b, dtype=i64, device=dev)
+        top = min(TOP_WIDTH, decoder.config.vocab_size)
+        self.out_tokens = torch.full((b, w), PAD_TOKEN, dtype=i64, device=dev)
+        self.out_logprobs = torch.zeros((b, w), dtype=f32, device=dev)
+        self.out_top_token = torch.zeros((b, w, top), dtype=i64, device=dev)
+        self.out_top_logprob = torch.zeros((b, w, top), dtype=f32, device=dev)
+        self.out_finite = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.out_counts = torch.zeros((4, b), dtype=i64, device=dev)  # acc, eval, rows, proposed
+        self.out_survival = torch.zeros((b, d), dtype=f32, device=dev)
+        self.out_confidence = torch.zeros((2, b, d), dtype=f32, device=dev)
+        self._bound: SpeculativeFrame | None = None
+
+    @property
+    def shape(self) -> GraphShape:
+        return self._shape
+
+    # ------------------------------------------------------------------ bind
+
+    def validate(self, frame: object) -> SpeculativeFrame:
+        if not isinstance(frame, SpeculativeFrame):
+            raise FrameError(f"{self._shape.label()} takes a SpeculativeFrame")
+        rows, limits = frame.rows, frame.limits
+        if len(rows) > self.batch:
+            raise FrameError(f"{len(rows)} lanes exceed batch capacity {self.batch}")
+        if len(limits) != len(rows):
+            raise FrameError("a speculative frame needs one limit per row")
+        if len(set(rows)) != len(rows):
+            raise FrameError("a row appears twice in one speculative frame")
+        for row in rows:
+            if not 0 <= row < self._state.rows:
+                raise FrameError(f"state row {row} outside 0..{self._state.rows - 1}")
+        if any(not 1 <= limit <= self.width for limit in limits):
+            raise FrameError(f"lane limits must lie in 1..W={self.width}")
+        if not self.device_allocation and sum(limits) > self.rows_total:
+            raise FrameError(f"query lengths sum {sum(limits)} exceeds P={self.rows_total}")
+        return frame
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        frame = self.validate(inputs.get(FRAME_KEY))
+        self._state.validate_updates(frame.updates)
+        self._state.apply_updates(frame.updates)
+        pad = self.batch - len(frame.rows)
+        self.lane_rows.copy_(torch.tensor(list(frame.rows) + [self._state.sink_row] * pad))
+        self.lane_limit.copy_(torch.tensor(list(frame.limits) + [0] * pad))
+        self._bound = frame
+
+    # --------------------------------------------------------------- execute
+
+    def _slots(self, tables: torch.Tensor, pos: torch.Tensor, ok: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV slots for positions ``pos [N]`` in block tables ``[N, nb]`` (sink where not
+        ``ok``) and the positions to use (0 where not ``ok``)."""
+        geo = self._cache.geometry
+        ps = geo.page_size
+        ok = ok & (pos < geo.max_context) & (pos >= 0)
+        safe = torch.where(ok, pos, 0)
+        block = torch.div(safe, ps, rounding_mode="floor").clamp(max=geo.blocks_per_row - 1)
+        page = tables.gather(1, block[:, None]).squeeze(1)
+        index = torch.arange(pos.shape[0], device=pos.device)
+        slots = torch.where(ok, page * ps + safe % ps, geo.sink_page * ps + index % ps)
+        return slots, safe
+
+    def _learned(self, rows: torch.Tensor, n: torch.Tensor, pending: torch.Tensor,
+                 limit: torch.Tensor, params: dict[str, torch.Tensor], seed: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Draft D tokens per lane (writing draft KV for positions n .. n+D within the
+        lane's limit). Returns drafts ``[B, D]``, their distributions and confidences."""
+        draft = self._draft.draft
+        assert draft is not None
+        tables = self._state.block_table[rows]
+        lane = torch.arange(self.batch, device=rows.device)
+        token = pending
+        drafts: list[torch.Tensor] = []
+        dists: list[torch.Tensor] = []
+        for j in range(self.depth + 1):
+            pos = n + j
+            slots, safe = self._slots(tables, pos, j < limit)
+            hidden = draft.decoder.forward(PackedBatch(
+                token_ids=token, positions=torch.where(limit > 0, pos, safe), write_slots=slots,
+                token_lane=lane, lane_block_tables=tables, lane_major_width=1,
+            ), draft.cache)
+            if j == self.depth:
+                break  # this step only caches the last draft's KV
+            q = filtered_probs(draft.decoder.logits(hidden), **params)
+            token = sample_draft_tokens(q, seed, n + 1 + j, n)
+            drafts.append(token)
+            dists.append(q)
+        if not drafts:
+            empty = torch.zeros((self.batch, 0), dtype=torch.int64, device=rows.device)
+            return empty, None, empty.float()
+        tokens = torch.stack(drafts, dim=1)
+        probs = torch.stack(dists, dim=1)
+        present = (limit > 0)[:, None].expand(-1, self.depth)
+        return tokens, probs, draft_confidence(probs, present)
+
+    def execute(self) -> None:
+        st, ds = self._state, self._draft
+        b, w, d, p = self.batch, self.width, self.depth, self.rows_total
+        rows, limit = self.lane_rows, self.lane_limit
+        active = limit > 0
+        n, pending = st.position[rows], st.pending_token[rows]
+        params = {"temperature": st.temperature[rows], "top_p": st.top_p[rows],
+                  "top_k": st.top_k[rows]}
+        seed = st.seed[rows]
+        ds.record(rows, n, pending, active)
+
+        # 1-2. proposals and their confidences
+        draft_probs: torch.Tensor | None
+        if self.source == LEARNED:
+            drafts, draft_probs, confidence = self._learned(rows, n, pending, limit, params, seed)
+            proposed = torch.where(active, d, 0)
+            ceilings = limit
+        else:
+            copy = propose_copy(ds.history[rows], torch.where(active, n + 1, 0), depth=d,
+                                max_ngram=self.copy_max_ngram)
+            proposed = torch.where(active, copy.proposed, 0)
+            drafts = torch.where(active[:, None], copy.tokens, PAD_TOKEN)
+            draft_probs = None
+            confidence = copy_confidence(proposed, d)
+            ceilings = torch.minimum(limit, proposed + 1)
+        write_confidence_sidecar(self.out_confidence, confidence)
+
+        # 3. target rows
+        if not self.device_allocation:
+            lengths = limit
+        elif d == 0:
+            lengths = ceilings.clamp(max=1)
+        else:
+            lengths = allocate_target_rows(self.out_confidence[1], ceilings, p)
+        layout = self._layout(lengths)
+
+        # 4. one target forward over the packed rows, then rejection sampling
+        lane, depth = layout.row_lane, layout.row_depth
+        padded = torch.cat([pending[:, None], drafts.clamp(min=0)], dim=1)  # [B, W]
+        ids = padded[lane, depth]
+        tables = st.block_table[rows]
+        slots, pos = self._slots(tables[lane], n[lane] + depth, layout.row_used)
+        hidden = self._decoder.forward(PackedBatch(
+            token_ids=ids, positions=pos, write_slots=slots, token_lane=lane,
+            lane_block_tables=tables, lane_major_width=w if self.rectangular else 0,
+        ), self._cache)
+        lane_logits = unpack_lane_rows(self._decoder.logits(hidden), layout, w)  # [B, W, V]
+        target_probs = filtered_probs_by_lane(lane_logits, **params)
+        result = verify_drafts(draft_tokens=drafts, draft_probs=draft_probs,
+                               target_probs=target_probs, lengths=lengths, seed=seed,
+                               position=n + 1)
+
+        # outputs
+        j = torch.arange(w, device=rows.device)[None, :]
+        evaluated_rows = j < lengths[:, None]
+        finite = (torch.isfinite(lane_logits).all(dim=-1) | ~evaluated_rows).all(dim=1)
+        in_context = n + lengths <= self._cache.geometry.max_context
+        self.out_tokens.copy_(result.tokens)
+        self.out_logprobs.copy_(emitted_logprobs(lane_logits, result.tokens))
+        top_lp, top_id = torch.log_softmax(lane_logits, dim=-1).topk(
+            self.out_top_token.shape[2], dim=-1)
+        self.out_top_token.copy_(top_id)
+        self.out_top_logprob.copy_(top_lp)
+        self.out_finite.copy_(finite & in_context)
+        self.out_counts.copy_(torch.stack([result.accepted, result.evaluated, lengths, proposed]))
+        self.out_survival.copy_(result.survival)
+
+        # 5. commit: pending token, position, history (KV rolls back by position)
+        emitted_pos = n[:, None] + 1 + j
+        emits = j < result.emitted[:, None]
+        ds.record(rows[:, None].expand(b, w).reshape(-1), emitted_pos.reshape(-1),
+                  result.tokens.reshape(-1), emits.reshape(-1))
+        st.pending_token.index_copy_(0, rows, torch.where(active, result.next_token, pending))
+        st.position.index_copy_(0, rows, n + result.emitted)
+
+    def _layout(self, lengths: torch.Tensor) -> PackedLayout:
+        if not self.rectangular:
+            return packed_layout(lengths, self.rows_total)
+        b, w = self.batch, self.width
+        index = torch.arange(b * w, device=lengths.device)
+        lane, depth = torch.div(index, w, rounding_mode="floor"), index % w
+        return PackedLayout(row_lane=lane, row_depth=depth, row_used=depth < lengths[lane],
+                            lane_offset=torch.arange(b, device=lengths.device) * w)
+
+    # ---------------------------------------------------------- read outputs
+
+    def read_outputs(self) -> dict[str, Any]:
+        frame = self._bound
+        if frame is None:
+            raise FrameError("read_outputs before bind")
+        tokens = self.out_tokens.cpu().numpy()
+        logprobs = self.out_logprobs.cpu().numpy()
+        top_ids = self.out_top_token.cpu().numpy()
+        top_lps = self.out_top_logprob.cpu().numpy()
+        finite = self.out_finite.cpu().numpy()
+        accepted, evaluated, target_rows, proposed = self.out_counts.cpu().numpy()
+        survival = self.out_survival.cpu().numpy()
+        lanes = []
+        for i, row in enumerate(frame.rows):
+            count = int(accepted[i]) + 1
+            lanes.append(SpeculativeLane(
+                row=row, tokens=tuple(int(t) for t in tokens[i, :count]),
+                logprobs=tuple(float(v) for v in logprobs[i, :count]),
+                top_logprobs=tuple(
+                    tuple((int(t), float(v)) for t, v in zip(top_ids[i, k], top_lps[i, k],
+                                                              strict=True))
+                    for k in range(count)),
+                finite=bool(finite[i]), accepted=int(accepted[i]),
+                evaluated=int(evaluated[i]), target_rows=int(target_rows[i]),
+                proposed=int(proposed[i]),
+                survival=tuple(float(v) for v in survival[i, :int(evaluated[i])]),
+            ))
+        return {RESULT_KEY: SpeculativeResult(
+            lanes=tuple(lanes), confidence=self.out_confidence.cpu().numpy().copy(),
+            survival=survival.copy())}
+
+
+def attach_speculation(
+    engine: ModelEngine, shapes: Sequence[GraphShape], *, source: str,
+    draft_model_dir: str | Path | None = None, copy_max_ngram: int = 3,
+) -> DraftState:
+    """Give ``engine`` speculative programs for ``shapes`` (proposal ``source``: ``"draft"``
+    with ``draft_model_dir``, or ``"copy"``) and wrap its prefill / decode / mixed
+    programs so they keep the draft context and token history current (SPEC-5).
+    Returns the shared draft state."""
+    parts = engine.parts
+    draft = None
+    if source == LEARNED:
+        if draft_model_dir is None:
+            raise ValueError("the learned draft source needs draft_model_dir")
+        draft = load_draft_model(draft_model_dir, target=parts.decoder, target_cache=parts.cache)
+    draft_state = DraftState(parts.state, draft, device=engine.device)
+    for shape, program in list(engine.programs.items()):
+        if isinstance(program, StepProgram):
+            engine.programs[shape] = DraftMaintainingProgram(program, draft_state)
+    for shape in shapes:
+        engine.programs[shape] = SpeculativeProgram(
+            shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
+            draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram)
+    return draft_state

@@ -1,0 +1,256 @@
+"""Complete speculative programs on a tiny random Llama pair (target and a smaller draft
+with the same vocabulary, built with transformers ``save_pretrained``).
+
+Greedy output with speculation equals greedy output without it, token for token, for
+both proposal sources, host query lengths of several sizes, device allocation, ragged
+and rectangular programs, and width-one rounds interleaved with wider rounds and with
+ordinary decode (SPEC-5). Also: idle lanes mutate nothing (MIX-15), the sidecars
+(ACC-10..12, ACC-27), and frame validation. Covers SPEC-1..9, SPEC-18..29, CAT-10.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from model_fixtures import DECODE, PREFILL_64, build_checkpoint, prompt_of
+
+from gpu.engine import ModelEngine
+from gpu.frames import FRAME_KEY, FrameError, SamplingParams
+from gpu.programs.driver import ReferenceDriver
+from gpu.programs.speculative import COPY, LEARNED, SpeculativeFrame, attach_speculation
+from gpu.programs.speculative_driver import SpeculativeDriver
+from policy.descriptors import GraphKind, GraphShape, TargetBinding
+
+QL, PL = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT
+
+
+def spec(b: int, w: int, p: int | None = None, binding: TargetBinding = QL) -> GraphShape:
+    return GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
+                      proposal_depth=w - 1, packed_capacity=p or b * w, binding=binding)
+
+
+SPEC_SHAPES = (
+    *(spec(2, w) for w in (1, 2, 3, 4)),
+    spec(4, 4, 10),  # ragged QueryLength
+    spec(4, 4, 7, PL),  # ragged device allocation
+    spec(2, 3, 6, PL),  # rectangular device allocation
+)
+BASE_CATALOG = (PREFILL_64, DECODE[1], DECODE[2], DECODE[4])
+PAGE_SIZE = 16
+GENERATE = 24
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny target (the conftest Llama) and a smaller random draft, same vocabulary."""
+    import transformers as tf
+    from model_fixtures import VOCAB, _common
+
+    root = tmp_path_factory.mktemp("spec_pair")
+    target = build_checkpoint("llama", root / "target")
+    torch.manual_seed(11)
+    draft_dir = root / "draft"
+    config = tf.LlamaConfig(**_common(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      tie_word_embeddings=True))
+    assert config.vocab_size == VOCAB
+    tf.LlamaForCausalLM(config).eval().save_pretrained(draft_dir)
+    return target, draft_dir
+
+
+def load(model: Path, shapes: tuple[GraphShape, ...] = ()) -> ModelEngine:
+    return ModelEngine.load(model, device="cpu", dtype=None, catalog=BASE_CATALOG + shapes,
+                            page_size=PAGE_SIZE, num_pages=96, state_rows=6,
+                            require_tokenizer=False)
+
+
+def speculative_engine(target: Path, source: str, draft: Path | None) -> SpeculativeDriver:
+    engine = load(target)
+    attach_speculation(engine, SPEC_SHAPES, source=source, draft_model_dir=draft)
+    return SpeculativeDriver(engine)
+
+
+PROMPTS = (
+    prompt_of(20, 1),
+    prompt_of(13, 2),
+    prompt_of(8, 3) * 3,  # repetitive: copy proposals find matches
+    prompt_of(31, 4),
+)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(pair: tuple[Path, Path]) -> list[list[int]]:
+    driver = ReferenceDriver(load(pair[0]))
+    out = []
+    for row, prompt in enumerate(PROMPTS):
+        tokens = [driver.prefill(PREFILL_64, row, prompt, chunk=64)]
+        while len(tokens) < GENERATE:
+            tokens += driver.decode(DECODE[1], [row])
+        out.append(tokens)
+    return out
+
+
+def run_schedule(driver: SpeculativeDriver, schedule: list[tuple[GraphShape | None, int]]
+                 ) -> tuple[list[list[int]], int]:
+    """Prefill every prompt, then cycle ``schedule`` entries ``(shape, limit)`` (``None``
+    shape: an ordinary decode step) over lane groups that fit the shape's B."""
+    outputs = []
+    for row, prompt in enumerate(PROMPTS):
+        outputs.append([driver.prefill(PREFILL_64, row, prompt, chunk=64)])
+    accepted = 0
+    steps = itertools.cycle(schedule)
+    while any(len(o) < GENERATE for o in outputs):
+        shape, limit = next(steps)
+        live = [r for r, o in enumerate(outputs) if len(o) < GENERATE]
+        if shape is None:
+            for row, token in zip(live, driver.decode(DECODE[4], live), strict=True):
+                outputs[row].append(token)
+            continue
+        for start in range(0, len(live), shape.batch_capacity):
+            group = live[start:start + shape.batch_capacity]
+            limits = [min(limit, shape.token_capacity)] * len(group)
+            if shape.binding is QL:
+                while sum(limits) > shape.max_packed_extent:
+                    limits[limits.index(max(limits))] -= 1
+            result = driver.speculate(shape, group, limits)
+            for lane in result.lanes:
+                assert 1 <= len(lane.tokens) <= lane.target_rows <= shape.token_capacity
+                assert lane.finite
+                outputs[lane.row].extend(lane.tokens)
+                accepted += lane.accepted
+            assert sum(lane.target_rows for lane in result.lanes) <= shape.max_packed_extent
+    return [o[:GENERATE] for o in outputs], accepted
+
+
+SCHEDULES = {
+    "widths": [(SPEC_SHAPES[3], 4), (SPEC_SHAPES[2], 3), (SPEC_SHAPES[1], 2)],
+    "lengths": [(SPEC_SHAPES[3], 1), (SPEC_SHAPES[3], 3), (SPEC_SHAPES[3], 2),
+                (SPEC_SHAPES[3], 4)],
+    "width_one": [(SPEC_SHAPES[0], 1), (SPEC_SHAPES[3], 4), (None, 1), (SPEC_SHAPES[0], 1),
+                  (SPEC_SHAPES[2], 3)],
+    "ragged": [(SPEC_SHAPES[4], 4), (SPEC_SHAPES[4], 3)],
+    "device": [(SPEC_SHAPES[5], 4), (SPEC_SHAPES[6], 3), (SPEC_SHAPES[5], 2)],
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("source", [LEARNED, COPY])
+def test_greedy_speculation_equals_plain_greedy(
+    pair: tuple[Path, Path], plain_greedy: list[list[int]], source: str, schedule: str
+) -> None:
+    """SPEC-1..9, SPEC-18..29: every mode of the complete program keeps greedy output
+    token for token, including width-one rounds between wider ones (SPEC-5)."""
+    driver = speculative_engine(pair[0], source, pair[1] if source == LEARNED else None)
+    outputs, _ = run_schedule(driver, SCHEDULES[schedule])
+    assert outputs == plain_greedy
+
+
+def test_a_perfect_draft_is_always_accepted_and_keeps_greedy_output(
+    pair: tuple[Path, Path], plain_greedy: list[list[int]]
+) -> None:
+    """The target as its own draft: every greedy draft is accepted, so every round
+    emits W tokens (bonus included), which needs the draft KV of the last draft."""
+    driver = speculative_engine(pair[0], LEARNED, pair[0])
+    outputs, accepted = run_schedule(driver, SCHEDULES["widths"])
+    assert outputs == plain_greedy
+    rounds = SCHEDULES["widths"]
+    assert accepted >= (GENERATE - 1) // 4 * 3 * len(PROMPTS) // 2  # far above chance
+    result = driver.speculate(rounds[0][0], [0, 1], [4, 4])
+    assert [lane.accepted for lane in result.lanes] == [3, 3]
+    np.testing.assert_allclose(result.confidence[:, :2], 1.0, atol=1e-6)  # one-hot drafts
+    for lane in result.lanes:
+        assert lane.survival == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_copy_proposals_are_accepted_on_repetitive_text(
+    pair: tuple[Path, Path], plain_greedy: list[list[int]]
+) -> None:
+    """Copy rounds find n-gram matches in the request's own history (SPEC-8, SPEC-9):
+    the sidecar holds 1 per supplied token, and proposals never exceed D."""
+    driver = speculative_engine(pair[0], COPY, None)
+    outputs, accepted = run_schedule(driver, SCHEDULES["widths"])
+    assert outputs == plain_greedy
+    assert accepted > 0
+    result = driver.speculate(SPEC_SHAPES[3], [2], [4])
+    lane = result.lanes[0]
+    assert 0 <= lane.proposed <= 3
+    np.testing.assert_array_equal(result.confidence[0, 0], [1.0] * lane.proposed
+                                  + [0.0] * (3 - lane.proposed))
+    assert result.confidence[:, 1].sum() == 0  # idle slot: zeros
+
+
+def _snapshot(engine: ModelEngine, rows: list[int], pages: list[int]) -> list[torch.Tensor]:
+    st, cache = engine.parts.state, engine.parts.cache
+    out = [t[rows].clone() for t in st.fields().values()]
+    out += [cache.keys[:, pages].clone(), cache.values[:, pages].clone()]
+    return out
+
+
+def test_idle_lanes_and_other_rows_mutate_nothing(pair: tuple[Path, Path]) -> None:
+    """MIX-15: a round over one lane of a B=4 program touches no other row's state,
+    pages, draft pages or history."""
+    engine = load(pair[0])
+    draft_state = attach_speculation(engine, SPEC_SHAPES, source=LEARNED,
+                                     draft_model_dir=pair[1])
+    driver = SpeculativeDriver(engine)
+    for row in (0, 1):
+        driver.prefill(PREFILL_64, row, PROMPTS[row], chunk=64)
+    other_pages = list(driver.rows[1].pages)
+    before = _snapshot(engine, [1], other_pages)
+    assert draft_state.draft is not None
+    draft_before = draft_state.draft.cache.keys[:, other_pages].clone()
+    history_before = draft_state.history[1].clone()
+    for shape in (SPEC_SHAPES[4], SPEC_SHAPES[5], SPEC_SHAPES[3]):
+        result = driver.speculate(shape, [0], [3])
+        assert len(result.lanes) == 1
+        np.testing.assert_array_equal(result.confidence[:, 1:], 0.0)
+        np.testing.assert_array_equal(result.survival[1:], 0.0)
+    after = _snapshot(engine, [1], other_pages)
+    for old, new in zip(before, after, strict=True):
+        assert torch.equal(old, new)
+    assert torch.equal(draft_state.draft.cache.keys[:, other_pages], draft_before)
+    assert torch.equal(draft_state.history[1], history_before)
+
+
+def test_sidecars_follow_acc_10_to_12_and_acc_27(pair: tuple[Path, Path]) -> None:
+    """Confidence is [2, B, D], finite in [0, 1], joint non-increasing; survival covers
+    exactly the verified prefixes and is non-increasing."""
+    driver = speculative_engine(pair[0], LEARNED, pair[1])
+    sampling = SamplingParams(temperature=1.0, seed=5)
+    for row in (0, 1):
+        driver.prefill(PREFILL_64, row, PROMPTS[row], chunk=64, sampling=sampling)
+    result = driver.speculate(SPEC_SHAPES[3], [0, 1], [4, 2])
+    assert result.confidence.shape == (2, 2, 3) and result.confidence.dtype == np.float32
+    assert np.isfinite(result.confidence).all()
+    assert ((result.confidence >= 0) & (result.confidence <= 1)).all()
+    assert (np.diff(result.confidence[1], axis=1) <= 1e-7).all()
+    np.testing.assert_allclose(result.confidence[1], np.cumprod(result.confidence[0], axis=1),
+                               rtol=1e-6)
+    for lane in result.lanes:
+        assert len(lane.survival) == lane.evaluated == lane.target_rows - 1
+        assert all(a >= b for a, b in itertools.pairwise(lane.survival))
+        assert len(lane.logprobs) == len(lane.tokens) == len(lane.top_logprobs)
+
+
+def test_frames_that_do_not_fit_are_refused(pair: tuple[Path, Path]) -> None:
+    driver = speculative_engine(pair[0], COPY, None)
+    program = driver.engine.programs[SPEC_SHAPES[4]]  # B=4, W=4, P=10, QueryLength
+    bad = [
+        SpeculativeFrame(rows=(0, 1, 2, 3, 4), limits=(1,) * 5),
+        SpeculativeFrame(rows=(0, 1), limits=(1,)),
+        SpeculativeFrame(rows=(0, 0), limits=(1, 1)),
+        SpeculativeFrame(rows=(0,), limits=(5,)),
+        SpeculativeFrame(rows=(0,), limits=(0,)),
+        SpeculativeFrame(rows=(0, 1, 2), limits=(4, 4, 4)),  # 12 > P
+        SpeculativeFrame(rows=(9,), limits=(1,)),
+    ]
+    for frame in bad:
+        with pytest.raises(FrameError):
+            program.bind({FRAME_KEY: frame})
+    # device allocation takes ceilings whose sum may exceed P (SPEC-26)
+    driver.engine.programs[SPEC_SHAPES[5]].bind(
+        {FRAME_KEY: SpeculativeFrame(rows=(0, 1, 2), limits=(4, 4, 4))})
