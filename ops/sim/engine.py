@@ -132,6 +132,11 @@ class SimResult:
                 "simulation_wall_s": self.wall_s, "simulation_cpu_s": self.cpu_s, "unfinished": self.unfinished}
 
 
+def _drains(plan: ScheduledPlan) -> bool:
+    """Whether ``plan`` keeps every later frame out of the window until it completes."""
+    return plan.requires_empty_window or not plan.shape.is_generation
+
+
 class SimulationError(RuntimeError):
     """The policy stopped making progress while requests remained."""
 
@@ -225,6 +230,8 @@ class _Simulation:
 
     def _dispatch(self) -> None:
         while len(self.flights) < 2:
+            if self.flights and _drains(self.flights[-1].plan):
+                return  # nothing may queue behind it (QUEUE-11, QUEUE-12): skip plan()
             self.plan_calls += 1
             plan = self.p.plan()
             if plan is None or not self.p.window_ready(plan):
