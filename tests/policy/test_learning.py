@@ -20,9 +20,12 @@ from policy.rounds import (
     SpeculativeLane,
     best_round,
     forecast_observation,
+    observe_completed_round,
     plan_lanes,
     round_candidates,
+    speculative_lane,
 )
+from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
 from policy.types import (
     Lane,
     LaneRole,
@@ -240,3 +243,72 @@ def test_lrn_17_bound_over_a_long_run() -> None:
             ledger.end_episode()
         assert ledger.bound_holds()
     assert probes >= 5
+
+
+SIM_SHAPES = [spec(b, w - 1, w) for b in (8, 16) for w in range(1, 9)]
+SIM_EST = {s: int((4 + 0.05 * s.batch_capacity * s.token_capacity) * MS) for s in SIM_SHAPES}
+
+
+def accept_loop(n: int, accepted: int, preseeded: bool, *, learn: bool,
+                rounds: int) -> list[tuple[int, bool]]:
+    """Closed loop over rounds, estimates and probes: every round accepts exactly
+    ``accepted`` drafts (fewer when fewer are offered). Returns each round's width and
+    whether it was a probe."""
+    src = ProposalSource.LEARNED
+    priors = PopulationPriors()
+    states = [AcceptanceState(priors) for _ in range(n)]
+    if preseeded:
+        for st in states:
+            st.preseed(src, tuple(1.0 if d <= accepted else 0.0 for d in range(1, 8)))
+    ledger = funded()
+    widths = []
+    for _ in range(rounds):
+        lanes = [speculative_lane(handle=RequestHandle(i), epoch=1, state=states[i],
+                                  source=src, depth_limit=7, token_value=1.0,
+                                  delivery_value=0.5, age_value=0.0, age_slope=0.0,
+                                  output_limit=10**6, context_limit=10**6)
+                 for i in range(n)]
+        best = best_round(round_candidates(lanes, SIM_SHAPES, SIM_EST, alpha=1.0,
+                                           waiting=0.0, mode=ADAPTIVE))
+        assert best is not None
+        got = find_probe(lanes=lanes, shapes=SIM_SHAPES, estimates_ns=SIM_EST,
+                         ordinary=ordinary_from_round(best), ledger=ledger, mode=ADAPTIVE,
+                         alpha=1.0, waiting=0.0, refresh_pending=False) if learn else None
+        chosen = got.expected if got is not None else best
+        if got is not None:
+            ledger.begin_episode()
+            ledger.charge(chosen.estimate_ns)
+            ledger.end_episode()
+        else:
+            ledger.earn(chosen.estimate_ns)
+        for ln in chosen.lanes:
+            offered = ln.rows - 1
+            observe_completed_round(states[int(ln.handle)], src, chosen.shape,
+                                    joint_prefix=None, offered=offered,
+                                    accepted=min(accepted, offered), terminated=False)
+            states[int(ln.handle)].age(min(accepted, offered) + 1)
+        widths.append((chosen.shape.token_capacity, got is not None))
+    return widths
+
+
+@pytest.mark.parametrize("preseeded", [False, True])
+@pytest.mark.parametrize("accepted", [0, 3, 7])
+@pytest.mark.parametrize("n", [5, 16])
+def test_ver_23_acceptance_loop_finds_the_accepted_depth(n: int, accepted: int,
+                                                         preseeded: bool) -> None:
+    """Covers VER-23 at the policy level (five and sixteen requests; zero, three and seven
+    accepted drafts; untrained and preseeded histories), VER-4, LRN-3..6, ACC-6, ACC-7,
+    ACC-9: the loop settles on width accepted + 1; preseeded histories choose it from
+    the first round; untrained ones get there through a funded probe."""
+    # An untrained loop needs ~100 rounds of 1% credit for its second probe.
+    widths = accept_loop(n, accepted, preseeded, learn=True, rounds=12 if preseeded else 110)
+    ordinary = [w for w, probe in widths if not probe]
+    assert ordinary[-5:] == [accepted + 1] * 5
+    if preseeded:
+        assert widths[0] == (accepted + 1, False)
+
+
+def test_lrn_3_without_probes_an_untrained_request_stays_shallow() -> None:
+    """Covers LRN-3/LRN-4's purpose: without probes the untrained seven-draft loop never
+    learns that deeper drafts survive and stays below width eight."""
+    assert max(w for w, _ in accept_loop(16, 7, False, learn=False, rounds=110)) < 8
