@@ -4,12 +4,15 @@ Owns the wiring of one served model on one device: configuration, tokenizer,
 weights, decoder, the paged KV cache, device request state, one workspace sized to
 the largest shape of the catalog (MIX-38 (3)), and one prepared program per
 ``GraphShape``. Capture and launch belong to ``gpu/backend.py`` implementations.
+Execution options (``gpu.programs.execution``) default by device: static, capturable
+programs on CUDA; programs whose attention reads only the context the frame needs on
+the CPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,6 +22,7 @@ from gpu.kv_cache import CacheGeometry, PagedKVCache
 from gpu.model.decoder import Decoder
 from gpu.model_config import ModelConfig, load_model_config
 from gpu.program import PreparedProgram
+from gpu.programs.execution import ExecutionOptions
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
 from gpu.programs.workspace import Workspace
@@ -58,6 +62,7 @@ class EngineParts:
     cache: PagedKVCache
     state: RequestState
     workspace: Workspace
+    execution: ExecutionOptions = field(default_factory=ExecutionOptions.static)
 
 
 class ModelEngine:
@@ -91,6 +96,11 @@ class ModelEngine:
         return self.parts.cache.geometry
 
     @property
+    def execution(self) -> ExecutionOptions:
+        """How this engine's step programs bound their work."""
+        return self.parts.execution
+
+    @property
     def state_rows(self) -> int:
         return self.parts.state.rows
 
@@ -107,12 +117,19 @@ class ModelEngine:
         state_rows: int,
         max_context: int | None = None,
         require_tokenizer: bool = True,
+        execution: ExecutionOptions | None = None,
     ) -> ModelEngine:
         """Load ``model_dir`` onto ``device`` and prepare one program per catalog shape.
 
         ``max_context`` (default: the model's ``max_position_embeddings``, capped by the
-        page pool) bounds positions and the per-row block table.
+        page pool) bounds positions and the per-row block table. ``execution`` defaults
+        to ``ExecutionOptions.for_device(device)``; host-chosen bounds are refused on
+        CUDA, where ``execute`` is captured once and replayed.
         """
+        execution = execution or ExecutionOptions.for_device(device)
+        if execution.host_bounds and torch.device(device).type == "cuda":
+            raise ValueError("host-chosen execution bounds cannot be captured: use "
+                             "ExecutionOptions.static() on CUDA")
         directory = Path(model_dir)
         config = load_model_config(directory)
         serving_dtype = resolve_dtype(device, dtype)
@@ -136,7 +153,8 @@ class ModelEngine:
         workspace = Workspace(max_tokens=max_tokens, max_lanes=max_lanes, device=device,
                               sink_row=state.sink_row, sink_page=geometry.sink_page,
                               top_width=min(TOP_LOGPROBS, config.vocab_size))
-        parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace)
+        parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace,
+                            execution=execution)
         programs = {shape: build_program(shape, parts) for shape in shapes}
         return cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,
                    device=device, dtype=serving_dtype)
@@ -150,7 +168,7 @@ def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
                               workspace=parts.workspace)
     if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE):
         return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-                           workspace=parts.workspace)
+                           workspace=parts.workspace, execution=parts.execution)
     if kind is GraphKind.MIXED:
         if shape.token_capacity != 1 or shape.speculation_enabled:
             raise UnsupportedShapeError(
@@ -158,5 +176,5 @@ def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
                 "now (speculative programs arrive with the speculative issue)"
             )
         return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-                           workspace=parts.workspace)
+                           workspace=parts.workspace, execution=parts.execution)
     raise UnsupportedShapeError(f"{shape.label()}: {kind.value} programs are not built yet")

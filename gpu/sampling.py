@@ -49,11 +49,14 @@ def sample(
     top_k: torch.Tensor,
     seed: torch.Tensor,
     position: torch.Tensor,
+    greedy_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits [N, V]``.
 
     Returns ``(token int64 [N], logprob float32 [N], finite bool [N])``; the logprob is
     under the unfiltered temperature-1 distribution (what OpenAI ``logprobs`` report).
+    ``greedy_only`` (a host-known promise that every row has temperature 0, made by
+    eager programs) skips the stochastic pipeline; the result is the same.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
@@ -61,6 +64,8 @@ def sample(
     safe = torch.nan_to_num(logits, nan=-1e30, posinf=1e30, neginf=-1e30)
     log_probs = torch.log_softmax(safe, dim=-1)
     greedy_token = safe.argmax(dim=-1)
+    if greedy_only:
+        return greedy_token, log_probs.gather(1, greedy_token[:, None]).squeeze(1), finite
 
     greedy = temperature <= 0.0
     scaled = safe / torch.where(greedy, 1.0, temperature)[:, None]

@@ -8,7 +8,9 @@ projection (tied or untied).
 One forward serves every program kind: ``N`` packed tokens, each belonging to one of
 ``R`` lanes. Each token's K/V is written into the page pool at its slot first; then
 every token attends to its own lane's cached positions ``<= its position`` through a
-dense gather of the lane's pages (a simple fixed-shape attention: correctness first).
+dense gather of the lane's pages. The gather covers as many blocks as the block-table
+view it is given: the full row (static programs, capturable) or a host-chosen leading
+slice (``gpu.programs.execution``: eager programs read only the context they need).
 Prompt and decode tokens share every projection (MIX-33, MIX-38). Shapes are fixed by
 the caller's buffers, so the forward is capturable.
 """
@@ -53,12 +55,16 @@ class PhaseSplit:
     ``prompt_slots`` int64 ``[C]``: packed index of prompt token ``j``;
     ``prompt_lane`` int64 ``[1]``: the prompt lane (any lane when there is none);
     ``decode_slots`` int64 ``[R * width]``: packed index of lane ``r``'s token ``j``.
+    ``prompt_block_table`` int64 ``[1, blocks]`` (optional): the prompt lane's own
+    block-table view, so prompt attention can read a different context extent from the
+    decode lanes'; without it prompt attention selects the prompt lane's gathered keys.
     """
 
     prompt_slots: torch.Tensor
     prompt_lane: torch.Tensor
     decode_slots: torch.Tensor
     width: int
+    prompt_block_table: torch.Tensor | None = None
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -153,16 +159,20 @@ class Decoder:
         cos = self.rope_cos[positions][:, None, :]
         sin = self.rope_sin[positions][:, None, :]
         lanes = batch.lane_block_tables.shape[0]
-        ctx = batch.lane_block_tables.shape[1] * cache.geometry.page_size
+        page_size = cache.geometry.page_size
+        ctx = batch.lane_block_tables.shape[1] * page_size
         key_pos = torch.arange(ctx, device=batch.positions.device)
-        causal = key_pos[None, :] <= batch.positions[:, None]
         width = batch.lane_major_width
         split = batch.phase_split
         if split is not None:
             pos_ext = torch.cat((batch.positions, batch.positions.new_zeros(1)))
             p_len, d_width = split.prompt_slots.shape[0], split.width
-            prompt_mask = (key_pos[None, :] <= pos_ext[split.prompt_slots][:, None]).view(
-                1, 1, p_len, ctx
+            p_table = split.prompt_block_table
+            p_ctx = ctx if p_table is None else p_table.shape[1] * page_size
+            p_key_pos = key_pos if p_table is None else torch.arange(
+                p_ctx, device=batch.positions.device)
+            prompt_mask = (p_key_pos[None, :] <= pos_ext[split.prompt_slots][:, None]).view(
+                1, 1, p_len, p_ctx
             )
             decode_mask = (key_pos[None, :] <= pos_ext[split.decode_slots][:, None]).view(
                 lanes, 1, d_width, ctx
@@ -172,10 +182,15 @@ class Decoder:
         elif width:
             if n != lanes * width:
                 raise ValueError("lane-major layout needs N == R * W")
-            mask = causal.view(lanes, 1, width, ctx)
+            mask = (key_pos[None, :] <= batch.positions[:, None]).view(lanes, 1, width, ctx)
             batches, queries_per_batch = lanes, width
+        elif lanes == 1:
+            # one lane (prefill): every token belongs to it, no lane test needed
+            mask = (key_pos[None, :] <= batch.positions[:, None]).view(1, 1, n, ctx)
+            batches, queries_per_batch = 1, n
         else:
             # mask[n, r*ctx + c]: token n sees key c of lane r iff r is its lane and c <= pos.
+            causal = key_pos[None, :] <= batch.positions[:, None]
             lanes_idx = torch.arange(lanes, device=batch.positions.device)
             lane_match = batch.token_lane[:, None] == lanes_idx[None, :]
             mask = (lane_match[:, :, None] & causal[:, None, :]).reshape(1, 1, n, lanes * ctx)
@@ -202,9 +217,13 @@ class Decoder:
             keys, values = cache.gather_rows(i, batch.lane_block_tables)  # [R, ctx, kvh, hd]
             if split is not None:
                 q_ext = torch.cat((q, q.new_zeros(1, h_heads, hd)))
+                if p_table is None:
+                    p_keys = keys.index_select(0, split.prompt_lane)
+                    p_values = values.index_select(0, split.prompt_lane)
+                else:
+                    p_keys, p_values = cache.gather_rows(i, p_table)
                 prompt_attn = _grouped_attention(
-                    q_ext[split.prompt_slots], keys.index_select(0, split.prompt_lane),
-                    values.index_select(0, split.prompt_lane), prompt_mask, 1, p_len, group,
+                    q_ext[split.prompt_slots], p_keys, p_values, prompt_mask, 1, p_len, group,
                 )
                 decode_attn = _grouped_attention(
                     q_ext[split.decode_slots], keys, values, decode_mask, lanes, d_width, group

@@ -8,12 +8,16 @@ commit the results into device request state (MIX-34): the pending token of lane
 that sampled, and every lane's position. Inactive lanes address the sink row and
 padding slots the sink page, so they mutate nothing (MIX-15).
 
-``execute`` is capturable: fixed shapes, no host sync, no data-dependent control flow.
+``execute`` is capturable under ``ExecutionOptions.static()``: fixed shapes, no host
+sync, no data-dependent control flow. Under ``ExecutionOptions.eager()`` (the CPU
+default) ``bind`` also chooses host-known bounds (context blocks per phase, whether any
+lane samples stochastically) that ``execute`` follows; see ``gpu.programs.execution``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ from gpu.frames import (
 )
 from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
+from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
@@ -52,6 +57,7 @@ class StepProgram:
         cache: PagedKVCache,
         state: RequestState,
         workspace: Workspace,
+        execution: ExecutionOptions | None = None,
     ) -> None:
         if shape.kind not in _STEP_KINDS:
             raise ValueError(f"StepProgram cannot run {shape.kind}")
@@ -78,6 +84,15 @@ class StepProgram:
             tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
         )
         self._bound: HostPack | None = None
+        self.execution = execution or ExecutionOptions.static()
+        geo = cache.geometry
+        # host-known bounds chosen in bind (static options: the full row, always sample)
+        self.context_blocks = geo.blocks_per_row
+        """Blocks of each lane's table that attention gathers (decode phase in mixed)."""
+        self.prompt_blocks = geo.blocks_per_row
+        """Blocks of the prompt lane's table that mixed prompt attention gathers."""
+        self.any_sampled = True
+        """False when every active lane is greedy and the shortcut is enabled."""
         # decode packs lane i at slots i*W..: attention can run per lane (a static choice)
         self._lane_major_width = shape.token_capacity if kind is GraphKind.DECODE else 0
         # mixed: prompt and decode queries attend in their own fixed phase workspaces
@@ -135,7 +150,38 @@ class StepProgram:
                      "absolute_position", "advance", "prompt_slots", "prompt_lane",
                      "decode_slots"):
             getattr(b, name).copy_(torch.from_numpy(getattr(pack, name)), non_blocking=False)
+        self._choose_bounds(pack)
         self._bound = pack
+
+    def _choose_bounds(self, pack: HostPack) -> None:
+        """Host-known bounds for the next ``execute`` (eager execution options only).
+
+        Reads the rows' positions and temperatures after this frame's updates; ``bind``
+        runs in stream order, so they are what ``execute`` will see.
+        """
+        opts, st, geo = self.execution, self._state, self._cache.geometry
+        if not opts.host_bounds:
+            return
+        active = len(pack.rows)
+        rows = torch.as_tensor(pack.rows, dtype=torch.int64)
+        if opts.dynamic_context:
+            positions = st.position.index_select(0, rows.to(st.position.device)).cpu().numpy()
+            absolute = pack.absolute_position[:active]
+            is_prompt = absolute >= 0
+            decode_ends = positions + pack.advance[:active]
+            decode_end = int(decode_ends[~is_prompt].max(initial=0))
+            prompt_end = int(absolute[is_prompt].max(initial=0))
+            bound = {"page_size": geo.page_size, "blocks_per_row": geo.blocks_per_row}
+            cap = geo.max_context
+            if self._phase_split is not None:
+                self.context_blocks = context_blocks(min(decode_end, cap), **bound)
+                self.prompt_blocks = context_blocks(min(prompt_end, cap), **bound)
+            else:
+                self.context_blocks = context_blocks(min(max(decode_end, prompt_end), cap),
+                                                     **bound)
+        if opts.greedy_shortcut:
+            temperature = st.temperature.index_select(0, rows.to(st.temperature.device))
+            self.any_sampled = bool((~(temperature <= 0.0)).any())  # sample()'s greedy test
 
     # --------------------------------------------------------------- execute
 
@@ -157,10 +203,15 @@ class StepProgram:
         slot_index = torch.arange(pos.shape[0], device=pos.device)
         sink_slot = geo.sink_page * ps + slot_index % ps
         slots = torch.where(valid, page * ps + pos % ps, sink_slot)
+        split = self._phase_split
+        if split is not None and self.execution.dynamic_context:
+            prompt_row = rows.index_select(0, b.prompt_lane)
+            split = replace(split, prompt_block_table=(
+                st.block_table[:, :self.prompt_blocks].index_select(0, prompt_row)))
         batch = PackedBatch(
             token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
-            lane_block_tables=st.block_table[rows], lane_major_width=self._lane_major_width,
-            phase_split=self._phase_split,
+            lane_block_tables=st.block_table[:, :self.context_blocks].index_select(0, rows),
+            lane_major_width=self._lane_major_width, phase_split=split,
         )
         hidden = self._decoder.forward(batch, cache)
 
@@ -181,6 +232,7 @@ class StepProgram:
             lane_logits,
             temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
             seed=st.seed[rows], position=pos[b.sample_index] + 1,
+            greedy_only=not self.any_sampled,
         )
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)

@@ -1,0 +1,69 @@
+"""Execution options of prepared programs: static bounds (capturable) or host-known
+bounds computed in ``bind`` (eager backends only).
+
+A prepared program keeps one fixed *physical* shape (its cost identity: lanes, token
+slots, prompt capacity). How much of the context its attention reads is a separate
+choice:
+
+- **static** (``ExecutionOptions.static()``, the CUDA default): attention gathers every
+  lane's block table up to ``max_context``. ``execute`` has the same shapes on every
+  launch, so it can be captured once into a CUDA graph and replayed.
+- **dynamic context** (``ExecutionOptions.eager()``, the CPU default): ``bind`` runs in
+  stream order right before ``execute`` on the same host thread, so it can read the
+  device-resident positions of the frame's rows (plain host tensors on the CPU, no
+  synchronisation) and compute the largest context any active lane needs. ``execute``
+  then gathers only that many blocks, rounded up to a power of two so that a program
+  sees few distinct shapes. Keys past a query's position are masked either way, so the
+  tokens are the same as with the static bound (tests check it); only the work
+  shrinks with the actual contexts.
+- **greedy shortcut** (also eager only): when every active lane samples greedily,
+  ``execute`` skips the sort/top-p/noise pipeline of ``gpu.sampling.sample`` whose
+  result greedy lanes discard anyway.
+
+Both dynamic options make ``execute`` depend on a host value chosen in ``bind``, which a
+captured graph cannot follow, so ``ModelEngine.load`` refuses them on CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionOptions:
+    """How prepared step programs bound their work (see the module docstring)."""
+
+    dynamic_context: bool = False
+    """Gather only the power-of-two number of blocks the frame's lanes need."""
+    greedy_shortcut: bool = False
+    """Skip the stochastic sampling pipeline when every active lane is greedy."""
+
+    @property
+    def host_bounds(self) -> bool:
+        """True when ``bind`` reads device state to choose what ``execute`` runs."""
+        return self.dynamic_context or self.greedy_shortcut
+
+    @classmethod
+    def static(cls) -> ExecutionOptions:
+        """Fixed work per shape: capturable (CUDA graphs)."""
+        return cls()
+
+    @classmethod
+    def eager(cls) -> ExecutionOptions:
+        """Work follows the frame: for backends that run ``execute`` eagerly (CPU)."""
+        return cls(dynamic_context=True, greedy_shortcut=True)
+
+    @classmethod
+    def for_device(cls, device: str) -> ExecutionOptions:
+        """The default for a torch device: static on CUDA, eager elsewhere."""
+        return cls.static() if torch.device(device).type == "cuda" else cls.eager()
+
+
+def context_blocks(end_position: int, *, page_size: int, blocks_per_row: int) -> int:
+    """Blocks to gather so keys ``< end_position`` are covered: a power of two, at least
+    one, at most ``blocks_per_row``."""
+    needed = max(1, -(-max(end_position, 0) // page_size))
+    bucket = 1 << (needed - 1).bit_length()
+    return min(bucket, blocks_per_row)
