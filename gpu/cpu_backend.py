@@ -9,11 +9,19 @@ slots, device-resident feedback*). The worker measures the device interval aroun
 wall interval runs from ``launch`` to the moment the worker publishes the completion.
 
 A program that raises fails only its own launch (``ProgramFault``); the worker goes on.
+
+Intra-op threads: torch's pool is process-wide. By default the backend sets it to the
+usable cores minus one (at least one), leaving a core to the host runtime (trio
+actors, HTTP, tokenizer): on a 2-core machine that is one thread. Measured on a shared
+2-core machine, two OpenMP threads competing with other busy processes ran the
+default model's programs 5 to 10 times slower than one. ``FLARE_CPU_THREADS`` or
+``CpuBackend(num_threads=N)`` overrides it; ``num_threads=0`` keeps torch's setting.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -44,6 +52,26 @@ class _Launch:
 
 _STOP = object()
 _stream_ids = itertools.count()
+
+THREADS_ENV = "FLARE_CPU_THREADS"
+
+
+def default_cpu_threads() -> int:
+    """``FLARE_CPU_THREADS`` if set, else the usable cores minus one (at least one)."""
+    configured = os.environ.get(THREADS_ENV, "").strip()
+    if configured:
+        try:
+            value = int(configured)
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV}={configured!r} is not an integer") from None
+        if value < 0:
+            raise ValueError(f"{THREADS_ENV} must be >= 0, got {value}")
+        return value
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 def run_launch(launch: _Launch, clock_ns: Any = time.perf_counter_ns) -> None:
@@ -101,8 +129,15 @@ class CpuBackend:
     device = "cpu"
 
     def __init__(self, *, num_threads: int | None = None) -> None:
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        """``num_threads``: torch intra-op threads (``None``: ``default_cpu_threads()``;
+        0: leave torch's setting alone)."""
+        threads = default_cpu_threads() if num_threads is None else num_threads
+        if threads < 0:
+            raise ValueError(f"num_threads must be >= 0, got {threads}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.num_threads = torch.get_num_threads()
+        """The intra-op thread count in effect after construction."""
         self._lock = threading.Lock()
         self._prepared: dict[int, PreparedProgram] = {}
         """Prepared programs by identity (held so their ids stay unique)."""

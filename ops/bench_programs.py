@@ -73,7 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per shape")
     parser.add_argument("--repeats", type=int, default=15, help="timed runs per shape")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: FLARE_CPU_THREADS, else cores - 1)")
+    parser.add_argument("--static-context", action="store_true",
+                        help="cpu: run the static (CUDA-style, full max-context) programs "
+                             "instead of the eager ones that read only the needed context")
     parser.add_argument("--json", type=pathlib.Path, default=None, dest="json_path",
                         help="also write the results as JSON here")
 
@@ -200,6 +204,7 @@ def main(args: argparse.Namespace) -> int:
     from gpu.frames import as_inputs
     from gpu.model_config import load_model_config
     from gpu.preparation import prepare_catalog
+    from gpu.programs.execution import ExecutionOptions
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -208,8 +213,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"flare bench programs: no checkpoint in {model_dir} (config.json missing)",
               file=sys.stderr)
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
     config = load_model_config(model_dir)
     family_mixed = config.mixed_capture  # the family's declaration (CAT-13, OPEN-25)
     flags = CatalogFlags(
@@ -218,7 +221,9 @@ def main(args: argparse.Namespace) -> int:
         speculative_token_capacity=args.speculative_token_capacity,
     )
     try:
-        backend = open_backend(args.backend)
+        # cpu: --threads, else the backend's default (gpu.cpu_backend.default_cpu_threads)
+        options = {"num_threads": args.threads} if args.backend == "cpu" else {}
+        backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:
         print(f"flare bench programs: {exc}", file=sys.stderr)
         return 2
@@ -248,6 +253,7 @@ def main(args: argparse.Namespace) -> int:
             model_dir, device=backend.device, dtype=dtype, catalog=plan.catalog.shapes,
             page_size=layout.page_size, num_pages=layout.num_pages,
             state_rows=layout.state_rows, max_context=max_context, require_tokenizer=False,
+            execution=ExecutionOptions.static() if args.static_context else None,
         )
         programs = [engine.programs[s] for s in plan.catalog]
         report = prepare_catalog(backend, programs)  # its progress sink prints the summary
@@ -260,11 +266,14 @@ def main(args: argparse.Namespace) -> int:
                                        wall_ms, args.repeats))
     finally:
         backend.close()
+    mode = "eager (dynamic context)" if engine.execution.host_bounds else "static"
+    print(f"execution: {mode}; torch threads: {torch.get_num_threads()}")
     print(format_table(results))
     if args.json_path is not None:
         payload = {
             "model": str(model_dir), "backend": args.backend,
             "torch_threads": torch.get_num_threads(),
+            "execution": "eager" if engine.execution.host_bounds else "static",
             "warmup": args.warmup, "repeats": args.repeats, "context": args.context,
             "plan": plan.to_json(), "preparation": report.to_json(),
             "results": [r.to_json() for r in results],

@@ -40,8 +40,26 @@ def test_bench_programs_times_every_catalog_shape(
         assert r["median_device_ms"] > 0
         assert r["median_wall_ms"] >= r["median_device_ms"]
         assert (r["tokens_per_second"] is None) == (r["tokens"] == 0)
+    assert payload["execution"] == "eager" and payload["torch_threads"] == 1
     table = capsys.readouterr().out
     assert "tokens/s" in table and "decode[B=2]" in table
+    assert "execution: eager" in table
+
+
+def test_bench_programs_static_context_runs_the_capturable_programs(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--static-context`` times the full max-context programs CUDA captures."""
+    out = tmp_path / "bench.json"
+    code = flare([
+        "bench", "programs", "--model", str(tiny_checkpoints["llama"]), "--max-batch", "1",
+        "--prefill-capacity", "64", "--context", "20", "--max-context", "128",
+        "--warmup", "0", "--repeats", "1", "--threads", "1", "--static-context",
+        "--json", str(out),
+    ])
+    assert code == 0
+    assert json.loads(out.read_text())["execution"] == "static"
+    assert "execution: static" in capsys.readouterr().out
 
 
 def test_bench_programs_without_a_checkpoint(tmp_path: Path,

@@ -298,3 +298,40 @@ def test_cuda_unavailable_is_a_clear_error() -> None:
     assert probe.count == 0 or probe.reason
     with pytest.raises(BackendUnavailable, match=r"^cuda: no CUDA device \(.+\)"):
         open_backend("cuda")
+
+
+# -- cpu intra-op threads --------------------------------------------------------
+
+
+def test_cpu_threads_default_leaves_a_core_and_is_configurable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Default: usable cores minus one (at least one); ``FLARE_CPU_THREADS`` and
+    ``num_threads`` override; 0 keeps torch's setting."""
+    import torch
+
+    from gpu.cpu_backend import THREADS_ENV, default_cpu_threads
+
+    previous = torch.get_num_threads()
+    try:
+        monkeypatch.delenv(THREADS_ENV, raising=False)
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+        assert default_cpu_threads() == 1
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+        assert default_cpu_threads() == 7
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: {3})
+        assert default_cpu_threads() == 1
+        monkeypatch.setenv(THREADS_ENV, "2")
+        assert default_cpu_threads() == 2
+        with CpuBackend() as backend:
+            assert backend.num_threads == torch.get_num_threads() == 2
+        with CpuBackend(num_threads=1) as backend:
+            assert backend.num_threads == 1
+        torch.set_num_threads(2)
+        with CpuBackend(num_threads=0) as backend:
+            assert backend.num_threads == 2
+        monkeypatch.setenv(THREADS_ENV, "many")
+        with pytest.raises(ValueError, match=THREADS_ENV):
+            default_cpu_threads()
+    finally:
+        torch.set_num_threads(previous)
