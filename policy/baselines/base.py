@@ -240,6 +240,10 @@ class BaselinePolicy(abc.ABC):
     def phase(self, handle: RequestHandle) -> Phase:
         return self._request(handle).phase
 
+    def request(self, handle: RequestHandle) -> BaselineRequest:
+        """The live record (read-only use: the runtime reads its epoch)."""
+        return self._request(handle)
+
     def handles(self) -> tuple[RequestHandle, ...]:
         return tuple(self._requests)
 

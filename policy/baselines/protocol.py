@@ -29,12 +29,25 @@ from policy.types import (
 )
 
 
+class Resident(Protocol):
+    """What a driver may read of a resident request (``Planner.request``)."""
+
+    @property
+    def handle(self) -> RequestHandle: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+
 @runtime_checkable
 class Planner(Protocol):
     """What a policy offers its driver (the planner actor or the simulator)."""
 
     @property
     def estimates(self) -> DurationEstimates: ...
+
+    @property
+    def now_ns(self) -> int: ...
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None: ...
 
@@ -48,6 +61,8 @@ class Planner(Protocol):
               ) -> RequestHandle: ...
 
     def cancel(self, handle: RequestHandle) -> None: ...
+
+    def request(self, handle: RequestHandle) -> Resident: ...
 
     def plan(self) -> ScheduledPlan | None: ...
 
@@ -68,6 +83,8 @@ class Planner(Protocol):
     def statistics(self) -> SchedulerStatistics: ...
 
     def traces(self) -> tuple[TraceRecord, ...]: ...
+
+    def in_flight(self) -> tuple[Fence, ...]: ...
 
 
 @runtime_checkable

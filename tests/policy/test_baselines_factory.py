@@ -41,3 +41,13 @@ def test_budget_reaches_chunked_baselines_and_unknown_names_fail() -> None:
     with pytest.raises(PolicyConfigError, match="unknown scheduler policy"):
         make_policy("lottery")
     assert len(POLICY_NAMES) == 5
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_policy_offers_what_the_runtime_planner_reads(name: str) -> None:
+    """The runtime's planner reads ``request(h).epoch``, ``now_ns`` and ``in_flight()``."""
+    policy = make_policy(name, catalog=CATALOG)
+    policy.advance_to(5)
+    h = policy.admit(prompt_len=10, max_output_tokens=2)
+    assert policy.request(h).epoch == 0 and policy.request(h).handle == h
+    assert policy.now_ns == 5 and policy.in_flight() == ()
