@@ -254,3 +254,39 @@ def test_frames_that_do_not_fit_are_refused(pair: tuple[Path, Path]) -> None:
     # device allocation takes ceilings whose sum may exceed P (SPEC-26)
     driver.engine.programs[SPEC_SHAPES[5]].bind(
         {FRAME_KEY: SpeculativeFrame(rows=(0, 1, 2), limits=(4, 4, 4))})
+
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PAIR = (REPO / "models" / "default", REPO / "models" / "default-draft")
+
+
+@pytest.mark.parametrize("source", [LEARNED, COPY])
+def test_default_pair_greedy_speculation_equals_plain_greedy(source: str) -> None:
+    """The committed default target and its embedded draft (same tokenizer): greedy
+    output with speculation equals plain greedy output; the trained draft is accepted."""
+    target, draft = DEFAULT_PAIR
+    if not (target / "config.json").exists() or not (draft / "config.json").exists():
+        pytest.skip("the default pair is not committed")
+    plain = ReferenceDriver(load(target))
+    tok = plain.engine.tokenizer
+    prompts = [tok.encode("def main(argv):\n    return"),
+               tok.encode("The quick brown fox jumps over the lazy dog. The quick brown")]
+    expected = []
+    for row, prompt in enumerate(prompts):
+        tokens = [plain.prefill(PREFILL_64, row, prompt, chunk=64)]
+        while len(tokens) < GENERATE:
+            tokens += plain.decode(DECODE[2], [row])
+        expected.append(tokens)
+    driver = speculative_engine(target, source, draft if source == LEARNED else None)
+    outputs = [[driver.prefill(PREFILL_64, row, p, chunk=64)] for row, p in enumerate(prompts)]
+    accepted = 0
+    widths = itertools.cycle((SPEC_SHAPES[3], SPEC_SHAPES[0], SPEC_SHAPES[2]))
+    while any(len(o) < GENERATE for o in outputs):
+        shape = next(widths)
+        result = driver.speculate(shape, [0, 1], [shape.token_capacity] * 2)
+        for lane in result.lanes:
+            outputs[lane.row].extend(lane.tokens)
+            accepted += lane.accepted
+    assert [o[:GENERATE] for o in outputs] == expected
+    if source == LEARNED:
+        assert accepted > 0
