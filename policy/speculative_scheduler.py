@@ -1,0 +1,262 @@
+"""``SpeculativeScheduler``: the Scheduler with complete speculative rounds (issue 6).
+
+This module owns what speculation adds to the scheduler's lifecycle, as a subclass so
+that ordinary scheduling (``policy/scheduler.py``) is untouched:
+
+- per-request ``AcceptanceState`` for the configured proposal source, started from the
+  scheduler's population priors (ACC-5, ACC-18..20), preseedable (OPEN-34, VER-23);
+- ``plan()``: the ordinary winner competes with the best speculative round over every
+  loaded ``(B, D, W, P)`` (``policy/rounds.py``, SPEC-6, SEL-24..34); a funded
+  acceptance probe may then replace a measured ordinary winner
+  (``policy/learning.py``, LRN-3..10); a timing refresh winner stays (LRN-7);
+- ``commit``: a probe opens an acceptance episode (LRN-8);
+- ``complete`` and its variants (QUEUE-3, QUEUE-4): acceptance ledger earn/charge
+  (LRN-1, LRN-11, LRN-13), and every completed speculative lane's forecast and
+  acceptance update (ACC-6..9, ACC-13, ACC-28, LRN-12). Device-allocated programs with
+  ``D > 0`` must complete through ``complete_packed_round`` (QUEUE-3), which carries the
+  confidence sidecar and each lane's evaluated draft count;
+- idle clears positive acceptance credit and keeps debt (LRN-16).
+
+Speculative programs are not yet timing-refresh alternatives (REF-13); mixed
+speculative rows are not planned here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from policy.config import PolicyConfig
+from policy.decision import build_context, projected_histories
+from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.learning import find_probe, ordinary_from_plan
+from policy.refresh import (
+    CreditLedger,
+    acceptance_learning_ledger,
+    credited_duration_ns,
+    episode_charge_ns,
+)
+from policy.round_plans import round_plan, round_wins, speculative_lanes
+from policy.rounds import SpeculationMode, best_round, observe_completed_round, round_candidates
+from policy.scheduler import Scheduler
+from policy.selection import select
+from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
+from policy.types import (
+    CommitRejected,
+    CompletionError,
+    CompletionRecord,
+    Fence,
+    FinishKind,
+    GeneratedToken,
+    RequestHandle,
+    ScheduledPlan,
+    SelectionReason,
+    TraceRecord,
+)
+
+__all__ = ["SpeculativeScheduler"]
+
+Confidence = Sequence[Sequence[Sequence[float]]]
+"""The sidecar ``[2, request_slots, draft_capacity]``; plane 1 is the joint prefix
+probability (OPEN-16)."""
+
+
+class SpeculativeScheduler(Scheduler):
+    """A ``Scheduler`` that also plans complete speculative programs."""
+
+    def __init__(self, config: PolicyConfig | None = None,
+                 catalog: Iterable[GraphShape] = (), *,
+                 mode: SpeculationMode = SpeculationMode.ADAPTIVE,
+                 source: ProposalSource = ProposalSource.LEARNED,
+                 context_limit: int | None = None) -> None:
+        super().__init__(config, catalog)
+        self._mode = mode
+        self._source = source
+        self._context_limit = context_limit
+        self._priors = PopulationPriors()
+        self._states: dict[RequestHandle, AcceptanceState] = {}
+        self._learning: CreditLedger = acceptance_learning_ledger()
+
+    # ---- acceptance state ----------------------------------------------------------
+
+    @property
+    def learning_ledger(self) -> CreditLedger:
+        return self._learning
+
+    @property
+    def mode(self) -> SpeculationMode:
+        return self._mode
+
+    def acceptance(self, handle: RequestHandle) -> AcceptanceState:
+        """The request's acceptance state (created from the population priors)."""
+        self._record(handle)
+        state = self._states.get(handle)
+        if state is None:
+            state = self._states[handle] = AcceptanceState(self._priors)
+        return state
+
+    def preseed_acceptance(self, handle: RequestHandle, means: Sequence[float],
+                           weight: float = 128.0) -> None:
+        """Give a request a preseeded acceptance history (OPEN-34, VER-23)."""
+        self.acceptance(handle).preseed(self._source, means, weight)
+
+    def take_released(self) -> list[RequestHandle]:
+        done = super().take_released()
+        for h in done:
+            self._states.pop(h, None)
+        return done
+
+    def advance_to(self, now_ns: int) -> None:
+        super().advance_to(now_ns)
+        if len(self._queue) == 0 and not any(r.selectable for r in self._records.values()):
+            self._learning.on_idle()
+
+    # ---- planning -------------------------------------------------------------------
+
+    def _speculative_shapes(self) -> list[GraphShape]:
+        return [s for s in self._catalog.shapes if s.kind is GraphKind.SPECULATIVE]
+
+    def plan(self) -> ScheduledPlan | None:
+        """The ordinary winner, a better speculative round, or a funded probe."""
+        times = self._shape_times()
+        ctx = build_context(
+            records=self._records, catalog=self._catalog, times=times,
+            config=self._config, queue=self._queue, now_ns=self._now_ns,
+            ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
+        )
+        ordinary = select(ctx)
+        shapes = self._speculative_shapes()
+        decoders = ctx.decoders.records
+        if not shapes or not decoders:
+            return ordinary
+        if ordinary is not None and ordinary.reason is SelectionReason.TIMING_REFRESH:
+            return ordinary  # refresh goes first (REF-7, LRN-7)
+        position = self._catalog.position
+        estimates = {s: int(times.estimate_ns[position[s]]) for s in shapes}
+        stale = times.stale(self._now_ns, self._estimates.ttl_ns)
+        histories = projected_histories(self._records, self._queue, self._config) \
+            if len(self._queue) else {}
+        depth = max(s.proposal_depth for s in shapes)
+        room = {}
+        if self._context_limit is not None:
+            room = {r.handle: self._context_limit - r.prompt_len - r.output_committed
+                    - r.queued_outputs for r in decoders}
+        lanes = speculative_lanes(
+            decoders, histories=histories, states=self._states, priors=self._priors,
+            source=self._source, depth_limit=depth, context_room=room,
+            config=self._config, exponent=ctx.exponent, age_slope=ctx.decoders.slope,
+            start_ns=ctx.start_ns)
+        alpha = self._config.adaptive_verification_alpha
+        best = best_round(round_candidates(lanes, shapes, estimates, alpha=alpha,
+                                           waiting=ctx.waiting, mode=self._mode))
+        winner = ordinary
+        if best is not None and round_wins(best, ordinary):
+            winner = round_plan(
+                best, exponent=ctx.exponent, stale=bool(stale[position[best.shape]]),
+                reason=SelectionReason.ORDINARY if best.rate is not None
+                else SelectionReason.DISCOVERY, now_ns=self._now_ns, start_ns=ctx.start_ns)
+        if winner is None or winner.reason is not SelectionReason.ORDINARY:
+            return winner
+        probe = find_probe(lanes=lanes, shapes=shapes, estimates_ns=estimates,
+                           ordinary=ordinary_from_plan(winner), ledger=self._learning,
+                           mode=self._mode, alpha=alpha, waiting=ctx.waiting,
+                           refresh_pending=False)
+        if probe is None:
+            return winner
+        return round_plan(probe.expected, reason=SelectionReason.ACCEPTANCE_LEARNING,
+                          exponent=ctx.exponent,
+                          stale=bool(stale[position[probe.expected.shape]]),
+                          now_ns=self._now_ns, start_ns=ctx.start_ns)
+
+    def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord:
+        """As ``Scheduler.commit``; a probe also opens an acceptance episode (LRN-8)."""
+        probe = plan.reason is SelectionReason.ACCEPTANCE_LEARNING
+        if probe and not self._learning.funded():
+            raise CommitRejected("acceptance probe without full credit or with an open episode")
+        trace = super().commit(plan, fence)
+        if probe:
+            self._learning.begin_episode()
+        return trace
+
+    # ---- completion -----------------------------------------------------------------
+
+    def complete(self, fence: Fence, records: Sequence[CompletionRecord],
+                 timing: ExecutionTiming) -> list[GeneratedToken]:
+        """Ordinary and host-allocated speculative frames (QUEUE-3)."""
+        return self._complete(fence, records, timing, confidence=None, offered=None,
+                              survival=None)
+
+    def complete_with_survival(
+        self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming,
+        survival: Mapping[RequestHandle, Sequence[float]],
+    ) -> list[GeneratedToken]:
+        """``complete`` with ``completion_speculative_survival`` rows (QUEUE-4, ACC-28)."""
+        return self._complete(fence, records, timing, confidence=None, offered=None,
+                              survival=survival)
+
+    def complete_packed_round(
+        self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming,
+        confidence: Confidence, offered: Mapping[RequestHandle, int],
+    ) -> list[GeneratedToken]:
+        """A device-allocated round: its confidence sidecar and each lane's evaluated
+        draft count (QUEUE-3)."""
+        return self._complete(fence, records, timing, confidence=confidence,
+                              offered=offered, survival=None)
+
+    def complete_packed_round_with_survival(
+        self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming,
+        confidence: Confidence, offered: Mapping[RequestHandle, int],
+        survival: Mapping[RequestHandle, Sequence[float]],
+    ) -> list[GeneratedToken]:
+        """``complete_packed_round`` with survival rows (QUEUE-4, ACC-28)."""
+        return self._complete(fence, records, timing, confidence=confidence,
+                              offered=offered, survival=survival)
+
+    def _complete(
+        self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming, *,
+        confidence: Confidence | None, offered: Mapping[RequestHandle, int] | None,
+        survival: Mapping[RequestHandle, Sequence[float]] | None,
+    ) -> list[GeneratedToken]:
+        head = next(iter(self._queue), None)
+        if head is None or head.fence != fence:
+            raise CompletionError(f"fence {fence} is not the oldest frame in flight")
+        shape = head.plan.shape
+        device = shape.kind is GraphKind.SPECULATIVE \
+            and shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth > 0
+        if device and (confidence is None or offered is None):
+            raise CompletionError("a device-allocated round completes through "
+                                  "complete_packed_round (QUEUE-3)")
+        out = super().complete(fence, records, timing)
+        if head.reason is SelectionReason.ORDINARY:
+            self._learning.earn(credited_duration_ns(timing, isolated=head.isolated))
+        elif head.reason is SelectionReason.ACCEPTANCE_LEARNING:
+            self._learning.charge(episode_charge_ns(timing, isolated=head.isolated))
+            self._learning.end_episode()
+        slots = {lane.handle: i for i, lane in enumerate(head.plan.lanes)}
+        ceilings = {lane.handle: lane.token_ceiling for lane in head.plan.lanes}
+        for token in out:
+            if token.finish is FinishKind.ERROR or not token.token_ids:
+                continue
+            state = self._states.get(token.handle)
+            if state is None:
+                state = self._states[token.handle] = AcceptanceState(self._priors)
+            if shape.kind is GraphKind.SPECULATIVE:
+                self._observe(state, shape, token, slots[token.handle],
+                              ceilings[token.handle], confidence, offered, survival)
+            state.age(len(token.token_ids))
+        return out
+
+    def _observe(self, state: AcceptanceState, shape: GraphShape, token: GeneratedToken,
+                 slot: int, ceiling: int, confidence: Confidence | None,
+                 offered: Mapping[RequestHandle, int] | None,
+                 survival: Mapping[RequestHandle, Sequence[float]] | None) -> None:
+        drafts = offered.get(token.handle, 0) if offered is not None else ceiling - 1
+        accepted = len(token.token_ids) - 1
+        if drafts < 0 or accepted > drafts:
+            return  # not a verified round the estimates can read
+        joint = None
+        if confidence is not None and shape.proposal_depth > 0:
+            joint = list(confidence[1][slot])
+        observe_completed_round(
+            state, self._source, shape, joint_prefix=joint, offered=drafts,
+            accepted=accepted, terminated=token.finish is FinishKind.STOP,
+            survival=survival.get(token.handle) if survival is not None else None)

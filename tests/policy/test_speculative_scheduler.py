@@ -1,0 +1,170 @@
+"""The Scheduler with complete speculative rounds (``policy/speculative_scheduler.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.rounds import SpeculationMode
+from policy.speculation import INITIAL_WEIGHT, ProposalSource
+from policy.speculative_scheduler import SpeculativeScheduler
+from policy.types import (
+    CompletionError,
+    CompletionRecord,
+    Fence,
+    LaneRole,
+    Phase,
+    RequestHandle,
+    SelectionReason,
+)
+
+MS = 1_000_000
+HOST, DEVICE = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT
+DECODE4 = GraphShape(kind=GraphKind.DECODE, batch_capacity=4, token_capacity=1,
+                     packed_capacity=4)
+
+
+def spec(w: int, binding: TargetBinding = HOST, b: int = 4) -> GraphShape:
+    return GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
+                      proposal_depth=w - 1, packed_capacity=b * w, binding=binding)
+
+
+def scheduler(binding: TargetBinding = HOST, *,
+              mode: SpeculationMode = SpeculationMode.ADAPTIVE) -> SpeculativeScheduler:
+    shapes = [DECODE4, spec(1, binding), spec(2, binding), spec(4, binding)]
+    s = SpeculativeScheduler(catalog=shapes, mode=mode)
+    s.advance_to(1_000 * MS)
+    for shape in shapes:
+        cost = 10 * MS if shape is DECODE4 else (10 + shape.token_capacity // 2) * MS
+        s.estimates.observe(shape, cost, s.now_ns)
+    return s
+
+
+def decoders(s: SpeculativeScheduler, n: int = 4, *,
+             means: tuple[float, ...] | None = None) -> list[RequestHandle]:
+    out = []
+    for _ in range(n):
+        h = s.admit(prompt_len=64, max_output_tokens=500)
+        rec = s.request(h)
+        rec.phase = Phase.DECODE
+        rec.prompt_cursor = 64
+        rec.output_committed = 1
+        rec.last_visible_ns = s.now_ns - 5 * MS
+        if means is not None:
+            s.preseed_acceptance(h, means)
+        out.append(h)
+    return out
+
+
+def timing(ms: int) -> ExecutionTiming:
+    return ExecutionTiming(device_intervals_ns=(ms * MS,), wall_ns=ms * MS)
+
+
+def test_ver_4_scheduler_width_follows_acceptance() -> None:
+    """Covers VER-4, SPEC-6, SEL-24 through the scheduler: high acceptance plans the
+    widest program; low acceptance keeps width one (ordinary decode or W=1)."""
+    for binding in (HOST, DEVICE):
+        high = scheduler(binding)
+        decoders(high, means=(0.95, 0.9, 0.85))
+        plan = high.plan()
+        assert plan is not None and plan.shape == spec(4, binding)
+        assert plan.reason is SelectionReason.ORDINARY and not plan.requires_empty_window
+        low = scheduler(binding)
+        decoders(low, means=(0.02, 0.01, 0.0))
+        plan = low.plan()
+        assert plan is not None and plan.shape.token_capacity == 1
+
+
+def test_acc_6_acc_7_host_round_updates_acceptance() -> None:
+    """Covers ACC-6, ACC-7, SEL-2, QUEUE-47: a host round commits, reserves its rows as
+    queued output, and its accepted prefix updates the request's acceptance."""
+    s = scheduler()
+    hs = decoders(s, means=(0.95, 0.9, 0.85))
+    plan = s.plan()
+    assert plan is not None and plan.shape == spec(4)
+    s.commit(plan, Fence(1))
+    assert s.request(hs[0]).queued_outputs == 4
+    records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(7, 8, 9))
+               for lane in plan.lanes]
+    out = s.complete(Fence(1), records, timing(12))
+    assert {t.handle for t in out} == set(hs)
+    est = s.acceptance(hs[0]).acceptance(ProposalSource.LEARNED)
+    assert est.mean(1) > 0.95 and est.mean(3) < 0.85
+    assert s.request(hs[0]).output_committed == 4
+
+
+def test_queue_3_device_round_completes_through_packed_round() -> None:
+    """Covers QUEUE-3, QUEUE-4, SPEC-22, ACC-13, ACC-28, LRN-12: a device round rejects
+    plain ``complete``; ``complete_packed_round_with_survival`` reads the sidecar up to
+    min(D, W - 1) positions and the survival rows."""
+    s = scheduler(DEVICE)
+    hs = decoders(s, means=(0.95, 0.9, 0.85))
+    plan = s.plan()
+    assert plan is not None and plan.shape == spec(4, DEVICE)
+    assert all(lane.token_ceiling == 4 for lane in plan.lanes)
+    s.commit(plan, Fence(1))
+    records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(7, 8))
+               for lane in plan.lanes]
+    with pytest.raises(CompletionError):
+        s.complete(Fence(1), records, timing(12))
+    assert s.in_flight() == (Fence(1),)
+    sidecar = [[[0.9, 0.8, 0.7]] * 4, [[0.9, 0.72, 0.5]] * 4]
+    offered = {lane.handle: 3 for lane in plan.lanes}
+    survival = {lane.handle: (0.9, 0.6, 0.2) for lane in plan.lanes}
+    s.complete_packed_round_with_survival(Fence(1), records, timing(12), sidecar, offered,
+                                          survival)
+    state = s.acceptance(hs[0])
+    forecast = state.forecast(ProposalSource.LEARNED)
+    aged = 0.5 ** (2 / 128)  # two generated tokens age every weight (ACC-23)
+    assert forecast.weight(3) == pytest.approx((INITIAL_WEIGHT + 1) * aged)
+    assert forecast.weight(4) == pytest.approx(INITIAL_WEIGHT * aged)
+    assert forecast.mean(2) == pytest.approx((2 * 0.25 + 0.72) / 3)
+    acc = state.acceptance(ProposalSource.LEARNED)
+    assert acc.mean(3) == pytest.approx((128 * 0.85 + 0.2) / 129)
+
+
+def test_lrn_probe_episode_through_the_scheduler() -> None:
+    """Covers LRN-3, LRN-8, LRN-11, LRN-13, LRN-21, QUEUE-36: with full acceptance credit
+    a barely informed low-acceptance cohort is probed deeper; the probe needs an empty window, opens one
+    episode, is charged to the acceptance ledger only, and counts as its own kind."""
+    fresh = scheduler()
+    for h in decoders(fresh):  # low means, barely informed: optimistic bounds are 1
+        fresh.preseed_acceptance(h, (0.1, 0.01, 0.0), weight=1.0)
+    ordinary = fresh.plan()
+    assert ordinary is not None and ordinary.reason is SelectionReason.ORDINARY
+    assert ordinary.shape.token_capacity == 1  # without credit: width one on the means
+    fresh.learning_ledger.earn(495 * MS)
+    plan = fresh.plan()
+    assert plan is not None and plan.reason is SelectionReason.ACCEPTANCE_LEARNING
+    assert plan.requires_empty_window and plan.shape.kind is GraphKind.SPECULATIVE
+    assert all(lane.role is LaneRole.DECODE for lane in plan.lanes)
+    refresh_before = fresh.refresh_ledger.balance_ns
+    fresh.commit(plan, Fence(1))
+    assert fresh.learning_ledger.episode_open
+    records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(5,))
+               for lane in plan.lanes]
+    fresh.complete(Fence(1), records, timing(13))
+    assert not fresh.learning_ledger.episode_open
+    assert fresh.learning_ledger.balance_ns == 5 * MS - 13 * MS
+    assert fresh.refresh_ledger.balance_ns == refresh_before
+    assert fresh.statistics().executions["acceptance_learning"] == 1
+    nxt = fresh.plan()
+    assert nxt is not None and nxt.reason is SelectionReason.ORDINARY  # waits for credit
+
+
+def test_lrn_10_fixed_mode_never_probes() -> None:
+    """Covers LRN-10 through the scheduler."""
+    s = scheduler(mode=SpeculationMode.FIXED)
+    decoders(s)
+    s.learning_ledger.earn(495 * MS)
+    plan = s.plan()
+    assert plan is not None and plan.reason is SelectionReason.ORDINARY
+
+
+def test_lrn_16_idle_clears_acceptance_credit() -> None:
+    """Covers LRN-16 (OPEN-8): idle discards positive acceptance credit."""
+    s = scheduler()
+    s.learning_ledger.earn(200 * MS)
+    assert s.learning_ledger.balance_ns > 0
+    s.advance_to(s.now_ns + MS)
+    assert s.learning_ledger.balance_ns == 0
