@@ -13,6 +13,10 @@ Owns what a proposal source needs beyond the target's request state:
 - the **token history** ``[rows + 1, max_context]`` for copy (n-gram) proposals: the
   token at each cached position plus the pending token at ``position``.
 
+``DraftMaintainingStateOp`` wraps state operations the same way: a snapshot or
+restore copies the history row and the draft pool's partial last page alongside the
+target's (full pages are shared by id in both pools); a page copy copies draft pages too.
+
 ``DraftMaintainingProgram`` wraps the ordinary prefill / decode / mixed programs so
 that every token they feed the target is also fed to the draft and recorded in the
 history (SPEC-5, MIX-6: width-one execution keeps the draft context current so that
@@ -31,10 +35,11 @@ import torch
 from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch
 from gpu.model_config import load_model_config
+from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
 from gpu.request_state import RequestState
 from gpu.weights import load_weights
-from policy.descriptors import GraphKind, GraphShape
+from policy.descriptors import GraphKind, GraphShape, StateOp
 
 
 class DraftModelError(ValueError):
@@ -147,6 +152,46 @@ class DraftMaintainingProgram:
             ))
         self.inner.execute()
         ds.record_pending(rows)
+
+    def read_outputs(self) -> dict[str, Any]:
+        return self.inner.read_outputs()
+
+
+class DraftMaintainingStateOp:
+    """A state operation that also copies draft state (history rows, draft pages)."""
+
+    def __init__(self, inner: StateOpProgram, draft_state: DraftState) -> None:
+        self.inner = inner
+        self.draft_state = draft_state
+
+    @property
+    def shape(self) -> GraphShape:
+        return self.inner.shape
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        self.inner.bind(inputs)
+
+    def execute(self) -> None:
+        op, ds, inner = self.inner.op, self.draft_state, self.inner
+        draft = ds.draft
+        if op in (StateOp.SNAPSHOT, StateOp.RESTORE):
+            st = ds.state
+            geo = st.geometry
+            src, dst, dpage = inner.src_row, inner.dst_row, inner.dst_page
+            ds.history.index_copy_(0, dst, ds.history[src])
+            if draft is not None:
+                # the same partial-page rule as the target's copy (StateOpProgram)
+                pos = st.position[src]
+                block = torch.div(pos, geo.page_size, rounding_mode="floor").clamp(
+                    max=geo.blocks_per_row - 1)
+                has_partial = (pos % geo.page_size != 0) & (dpage >= 0)
+                src_page = st.block_table[src].gather(1, block[:, None]).squeeze(1)
+                sink = torch.full_like(dpage, geo.sink_page)
+                draft.cache.copy_pages(torch.where(has_partial, src_page, sink),
+                                       torch.where(has_partial, dpage, sink))
+        elif op is StateOp.PAGE_COPY and draft is not None:
+            draft.cache.copy_pages(inner.page_src, inner.page_dst)
+        inner.execute()
 
     def read_outputs(self) -> dict[str, Any]:
         return self.inner.read_outputs()

@@ -39,11 +39,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu.draft_state import DraftMaintainingProgram, DraftState, load_draft_model
+from gpu.draft_state import (
+    DraftMaintainingProgram,
+    DraftMaintainingStateOp,
+    DraftState,
+    load_draft_model,
+)
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, RESULT_KEY, FrameError, StateUpdate
 from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch
+from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
 from gpu.request_state import RequestState
 from gpu.speculative import (
@@ -362,7 +368,8 @@ def attach_speculation(
 ) -> DraftState:
     """Give ``engine`` speculative programs for ``shapes`` (proposal ``source``: ``"draft"``
     with ``draft_model_dir``, or ``"copy"``) and wrap its prefill / decode / mixed
-    programs so they keep the draft context and token history current (SPEC-5).
+    programs and state operations so they keep the draft context and token history
+    current (SPEC-5).
     Returns the shared draft state."""
     parts = engine.parts
     draft = None
@@ -374,6 +381,8 @@ def attach_speculation(
     for shape, program in list(engine.programs.items()):
         if isinstance(program, StepProgram):
             engine.programs[shape] = DraftMaintainingProgram(program, draft_state)
+        elif isinstance(program, StateOpProgram):
+            engine.programs[shape] = DraftMaintainingStateOp(program, draft_state)
     for shape in shapes:
         engine.programs[shape] = SpeculativeProgram(
             shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from model_fixtures import DECODE, PREFILL_64, build_checkpoint, prompt_of
+from model_fixtures import DECODE, PREFILL_64, RESTORE, SNAPSHOT, build_checkpoint, prompt_of
 
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, FrameError, SamplingParams
@@ -39,7 +39,7 @@ SPEC_SHAPES = (
     spec(4, 4, 7, PL),  # ragged device allocation
     spec(2, 3, 6, PL),  # rectangular device allocation
 )
-BASE_CATALOG = (PREFILL_64, DECODE[1], DECODE[2], DECODE[4])
+BASE_CATALOG = (PREFILL_64, DECODE[1], DECODE[2], DECODE[4], SNAPSHOT, RESTORE)
 PAGE_SIZE = 16
 GENERATE = 24
 
@@ -290,3 +290,26 @@ def test_default_pair_greedy_speculation_equals_plain_greedy(source: str) -> Non
     assert [o[:GENERATE] for o in outputs] == expected
     if source == LEARNED:
         assert accepted > 0
+
+
+def test_snapshot_and_restore_carry_draft_state(pair: tuple[Path, Path],
+                                                plain_greedy: list[list[int]]) -> None:
+    """A restored prompt checkpoint resumes speculation: its history row and the draft
+    pool's partial page are copied with the target's (PRE-37 for draft state). With the
+    target as its own draft every greedy draft of the restored row is accepted."""
+    engine = load(pair[0])
+    draft_state = attach_speculation(engine, SPEC_SHAPES, source=LEARNED,
+                                     draft_model_dir=pair[0])
+    driver = SpeculativeDriver(engine)
+    first = driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)  # 20 tokens: a partial page
+    driver.copy_row(SNAPSHOT, 0, 3)
+    driver.copy_row(RESTORE, 3, 4)
+    position = driver.rows[4].position
+    assert position == len(PROMPTS[0]) and position % PAGE_SIZE
+    assert torch.equal(draft_state.history[4, :position + 1], draft_state.history[0, :position + 1])
+    tokens = [first]
+    while len(tokens) < GENERATE:
+        result = driver.speculate(SPEC_SHAPES[3], [4], [4])
+        assert result.lanes[0].accepted == 3
+        tokens.extend(result.lanes[0].tokens)
+    assert tokens[:GENERATE] == plain_greedy[0]
