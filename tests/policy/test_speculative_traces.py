@@ -81,6 +81,7 @@ class SpeculativeDriver:
                     s.published_output(g.handle, g.fence, s.now_ns)
                     self.times.setdefault(g.handle, []).append(s.now_ns)
             self.plans.append(plan)
+            assert s.learning_ledger.bound_holds()  # LRN-17 at every step
 
 
 def startup(n: int, accepted: int, preseeded: bool
@@ -105,7 +106,8 @@ def test_ver_23_speculative_startup_traces(n: int, accepted: int, preseeded: boo
     """Covers VER-23, VER-24, VER-25, VER-26 with speculation: every 64-token prompt
     delivers its first output within 100 ms, later gaps stay below 150 ms, and after
     another hundred rounds every stream progressed with a spread of at most one
-    eight-token burst; the chosen width settles on the accepted depth plus one."""
+    eight-token burst; the chosen width settles on the accepted depth plus one; the
+    acceptance-learning bound ``P <= 0.01/0.99 * O + D`` holds at every step (LRN-17)."""
     s, d, handles = startup(n, accepted, preseeded)
     d.run(100)
     for h in handles:
