@@ -79,6 +79,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _stacked_mask(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """An additive attention mask for ``_grouped_attention``, built once per forward.
+
+    ``mask`` bool ``[batches, 1, queries, S]`` (True: attend) becomes ``dtype``
+    ``[batches, 1, group * queries, S]`` with 0 where attended and -inf elsewhere, in
+    the stacked query order. SDPA would otherwise convert (and we expand) a bool mask
+    in every layer.
+    """
+    batches, _, queries, keys = mask.shape
+    if group > 1:
+        mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(
+            batches, 1, group * queries, keys
+        )
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill_(~mask, float("-inf"))
+
+
 def _grouped_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -92,8 +109,9 @@ def _grouped_attention(
     heads that share a KV head are stacked along the query axis.
 
     ``q`` ``[batches * queries, H, hd]``; ``keys``/``values`` ``[batches, S, kvh, hd]``;
-    ``mask`` bool ``[batches, 1, queries, S]``. Returns ``[batches * queries, H * hd]``
-    (head ``h`` reads KV head ``h // group``, as in HF ``repeat_kv``).
+    ``mask`` from ``_stacked_mask`` ``[batches, 1, group * queries, S]``. Returns
+    ``[batches * queries, H * hd]`` (head ``h`` reads KV head ``h // group``, as in HF
+    ``repeat_kv``).
     """
     kv_heads, hd = keys.shape[2], keys.shape[3]
     stacked = (
@@ -101,10 +119,6 @@ def _grouped_attention(
         .permute(0, 2, 3, 1, 4)
         .reshape(batches, kv_heads, group * queries, hd)
     )
-    if group > 1:
-        mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(
-            batches, 1, group * queries, mask.shape[-1]
-        )
     out = F.scaled_dot_product_attention(
         stacked, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
     )
@@ -196,6 +210,10 @@ class Decoder:
             mask = (lane_match[:, :, None] & causal[:, None, :]).reshape(1, 1, n, lanes * ctx)
             batches, queries_per_batch = 1, n
 
+        mask = _stacked_mask(mask, group, self.dtype)
+        if split is not None:
+            prompt_mask = _stacked_mask(prompt_mask, group, self.dtype)
+            decode_mask = mask
         h = self.embed[batch.token_ids]
         for i in range(cfg.num_layers):
             x = _rms_norm(h, self._layer(i, "input_layernorm.weight"), cfg.rms_norm_eps)
