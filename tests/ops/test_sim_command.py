@@ -23,6 +23,7 @@ def run(argv: list[str]) -> int:
     return sim_command.main(parser.parse_args(argv))
 
 
+@pytest.mark.slow
 def test_sim_command_writes_run_files_and_summary(tmp_path: pathlib.Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sim"

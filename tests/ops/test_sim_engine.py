@@ -122,6 +122,7 @@ def test_every_policy_finishes_every_request(policy: str) -> None:
         assert rec.ttft_s is not None and rec.ttft_s > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["balanced", "vtc"])
 def test_same_seed_same_run_other_seed_other_run(policy: str) -> None:
     catalog = _catalog()
