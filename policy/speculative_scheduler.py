@@ -17,8 +17,9 @@ that ordinary scheduling (``policy/scheduler.py``) is untouched:
   confidence sidecar and each lane's evaluated draft count;
 - idle clears positive acceptance credit and keeps debt (LRN-16).
 
-Speculative programs are not yet timing-refresh alternatives (REF-13); mixed
-speculative rows are not planned here.
+A funded timing refresh may also pick a stale speculative program and run one complete
+round (REF-13, REF-14: the base scheduler charges the refresh ledger its interval).
+Mixed speculative rows are not planned here.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from policy.refresh import (
     episode_charge_ns,
 )
 from policy.round_plans import round_plan, round_wins, speculative_lanes
-from policy.rounds import SpeculationMode, best_round, observe_completed_round, round_candidates
+from policy.rounds import (
+    SpeculationMode,
+    SpeculativeLane,
+    best_round,
+    observe_completed_round,
+    rank_key,
+    round_candidates,
+)
 from policy.scheduler import Scheduler
 from policy.selection import select
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
@@ -128,8 +136,6 @@ class SpeculativeScheduler(Scheduler):
         decoders = ctx.decoders.records
         if not shapes or not decoders:
             return ordinary
-        if ordinary is not None and ordinary.reason is SelectionReason.TIMING_REFRESH:
-            return ordinary  # refresh goes first (REF-7, LRN-7)
         position = self._catalog.position
         estimates = {s: int(times.estimate_ns[position[s]]) for s in shapes}
         stale = times.stale(self._now_ns, self._estimates.ttl_ns)
@@ -146,6 +152,11 @@ class SpeculativeScheduler(Scheduler):
             config=self._config, exponent=ctx.exponent, age_slope=ctx.decoders.slope,
             start_ns=ctx.start_ns)
         alpha = self._config.adaptive_verification_alpha
+        if ordinary is not None and ordinary.reason is SelectionReason.TIMING_REFRESH:
+            # Refresh goes first (REF-7, LRN-7); a speculative program touched less
+            # recently than the ordinary refresh choice takes its place (REF-8, REF-13).
+            return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx.waiting,
+                                             ctx.exponent, ctx.start_ns) or ordinary
         best = best_round(round_candidates(lanes, shapes, estimates, alpha=alpha,
                                            waiting=ctx.waiting, mode=self._mode))
         winner = ordinary
@@ -156,6 +167,11 @@ class SpeculativeScheduler(Scheduler):
                 else SelectionReason.DISCOVERY, now_ns=self._now_ns, start_ns=ctx.start_ns)
         if winner is None or winner.reason is not SelectionReason.ORDINARY:
             return winner
+        if self._refresh.funded():
+            refresh = self._speculative_refresh(winner, lanes, shapes, estimates, ctx.waiting,
+                                                ctx.exponent, ctx.start_ns)
+            if refresh is not None:
+                return refresh
         probe = find_probe(lanes=lanes, shapes=shapes, estimates_ns=estimates,
                            ordinary=ordinary_from_plan(winner), ledger=self._learning,
                            mode=self._mode, alpha=alpha, waiting=ctx.waiting,
@@ -166,6 +182,35 @@ class SpeculativeScheduler(Scheduler):
                           exponent=ctx.exponent,
                           stale=bool(stale[position[probe.expected.shape]]),
                           now_ns=self._now_ns, start_ns=ctx.start_ns)
+
+    def _speculative_refresh(self, incumbent: ScheduledPlan, lanes: Sequence[SpeculativeLane],
+                             shapes: Sequence[GraphShape], estimates: Mapping[GraphShape, int],
+                             waiting: float, exponent: int, start_ns: int
+                             ) -> ScheduledPlan | None:
+        """A funded refresh of one stale speculative program: one complete captured
+        round (REF-13), the least recently touched stale program first (REF-8, OPEN-9),
+        ties by its ordinary ranking. Only when it was touched before the incumbent's
+        program when the incumbent is itself a refresh. None when no program qualifies."""
+        times = self._shape_times()
+        position = self._catalog.position
+        stale = times.stale(self._now_ns, self._estimates.ttl_ns)
+        touched = times.last_touched_ns
+        eligible = [s for s in shapes if estimates.get(s, 0) > 0 and stale[position[s]]
+                    and s != incumbent.shape]
+        if not eligible:
+            return None
+        cands = round_candidates(lanes, eligible, estimates,
+                                 alpha=self._config.adaptive_verification_alpha,
+                                 waiting=waiting, mode=self._mode, keep_dominated=True)
+        if not cands:
+            return None
+        pick = min(cands, key=lambda c: (int(touched[position[c.shape]]), rank_key(c)))
+        if incumbent.reason is SelectionReason.TIMING_REFRESH:
+            mine = int(touched[position[pick.shape]])
+            if mine >= int(touched[position[incumbent.shape]]):
+                return None
+        return round_plan(pick, reason=SelectionReason.TIMING_REFRESH, exponent=exponent,
+                          stale=True, now_ns=self._now_ns, start_ns=start_ns)
 
     def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord:
         """As ``Scheduler.commit``; a probe also opens an acceptance episode (LRN-8)."""

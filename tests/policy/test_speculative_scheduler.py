@@ -168,3 +168,31 @@ def test_lrn_16_idle_clears_acceptance_credit() -> None:
     assert s.learning_ledger.balance_ns > 0
     s.advance_to(s.now_ns + MS)
     assert s.learning_ledger.balance_ns == 0
+
+
+def test_ref_13_funded_refresh_runs_one_complete_speculative_round() -> None:
+    """Covers REF-13, REF-14, REF-8, LRN-13: with full refresh credit a stale speculative
+    program displaces the measured winner as one complete round; its interval is charged
+    to the refresh ledger only."""
+    s = scheduler()
+    stale_shape = spec(2)
+    s.advance_to(s.now_ns + 31_000 * MS)  # every estimate is now stale ...
+    for shape in s.catalog:
+        if shape != stale_shape:  # ... except those observed again
+            s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
+    decoders(s, means=(0.02, 0.01, 0.0))
+    plan = s.plan()
+    assert plan is not None and plan.reason is SelectionReason.ORDINARY
+    assert plan.shape != stale_shape
+    s.refresh_ledger.earn(2_495 * MS)
+    plan = s.plan()
+    assert plan is not None and plan.reason is SelectionReason.TIMING_REFRESH
+    assert plan.shape == stale_shape and plan.requires_empty_window
+    s.commit(plan, Fence(1))
+    records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(5,))
+               for lane in plan.lanes]
+    s.complete(Fence(1), records, timing(11))
+    assert s.refresh_ledger.balance_ns == 5 * MS - 11 * MS
+    assert s.learning_ledger.balance_ns == 0
+    assert not s.estimates.is_stale(stale_shape, s.now_ns)
+    assert s.statistics().executions["timing_refresh"] == 1
