@@ -196,3 +196,24 @@ def test_ref_13_funded_refresh_runs_one_complete_speculative_round() -> None:
     assert s.learning_ledger.balance_ns == 0
     assert not s.estimates.is_stale(stale_shape, s.now_ns)
     assert s.statistics().executions["timing_refresh"] == 1
+
+
+def test_queue_47_48_queued_round_bounds_the_next_one() -> None:
+    """Covers QUEUE-11, QUEUE-47, QUEUE-48, SPEC-25: a speculative round may queue behind
+    another; the first round's ceiling is reserved as queued output, so the queued round's
+    ceilings fit the output that is left."""
+    s = scheduler()
+    hs = decoders(s, means=(0.95, 0.9, 0.85))
+    for h in hs:
+        s.request(h).max_output_tokens = 7  # 1 committed: room 6
+    first = s.plan()
+    assert first is not None and first.shape == spec(4)
+    s.commit(first, Fence(1))
+    assert all(s.request(h).output_room == 2 for h in hs)
+    second = s.plan()
+    assert second is not None and second.shape.kind is GraphKind.SPECULATIVE
+    assert not second.requires_empty_window
+    assert all(lane.token_ceiling <= 2 for lane in second.lanes)
+    s.commit(second, Fence(2))
+    assert s.in_flight() == (Fence(1), Fence(2))
+    assert all(s.request(h).output_room >= 0 for h in hs)
