@@ -10,11 +10,15 @@ equal the recorded durations.
 from __future__ import annotations
 
 import itertools
+import math
 
+import numpy as np
 import pytest
 from synthetic_catalog import MS, duration_ns, ordinary_catalog
 
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.round_search import frontier_allocation
+from policy.speculation import ProposalSource
 from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CompletionRecord,
@@ -26,13 +30,15 @@ from policy.types import (
 )
 
 
-def speculative(b: int, w: int) -> GraphShape:
+def speculative(b: int, w: int, binding: TargetBinding = TargetBinding.QUERY_LENGTH
+                ) -> GraphShape:
     return GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
-                      proposal_depth=w - 1, packed_capacity=b * w,
-                      binding=TargetBinding.QUERY_LENGTH)
+                      proposal_depth=w - 1, packed_capacity=b * w, binding=binding)
 
 
 SPECULATIVE = tuple(speculative(b, w) for b in (1, 2, 4, 8, 16) for w in range(1, 9))
+DEVICE = tuple(speculative(b, w, TargetBinding.SPECULATIVE_PREFIX_LIMIT)
+               for b in (4, 8) for w in range(1, 9))
 
 
 def cost_ns(shape: GraphShape) -> int:
@@ -65,6 +71,15 @@ class SpeculativeDriver:
                                         token_ids=(7,) * n))
         return out
 
+    def sidecar(self, plan: ScheduledPlan) -> list[list[list[float]]]:
+        """Confidence ``[2, B, D]``: drafts within the accepted depth look likely (0.9),
+        later ones unlikely (0.1); plane 1 is the joint prefix probability."""
+        depth = plan.shape.proposal_depth
+        position = [0.9 if d < self.accepted else 0.1 for d in range(depth)]
+        joint = [math.prod(position[: d + 1]) for d in range(depth)]
+        rows = plan.shape.batch_capacity
+        return [[position] * rows, [joint] * rows]
+
     def run(self, steps: int) -> None:
         s = self.sched
         for _ in range(steps):
@@ -74,8 +89,22 @@ class SpeculativeDriver:
             s.commit(plan, Fence(self.fence))
             d = cost_ns(plan.shape)
             s.advance_to(s.now_ns + d)
-            out = s.complete(Fence(self.fence), self.records(plan),
-                             ExecutionTiming(device_intervals_ns=(d,), wall_ns=d))
+            timing = ExecutionTiming(device_intervals_ns=(d,), wall_ns=d)
+            device = plan.shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT \
+                and plan.shape.proposal_depth > 0
+            if device:
+                sidecar = self.sidecar(plan)
+                ceilings = [lane.token_ceiling for lane in plan.lanes]
+                rows = frontier_allocation(np.array(sidecar[1][: len(ceilings)]), ceilings,
+                                           plan.shape.packed_capacity)
+                records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch,
+                                            token_ids=(7,) * min(self.accepted + 1, r))
+                           for lane, r in zip(plan.lanes, rows, strict=True)]
+                offered = {lane.handle: r - 1 for lane, r in zip(plan.lanes, rows, strict=True)}
+                out = s.complete_packed_round(Fence(self.fence), records, timing, sidecar,
+                                              offered)
+            else:
+                out = s.complete(Fence(self.fence), self.records(plan), timing)
             for g in out:
                 if g.token_ids:
                     s.published_output(g.handle, g.fence, s.now_ns)
@@ -84,9 +113,10 @@ class SpeculativeDriver:
             assert s.learning_ledger.bound_holds()  # LRN-17 at every step
 
 
-def startup(n: int, accepted: int, preseeded: bool
+def startup(n: int, accepted: int, preseeded: bool,
+            speculative_shapes: tuple[GraphShape, ...] = SPECULATIVE,
             ) -> tuple[SpeculativeScheduler, SpeculativeDriver, list[RequestHandle]]:
-    shapes = ordinary_catalog() + SPECULATIVE
+    shapes = ordinary_catalog() + speculative_shapes
     s = SpeculativeScheduler(catalog=shapes)
     for shape in shapes:
         s.estimates.observe(shape, cost_ns(shape), 1)
@@ -124,3 +154,26 @@ def test_ver_23_speculative_startup_traces(n: int, accepted: int, preseeded: boo
     settled = {p.shape.token_capacity for p in d.plans[-50:]
                if p.reason is SelectionReason.ORDINARY}
     assert settled == {accepted + 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accepted", [0, 3, 7])
+def test_ver_23_device_allocated_startup_trace(accepted: int) -> None:
+    """Covers VER-23 (untrained, five requests) with device allocation: rounds complete
+    through ``complete_packed_round`` with the confidence sidecar (QUEUE-3, ACC-18); the
+    seed's delivery bounds hold (VER-24..26) and the width settles on the accepted
+    depth plus one."""
+    s, d, handles = startup(5, accepted, False, DEVICE)
+    d.run(200)
+    for h in handles:
+        times = d.times[h]
+        assert times[0] / MS <= 100
+        assert max(b - a for a, b in itertools.pairwise(times)) / MS < 150
+    counts = [s.request(h).output_committed for h in handles]
+    assert max(counts) - min(counts) <= 8
+    settled = {p.shape.token_capacity for p in d.plans[-50:]
+               if p.reason is SelectionReason.ORDINARY}
+    assert settled == {accepted + 1}
+    if accepted:
+        forecast = s.acceptance(handles[0]).forecast(ProposalSource.LEARNED)
+        assert forecast.mean(1) > 0.8
