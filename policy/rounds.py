@@ -16,20 +16,21 @@ Seed sections: *Speculative graph coverage*, *Completed confidence and acceptanc
   the verified proposals, the output limit and the context (ACC-2, SEL-13). One visible
   burst is one delivery (SEL-4). Scores use ``utility.value_rate`` over the complete
   program's estimate ``T``, unused rows included (SPEC-31).
-- Lane ceilings are ``min(D + 1, W, request limit)`` target rows (SPEC-25); they may
-  sum above ``P`` (SPEC-26).
+- Lane ceilings are ``min(D + 1, W, request limit)`` target rows (SPEC-25), never above
+  ``P``; they may sum above ``P`` (SPEC-26).
 - ``QueryLength`` (host) allocation fixes lengths before any proposal is drawn
   (SPEC-19..21). Fixed-width execution keeps complete prefixes, shortened only by
   request limits (SEL-26); when ``P`` constrains them the cohort is the highest-value
-  one fitting both ``B`` and ``P`` (SEL-27), solved exactly by dynamic programming over
-  (lanes, rows). Adaptive execution lets each lane take any length ``1..ceiling``; the
-  same dynamic program picks cohort and lengths together (a multiple-choice knapsack).
-  When ``P`` cannot bind the best cohort is the top-``B`` additive lane values (SEL-25).
+  one fitting both ``B`` and ``P`` (SEL-27). Adaptive execution lets each lane take any
+  length ``1..ceiling`` and picks cohort and lengths together. Both are exact
+  (``round_search.best_lengths``); when ``P`` cannot bind the best cohort is the top-``B``
+  additive lane values (SEL-25). One candidate per program.
 - ``SpeculativePrefixLimit`` (device) allocation: cohorts are prefixes of the lanes
   under three orderings, total lane value, pending-token delivery value and value per
   target row (SEL-28), each priced with the causal allocation the program would make on
-  the lanes' confidence forecasts (SEL-29; ``frontier_allocation`` mirrors
-  ``gpu/speculative/allocation.py``). At most ``3 * B`` cohorts per shape (SEL-30).
+  the lanes' confidence forecasts (SEL-29; ``round_search.frontier_allocation`` mirrors
+  ``gpu/speculative/allocation.py``). At most ``3 * min(B, P)`` cohorts per program
+  (SEL-30); the best is the program's candidate.
 - Every loaded ``B`` and ``W`` competes, width one included (SPEC-6, SEL-24). Dominance
   drops a shape whose ``(B, W, P)`` are all at least another's, one strictly larger,
   only among candidates with the same cohort, lane rows, binding and actual proposal
