@@ -45,12 +45,13 @@ from gpu.draft_state import (
     DraftState,
     load_draft_model,
 )
-from gpu.engine import ModelEngine
-from gpu.frames import FRAME_KEY, RESULT_KEY, FrameError, StateUpdate
+from gpu.engine import ModelEngine, UnsupportedShapeError
+from gpu.frames import FRAME_KEY, RESULT_KEY, TOP_LOGPROBS, FrameError, StateUpdate
 from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
+from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
 from gpu.speculative import (
     PAD_TOKEN,
@@ -73,7 +74,6 @@ from policy.descriptors import GraphKind, GraphShape, TargetBinding
 LEARNED = "draft"
 COPY = "copy"
 SOURCES = (LEARNED, COPY)
-TOP_WIDTH = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,8 +96,8 @@ class SpeculativeLane:
     """What one lane produced: ``tokens`` (accepted drafts then the correction or bonus
     token), their logprobs and top alternatives, whether the target rows were finite,
     the accepted and verified draft counts, the target rows it used, the drafts the
-    source supplied (copy: the proposal length; learned: D) and the survival products
-    of its verified prefixes (ACC-27)."""
+    source supplied (copy: the proposal length; learned: D), the survival products
+    of its verified prefixes (ACC-27) and the drafted tokens themselves."""
 
     row: int
     tokens: tuple[int, ...]
@@ -109,6 +109,8 @@ class SpeculativeLane:
     target_rows: int
     proposed: int
     survival: tuple[float, ...]
+    drafts: tuple[int, ...] = ()
+    """The proposal the round drew (``proposed`` tokens; none for idle lanes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -151,7 +153,7 @@ class SpeculativeProgram:
         i64, f32 = torch.int64, torch.float32
         self.lane_rows = torch.full((b,), state.sink_row, dtype=i64, device=dev)
         self.lane_limit = torch.zeros(b, dtype=i64, device=dev)
-        top = min(TOP_WIDTH, decoder.config.vocab_size)
+        top = min(TOP_LOGPROBS, decoder.config.vocab_size)
         self.out_tokens = torch.full((b, w), PAD_TOKEN, dtype=i64, device=dev)
         self.out_logprobs = torch.zeros((b, w), dtype=f32, device=dev)
         self.out_top_token = torch.zeros((b, w, top), dtype=i64, device=dev)
@@ -160,6 +162,7 @@ class SpeculativeProgram:
         self.out_counts = torch.zeros((4, b), dtype=i64, device=dev)  # acc, eval, rows, proposed
         self.out_survival = torch.zeros((b, d), dtype=f32, device=dev)
         self.out_confidence = torch.zeros((2, b, d), dtype=f32, device=dev)
+        self.out_drafts = torch.full((b, d), PAD_TOKEN, dtype=i64, device=dev)
         self._bound: SpeculativeFrame | None = None
 
     @property
@@ -311,6 +314,7 @@ class SpeculativeProgram:
         self.out_finite.copy_(finite & in_context)
         self.out_counts.copy_(torch.stack([result.accepted, result.evaluated, lengths, proposed]))
         self.out_survival.copy_(result.survival)
+        self.out_drafts.copy_(drafts)
 
         # 5. commit: pending token, position, history (KV rolls back by position)
         emitted_pos = n[:, None] + 1 + j
@@ -342,6 +346,7 @@ class SpeculativeProgram:
         finite = self.out_finite.cpu().numpy()
         accepted, evaluated, target_rows, proposed = self.out_counts.cpu().numpy()
         survival = self.out_survival.cpu().numpy()
+        drafts = self.out_drafts.cpu().numpy()
         lanes = []
         for i, row in enumerate(frame.rows):
             count = int(accepted[i]) + 1
@@ -356,6 +361,7 @@ class SpeculativeProgram:
                 evaluated=int(evaluated[i]), target_rows=int(target_rows[i]),
                 proposed=int(proposed[i]),
                 survival=tuple(float(v) for v in survival[i, :int(evaluated[i])]),
+                drafts=tuple(int(t) for t in drafts[i, :int(proposed[i])]),
             ))
         return {RESULT_KEY: SpeculativeResult(
             lanes=tuple(lanes), confidence=self.out_confidence.cpu().numpy().copy(),
@@ -366,7 +372,8 @@ def attach_speculation(
     engine: ModelEngine, shapes: Sequence[GraphShape], *, source: str,
     draft_model_dir: str | Path | None = None, copy_max_ngram: int = 3,
 ) -> DraftState:
-    """Give ``engine`` speculative programs for ``shapes`` (proposal ``source``: ``"draft"``
+    """Give ``engine`` speculative programs for ``shapes`` (``SPECULATIVE`` shapes and
+    width-one ``speculation_enabled`` mixed shapes; proposal ``source``: ``"draft"``
     with ``draft_model_dir``, or ``"copy"``) and wrap its prefill / decode / mixed
     programs and state operations so they keep the draft context and token history
     current (SPEC-5).
@@ -384,7 +391,33 @@ def attach_speculation(
         elif isinstance(program, StateOpProgram):
             engine.programs[shape] = DraftMaintainingStateOp(program, draft_state)
     for shape in shapes:
+        if shape.kind is GraphKind.MIXED:
+            engine.programs[shape] = DraftMaintainingProgram(
+                _width_one_mixed(shape, engine), draft_state)
+            continue
         engine.programs[shape] = SpeculativeProgram(
             shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
             draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram)
     return draft_state
+
+
+def _width_one_mixed(shape: GraphShape, engine: ModelEngine) -> StepProgram:
+    """The ordinary program behind a ``speculation_enabled`` width-one mixed shape
+    (MIX-6, MIX-35: decode attention and direct updates; the wrapper keeps the draft
+    context). Wider speculative mixed shapes are not built yet."""
+    if shape.token_capacity != 1 or not shape.speculation_enabled:
+        raise UnsupportedShapeError(
+            f"{shape.label()}: only width-one draft-maintaining mixed programs are built")
+    parts = engine.parts
+    workspace = parts.workspace
+    if shape.max_packed_extent > workspace.max_tokens or shape.batch_capacity > \
+            workspace.max_lanes:
+        # the engine's workspace was sized without this shape: give it its own
+        device = str(parts.state.pending_token.device)
+        workspace = Workspace(
+            max_tokens=shape.max_packed_extent, max_lanes=shape.batch_capacity,
+            device=device, sink_row=parts.state.sink_row,
+            sink_page=parts.cache.geometry.sink_page,
+            top_width=min(TOP_LOGPROBS, parts.decoder.config.vocab_size))
+    return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
+                       workspace=workspace, execution=parts.execution)

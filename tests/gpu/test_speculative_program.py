@@ -313,3 +313,49 @@ def test_snapshot_and_restore_carry_draft_state(pair: tuple[Path, Path],
         assert result.lanes[0].accepted == 3
         tokens.extend(result.lanes[0].tokens)
     assert tokens[:GENERATE] == plain_greedy[0]
+
+
+MIXED_SPEC = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1,
+                        prefill_capacity=64, packed_capacity=65, speculation_enabled=True)
+
+
+@pytest.mark.parametrize("width_one", ["decode", "speculative", "mixed"])
+def test_width_one_keeps_the_draft_context_for_wider_rounds(
+    pair: tuple[Path, Path], width_one: str
+) -> None:
+    """SPEC-5, MIX-6, MIX-35, MIX-46: after width-one steps (ordinary decode, W=1
+    speculative rounds, or W=1 draft-maintaining mixed frames with a prompt chunk
+    alongside), a wider round drafts from the complete context: its draft confidences (a sampled request, so they are not one-hot) equal
+    transformers' draft run over the whole context and the drafts."""
+    steps = 5
+    prompt = PROMPTS[0]
+    sampling = SamplingParams(temperature=1.0, seed=77)
+    engine = load(pair[0])
+    attach_speculation(engine, (*SPEC_SHAPES, MIXED_SPEC), source=LEARNED,
+                       draft_model_dir=pair[1])
+    driver = SpeculativeDriver(engine)
+    generated = [driver.prefill(PREFILL_64, 0, prompt, chunk=64, sampling=sampling)]
+    for step in range(steps):
+        if width_one == "decode":
+            generated += driver.decode(DECODE[1], [0])
+        elif width_one == "speculative":
+            generated += driver.speculate(SPEC_SHAPES[0], [0], [1]).lanes[0].tokens
+        else:  # a prompt chunk of another request rides along (row 1 at lane 1)
+            chunk = PROMPTS[1][step * 2:step * 2 + 2]
+            result = driver.mixed(MIXED_SPEC, [0, 1], prefill_row=1, prompt=chunk,
+                                  prompt_start=step * 2, prompt_ends=False)
+            generated += [result.samples[0].token]
+    wide = driver.speculate(SPEC_SHAPES[3], [0], [4])
+
+    # the reference: transformers' draft over the whole context at once
+    import transformers as tf
+
+    hf_draft = tf.LlamaForCausalLM.from_pretrained(pair[1]).eval()
+    lane = wide.lanes[0]
+    assert len(lane.drafts) == 3
+    with torch.no_grad():
+        ids = torch.tensor([[*prompt, *generated, *lane.drafts]])
+        probs = torch.softmax(hf_draft(ids).logits[0].double(), dim=-1)
+    first = len(prompt) + len(generated) - 1  # the pending token's row
+    expected = probs[first:first + 3].max(dim=-1).values.numpy()
+    np.testing.assert_allclose(wide.confidence[0, 0], expected, rtol=1e-3, atol=1e-5)
