@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from gpu.frames import FRAME_KEY, RESULT_KEY, StateUpdate
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import SpeculativeFrame, SpeculativeProgram, SpeculativeResult
+from gpu.programs.speculative import SpeculativeFrame, SpeculativeResult
 from policy.descriptors import GraphShape
 
 
@@ -22,8 +22,7 @@ class SpeculativeDriver(ReferenceDriver):
     def speculate(self, shape: GraphShape, rows: Sequence[int], limits: Sequence[int]
                   ) -> SpeculativeResult:
         """One round for ``rows`` with per-lane ``limits`` (query lengths or ceilings)."""
-        program = self.engine.programs[shape]
-        assert isinstance(program, SpeculativeProgram)
+        program = self.engine.programs[shape]  # a SpeculativeProgram or a captured one
         updates: tuple[StateUpdate, ...] = ()
         for row, limit in zip(rows, limits, strict=True):
             updates += self.pages_for(row, self.rows[row].position + limit)
