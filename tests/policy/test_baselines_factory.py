@@ -6,6 +6,7 @@ Covers issue 7 (policy selection by name) and POL-14/POL-15 (the seed presets).
 from __future__ import annotations
 
 import pytest
+from test_baselines_fcfs import CATALOG
 
 from policy import Scheduler
 from policy.baselines import (
@@ -17,7 +18,6 @@ from policy.baselines import (
     make_policy,
 )
 from policy.config import PolicyConfigError, policy_preset
-from tests.policy.test_baselines_fcfs import CATALOG
 
 
 @pytest.mark.parametrize(("name", "kind"), [

@@ -9,6 +9,7 @@ that cannot fit a prompt next to a full decode batch is refused.
 from __future__ import annotations
 
 import pytest
+from test_baselines_fcfs import CATALOG, Driver, decode, prefill
 
 from ops.loadgen.workload import LengthSpec
 from ops.sim.costs import SyntheticCosts
@@ -17,7 +18,6 @@ from ops.sim.workloads import WorkloadSpec, build_workload
 from policy import Fence, GraphKind, LaneRole, PolicyError, ScheduledPlan, TraceRecord
 from policy.baselines import SarathiPolicy
 from policy.descriptors import GraphShape
-from tests.policy.test_baselines_fcfs import CATALOG, Driver, decode, prefill
 
 
 def mixed(b: int, c: int) -> GraphShape:

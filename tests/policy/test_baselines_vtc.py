@@ -10,6 +10,8 @@ ahead of a flooding client's backlog where ``fcfs`` serves it last.
 from __future__ import annotations
 
 import pytest
+from test_baselines_fcfs import CATALOG, Driver
+from test_baselines_sarathi import MIXED_CATALOG
 
 from ops.loadgen.workload import RequestPlan
 from ops.sim.costs import SyntheticCosts
@@ -17,8 +19,6 @@ from ops.sim.engine import SimOptions, simulate
 from policy import CompletionRecord, ExecutionTiming, Fence, GeneratedToken
 from policy.baselines import FcfsPolicy, VtcPolicy, make_policy
 from policy.baselines.protocol import ClientTagged, Planner
-from tests.policy.test_baselines_fcfs import CATALOG, Driver
-from tests.policy.test_baselines_sarathi import MIXED_CATALOG
 
 
 def tagged(p: VtcPolicy, client: str, prompt: int, output: int) -> int:
