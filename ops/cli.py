@@ -20,6 +20,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "serve"), "ops.bench_serve", "load-benchmark an OpenAI-compatible streaming endpoint"),
     (("bench", "runtime"), "ops.bench_runtime",
      "device-busy fraction and host gaps of the runtime under decode-heavy load"),
+    (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
 
