@@ -91,7 +91,7 @@ def round_wins(candidate: RoundCandidate | None, ordinary: ScheduledPlan | None)
         return (-mine[0], mine[1]) > (-theirs[0], theirs[1])
     if known and candidate.estimate_ns != ordinary.estimated_duration_ns:
         return candidate.estimate_ns < ordinary.estimated_duration_ns
-    return len(candidate.lanes) > len(ordinary.lanes)
+    return candidate.size > len(ordinary.lanes)
 
 
 def round_plan(

@@ -52,7 +52,7 @@ import numpy.typing as npt
 
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.round_search import best_lengths, frontier_allocation, prefix_cohort_values
-from policy.speculation import AcceptanceState, ProposalSource, expected_output
+from policy.speculation import AcceptanceState, ProposalSource
 from policy.types import Lane, LaneRole, RequestHandle
 from policy.utility import NS_PER_MS, FloatArray, value_rate
 
@@ -227,12 +227,15 @@ class RoundLane(NamedTuple):
     value: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RoundCandidate:
-    """One speculative program with its cohort, priced as a complete program."""
+    """One speculative program with its cohort, priced as a complete program.
+
+    The cohort is kept as arrays (built per program on every decision); ``lanes``
+    materialises it, in slot order, when a caller needs it.
+    """
 
     shape: GraphShape
-    lanes: tuple[RoundLane, ...]
     base: float
     """Scaled value at ``T = 0`` (token and delivery service plus age so far)."""
     slope: float
@@ -242,6 +245,23 @@ class RoundCandidate:
     rate: float | None
     """F-SEL value rate; None for an unknown duration (ranked by useful value)."""
     ordering: Ordering
+    source_lanes: tuple[SpeculativeLane, ...]
+    lane_index: IntArray
+    """Index into ``source_lanes`` of each cohort member, in slot order."""
+    rows: IntArray
+    ceilings: IntArray
+    expected_tokens: FloatArray
+    values: FloatArray
+    """Each member's scaled value over the program's duration."""
+
+    @property
+    def lanes(self) -> tuple[RoundLane, ...]:
+        """The cohort, in slot order."""
+        return tuple(
+            RoundLane(handle=self.source_lanes[i].handle, epoch=self.source_lanes[i].epoch,
+                      rows=int(r), ceiling=int(c), expected_tokens=float(e), value=float(v))
+            for i, r, c, e, v in zip(self.lane_index.tolist(), self.rows, self.ceilings,
+                                     self.expected_tokens, self.values, strict=True))
 
     @property
     def useful_value(self) -> float:
@@ -249,13 +269,20 @@ class RoundCandidate:
         return self.base + self.slope * self.estimate_ns / NS_PER_MS
 
     @property
+    def size(self) -> int:
+        return len(self.lane_index)
+
+    @property
     def rows_used(self) -> int:
-        return sum(lane.rows for lane in self.lanes)
+        return int(self.rows.sum())
 
     def logical_key(self) -> tuple[object, ...]:
         """What dominance compares: cohort, rows, ceilings, binding and actual D (SEL-34)."""
-        return (self.shape.proposal_depth, self.shape.binding,
-                tuple(sorted((ln.handle, ln.rows, ln.ceiling) for ln in self.lanes)))
+        handles = np.array([self.source_lanes[i].handle for i in self.lane_index.tolist()],
+                           dtype=np.int64)
+        order = np.argsort(handles, kind="stable")
+        work = np.stack([handles[order], self.rows[order], self.ceilings[order]])
+        return (self.shape.proposal_depth, self.shape.binding, work.tobytes())
 
 
 class _LaneTable:
@@ -267,41 +294,46 @@ class _LaneTable:
         n = len(self.lanes)
         self.limit = np.array([ln.request_limit for ln in self.lanes], dtype=np.int64)
         self.slope = np.array([ln.age_slope for ln in self.lanes], dtype=np.float64)
-        self.tokens = np.zeros((n, max_rows + 1), dtype=np.float64)
-        self.base = np.zeros((n, max_rows + 1), dtype=np.float64)
+        if not (np.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"alpha must be finite and positive, got {alpha!r}")
         depth = max(max_rows - 1, 0)
+        survival = np.zeros((n, depth), dtype=np.float64)
         self.forecast = np.zeros((n, depth), dtype=np.float64)
         for i, ln in enumerate(self.lanes):
-            survival = ln.optimistic if optimistic and ln.optimistic else ln.survival
-            entry = ln.delivery_value + ln.age_value
-            for rows in range(1, max_rows + 1):
-                e = expected_output(survival, width=rows, alpha=alpha,
-                                    limit=max(int(self.limit[i]), 0))
-                self.tokens[i, rows] = e
-                self.base[i, rows] = ln.token_value * e + entry
+            s = (ln.optimistic if optimistic and ln.optimistic else ln.survival)[:depth]
+            survival[i, :len(s)] = s
             fc = (ln.forecast or ln.survival)[:depth]
             self.forecast[i, :len(fc)] = fc
+        # speculation.expected_output for every width at once: 1 + sum(s_i ** alpha, i < L),
+        # at most the request limit (ACC-1..3); column 0 (no rows) is worth nothing.
+        self.tokens = np.zeros((n, max_rows + 1), dtype=np.float64)
+        if n and max_rows:
+            gained = np.cumsum(np.power(survival, alpha), axis=1)
+            widths = np.concatenate([np.zeros((n, 1)), gained], axis=1) + 1.0
+            self.tokens[:, 1:] = np.minimum(widths, np.maximum(self.limit, 0)[:, None])
+        entry = np.array([ln.delivery_value + ln.age_value for ln in self.lanes],
+                         dtype=np.float64)
+        value = np.array([ln.token_value for ln in self.lanes], dtype=np.float64)
+        self.base = value[:, None] * self.tokens + entry[:, None]
+        self.base[:, 0] = 0.0
 
 
 def _candidate(shape: GraphShape, table: _LaneTable, chosen: Sequence[tuple[int, int]],
                ceilings: IntArray, estimate_ns: int, waiting: float,
                ordering: Ordering) -> RoundCandidate:
     t_ms = estimate_ns / NS_PER_MS
-    lanes: list[RoundLane] = []
-    base = slope = 0.0
-    for i, rows in chosen:
-        ln = table.lanes[i]
-        b = float(table.base[i, rows])
-        s = float(table.slope[i])
-        base += b
-        slope += s
-        lanes.append(RoundLane(handle=ln.handle, epoch=ln.epoch, rows=rows,
-                               ceiling=int(ceilings[i]),
-                               expected_tokens=float(table.tokens[i, rows]),
-                               value=b + s * t_ms))
+    index = np.fromiter((i for i, _ in chosen), dtype=np.int64, count=len(chosen))
+    rows = np.fromiter((r for _, r in chosen), dtype=np.int64, count=len(chosen))
+    base_each = table.base[index, rows]
+    slope_each = table.slope[index]
+    base = float(base_each.sum())
+    slope = float(slope_each.sum())
     rate = value_rate(base, slope, t_ms, waiting) if estimate_ns > 0 else None
-    return RoundCandidate(shape=shape, lanes=tuple(lanes), base=base, slope=slope,
-                          estimate_ns=estimate_ns, rate=rate, ordering=ordering)
+    return RoundCandidate(shape=shape, base=base, slope=slope, estimate_ns=estimate_ns,
+                          rate=rate, ordering=ordering, source_lanes=table.lanes,
+                          lane_index=index, rows=rows, ceilings=ceilings[index],
+                          expected_tokens=table.tokens[index, rows],
+                          values=base_each + slope_each * t_ms)
 
 
 def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bool
@@ -425,8 +457,8 @@ def rank_key(c: RoundCandidate) -> tuple[float, ...]:
     value rate, then shorter time, more lanes, fewer unused rows (DUR-24)."""
     known = c.rate is not None
     primary = c.rate if c.rate is not None else c.useful_value
-    return (float(known), -primary, float(c.estimate_ns), -float(len(c.lanes)),
-            float(c.shape.batch_capacity - len(c.lanes)),
+    return (float(known), -primary, float(c.estimate_ns), -float(c.size),
+            float(c.shape.batch_capacity - c.size),
             float(c.shape.packed_capacity - c.rows_used))
 
 

@@ -408,3 +408,24 @@ def test_sel_27_best_lengths_with_pruning_equals_brute_force(seed: int) -> None:
         if sum(r > 0 for r in rows) <= batch and sum(rows) <= total:
             best = max(best, sum(options[i, r] for i, r in enumerate(rows) if r))
     assert value == pytest.approx(best)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0, 2.0])
+def test_acc_1_3_candidate_tokens_equal_expected_output(alpha: float) -> None:
+    """Covers ACC-1, ACC-2, ACC-3: every candidate's per-lane expected tokens equal
+    ``speculation.expected_output`` at the lane's rows, alpha and request limit."""
+    rng = np.random.default_rng(int(alpha * 10))
+    lanes = random_lanes(rng, 12)
+    shapes = [spec(b, w - 1, w, None, binding) for b in (2, 4, 8) for w in (1, 3, 6)
+              for binding in (HOST, DEVICE)]
+    cands = round_candidates(lanes, shapes, {s: 10 * MS for s in shapes}, alpha=alpha,
+                             waiting=0.0, mode=ADAPTIVE, keep_dominated=True)
+    by_handle = {ln.handle: ln for ln in lanes}
+    checked = 0
+    for c in cands:
+        for ln in c.lanes:
+            src = by_handle[ln.handle]
+            assert ln.expected_tokens == pytest.approx(expected_output(
+                src.survival, width=ln.rows, alpha=alpha, limit=src.request_limit))
+            checked += 1
+    assert checked > 50
