@@ -17,6 +17,7 @@ DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "de
 
 BackendName = Literal["cpu", "cuda"]
 SpeculationMode = Literal["off", "fixed", "adaptive"]
+SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
 
 
 class ConfigError(ValueError):
@@ -42,7 +43,13 @@ class RuntimeConfig:
     """Pages in the KV pool; default: enough for ``max_batch`` full contexts."""
     max_queue: int = 64
     """Bounded admission queue: requests waiting beyond the resident ones."""
-    scheduler_policy: Literal["balanced", "throughput"] = "balanced"
+    state_operations: bool = False
+    """Prepare state-operation programs, so every normal completion ends with a
+    scheduled terminal SNAPSHOT frame (PRE-38..53). Off by default: on a
+    pure-attention model the terminal checkpoint is a host-side page move, and the
+    snapshot frame only adds a competing frame before ``Finished`` (docs/runtime.md)."""
+    scheduler_policy: Literal["balanced", "throughput", "fcfs", "sarathi", "vtc"] = "balanced"
+    """The seed's presets, or a baseline policy on the same prepared programs (issue 7)."""
     scheduler_terminal_value: float | None = None
     scheduler_terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
@@ -63,6 +70,9 @@ class RuntimeConfig:
             raise ConfigError(f"--max-context must be positive, got {self.max_context}")
         if self.kv_pages is not None and self.kv_pages < 1:
             raise ConfigError(f"--kv-pages must be positive, got {self.kv_pages}")
+        if self.scheduler_policy not in SCHEDULER_POLICIES:
+            raise ConfigError(f"--scheduler-policy must be one of {', '.join(SCHEDULER_POLICIES)}, "
+                              f"got {self.scheduler_policy!r}")
         if self.max_queue < 1:
             raise ConfigError("max_queue must be at least 1")
         if self.page_size < 1:

@@ -45,17 +45,20 @@ from actors.messages import (
     Release,
     RequestId,
     Reserve,
+    SnapshotPlan,
     Track,
     ValidatedFrame,
 )
 from actors.public import FinishReason
 from gpu.frames import SamplingParams
-from policy.scheduler import Scheduler
+from policy.baselines.protocol import ClientTagged
+from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.types import (
     CommitRejected,
     Fence,
     FinishKind,
     GeneratedToken,
+    Lane,
     LaneRole,
     RequestHandle,
     TraceRecord,
@@ -75,6 +78,8 @@ class _Resident:
     """How the output ended (scheduler finish or host stop); ``Drop`` carries it."""
     cancelled: bool = False
     failed: bool = False
+    snapshot_done: bool = False
+    """Its terminal snapshot frame completed and validated (PRE-38, PRE-39)."""
 
 
 FRAME_LOG_LENGTH = 4096
@@ -106,7 +111,7 @@ class Planner:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: SchedulingPolicy,
         *,
         to_dispatcher: trio.MemorySendChannel[DispatcherInbox],
         to_publisher: trio.MemorySendChannel[PublisherInbox],
@@ -178,6 +183,9 @@ class Planner:
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle,
         )
+        if isinstance(self.scheduler, ClientTagged):
+            # Client-fair baselines (vtc) schedule by client; the seed's Scheduler does not.
+            self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         s = request.sampling
         source = LaneSource(
@@ -255,6 +263,8 @@ class Planner:
                 self.counters.prompt_tokens += lane.prompt_tokens
             elif lane.role is LaneRole.DECODE:
                 resident.kv_done += lane.token_ceiling
+            elif lane.role is LaneRole.TERMINAL:
+                resident.snapshot_done = True
 
     def _logprobs_for(self, frame: ValidatedFrame,
                       tokens: Sequence[GeneratedToken]) -> tuple[tuple[float, ...], ...]:
@@ -309,7 +319,7 @@ class Planner:
             written = (*source.prompt, *source.output_ids)[:resident.kv_done]
             await self._to_allocator.send(Release(
                 handle=handle, token_ids=written, kv_tokens=len(written),
-                publish=not resident.failed,
+                publish=not resident.failed, snapshot_done=resident.snapshot_done,
             ))
             if resident.host_finish is not None:
                 self._drops.append(Drop(handle=handle, epoch=source.epoch,
@@ -324,8 +334,8 @@ class Planner:
     # ------------------------------------------------------------------ planning
 
     async def _reserve(self, fence: Fence, extents: tuple[LaneExtent, ...]
-                       ) -> tuple[PagePlan, ...]:
-        send, receive = trio.open_memory_channel[tuple[PagePlan, ...]](1)
+                       ) -> tuple[PagePlan | SnapshotPlan, ...]:
+        send, receive = trio.open_memory_channel[tuple[PagePlan | SnapshotPlan, ...]](1)
         async with receive:
             await self._to_allocator.send(Reserve(fence=fence, extents=extents, reply=send))
             return await receive.receive()
@@ -338,11 +348,11 @@ class Planner:
                 return
             fence = Fence(self._next_fence)
             sources = {h: r.source for h, r in self._residents.items()}
-            extents = tuple(LaneExtent(handle=lane.handle,
-                                       kv_tokens=kv_extent(lane, sources[lane.handle]))
-                            for lane in plan.lanes)
-            pages = await self._reserve(fence, extents)
-            frame, contexts = pack_frame(plan, sources, pages)
+            extents = tuple(self._extent(lane, sources) for lane in plan.lanes)
+            plans = await self._reserve(fence, extents)
+            pages = [p for p in plans if isinstance(p, PagePlan)]
+            snapshots = [p for p in plans if isinstance(p, SnapshotPlan)]
+            frame, contexts = pack_frame(plan, sources, pages, snapshots)
             # The clock stays at the planning instant: the reservation round trip is
             # part of this planning step, not time in which the window can overrun.
             try:
@@ -357,6 +367,14 @@ class Planner:
             log_trace(trace)
             await self._to_dispatcher.send(FrameOrder(fence=fence, plan=plan, frame=frame,
                                                       lanes=contexts))
+
+
+    def _extent(self, lane: Lane, sources: dict[RequestHandle, LaneSource]) -> LaneExtent:
+        if lane.role is LaneRole.TERMINAL:
+            # The snapshot copies what validated frames wrote (PRE-38).
+            return LaneExtent(handle=lane.handle, kv_tokens=self._residents[lane.handle].kv_done,
+                              snapshot=True)
+        return LaneExtent(handle=lane.handle, kv_tokens=kv_extent(lane, sources[lane.handle]))
 
 
 def log_trace(trace: TraceRecord) -> None:

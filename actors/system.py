@@ -73,9 +73,10 @@ from gpu.engine import ModelEngine
 from gpu.model_config import load_model_config
 from gpu.program import PreparedProgram
 from gpu.tokenizer import Tokenizer
+from policy.baselines.factory import SEED_POLICIES, make_policy
+from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.config import PolicyConfig, policy_preset
-from policy.descriptors import GraphShape
-from policy.scheduler import Scheduler
+from policy.descriptors import GraphKind, GraphShape, StateOp
 
 log = structlog.get_logger("flare.runtime")
 
@@ -117,6 +118,9 @@ class RuntimeParts:
     state_rows: int
     max_queue: int
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    scheduler_policy: str = "balanced"
+    """``--scheduler-policy``: the seed's ``balanced``/``throughput`` or a baseline
+    (``fcfs``, ``sarathi``, ``vtc``) behind the same planner interface."""
     clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
     close_backend: bool = True
 
@@ -232,7 +236,7 @@ class Runtime:
         return self._book
 
     @property
-    def scheduler(self) -> Scheduler:
+    def scheduler(self) -> SchedulingPolicy:
         """The planner's scheduler, for tests and diagnostics (read only)."""
         return self._planner.scheduler
 
@@ -259,13 +263,14 @@ async def open_runtime_with(parts: RuntimeParts, *,
         PUBLISHER_INBOX)
 
     book = ResourceBook(num_pages=parts.num_pages, state_rows=parts.state_rows,
-                        page_size=parts.page_size)
+                        page_size=parts.page_size, snapshot_lanes=snapshot_lanes(catalog))
     # A request whose worst case exceeds the whole page pool could never be granted.
     max_context = min(parts.max_context, parts.num_pages * parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
     planner = Planner(
-        Scheduler(parts.policy, catalog), to_dispatcher=dispatcher_send,
+        make_policy(parts.scheduler_policy, parts.policy, catalog=catalog),
+        to_dispatcher=dispatcher_send,
         to_publisher=publisher_send, to_allocator=allocator_send.clone(),
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
     )
@@ -321,8 +326,10 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         eos_token_ids=tuple(tokenizer.eos_token_ids), max_context=geometry.max_context,
         page_size=geometry.page_size, num_pages=geometry.num_pages,
         state_rows=engine.state_rows, max_queue=config.max_queue,
+        scheduler_policy=config.scheduler_policy,
         policy=policy_preset(
-            config.scheduler_policy, terminal_value=config.scheduler_terminal_value,
+            config.scheduler_policy if config.scheduler_policy in SEED_POLICIES else "balanced",
+            terminal_value=config.scheduler_terminal_value,
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
     )
@@ -340,18 +347,27 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         mixed_prefill=config.mixed_prefill,
         # CAT-13: mixed programs only for model families that declare mixed capture.
         family_supports_mixed=model.mixed_capture,
-        # Terminal checkpoints are host-side page publication (docs/runtime.md), so the
-        # runtime prepares no state-operation programs yet.
-        state_operations=False,
+        # Off by default: terminal checkpoints are then host-side page publication;
+        # on, every normal completion ends with a scheduled SNAPSHOT frame
+        # (docs/runtime.md, "Terminal snapshot frames").
+        state_operations=config.state_operations,
     ))
     num_pages = config.kv_pages or default_pages(config.max_batch, max_context,
                                                  config.page_size)
     engine = ModelEngine.load(
         config.model_dir, device=device, dtype=None, catalog=catalog.shapes,
         page_size=config.page_size, num_pages=num_pages,
-        state_rows=state_rows_for(config.max_batch), max_context=max_context,
+        state_rows=state_rows_for(config.max_batch) + snapshot_lanes(catalog.shapes),
+        max_context=max_context,
     )
     return engine, catalog.shapes
+
+
+def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:
+    """Scratch rows the allocator keeps for terminal snapshots: the widest SNAPSHOT
+    shape's lanes (0 without one: then the scheduler plans no terminal lanes)."""
+    return max((s.batch_capacity for s in catalog
+                if s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT), default=0)
 
 
 def state_rows_for(max_batch: int) -> int:

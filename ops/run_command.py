@@ -25,7 +25,13 @@ from functools import partial
 import structlog
 import trio
 
-from actors.config import DEFAULT_MODEL_DIR, ConfigError, RuntimeConfig, SpeculationMode
+from actors.config import (
+    DEFAULT_MODEL_DIR,
+    SCHEDULER_POLICIES,
+    ConfigError,
+    RuntimeConfig,
+    SpeculationMode,
+)
 from actors.public import Runtime
 from app import AppSettings, ServerHandle, configure_logging, create_app, serve_http
 from app.chat_template import ChatTemplateError
@@ -83,10 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "otherwise off)")
     sched.add_argument("--speculative-token-capacity", type=int, default=0,
                        help="bound R on aggregate target rows of speculative programs (0 = B*W)")
-    sched.add_argument("--scheduler-policy", choices=("balanced", "throughput"),
+    sched.add_argument("--scheduler-policy", choices=SCHEDULER_POLICIES,
                        default="balanced",
                        help="balanced (default) or throughput: throughput keeps token fairness "
-                            "and output value but drops delivery fairness and decode-age price")
+                            "and output value but drops delivery fairness and decode-age price; "
+                            "fcfs, sarathi and vtc are baseline policies on the same programs "
+                            "(for comparisons, see docs/simulator.md)")
     sched.add_argument("--scheduler-terminal-value", type=float, default=None,
                        help="override the terminal service value (finite, >= 0; 0 disables)")
     sched.add_argument("--scheduler-terminal-age-price", type=float, default=None,

@@ -27,11 +27,13 @@ from gpu.frames import (
     PageAppend,
     PrefillFrame,
     RowInit,
+    StateOpFrame,
+    StateOpResult,
     StepResult,
     frame_of,
 )
 from policy.config import PolicyConfig
-from policy.descriptors import GraphKind, GraphShape
+from policy.descriptors import GraphKind, GraphShape, StateOp
 
 VOCAB = 40
 EOS = VOCAB - 1
@@ -106,6 +108,8 @@ class ToyDevice:
     kv: dict[int, dict[int, int]] = field(default_factory=dict)
     prompt_tokens_run: int = 0
     corrupt: list[Callable[[LaneSample], LaneSample]] = field(default_factory=list)
+    snapshots: list[tuple[int, int, int]] = field(default_factory=list)
+    """(source row, position, destination page) of every executed row copy."""
 
     def apply(self, updates: Sequence[Any]) -> None:
         for update in updates:
@@ -144,6 +148,7 @@ class ToyProgram:
         self._device = device
         self._frame: Any = None
         self._result: StepResult | None = None
+        self._state_lanes = 0
 
     @property
     def shape(self) -> GraphShape:
@@ -190,15 +195,39 @@ class ToyProgram:
                     device.write(row, row.pending)
                 samples.append(device.sample(row_id))
             self._result = StepResult(samples=tuple(samples))
+        elif isinstance(frame, StateOpFrame):
+            assert self._shape.state_op is StateOp.SNAPSHOT, "toy runs only snapshots"
+            assert len(frame.copies) <= self._shape.batch_capacity
+            for copy in frame.copies:
+                self._copy_row(copy.src_row, copy.dst_row, copy.dst_page)
+            self._state_lanes = len(frame.copies)
         else:
             raise TypeError(f"toy programs do not run {type(frame).__name__}")
 
+    def _copy_row(self, src_id: int, dst_id: int, dst_page: int) -> None:
+        """Like ``gpu.programs.state_ops``: full pages shared, partial page copied."""
+        device = self._device
+        src = device.rows[src_id]
+        full = src.position // device.page_size
+        blocks = list(src.blocks[:full])
+        if src.position % device.page_size and dst_page >= 0:
+            device.kv[dst_page] = dict(device.kv.get(src.blocks[full], {}))
+            blocks.append(dst_page)
+        device.rows[dst_id] = _Row(position=src.position, pending=src.pending, blocks=blocks)
+        device.snapshots.append((src_id, src.position, dst_page))
+
     def read_outputs(self) -> dict[str, Any]:
+        if isinstance(self._frame, StateOpFrame):
+            return {RESULT_KEY: StateOpResult(lanes=self._state_lanes)}
         return {RESULT_KEY: self._result}
 
 
+SNAPSHOT_SHAPE = GraphShape(kind=GraphKind.STATE, batch_capacity=1, token_capacity=0,
+                            state_op=StateOp.SNAPSHOT)
+
+
 def toy_catalog(max_batch: int = 4, prefill: Sequence[int] = (64,), *,
-                mixed: bool = False) -> tuple[GraphShape, ...]:
+                mixed: bool = False, snapshots: bool = False) -> tuple[GraphShape, ...]:
     mixed_shapes = [GraphShape(kind=GraphKind.MIXED, batch_capacity=b, token_capacity=1,
                                prefill_capacity=c, packed_capacity=c + b - 1)
                     for b in (2, 4) if b <= max_batch for c in prefill] if mixed else []
@@ -207,11 +236,15 @@ def toy_catalog(max_batch: int = 4, prefill: Sequence[int] = (64,), *,
               for b in (1, 2, 4, 8, 16) if b <= max_batch]
     prefills = [GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=c)
                 for c in prefill]
-    return (*decode, *prefills, *mixed_shapes)
+    state = [SNAPSHOT_SHAPE] if snapshots else []
+    return (*decode, *prefills, *mixed_shapes, *state)
 
 
 def toy_durations(shape: GraphShape) -> int:
-    """Device time per shape: prefill 4 ms per 64 tokens, decode 1 ms + 0.25 ms/row."""
+    """Device time per shape: prefill 4 ms per 64 tokens, decode 1 ms + 0.25 ms/row,
+    a state operation 0.2 ms."""
+    if shape.kind is GraphKind.STATE:
+        return 200_000
     if shape.kind is GraphKind.PREFILL:
         return 4_000_000 * shape.token_capacity // 64
     if shape.kind is GraphKind.MIXED:
@@ -231,6 +264,7 @@ async def toy_runtime(
     *, page_size: int = 4, num_pages: int = 64, state_rows: int = 4, max_queue: int = 8,
     max_context: int = 256, auto_complete: bool = True, max_batch: int = 4,
     prefill: Sequence[int] = (64,), timed: bool = False, mixed: bool = False,
+    snapshots: bool = False, scheduler_policy: str = "balanced",
 ) -> AsyncIterator[ToySystem]:
     """``timed``: launches take their ``toy_durations`` in virtual time (a driver task
     completes them in FIFO order), so concurrency looks like a real device."""
@@ -238,7 +272,7 @@ async def toy_runtime(
     backend = FakeBackend(device_ns=toy_durations, auto_complete=auto_complete and not timed,
                           clock_ns=clock)
     device = ToyDevice(page_size=page_size)
-    catalog = toy_catalog(max_batch, prefill, mixed=mixed)
+    catalog = toy_catalog(max_batch, prefill, mixed=mixed, snapshots=snapshots)
     programs = {shape: ToyProgram(shape, device) for shape in catalog}
     backend.prepare(list(programs.values()))
     codec: TextCodec = ToyCodec()
@@ -246,7 +280,7 @@ async def toy_runtime(
         backend=backend, programs=programs, codec=codec, model_name="toy", vocab_size=VOCAB,
         eos_token_ids=(EOS,), max_context=max_context, page_size=page_size,
         num_pages=num_pages, state_rows=state_rows, max_queue=max_queue,
-        policy=PolicyConfig(), clock_ns=clock,
+        policy=PolicyConfig(), clock_ns=clock, scheduler_policy=scheduler_policy,
     )
     with trio.fail_after(TOY_DEADLINE_S):
         async with (open_runtime_with(parts, catalog=catalog) as runtime,
