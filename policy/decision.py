@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from policy.config import PolicyConfig
+from policy.descriptors import StateOp
 from policy.frame_queue import FrameQueue
 from policy.requests import RequestRecord
 from policy.selection import (
@@ -169,22 +170,9 @@ def build_context(
         scored=ints[:, 4].astype(np.bool_),
         last_served=np.array([r.last_served_ns for r in prompts], dtype=np.int64),
     )
-    restore_group = RestoreGroup(
-        records=tuple(restorable),
-        decoding=tuple(r.phase is Phase.DECODE for r in restorable),
-        base=tuple(
-            scaled(output_token_price(r.history, config) + delivery_price(r.history, config), e)
-            + dec_slope * (r.output_age_ns(start_ns) / NS_PER_MS)
-            if r.phase is Phase.DECODE else 0.0 for r in restorable),
-        slope=dec_slope,
-        token_price=tuple(scaled(prefill_token_price(r.history, config), e)
-                          for r in restorable),
-        finish_value=tuple(
-            scaled(output_token_price(r.history, config) + delivery_price(r.history, config), e)
-            if r.logical_prompt_end() >= r.prompt_len else 0.0 for r in restorable),
-        remaining=tuple(r.logical_prompt_end() - r.prompt_cursor
-                        if r.phase is Phase.PREFILL else 0 for r in restorable),
-    )
+    restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
+                                   e=e, start_ns=start_ns, dec_slope=dec_slope,
+                                   c_dec=c_dec, sigma_dec=sigma_dec)
     return DecisionContext(
         catalog=catalog,
         estimate_ns=times.estimate_ns,
@@ -195,8 +183,91 @@ def build_context(
         prompts=prompt_group,
         restorable=restore_group,
         waiting=c_dec * len(active_decoders) + c_term * len(pending_terminals),
+        terminal_coefficient=c_term,
         exponent=e,
         now_ns=now_ns,
         start_ns=start_ns,
         refresh_funded=refresh_funded,
+    )
+
+
+def _fastest_ms(times: ShapeTimes, family: IntArray) -> float:
+    """The fastest measured duration of a family (0 when none is measured: unknown
+    stages count optimistically, PRE-24)."""
+    est = times.estimate_ns[family]
+    known = est[est > 0]
+    return float(known.min()) / NS_PER_MS if len(known) else 0.0
+
+
+def _first_chunk(times: ShapeTimes, catalog: CatalogIndex, token_price: float,
+                 finish: float, remaining: int) -> tuple[float, float]:
+    """A multistage prompt row's first chunk: the measured prefill shape with the best
+    value per millisecond (the largest capacity when none is measured), as
+    ``(value, duration_ms)``."""
+    best: tuple[float, float] | None = None
+    for i in catalog.prefill.tolist():
+        cap = int(catalog.capacities[i, 1])
+        value = token_price * min(cap, remaining) + (finish if cap >= remaining else 0.0)
+        ms = float(times.estimate_ns[i]) / NS_PER_MS
+        if ms > 0 and (best is None or value / ms > best[0] / best[1]):
+            best = (value, ms)
+    if best is None:
+        return token_price * remaining + finish, 0.0
+    return best
+
+
+def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
+                   times: ShapeTimes, config: PolicyConfig, e: int, start_ns: int,
+                   dec_slope: float, c_dec: float, sigma_dec: float | None) -> RestoreGroup:
+    """Prerequisite-ready rows with their values.
+
+    A multistage row (further stages after the next one) is a blocked stream whose
+    next delivery is at least its remaining chain away, so its age slope uses the
+    individual future-delivery reference (SEL-18, OPEN-15)::
+
+        sigma_i = sum of the fastest measured duration of every remaining stage
+                  + the delivery family's reference interval sigma
+
+    (no family reference: no age term, PRE-50). Single-stage rows keep the family
+    sigma: the pair lookahead already scores their following inference exactly.
+    """
+    stage_ms = {StateOp.RESTORE: _fastest_ms(times, catalog.restore),
+                StateOp.INITIALIZE: _fastest_ms(times, catalog.initialize)}
+    decode_ms = _fastest_ms(times, catalog.decode)
+    decoding, base, slopes, further, cont = [], [], [], [], []
+    token_price, finish_value, remaining = [], [], []
+    for r in restorable:
+        stages = r.remaining_stages
+        chain_ms = sum(stage_ms.get(op, 0.0) for op in stages)
+        after_next_ms = chain_ms - stage_ms.get(stages[0], 0.0)
+        multistage = len(stages) > 1
+        slope = dec_slope
+        if multistage:
+            slope = c_dec * (chain_ms + sigma_dec) if sigma_dec is not None else 0.0
+        is_decoding = r.phase is Phase.DECODE
+        price = scaled(prefill_token_price(r.history, config), e)
+        finish = scaled(output_token_price(r.history, config)
+                        + delivery_price(r.history, config), e)
+        left = r.logical_prompt_end() - r.prompt_cursor if not is_decoding else 0
+        finish_here = 0.0 if r.logical_prompt_end() < r.prompt_len else finish
+        decoding.append(is_decoding)
+        slopes.append(slope)
+        token_price.append(price)
+        finish_value.append(finish_here)
+        remaining.append(left)
+        if is_decoding:
+            base.append(finish + slope * (r.output_age_ns(start_ns) / NS_PER_MS))
+            further.append(after_next_ms + decode_ms)
+            cont.append(0.0)
+        else:
+            base.append(0.0)
+            value, chunk_ms = _first_chunk(times, catalog, price, finish_here, left)
+            further.append(after_next_ms + chunk_ms)
+            cont.append(value)
+    return RestoreGroup(
+        records=tuple(restorable), decoding=tuple(decoding), base=tuple(base),
+        slope=dec_slope, token_price=tuple(token_price), finish_value=tuple(finish_value),
+        remaining=tuple(remaining), next_op=tuple(r.next_stage for r in restorable),
+        multistage=tuple(len(r.remaining_stages) > 1 for r in restorable),
+        slopes=tuple(slopes), further_ms=tuple(further), continuation_value=tuple(cont),
     )

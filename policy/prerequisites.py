@@ -16,8 +16,11 @@ work:
 - the multistage continuation index ``V*T/(T+F)`` (PRE-21, PRE-22), which is bounded
   lookahead and claims no optimality (PRE-25);
 - a terminal lane's value ``terminal_value + terminal_age_price*sigma*(A+T)`` (PRE-44);
-- ``best_restore_pair``: the scheduler's (restore, following decode or prefill) pair
-  candidates, scored with the exact pair cohort above.
+- ``best_prerequisite``: the scheduler's prerequisite candidates: (restore or
+  initialization, following decode, prefill or mixed) pairs scored with the exact pair
+  cohort above, including terminal rows in a restore graph's spare rows (PRE-4), the
+  productive first-stage prefix (PRE-14), the three mixed cases of MIX-25, and the
+  continuation index for rows with further stages (PRE-21..25).
 
 The returned plan keeps only the prerequisite's own duration (PRE-17); lookahead time
 never reaches cost learning (PRE-18). All values here are in the decision's scaled units.
@@ -30,11 +33,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
-from policy.utility import prefix_sums
+from policy.descriptors import StateOp
+from policy.utility import FloatArray, prefix_sums
 
 if TYPE_CHECKING:
     from policy.selection import DecisionContext
+
+IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,95 +132,253 @@ def terminal_lane_value(*, terminal_value: float, terminal_age_price: float,
 
 
 @dataclass(frozen=True, slots=True)
-class RestoreChoice:
-    """The best (restore, following inference) pair of one decision (PRE-2).
+class PrerequisiteChoice:
+    """The best prerequisite candidate of one decision (PRE-1, PRE-2).
 
-    ``restore_shape``/``following_shape`` index the catalog; ``rows`` are positions in
-    the decision's restore order (the rows the restore graph advances, PRE-15);
-    ``value`` is the pair's scaled useful value over the sequence, ``rate`` its
-    sequence score when the restore duration is known (PRE-11), else None (PRE-24).
+    ``shape``: the prerequisite graph (catalog index); ``following_shape``: the
+    inference graph of the scored pair (None for the multistage index or the
+    first-stage prefix); ``rows``: positions in ``ctx.restorable`` the prerequisite
+    advances (the scored ones first, then spare capacity, PRE-15); ``terminals``: how many
+    of the first terminal rows (``ctx.terminals`` order) finish in its spare rows
+    (PRE-4); ``value``: scaled useful value; ``rate``: the score when the prerequisite's
+    duration is known, else None (ranked by useful value, PRE-24, DUR-22);
+    ``basis``: "pair", "prefix" (PRE-14) or "multistage" (PRE-21..25).
     """
 
-    restore_shape: int
-    following_shape: int
+    shape: int
+    following_shape: int | None
     rows: tuple[int, ...]
+    terminals: int
     value: float
     rate: float | None
+    basis: str
+
+    def key(self) -> tuple[int, float, int]:
+        """Ranking key, smaller first: unknown durations first, then by value or
+        rate, then more advanced rows (PRE-16)."""
+        if self.rate is None:
+            return (0, -self.value, -(len(self.rows) + self.terminals))
+        return (1, -self.rate, -(len(self.rows) + self.terminals))
 
 
-def best_restore_pair(ctx: DecisionContext) -> RestoreChoice | None:
-    """Score every (restore shape, following decode or prefill shape) pair exactly for
-    its fixed capacities (PRE-2..10) and return the best; None without restorable rows.
+@dataclass(frozen=True, slots=True)
+class _Following:
+    """The following inference columns of one prerequisite op, as arrays.
 
-    Newly ready rows are the restorable requests; already ready rows are the current
-    decoders. Decoders' age terms run to the following graph's completion (PRE-12), so
-    every decoder value is ``base + slope*(T+F)`` with one slope: the sorted orders do not
-    depend on the pair, and the k-enumeration of ``best_pair_cohort`` becomes a vector
-    expression over prefix sums. The restore graph also advances further restorable rows
-    in its spare capacity at no extra cost (PRE-15). An unknown following duration
-    counts as zero (optimistic, PRE-24); an unknown restore duration ranks by useful
-    value (DUR-22/23, PRE-50).
+    Per column: the shape, rows left for newly ready and ready decoders, prerequisite
+    rows taken by a fixed prompt row (1 when a newly ready prompt is enabled by the
+    prerequisite), the least number of newly ready decoders (PRE-10: 1 unless a newly
+    ready prompt already takes part), the fixed prompt row's value and its position
+    (in ``ctx.restorable`` when newly ready, -1 otherwise).
+    """
+
+    shape: IntArray
+    follow_cap: IntArray
+    fixed_pre: IntArray
+    min_new: IntArray
+    extra: FloatArray
+    new_prompt: IntArray
+
+
+def _prompt_values(token_price: FloatArray, finish: FloatArray, remaining: IntArray,
+                   caps: IntArray) -> FloatArray:
+    """Value of one prompt row (rows) at each prompt capacity (columns): priced tokens
+    up to the logical end, plus the first output when the chunk reaches it."""
+    rem = remaining[:, None]
+    out: FloatArray = token_price[:, None] * np.minimum(caps[None, :], rem) + np.where(
+        caps[None, :] >= rem, finish[:, None], 0.0)
+    return out
+
+
+def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray
+                       ) -> _Following:
+    """Every following inference shape in each MIX-25 case (PRE-2, MIX-24)."""
+    cat, group = ctx.catalog, ctx.restorable
+    cols: list[tuple[IntArray, IntArray, int, int, FloatArray, IntArray]] = []
+
+    def add(shape: IntArray, cap: IntArray, fixed_pre: int, min_new: int,
+            extra: FloatArray, prompt: IntArray) -> None:
+        if len(shape):
+            cols.append((shape, cap, fixed_pre, min_new, extra, prompt))
+
+    zeros = np.zeros
+    mixed_b = cat.batch[cat.mixed]
+    if new_dec:
+        add(cat.decode, cat.batch[cat.decode], 0, 1, zeros(len(cat.decode)),
+            np.full(len(cat.decode), -1))
+        # MIX-25 prompt absent: a decode-only mixed step.
+        add(cat.mixed, mixed_b, 0, 1, zeros(len(cat.mixed)), np.full(len(cat.mixed), -1))
+        ready = np.nonzero(~ctx.prompts.scored)[0]
+        if len(ready) and len(cat.mixed):
+            # MIX-25 prompt already ready: the best ready prompt row per capacity.
+            p = ctx.prompts
+            values = _prompt_values(p.token_price[ready], p.finish_value[ready],
+                                    p.logical_remaining[ready], cat.capacities[cat.mixed, 2])
+            add(cat.mixed, mixed_b - 1, 0, 1, values.max(axis=0),
+                np.full(len(cat.mixed), -1))
+    if len(new_prompts):
+        # A newly ready prompt row: following prefill, or MIX-25 prompt enabled by the
+        # prerequisite (newly ready decoders may join it, k >= 0).
+        tp = np.array(group.token_price, dtype=np.float64)[new_prompts]
+        fin = np.array(group.finish_value, dtype=np.float64)[new_prompts]
+        rem = np.array(group.remaining, dtype=np.int64)[new_prompts]
+        for shapes, caps, follow in (
+                (cat.prefill, cat.capacities[cat.prefill, 1], np.zeros(len(cat.prefill),
+                                                                       dtype=np.int64)),
+                (cat.mixed, cat.capacities[cat.mixed, 2], mixed_b - 1)):
+            if not len(shapes):
+                continue
+            values = _prompt_values(tp, fin, rem, caps)
+            add(shapes, follow, 1, 0, values.max(axis=0), new_prompts[values.argmax(axis=0)])
+    if not cols:
+        empty_i = np.zeros(0, dtype=np.int64)
+        return _Following(empty_i, empty_i, empty_i, empty_i, np.zeros(0), empty_i)
+    return _Following(
+        shape=np.concatenate([c[0] for c in cols]).astype(np.int64),
+        follow_cap=np.concatenate([c[1] for c in cols]).astype(np.int64),
+        fixed_pre=np.concatenate([np.full(len(c[0]), c[2]) for c in cols]).astype(np.int64),
+        min_new=np.concatenate([np.full(len(c[0]), c[3]) for c in cols]).astype(np.int64),
+        extra=np.concatenate([c[4] for c in cols]).astype(np.float64),
+        new_prompt=np.concatenate([c[5] for c in cols]).astype(np.int64),
+    )
+
+
+def _pair_choice(ctx: DecisionContext, r: int, rows: list[int], fol: _Following,
+                 new_order: IntArray, terminals_allowed: bool) -> PrerequisiteChoice | None:
+    """The exact two-stage choice for prerequisite shape ``r`` over every following
+    column at once (PRE-7..13, PRE-46, MIX-25): a (column x k) table of sequence values,
+    where k newly ready decoders take the k largest values, ready decoders fill the
+    following graph's remaining rows and terminal rows the prerequisite's."""
+    group = ctx.restorable
+    t_ms = float(ctx.estimate_ns[r]) / 1e6
+    b_r = int(ctx.catalog.batch[r])
+    dec, term = ctx.decoders, ctx.terminals
+    n_term = len(term) if terminals_allowed else 0
+    base = np.array(group.base, dtype=np.float64)
+    new_prefix = prefix_sums(base[new_order])
+    k = np.arange(0, min(len(new_order), b_r) + 1)[None, :]
+    span = (t_ms + ctx.estimate_ns[fol.shape] / 1e6)[:, None]
+    pre_left = b_r - fol.fixed_pre[:, None] - k
+    follow_left = fol.follow_cap[:, None] - k
+    valid = (k >= fol.min_new[:, None]) & (pre_left >= 0) & (follow_left >= 0)
+    ready = np.clip(np.minimum(follow_left, len(dec)), 0, None)
+    term_n = np.clip(np.minimum(pre_left, n_term), 0, None)
+    # A stage-1 terminal stops ageing at T and saves its waiting cost over the rest of
+    # the sequence (PRE-13, PRE-46); folded into its value so the rate stays additive.
+    saved = ctx.terminal_coefficient * (span * span - t_ms * t_ms) / 2.0
+    value = (new_prefix[k] + k * group.slope * span + dec.prefix[ready]
+             + ready * dec.slope * span + term.prefix[term_n]
+             + term_n * (term.slope * t_ms + saved) + fol.extra[:, None])
+    score = value / span - span / 2.0 * ctx.waiting if t_ms > 0 else value
+    score = np.where(valid, score, -np.inf)
+    if not np.isfinite(score).any():
+        return None
+    rows_adv = np.where(valid, k + ready + term_n + fol.fixed_pre[:, None], -1)
+    flat = np.lexsort((-rows_adv.ravel(), -score.ravel()))[0]
+    col, kk = divmod(int(flat), score.shape[1])
+    chosen: list[int] = []
+    if fol.new_prompt[col] >= 0:
+        chosen.append(int(fol.new_prompt[col]))
+    chosen += [int(i) for i in new_order[:kk]]
+    t_n = int(term_n[col, kk])
+    return PrerequisiteChoice(
+        shape=r, following_shape=int(fol.shape[col]),
+        rows=_fill_spare(chosen, rows, b_r - t_n), terminals=t_n,
+        value=float(value[col, kk]), rate=float(score[col, kk]) if t_ms > 0 else None,
+        basis="pair")
+
+
+def _fill_spare(chosen: list[int], rows: list[int], capacity: int) -> tuple[int, ...]:
+    """The scored rows, then further rows of the same op in spare capacity (PRE-15)."""
+    taken = set(chosen)
+    return tuple([*chosen, *(i for i in rows if i not in taken)][:max(capacity, len(chosen))])
+
+
+def _prefix_choice(ctx: DecisionContext, r: int, rows: list[int], first: int
+                   ) -> PrerequisiteChoice | None:
+    """The productive first-stage prefix alone (PRE-14): the prerequisite finishing
+    terminal rows in its spare capacity, scored over T by what completes at T."""
+    t_ms = float(ctx.estimate_ns[r]) / 1e6
+    b_r = int(ctx.catalog.batch[r])
+    term = ctx.terminals
+    t_n = min(b_r - 1, len(term))
+    if t_n <= 0:
+        return None
+    value = float(term.prefix[t_n]) + t_n * term.slope * t_ms
+    rate = value / t_ms - t_ms / 2.0 * ctx.waiting if t_ms > 0 else None
+    return PrerequisiteChoice(shape=r, following_shape=None,
+                              rows=_fill_spare([first], rows, b_r - t_n), terminals=t_n,
+                              value=value, rate=rate, basis="prefix")
+
+
+def _multistage_choice(ctx: DecisionContext, r: int, rows: list[int], multi: list[int],
+                       terminals_allowed: bool) -> PrerequisiteChoice | None:
+    """Rows with further prerequisite stages, ranked by the continuation index
+    ``V*T/(T+F)`` (PRE-21..25); terminal rows in the same graph complete at T and count
+    their whole value. Sum / T less the waiting cost (PRE-22). No sequence search."""
+    if not multi:
+        return None
+    group = ctx.restorable
+    t_ms = float(ctx.estimate_ns[r]) / 1e6
+    b_r = int(ctx.catalog.batch[r])
+    contributions: list[tuple[float, int]] = []
+    for i in multi:
+        value, further = group.continuation(i, t_ms)
+        contributions.append((continuation_index(value, t_ms, further)
+                              if t_ms > 0 else value, i))
+    contributions.sort(key=lambda c: -c[0])
+    term = ctx.terminals
+    term_values = (term.base + term.slope * t_ms).tolist() if terminals_allowed else []
+    merged = sorted([(v, i) for v, i in contributions] + [(v, -1 - j)
+                    for j, v in enumerate(term_values)], key=lambda c: -c[0])[:b_r]
+    if all(i < 0 for _, i in merged):
+        merged = [*merged[:-1], contributions[0]]
+    scored = [i for _, i in merged if i >= 0]
+    t_n = sum(1 for _, i in merged if i < 0)
+    total = sum(v for v, _ in merged)
+    rate = multistage_rate([v for v, _ in merged], t_ms, ctx.waiting) if t_ms > 0 else None
+    return PrerequisiteChoice(shape=r, following_shape=None,
+                              rows=_fill_spare(scored, rows, b_r - t_n), terminals=t_n,
+                              value=total, rate=rate, basis="multistage")
+
+
+def best_prerequisite(ctx: DecisionContext) -> PrerequisiteChoice | None:
+    """The best prerequisite candidate over every prerequisite shape (restore and
+    initialization graphs), or None without prerequisite-ready rows.
+
+    Single-stage rows (the prerequisite makes them ready) are scored as exact
+    two-stage pairs with every following decode, prefill and mixed shape (PRE-2..13,
+    MIX-24, MIX-25); the first-stage prefix is scored too (PRE-14); rows with further
+    stages use the continuation index (PRE-21..25). Terminal rows finish in a restore
+    graph's spare rows (PRE-4; an initialization graph copies no rows, so it carries no
+    terminal snapshot). Unknown following durations count as zero (PRE-24).
     """
     group = ctx.restorable
-    n = len(group.records)
-    if n == 0 or len(ctx.catalog.restore) == 0:
+    if not group.records:
         return None
-    decoding = np.array(group.decoding, dtype=np.bool_)
+    best: PrerequisiteChoice | None = None
     base = np.array(group.base, dtype=np.float64)
-    dec_rows = np.nonzero(decoding)[0]
-    dec_rows = dec_rows[np.argsort(-base[dec_rows], kind="stable")]
-    new_prefix = prefix_sums(base[dec_rows])
-    ready_prefix = ctx.decoders.prefix
-    slope = group.slope
-    prompt_rows = np.nonzero(~decoding)[0]
-    token_price = np.array(group.token_price, dtype=np.float64)[prompt_rows]
-    finish = np.array(group.finish_value, dtype=np.float64)[prompt_rows]
-    remaining = np.array(group.remaining, dtype=np.int64)[prompt_rows]
-    est_ms = ctx.estimate_ns / 1e6
-    # Following prefill shapes: one newly ready prompt row each (k = 1), the same for
-    # every restore shape, so evaluate them once as a matrix.
-    prefill_idx = ctx.catalog.prefill
-    prefill_values = np.zeros((len(prompt_rows), len(prefill_idx)))
-    if len(prompt_rows) and len(prefill_idx):
-        cap = ctx.catalog.capacities[prefill_idx, 1][None, :]
-        rem = remaining[:, None]
-        prefill_values = token_price[:, None] * np.minimum(cap, rem) + np.where(
-            cap >= rem, finish[:, None], 0.0)
-    best: tuple[tuple[int, float, int], int, int, float, float | None] | None = None
-    for r in ctx.catalog.restore.tolist():
-        t_ms = float(est_ms[r])
-        b_r = int(ctx.catalog.batch[r])
-        options: list[tuple[int, float]] = []
-        if len(dec_rows):
-            for s in ctx.catalog.decode.tolist():
-                b_s = int(ctx.catalog.batch[s])
-                k = np.arange(1, min(b_r, b_s, len(dec_rows)) + 1)
-                ready = np.minimum(b_s - k, len(ctx.decoders))
-                span = t_ms + float(est_ms[s])
-                values = new_prefix[k] + ready_prefix[ready] + (k + ready) * slope * span
-                options.append((s, float(values.max())))
-        if len(prompt_rows):
-            options += zip(prefill_idx.tolist(), prefill_values.max(axis=0).tolist(),
-                           strict=True)
-        for s, value in options:
-            rate = None
-            if t_ms > 0:
-                rate = sequence_rate(value=value, first_ms=t_ms, following_ms=float(est_ms[s]),
-                                     waiting=ctx.waiting)
-            key = (0 if rate is None else 1, -(value if rate is None else rate), -min(b_r, n))
-            if best is None or key < best[0]:
-                best = (key, r, s, value, rate)
-    if best is None:
-        return None
-    _, r, s, value, rate = best
-    if s in ctx.catalog.decode.tolist():
-        served_first = dec_rows.tolist()
-    else:
-        column = int(np.nonzero(prefill_idx == s)[0][0])
-        served_first = prompt_rows[np.argsort(-prefill_values[:, column],
-                                              kind="stable")].tolist()
-    # Advance the served rows first, then spare capacity (PRE-15).
-    taken = set(served_first)
-    ranked = [*served_first, *(i for i in range(n) if i not in taken)]
-    rows_advanced = min(int(ctx.catalog.batch[r]), n)
-    return RestoreChoice(r, s, tuple(ranked[:rows_advanced]), value, rate)
+    for op, shapes in ((StateOp.RESTORE, ctx.catalog.restore),
+                       (StateOp.INITIALIZE, ctx.catalog.initialize)):
+        rows = [i for i, o in enumerate(group.next_op) if o is op]
+        if not rows or not len(shapes):
+            continue
+        single = [i for i in rows if not group.multistage[i]]
+        multi = [i for i in rows if group.multistage[i]]
+        new_dec = np.array([i for i in single if group.decoding[i]], dtype=np.int64)
+        new_order = new_dec[np.argsort(-base[new_dec], kind="stable")]
+        new_prompts = np.array([i for i in single if not group.decoding[i]], dtype=np.int64)
+        fol = _following_columns(ctx, len(new_order), new_prompts)
+        terminals_allowed = op is StateOp.RESTORE
+        for r in shapes.tolist():
+            options: list[PrerequisiteChoice | None] = [
+                _multistage_choice(ctx, r, rows, multi, terminals_allowed)]
+            if len(fol.shape):
+                options.append(_pair_choice(ctx, r, rows, fol, new_order, terminals_allowed))
+                if terminals_allowed:
+                    first = int(new_order[0]) if len(new_order) else int(new_prompts[0])
+                    options.append(_prefix_choice(ctx, r, rows, first))
+            for option in options:
+                if option is not None and (best is None or option.key() < best.key()):
+                    best = option
+    return best

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from policy.descriptors import StateOp
 from policy.service import ServiceHistory
 from policy.types import Fence, Phase, RequestHandle, RestoreNeed
 
@@ -70,6 +71,29 @@ class RequestRecord:
     failed: bool = False
     pending_delivery: PendingDelivery | None = None
     restore: RestoreNeed = RestoreNeed.NONE
+    further_stages: tuple[StateOp, ...] = ()
+    """Prerequisite stages still to run after the next one while ``restore`` is not
+    NONE (the next is a restore, then these, e.g. an initialization, PRE-21). Each
+    prerequisite completion pops the next stage."""
+    restored: bool = False
+    """The restore stage has run (later stages of the chain remain)."""
+
+    @property
+    def next_stage(self) -> StateOp:
+        """The prerequisite op that must run next (meaningful while ``restore`` is not
+        NONE)."""
+        if not self.restored:
+            return StateOp.RESTORE
+        return self.further_stages[0]
+
+    @property
+    def remaining_stages(self) -> tuple[StateOp, ...]:
+        """Every prerequisite stage still to run, the next first."""
+        if self.restore is RestoreNeed.NONE:
+            return ()
+        if not self.restored:
+            return (StateOp.RESTORE, *self.further_stages)
+        return self.further_stages
 
     # ---- prompt work -------------------------------------------------------------
 

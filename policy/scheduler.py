@@ -32,7 +32,13 @@ import numpy as np
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
 from policy.decision import build_context
-from policy.descriptors import MAX_REQUEST_SLOTS, ExecutionTiming, GraphKind, GraphShape
+from policy.descriptors import (
+    MAX_REQUEST_SLOTS,
+    ExecutionTiming,
+    GraphKind,
+    GraphShape,
+    StateOp,
+)
 from policy.frame_queue import FrameQueue, QueuedFrame
 from policy.refresh import (
     CreditLedger,
@@ -193,7 +199,8 @@ class Scheduler:
     def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
-              restore: RestoreNeed = RestoreNeed.NONE) -> RequestHandle:
+              restore: RestoreNeed = RestoreNeed.NONE,
+              further_stages: Sequence[StateOp] = ()) -> RequestHandle:
         """Make a request resident and return its handle.
 
         ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
@@ -206,6 +213,9 @@ class Scheduler:
         prepared restore graph (selected as a prerequisite pair, PRE-1..19); AWAITING
         while an external restoration is still running (call ``restoration_ready``);
         such a request is outside every participant set meanwhile (ACCT-4).
+        ``further_stages``: prerequisite stages after the restore (initialization), each
+        run by its own prepared state graph before the request is ready; such a request
+        is ranked by the continuation index (PRE-21..25).
         """
         if prompt_len < 1:
             raise AdmissionRefused("a request needs at least one prompt token")
@@ -218,6 +228,11 @@ class Scheduler:
             raise AdmissionRefused("message ends must lie within the prompt")
         if system_end is not None and not 0 < system_end <= prompt_len:
             raise AdmissionRefused("system_end must lie within the prompt")
+        stages = tuple(further_stages)
+        if stages and restore is RestoreNeed.NONE:
+            raise AdmissionRefused("further prerequisite stages need a restore first")
+        if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
+            raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
         if handle is None:
             handle = RequestHandle(self._next_handle)
         if handle in self._records:
@@ -231,7 +246,7 @@ class Scheduler:
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
-            last_visible_ns=self._now_ns, restore=restore,
+            last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
         )
         self._admitted_any = True
         return handle
@@ -371,8 +386,9 @@ class Scheduler:
                   and lane.prompt_start + lane.prompt_tokens <= rec.prompt_len)
         elif lane.role is LaneRole.DECODE:
             ok = rec.phase is Phase.DECODE and rec.output_room >= lane.token_ceiling
-        elif lane.role is LaneRole.RESTORE:
-            ok = rec.restorable
+        elif lane.role in (LaneRole.RESTORE, LaneRole.INITIALIZE):
+            wanted = StateOp.RESTORE if lane.role is LaneRole.RESTORE else StateOp.INITIALIZE
+            ok = rec.restorable and rec.next_stage is wanted
         else:
             ok = rec.phase is Phase.TERMINAL and not rec.in_flight
         if not ok:
@@ -483,9 +499,16 @@ class Scheduler:
         if lane.role is LaneRole.RESTORE:
             # Restore binds the state to a fresh generation (PRE-32); setup earns no
             # tokens (PRE-20). Read the new epoch from ``request(handle).epoch``.
-            rec.restore = RestoreNeed.NONE
+            rec.restored = True
+            if not rec.further_stages:
+                rec.restore = RestoreNeed.NONE
             rec.epoch += 1
             self._last_epoch[rec.handle] = rec.epoch
+            return None
+        if lane.role is LaneRole.INITIALIZE:
+            rec.further_stages = rec.further_stages[1:]  # a later stage of the chain
+            if not rec.further_stages:
+                rec.restore = RestoreNeed.NONE
             return None
         first = False
         if lane.role is LaneRole.PROMPT:

@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.descriptors import GraphKind, GraphShape, StateOp
-from policy.prerequisites import RestoreChoice, best_restore_pair
+from policy.prerequisites import PrerequisiteChoice, best_prerequisite
 from policy.requests import RequestRecord
 from policy.types import (
     DecodeMode,
@@ -73,6 +73,8 @@ class CatalogIndex:
     """For each batch bucket of ``mixed``, its shape with the smallest prompt capacity."""
     restore: IntArray
     """Restore state operations, by batch capacity (prerequisites, PRE-1)."""
+    initialize: IntArray
+    """Initialization state operations, by batch capacity (prerequisites, PRE-1)."""
     delivery_family: IntArray
     """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
 
@@ -111,6 +113,10 @@ class CatalogIndex:
             mixed_smallest_prompt=_smallest_prompt_per_batch(shapes, mixed),
             restore=pick(
                 lambda s: s.kind is GraphKind.STATE and s.state_op is StateOp.RESTORE,
+                lambda s: s.batch_capacity,
+            ),
+            initialize=pick(
+                lambda s: s.kind is GraphKind.STATE and s.state_op is StateOp.INITIALIZE,
                 lambda s: s.batch_capacity,
             ),
             delivery_family=pick(
@@ -195,18 +201,41 @@ class PromptGroup:
 
 @dataclass(frozen=True, slots=True)
 class RestoreGroup:
-    """Restorable requests (newly ready rows of a prerequisite pair, PRE-7), with their
-    scaled lane values as decoders (``decoding``) or as prompt rows."""
+    """Prerequisite-ready requests (newly ready rows of a prerequisite pair, PRE-7, or
+    continuations of a longer chain, PRE-21), with their scaled lane values as decoders
+    (``decoding``) or as prompt rows."""
 
     records: tuple[RequestRecord, ...]
     decoding: tuple[bool, ...]
     base: tuple[float, ...]
-    """Decoder value at the planning start (age so far); 0 for prompt rows."""
+    """Decoder value at the planning start (age so far, with the row's own slope); 0
+    for prompt rows."""
     slope: float
+    """The family age slope of single-stage decoders (SEL-16)."""
     token_price: tuple[float, ...]
     finish_value: tuple[float, ...]
     remaining: tuple[int, ...]
     """Prompt tokens up to the logical end; 0 for decoders."""
+    next_op: tuple[StateOp, ...] = ()
+    """The prerequisite stage each row needs next."""
+    multistage: tuple[bool, ...] = ()
+    """Whether further prerequisite stages follow the next one (PRE-21)."""
+    slopes: tuple[float, ...] = ()
+    """Each row's own age slope: the family slope, or for a multistage decoder
+    ``c * sigma_i`` with its individual future-delivery reference (SEL-18, OPEN-15)."""
+    further_ms: tuple[float, ...] = ()
+    """Fastest measured duration of the stages after the next one plus the row's first
+    inference (F of the continuation index, PRE-21, PRE-23); unknown stages count 0."""
+    continuation_value: tuple[float, ...] = ()
+    """A multistage prompt row's value in its first prefill chunk (0 for decoders)."""
+
+    def continuation(self, i: int, first_ms: float) -> tuple[float, float]:
+        """``(V, F)`` of row ``i`` for a prerequisite of duration ``first_ms``: a decoder's
+        value ages to ``T + F`` with its own slope; a prompt row's is its first chunk."""
+        further = self.further_ms[i]
+        if self.decoding[i]:
+            return self.base[i] + self.slopes[i] * (first_ms + further), further
+        return self.continuation_value[i], further
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +252,8 @@ class DecisionContext:
     restorable: RestoreGroup
     waiting: float
     """Scaled sum of c_i over active decoders and pending terminals (SEL-19, PRE-45)."""
+    terminal_coefficient: float
+    """Scaled ``terminal_age_price``: a terminal row's share of ``waiting`` (PRE-46)."""
     exponent: int
     now_ns: int
     start_ns: int
@@ -402,7 +433,7 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     _prefill_candidates(table, ctx, cat.prefill, scored=False)
     _prefill_candidates(table, ctx, cat.scored_prefill, scored=True)
     _mixed_candidates(table, ctx)
-    pair = best_restore_pair(ctx)
+    pair = best_prerequisite(ctx)
     if not table.shape:
         return _restore_plan(ctx, pair) if pair is not None else None
     cols = {name: table.cat(name) for name in _Table.__slots__}
@@ -445,14 +476,22 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     return _build_plan(ctx, cols, win, reason, rates, base, known, est)
 
 
-def _restore_plan(ctx: DecisionContext, pair: RestoreChoice) -> ScheduledPlan:
-    """The prerequisite plan: only the restore graph executes before replanning
-    (PRE-19); its duration is its own (PRE-17)."""
-    shape = ctx.catalog.shapes[pair.restore_shape]
-    est = int(ctx.estimate_ns[pair.restore_shape])
+def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPlan:
+    """The prerequisite plan: only the prerequisite graph executes before replanning
+    (PRE-19); its duration is its own (PRE-17). Terminal rows in its spare rows are
+    TERMINAL lanes (PRE-4)."""
+    shape = ctx.catalog.shapes[pair.shape]
+    est = int(ctx.estimate_ns[pair.shape])
     group = ctx.restorable
-    lanes = tuple(Lane(handle=group.records[i].handle, epoch=group.records[i].epoch,
-                       role=LaneRole.RESTORE) for i in pair.rows)
+    role = LaneRole.RESTORE if shape.state_op is StateOp.RESTORE else LaneRole.INITIALIZE
+    t_ms = est / NS_PER_MS
+    term = ctx.terminals
+    lanes = tuple(
+        [Lane(handle=group.records[i].handle, epoch=group.records[i].epoch, role=role)
+         for i in pair.rows]
+        + [Lane(handle=term.records[j].handle, epoch=term.records[j].epoch,
+                role=LaneRole.TERMINAL, value=float(term.base[j]) + term.slope * t_ms)
+           for j in range(pair.terminals)])
     known = est > 0
     return ScheduledPlan(
         step=ScheduledStep(shape=shape, lanes=lanes),
@@ -460,13 +499,14 @@ def _restore_plan(ctx: DecisionContext, pair: RestoreChoice) -> ScheduledPlan:
         scaled_score=pair.rate if pair.rate is not None else optimistic_rate(pair.value),
         scale_exponent=ctx.exponent,
         duration_known=known,
-        stale=bool(ctx.stale[pair.restore_shape]),
+        stale=bool(ctx.stale[pair.shape]),
         reason=SelectionReason.ORDINARY if known else SelectionReason.DISCOVERY,
         requires_empty_window=True,
         planned_at_ns=ctx.now_ns,
         start_ns=ctx.start_ns,
         useful_value=pair.value,
-        lookahead_shape=ctx.catalog.shapes[pair.following_shape],
+        lookahead_shape=(None if pair.following_shape is None
+                         else ctx.catalog.shapes[pair.following_shape]),
     )
 
 

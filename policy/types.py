@@ -50,6 +50,9 @@ class LaneRole(enum.Enum):
     TERMINAL = "terminal"
     RESTORE = "restore"
     """A state-operation row that restores the request's saved state (a prerequisite)."""
+    INITIALIZE = "initialize"
+    """A state-operation row that initializes the request's state (a prerequisite stage
+    after a restore, PRE-1, PRE-21)."""
 
 
 class RestoreNeed(enum.Enum):

@@ -130,7 +130,7 @@ def test_pre_9_scheduler_pair_value_equals_pair_cohort_optimum(seed: int) -> Non
     import random
 
     from policy.decision import build_context
-    from policy.prerequisites import best_pair_cohort, best_restore_pair
+    from policy.prerequisites import best_pair_cohort, best_prerequisite
 
     rng = random.Random(seed)
     cat = {decode(1): duration_ns(decode(1)), decode(2): duration_ns(decode(2)),
@@ -147,15 +147,15 @@ def test_pre_9_scheduler_pair_value_equals_pair_cohort_optimum(seed: int) -> Non
                         catalog=s._catalog, times=s._shape_times(), config=s.config,
                         queue=s._queue, now_ns=s.now_ns, ttl_ns=s.estimates.ttl_ns,
                         refresh_funded=False)
-    choice = best_restore_pair(ctx)
-    assert choice is not None
-    span = (ctx.estimate_ns[choice.restore_shape] + ctx.estimate_ns[choice.following_shape]) / MS
+    choice = best_prerequisite(ctx)
+    assert choice is not None and choice.following_shape is not None
+    span = (ctx.estimate_ns[choice.shape] + ctx.estimate_ns[choice.following_shape]) / MS
     group = ctx.restorable
     newly = [b + group.slope * span for b, d in zip(group.base, group.decoding, strict=True)
              if d]
     ready = [float(b) + ctx.decoders.slope * span for b in ctx.decoders.base]
     exact = best_pair_cohort(
-        prerequisite_capacity=int(ctx.catalog.batch[choice.restore_shape]),
+        prerequisite_capacity=int(ctx.catalog.batch[choice.shape]),
         following_capacity=int(ctx.catalog.batch[choice.following_shape]),
         newly_ready=newly, ready=ready, terminal=[])
     assert exact is not None and choice.value == pytest.approx(exact.value, rel=1e-12)
