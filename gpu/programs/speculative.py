@@ -130,18 +130,14 @@ class SpeculativeProgram:
     def __init__(self, shape: GraphShape, *, decoder: Decoder, cache: PagedKVCache,
                  state: RequestState, draft_state: DraftState, source: str,
                  copy_max_ngram: int = 3) -> None:
-        if shape.kind is not GraphKind.SPECULATIVE or shape.binding is None:
-            raise ValueError("SpeculativeProgram runs GraphKind.SPECULATIVE shapes")
         if source not in SOURCES:
             raise ValueError(f"proposal source {source!r}: choose one of {SOURCES}")
         if source == LEARNED and draft_state.draft is None:
             raise ValueError("a learned-draft program needs a draft model")
         b, w, d = shape.batch_capacity, shape.token_capacity, shape.proposal_depth
-        p = shape.max_packed_extent
+        p = self._decode_rows(shape)
         if d != w - 1:
             raise ValueError(f"{shape.label()}: flare programs draft D = W - 1")
-        if p < b or p > b * w:
-            raise ValueError(f"{shape.label()}: need B <= P <= B * W")
         self._shape = shape
         self._decoder, self._cache, self._state, self._draft = decoder, cache, state, draft_state
         self.source = source
@@ -149,6 +145,8 @@ class SpeculativeProgram:
         self.batch, self.width, self.depth, self.rows_total = b, w, d, p
         self.rectangular = p == b * w
         self.device_allocation = shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT
+        if self.device_allocation and p < b:
+            raise ValueError(f"{shape.label()}: device allocation needs P >= B")
         dev = state.pending_token.device
         i64, f32 = torch.int64, torch.float32
         self.lane_rows = torch.full((b,), state.sink_row, dtype=i64, device=dev)
@@ -164,6 +162,16 @@ class SpeculativeProgram:
         self.out_confidence = torch.zeros((2, b, d), dtype=f32, device=dev)
         self.out_drafts = torch.full((b, d), PAD_TOKEN, dtype=i64, device=dev)
         self._bound: SpeculativeFrame | None = None
+
+    @staticmethod
+    def _decode_rows(shape: GraphShape) -> int:
+        """Packed target rows for speculative lanes (P); checks the shape's kind."""
+        if shape.kind is not GraphKind.SPECULATIVE or shape.binding is None:
+            raise ValueError("SpeculativeProgram runs GraphKind.SPECULATIVE shapes")
+        p = shape.max_packed_extent
+        if p < 1 or p > shape.batch_capacity * shape.token_capacity:
+            raise ValueError(f"{shape.label()}: need 1 <= P <= B * W")
+        return p
 
     @property
     def shape(self) -> GraphShape:
@@ -290,10 +298,7 @@ class SpeculativeProgram:
         ids = padded[lane, depth]
         tables = st.block_table[rows]
         slots, pos = self._slots(tables[lane], n[lane] + depth, layout.row_used)
-        hidden = self._decoder.forward(PackedBatch(
-            token_ids=ids, positions=pos, write_slots=slots, token_lane=lane,
-            lane_block_tables=tables, lane_major_width=w if self.rectangular else 0,
-        ), self._cache)
+        hidden = self._target_forward(ids, pos, slots, lane, tables)
         lane_logits = unpack_lane_rows(self._decoder.logits(hidden), layout, w)  # [B, W, V]
         target_probs = filtered_probs_by_lane(lane_logits, **params)
         result = verify_drafts(draft_tokens=drafts, draft_probs=draft_probs,
@@ -323,6 +328,14 @@ class SpeculativeProgram:
                   result.tokens.reshape(-1), emits.reshape(-1))
         st.pending_token.index_copy_(0, rows, torch.where(active, result.next_token, pending))
         st.position.index_copy_(0, rows, n + result.emitted)
+
+    def _target_forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                        lane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """The one target forward over the packed lane rows; their hidden states."""
+        return self._decoder.forward(PackedBatch(
+            token_ids=ids, positions=pos, write_slots=slots, token_lane=lane,
+            lane_block_tables=tables, lane_major_width=self.width if self.rectangular else 0,
+        ), self._cache)
 
     def _layout(self, lengths: torch.Tensor) -> PackedLayout:
         if not self.rectangular:
@@ -373,7 +386,7 @@ def attach_speculation(
     draft_model_dir: str | Path | None = None, copy_max_ngram: int = 3,
 ) -> DraftState:
     """Give ``engine`` speculative programs for ``shapes`` (``SPECULATIVE`` shapes and
-    width-one ``speculation_enabled`` mixed shapes; proposal ``source``: ``"draft"``
+    ``speculation_enabled`` mixed shapes of any width; proposal ``source``: ``"draft"``
     with ``draft_model_dir``, or ``"copy"``) and wrap its prefill / decode / mixed
     programs and state operations so they keep the draft context and token history
     current (SPEC-5).
@@ -391,6 +404,13 @@ def attach_speculation(
         elif isinstance(program, StateOpProgram):
             engine.programs[shape] = DraftMaintainingStateOp(program, draft_state)
     for shape in shapes:
+        if shape.kind is GraphKind.MIXED and shape.token_capacity > 1:
+            from gpu.programs.speculative_mixed import SpeculativeMixedProgram
+
+            engine.programs[shape] = SpeculativeMixedProgram(
+                shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
+                draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram)
+            continue
         if shape.kind is GraphKind.MIXED:
             engine.programs[shape] = DraftMaintainingProgram(
                 _width_one_mixed(shape, engine), draft_state)
@@ -404,7 +424,7 @@ def attach_speculation(
 def _width_one_mixed(shape: GraphShape, engine: ModelEngine) -> StepProgram:
     """The ordinary program behind a ``speculation_enabled`` width-one mixed shape
     (MIX-6, MIX-35: decode attention and direct updates; the wrapper keeps the draft
-    context). Wider speculative mixed shapes are not built yet."""
+    context). Wider ones are ``SpeculativeMixedProgram``s."""
     if shape.token_capacity != 1 or not shape.speculation_enabled:
         raise UnsupportedShapeError(
             f"{shape.label()}: only width-one draft-maintaining mixed programs are built")

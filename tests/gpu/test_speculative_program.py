@@ -359,3 +359,46 @@ def test_width_one_keeps_the_draft_context_for_wider_rounds(
     first = len(prompt) + len(generated) - 1  # the pending token's row
     expected = probs[first:first + 3].max(dim=-1).values.numpy()
     np.testing.assert_allclose(wide.confidence[0, 0], expected, rtol=1e-3, atol=1e-5)
+
+
+MIXED_WIDE = GraphShape(kind=GraphKind.MIXED, batch_capacity=4, token_capacity=4,
+                        proposal_depth=3, prefill_capacity=64, packed_capacity=64 + 3 * 4,
+                        speculation_enabled=True)
+
+
+@pytest.mark.parametrize("source", [LEARNED, COPY])
+def test_wider_speculative_mixed_frames_keep_greedy_output(
+    pair: tuple[Path, Path], plain_greedy: list[list[int]], source: str
+) -> None:
+    """MIX-43, MIX-33: a prompt chunk rides along speculative decode lanes of width 4 in
+    one target forward. The decode lanes' and the new request's greedy output equal
+    plain greedy; the new request then speculates from the draft context its chunks
+    built."""
+    engine = load(pair[0])
+    # the learned draft is the target itself: it must then accept every draft, which
+    # needs the draft KV the prompt chunks wrote in the mixed frames
+    attach_speculation(engine, (*SPEC_SHAPES, MIXED_WIDE), source=source,
+                       draft_model_dir=pair[0] if source == LEARNED else None)
+    driver = SpeculativeDriver(engine)
+    outputs = {row: [driver.prefill(PREFILL_64, row, PROMPTS[row], chunk=64)] for row in (0, 1)}
+    prompt = PROMPTS[3]  # 31 tokens in chunks of 12
+    chunks = [prompt[i:i + 12] for i in range(0, len(prompt), 12)]
+    for index, chunk in enumerate(chunks):
+        ends = index == len(chunks) - 1
+        result = driver.speculate_mixed(
+            MIXED_WIDE, [0, 3, 1], [4, 0, 2 + index % 3], prefill_row=1, prompt=chunk,
+            prompt_start=12 * index, prompt_ends=ends)
+        assert [lane.row for lane in result.speculative.lanes] == [0, 1]
+        for lane in result.speculative.lanes:
+            outputs[lane.row].extend(lane.tokens)
+        assert (result.prompt_sample is not None) == ends
+        if result.prompt_sample is not None:
+            outputs[3] = [result.prompt_sample.token]
+    while any(len(o) < GENERATE for o in outputs.values()):
+        result = driver.speculate_mixed(MIXED_WIDE, [0, 1, 3], [4, 4, 4])
+        for lane in result.speculative.lanes:
+            outputs[lane.row].extend(lane.tokens)
+            if source == LEARNED:
+                assert lane.accepted == 3
+    assert [outputs[row][:GENERATE] for row in (0, 1, 3)] == [
+        plain_greedy[0], plain_greedy[1], plain_greedy[3]]

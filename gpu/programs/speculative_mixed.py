@@ -1,0 +1,209 @@
+"""Wider speculative mixed programs: one prompt chunk alongside speculative decode lanes
+(seed: *Mixed execution contract*, MIX-6, MIX-43; *Speculative graph coverage*).
+
+A ``speculation_enabled`` mixed shape ``(B, W, C)`` with ``W > 1`` packs ``C`` prompt
+rows and ``(B - 1) * W`` speculative decode rows (``P = C + (B - 1) * W``) into one target
+forward (MIX-33). The decode lanes run exactly the complete speculative round of
+``SpeculativeProgram`` with host query lengths (their sum fits ``(B - 1) * W``); the
+prompt lane writes its chunk's KV into the target and the draft (draft-state
+maintenance) and records it in the history, and a chunk that ends the prompt samples
+the request's first token with the ordinary sampler. Idle lanes and padding rows write
+only the sink. ``execute`` stays capturable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpu.frames import (
+    FRAME_KEY,
+    NO_PROMPT_ROW,
+    RESULT_KEY,
+    FrameError,
+    LaneSample,
+    StateUpdate,
+)
+from gpu.model.decoder import PackedBatch
+from gpu.programs.speculative import SpeculativeFrame, SpeculativeProgram, SpeculativeResult
+from gpu.sampling import sample
+from policy.descriptors import GraphKind, GraphShape
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeMixedFrame:
+    """``rows`` (lane ``i`` is ``rows[i]``) with the prompt lane at ``prefill_row``
+    (-1: none). ``limits[i]`` is a decode lane's query length (1..W) and 0 for the
+    prompt lane; the decode lanes' lengths sum to at most ``(B - 1) * W``. The prompt
+    chunk ``prompt_tokens`` starts at ``prompt_start``; ``prompt_ends`` samples the
+    request's first output token."""
+
+    rows: tuple[int, ...]
+    limits: tuple[int, ...]
+    prefill_row: int = NO_PROMPT_ROW
+    prompt_tokens: tuple[int, ...] = ()
+    prompt_start: int = 0
+    prompt_ends: bool = False
+    updates: tuple[StateUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SpeculativeMixedResult:
+    """The decode lanes' round and, when the chunk ended its prompt, the prompt lane's
+    first token."""
+
+    speculative: SpeculativeResult
+    prompt_sample: LaneSample | None
+
+
+class SpeculativeMixedProgram(SpeculativeProgram):
+    """A prepared wider speculative mixed program of one ``GraphShape``."""
+
+    @staticmethod
+    def _decode_rows(shape: GraphShape) -> int:
+        if shape.kind is not GraphKind.MIXED or not shape.speculation_enabled \
+                or shape.token_capacity < 2:
+            raise ValueError("SpeculativeMixedProgram runs speculation_enabled mixed shapes "
+                             "with W > 1")
+        return (shape.batch_capacity - 1) * shape.token_capacity
+
+    def __init__(self, shape: GraphShape, **kwargs: Any) -> None:
+        super().__init__(shape, **kwargs)
+        self.rectangular = False
+        st = self._state
+        dev = st.pending_token.device
+        self.chunk = shape.prefill_capacity
+        self.prompt_row = torch.full((1,), st.sink_row, dtype=torch.int64, device=dev)
+        self.prompt_lane = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.prompt_tokens = torch.zeros(self.chunk, dtype=torch.int64, device=dev)
+        self.prompt_positions = torch.zeros(self.chunk, dtype=torch.int64, device=dev)
+        self.prompt_valid = torch.zeros(self.chunk, dtype=torch.bool, device=dev)
+        self.prompt_ends = torch.zeros(1, dtype=torch.bool, device=dev)
+        self.prompt_end_position = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.out_prompt_token = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.out_prompt_logprob = torch.zeros(1, dtype=torch.float32, device=dev)
+        self.out_prompt_finite = torch.zeros(1, dtype=torch.bool, device=dev)
+        self._prompt_hidden: torch.Tensor | None = None
+        self._mixed_frame: SpeculativeMixedFrame | None = None
+
+    # ------------------------------------------------------------------ bind
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        frame = self._validate_mixed(inputs.get(FRAME_KEY))
+        has_prompt = frame.prefill_row != NO_PROMPT_ROW
+        self._state.validate_updates(frame.updates)
+        self._state.apply_updates(frame.updates)
+        pad = self.batch - len(frame.rows)
+        self.lane_rows.copy_(torch.tensor(list(frame.rows) + [self._state.sink_row] * pad))
+        self.lane_limit.copy_(torch.tensor(list(frame.limits) + [0] * pad))
+        count = len(frame.prompt_tokens)
+        tokens = list(frame.prompt_tokens) + [0] * (self.chunk - count)
+        self.prompt_tokens.copy_(torch.tensor(tokens))
+        self.prompt_positions.copy_(torch.arange(self.chunk) + frame.prompt_start)
+        self.prompt_valid.copy_(torch.arange(self.chunk) < count)
+        lane = frame.prefill_row if has_prompt else 0
+        self.prompt_lane.fill_(lane)
+        self.prompt_row.fill_(frame.rows[lane] if has_prompt else self._state.sink_row)
+        self.prompt_ends.fill_(has_prompt and frame.prompt_ends)
+        self.prompt_end_position.fill_(frame.prompt_start + count)
+        self._bound = SpeculativeFrame(rows=frame.rows, limits=frame.limits)
+        self._mixed_frame = frame
+
+    def _validate_mixed(self, frame: object) -> SpeculativeMixedFrame:
+        if not isinstance(frame, SpeculativeMixedFrame):
+            raise FrameError(f"{self._shape.label()} takes a SpeculativeMixedFrame")
+        rows, limits = frame.rows, frame.limits
+        if len(rows) > self.batch or len(limits) != len(rows):
+            raise FrameError(f"need at most B={self.batch} rows with one limit each")
+        if len(set(rows)) != len(rows) or any(not 0 <= r < self._state.rows for r in rows):
+            raise FrameError("rows must be distinct state rows")
+        has_prompt = frame.prefill_row != NO_PROMPT_ROW
+        if has_prompt:
+            if not 0 <= frame.prefill_row < len(rows):
+                raise FrameError("prefill_row must index the frame's rows")
+            if not frame.prompt_tokens or limits[frame.prefill_row] != 0:
+                raise FrameError("the prompt lane carries a non-empty chunk and limit 0")
+        elif frame.prompt_tokens:
+            raise FrameError("prompt tokens need a prompt row")
+        if len(frame.prompt_tokens) > self.chunk:
+            raise FrameError(f"{len(frame.prompt_tokens)} prompt tokens exceed C={self.chunk}")
+        if frame.prompt_start < 0 or frame.prompt_start + len(frame.prompt_tokens) > \
+                self._state.geometry.max_context:
+            raise FrameError("the prompt chunk lies outside the context")
+        decode = [x for i, x in enumerate(limits) if i != frame.prefill_row]
+        if any(not 1 <= x <= self.width for x in decode):
+            raise FrameError(f"decode lane limits must lie in 1..W={self.width}")
+        if sum(decode) > self.rows_total:
+            raise FrameError(f"decode lengths sum {sum(decode)} exceeds {self.rows_total}")
+        return frame
+
+    # --------------------------------------------------------------- execute
+
+    def _prompt_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self._state.block_table[self.prompt_row].expand(self.chunk, -1)
+        return self._slots(table, self.prompt_positions, self.prompt_valid)
+
+    def _target_forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                        lane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        prompt_slots, prompt_pos = self._prompt_slots()
+        hidden = self._decoder.forward(PackedBatch(
+            token_ids=torch.cat([self.prompt_tokens, ids]),
+            positions=torch.cat([prompt_pos, pos]),
+            write_slots=torch.cat([prompt_slots, slots]),
+            token_lane=torch.cat([self.prompt_lane.expand(self.chunk), lane]),
+            lane_block_tables=tables,
+        ), self._cache)
+        self._prompt_hidden = hidden[: self.chunk]
+        return hidden[self.chunk:]
+
+    def execute(self) -> None:
+        st, ds = self._state, self._draft
+        # draft-state maintenance for the prompt chunk (history and draft KV)
+        prompt_rows = self.prompt_row.expand(self.chunk)
+        ds.record(prompt_rows, self.prompt_positions, self.prompt_tokens, self.prompt_valid)
+        if ds.draft is not None:
+            slots, pos = self._prompt_slots()
+            ds.draft_forward(PackedBatch(
+                token_ids=self.prompt_tokens, positions=pos, write_slots=slots,
+                token_lane=torch.zeros_like(pos), lane_block_tables=st.block_table[self.prompt_row],
+            ))
+        super().execute()  # decode lanes: the complete round, sharing the target forward
+        # the prompt lane's commit: position, and the first token when the prompt ends
+        assert self._prompt_hidden is not None
+        count = self.prompt_valid.sum()
+        last = (count - 1).clamp(min=0)
+        logits = self._decoder.logits(self._prompt_hidden[last][None])
+        row = self.prompt_row
+        token, logprob, finite = sample(
+            logits, temperature=st.temperature[row], top_p=st.top_p[row], top_k=st.top_k[row],
+            seed=st.seed[row], position=self.prompt_end_position)
+        self.out_prompt_token.copy_(token)
+        self.out_prompt_logprob.copy_(logprob)
+        self.out_prompt_finite.copy_(finite)
+        ends = self.prompt_ends
+        st.pending_token.index_copy_(0, row, torch.where(ends, token, st.pending_token[row]))
+        st.position.index_copy_(0, row, self.prompt_end_position)
+        ds.record(row, self.prompt_end_position, token, ends)
+
+    # ---------------------------------------------------------- read outputs
+
+    def read_outputs(self) -> dict[str, Any]:
+        frame = self._mixed_frame
+        if frame is None:
+            raise FrameError("read_outputs before bind")
+        every = super().read_outputs()[RESULT_KEY]
+        prompt_row = frame.rows[frame.prefill_row] if frame.prefill_row != NO_PROMPT_ROW else -1
+        speculative = SpeculativeResult(
+            lanes=tuple(lane for lane in every.lanes if lane.row != prompt_row),
+            confidence=every.confidence, survival=every.survival)
+        prompt_sample = None
+        if prompt_row >= 0 and frame.prompt_ends:
+            prompt_sample = LaneSample(
+                row=prompt_row, token=int(self.out_prompt_token.cpu()[0]),
+                logprob=float(self.out_prompt_logprob.cpu()[0]),
+                finite=bool(self.out_prompt_finite.cpu()[0]))
+        return {RESULT_KEY: SpeculativeMixedResult(speculative=speculative,
+                                                   prompt_sample=prompt_sample)}
