@@ -248,6 +248,7 @@ class RoundCandidate:
     source_lanes: tuple[SpeculativeLane, ...]
     lane_index: IntArray
     """Index into ``source_lanes`` of each cohort member, in slot order."""
+    handles: IntArray
     rows: IntArray
     ceilings: IntArray
     expected_tokens: FloatArray
@@ -278,10 +279,8 @@ class RoundCandidate:
 
     def logical_key(self) -> tuple[object, ...]:
         """What dominance compares: cohort, rows, ceilings, binding and actual D (SEL-34)."""
-        handles = np.array([self.source_lanes[i].handle for i in self.lane_index.tolist()],
-                           dtype=np.int64)
-        order = np.argsort(handles, kind="stable")
-        work = np.stack([handles[order], self.rows[order], self.ceilings[order]])
+        order = np.argsort(self.handles)
+        work = np.concatenate((self.handles[order], self.rows[order], self.ceilings[order]))
         return (self.shape.proposal_depth, self.shape.binding, work.tobytes())
 
 
@@ -294,6 +293,8 @@ class _LaneTable:
         n = len(self.lanes)
         self.limit = np.array([ln.request_limit for ln in self.lanes], dtype=np.int64)
         self.slope = np.array([ln.age_slope for ln in self.lanes], dtype=np.float64)
+        self.handles = np.array([ln.handle for ln in self.lanes], dtype=np.int64)
+        self.index = np.arange(n, dtype=np.int64)
         if not (np.isfinite(alpha) and alpha > 0):
             raise ValueError(f"alpha must be finite and positive, got {alpha!r}")
         depth = max(max_rows - 1, 0)
@@ -318,12 +319,11 @@ class _LaneTable:
         self.base[:, 0] = 0.0
 
 
-def _candidate(shape: GraphShape, table: _LaneTable, chosen: Sequence[tuple[int, int]],
+def _candidate(shape: GraphShape, table: _LaneTable, index: IntArray, rows: IntArray,
                ceilings: IntArray, estimate_ns: int, waiting: float,
                ordering: Ordering) -> RoundCandidate:
+    """Price cohort ``index`` (slot order) with ``rows`` each over the complete program."""
     t_ms = estimate_ns / NS_PER_MS
-    index = np.fromiter((i for i, _ in chosen), dtype=np.int64, count=len(chosen))
-    rows = np.fromiter((r for _, r in chosen), dtype=np.int64, count=len(chosen))
     base_each = table.base[index, rows]
     slope_each = table.slope[index]
     base = float(base_each.sum())
@@ -331,7 +331,8 @@ def _candidate(shape: GraphShape, table: _LaneTable, chosen: Sequence[tuple[int,
     rate = value_rate(base, slope, t_ms, waiting) if estimate_ns > 0 else None
     return RoundCandidate(shape=shape, base=base, slope=slope, estimate_ns=estimate_ns,
                           rate=rate, ordering=ordering, source_lanes=table.lanes,
-                          lane_index=index, rows=rows, ceilings=ceilings[index],
+                          lane_index=index, handles=table.handles[index], rows=rows,
+                          ceilings=ceilings[index],
                           expected_tokens=table.tokens[index, rows],
                           values=base_each + slope_each * t_ms)
 
@@ -356,18 +357,22 @@ def _host_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
                      ) -> list[RoundCandidate]:
     t_ms = estimate_ns / NS_PER_MS
     batch, packed = shape.batch_capacity, shape.packed_capacity
-    full = table.base[np.arange(len(table.lanes)), ceilings] + table.slope * t_ms
-    top = [int(i) for i in np.argsort(-full, kind="stable")[:batch] if ceilings[i] > 0]
-    if sum(int(ceilings[i]) for i in top) <= packed:
+    full = table.base[table.index, ceilings] + table.slope * t_ms
+    top = np.argsort(-full, kind="stable")[:batch]
+    top = top[ceilings[top] > 0]
+    if int(ceilings[top].sum()) <= packed:
         # P does not constrain the best cohort: complete prefixes, top-B values (SEL-25).
-        chosen = [(i, int(ceilings[i])) for i in top]
+        index, rows = top, ceilings[top]
     else:
         options = _options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
         picked = best_lengths(options, batch, packed)
         chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
-    if not chosen:
+        index = np.array([i for i, _ in chosen], dtype=np.int64)
+        rows = np.array([r for _, r in chosen], dtype=np.int64)
+    if len(index) == 0:
         return []
-    return [_candidate(shape, table, chosen, ceilings, estimate_ns, waiting, Ordering.HOST)]
+    return [_candidate(shape, table, index, rows, ceilings, estimate_ns, waiting,
+                       Ordering.HOST)]
 
 
 _ORDERINGS = (Ordering.TOTAL_VALUE, Ordering.DELIVERY_VALUE, Ordering.VALUE_PER_ROW)
@@ -429,9 +434,8 @@ def _device_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
         if cohort in seen:
             continue
         seen.add(cohort)
-        chosen = list(zip(cohort, (int(r) for r in rows[k, m, : m + 1]), strict=True))
-        out.append(_candidate(shape, table, chosen, ceilings, estimate_ns, waiting,
-                              _ORDERINGS[k]))
+        out.append(_candidate(shape, table, orders[k][: m + 1], rows[k, m, : m + 1],
+                              ceilings, estimate_ns, waiting, _ORDERINGS[k]))
     return out
 
 
@@ -448,7 +452,9 @@ def price_rows(candidate: RoundCandidate, lanes: Sequence[SpeculativeLane], esti
         i = by_handle[ln.handle]
         ceilings[i] = ln.ceiling
         chosen.append((i, ln.rows))
-    return _candidate(candidate.shape, table, chosen, ceilings, estimate_ns, waiting,
+    index = np.array([i for i, _ in chosen], dtype=np.int64)
+    rows = np.array([r for _, r in chosen], dtype=np.int64)
+    return _candidate(candidate.shape, table, index, rows, ceilings, estimate_ns, waiting,
                       candidate.ordering)
 
 
