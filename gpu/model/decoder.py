@@ -115,7 +115,7 @@ def _grouped_attention(
     """
     kv_heads, hd = keys.shape[2], keys.shape[3]
     stacked = (
-        q.view(batches, queries, kv_heads, group, hd)
+        q.reshape(batches, queries, kv_heads, group, hd)
         .permute(0, 2, 3, 1, 4)
         .reshape(batches, kv_heads, group * queries, hd)
     )
@@ -159,6 +159,40 @@ class Decoder:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.rope_cos = emb.cos().to(dtype)
         self.rope_sin = emb.sin().to(dtype)
+        self._fuse_projections()
+
+    def _fuse_projections(self) -> None:
+        """One q/k/v and one gate/up matrix per layer (fewer, larger matmuls). The
+        per-projection entries of ``self.w`` become views of the fused tensors, so no
+        weight is stored twice."""
+        self.qkv_weight: list[torch.Tensor] = []
+        self.qkv_bias: list[torch.Tensor | None] = []
+        self.gate_up_weight: list[torch.Tensor] = []
+        for i in range(self.config.num_layers):
+            names = [f"model.layers.{i}.self_attn.{p}_proj" for p in ("q", "k", "v")]
+            weights = [self.w[f"{n}.weight"] for n in names]
+            fused = torch.cat(weights)
+            biases = [self.w.get(f"{n}.bias") for n in names]
+            fused_bias = None
+            if any(b is not None for b in biases):
+                fused_bias = torch.cat([
+                    b if b is not None else w.new_zeros(w.shape[0])
+                    for b, w in zip(biases, weights, strict=True)
+                ])
+            start = 0
+            for name, weight, bias in zip(names, weights, biases, strict=True):
+                end = start + weight.shape[0]
+                self.w[f"{name}.weight"] = fused[start:end]
+                if bias is not None and fused_bias is not None:
+                    self.w[f"{name}.bias"] = fused_bias[start:end]
+                start = end
+            self.qkv_weight.append(fused)
+            self.qkv_bias.append(fused_bias)
+            gate, up = (f"model.layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up"))
+            gate_up = torch.cat((self.w[gate], self.w[up]))
+            half = self.w[gate].shape[0]
+            self.w[gate], self.w[up] = gate_up[:half], gate_up[half:]
+            self.gate_up_weight.append(gate_up)
 
     def _layer(self, i: int, name: str) -> torch.Tensor:
         return self.w[f"model.layers.{i}.{name}"]
@@ -217,20 +251,19 @@ class Decoder:
         h = self.embed[batch.token_ids]
         for i in range(cfg.num_layers):
             x = _rms_norm(h, self._layer(i, "input_layernorm.weight"), cfg.rms_norm_eps)
-            q = F.linear(x, self._layer(i, "self_attn.q_proj.weight"),
-                         self.w.get(f"model.layers.{i}.self_attn.q_proj.bias"))
-            k = F.linear(x, self._layer(i, "self_attn.k_proj.weight"),
-                         self.w.get(f"model.layers.{i}.self_attn.k_proj.bias"))
-            v = F.linear(x, self._layer(i, "self_attn.v_proj.weight"),
-                         self.w.get(f"model.layers.{i}.self_attn.v_proj.bias"))
-            q = q.view(n, h_heads, hd)
-            k = k.view(n, kv_heads, hd)
-            v = v.view(n, kv_heads, hd)
+            qkv = F.linear(x, self.qkv_weight[i], self.qkv_bias[i]).view(
+                n, h_heads + 2 * kv_heads, hd)
+            qk = qkv[:, :h_heads + kv_heads]
+            v = qkv[:, h_heads + kv_heads:]
             if cfg.qk_norm:
-                q = _rms_norm(q, self._layer(i, "self_attn.q_norm.weight"), cfg.rms_norm_eps)
-                k = _rms_norm(k, self._layer(i, "self_attn.k_norm.weight"), cfg.rms_norm_eps)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+                qk = torch.cat((
+                    _rms_norm(qk[:, :h_heads], self._layer(i, "self_attn.q_norm.weight"),
+                              cfg.rms_norm_eps),
+                    _rms_norm(qk[:, h_heads:], self._layer(i, "self_attn.k_norm.weight"),
+                              cfg.rms_norm_eps),
+                ), dim=1)
+            qk = qk * cos + _rotate_half(qk) * sin  # rotary on q and k heads at once
+            q, k = qk[:, :h_heads], qk[:, h_heads:]
             cache.write(i, batch.write_slots, k, v)
             keys, values = cache.gather_rows(i, batch.lane_block_tables)  # [R, ctx, kvh, hd]
             if split is not None:
@@ -258,8 +291,7 @@ class Decoder:
                                           group)
             h = h + F.linear(attn, self._layer(i, "self_attn.o_proj.weight"))
             x = _rms_norm(h, self._layer(i, "post_attention_layernorm.weight"), cfg.rms_norm_eps)
-            gate = F.linear(x, self._layer(i, "mlp.gate_proj.weight"))
-            up = F.linear(x, self._layer(i, "mlp.up_proj.weight"))
+            gate, up = F.linear(x, self.gate_up_weight[i]).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, self._layer(i, "mlp.down_proj.weight"))
         return _rms_norm(h, self.w["model.norm.weight"], cfg.rms_norm_eps)
 
