@@ -25,7 +25,20 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _selected(argv: Sequence[str]) -> tuple[str, ...] | None:
+    """The command path that ``argv`` names, if any (e.g. ``("bench", "plan")``)."""
+    words = [a for a in argv if not a.startswith("-")]
+    for path, _, _ in COMMANDS:
+        if tuple(words[: len(path)]) == path:
+            return path
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The full parser. Only the module of the command ``argv`` selects is imported (its
+    flags are needed); the others appear with their one-line help, so a heavy or broken
+    command never slows down or breaks the rest."""
+    selected = _selected(argv)
     parser = argparse.ArgumentParser(prog="flare", description=__doc__.splitlines()[0])
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
@@ -37,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                 group_parser = holder.add_parser(word, help=f"{word} commands")
                 groups[key] = group_parser.add_subparsers(dest=f"sub_{i}", required=True)
             holder = groups[key]
-        sub = holder.add_parser(path[-1], help=help_text)
+        sub = holder.add_parser(path[-1], help=help_text, description=help_text)
         sub.set_defaults(_module=module_name)
+        if path != selected:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -51,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if getattr(args, "_missing", False):
         parser.error(f"'{args.command}' is not available in this build")

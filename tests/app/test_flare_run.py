@@ -86,7 +86,7 @@ def test_missing_model_directory_is_named(opened: list[RuntimeConfig],
 
 @pytest.mark.parametrize("flags", [["--log-format", "xml"], ["--port", "70000"],
                                    ["--backend", "tpu"], ["--prefill-capacity", "a,b"],
-                                   ["--scheduler-policy", "fcfs"], ["--max-batch", "two"]])
+                                   ["--scheduler-policy", "lottery"], ["--max-batch", "two"]])
 def test_unparseable_flags_exit_with_usage_error(
         flags: list[str], model_dir: pathlib.Path, opened: list[RuntimeConfig],
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,13 +110,13 @@ def test_without_runtime_says_serving_is_unavailable(
 
 
 def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None:
-    parser = cli.build_parser()
-    args = parser.parse_args([
+    argv = [
         "run", "--model", str(model_dir), "--draft-model", str(model_dir), "--max-batch", "4",
         "--prefill-capacity", "64,4096", "--mixed-prefill", "--speculative-token-capacity", "6",
         "--scheduler-policy", "throughput", "--scheduler-terminal-value", "0.5",
         "--scheduler-terminal-age-price", "0", "--mtp-adaptive-verification-alpha", "1.5",
-        "--backend", "cuda", "--max-queue", "9", "--api-key", "k", "--served-model-name", "m"])
+        "--backend", "cuda", "--max-queue", "9", "--api-key", "k", "--served-model-name", "m"]
+    args = cli.build_parser(argv).parse_args(argv)
     config = build_runtime_config(args)
     assert config == RuntimeConfig(
         model_dir=model_dir, draft_model_dir=model_dir, backend="cuda", max_batch=4,
@@ -174,3 +174,16 @@ async def test_sigterm_drains_streams_then_closes_runtime(codec: TinyCodec,
     ready = next(e for e in logs if e["event"] == "server.ready")
     assert ready["address"] == server.url and ready["address"].startswith("http://127.0.0.1:")
     assert math.isfinite(next(e for e in logs if e["event"] == "runtime.prepared")["seconds"])
+
+
+def test_cli_imports_only_the_selected_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command whose module is broken cannot break the others (ops/cli.py)."""
+    monkeypatch.setattr(cli, "COMMANDS", (
+        *cli.COMMANDS, (("broken",), "ops.no_such_module_for_this_test", "broken on purpose")))
+    argv = ["bench", "plan", "--help"]
+    parser = cli.build_parser(argv)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(argv)
+    assert exit_info.value.code == 0
+    missing = cli.build_parser(["broken"]).parse_args(["broken"])
+    assert missing._missing is True
