@@ -54,7 +54,7 @@ class AllocatorState:
             _reply(msg.reply, self.book.reserve(msg.fence, msg.extents))
         elif isinstance(msg, Release):
             self.book.release(msg.handle, token_ids=msg.token_ids, kv_tokens=msg.kv_tokens,
-                              publish=msg.publish)
+                              publish=msg.publish, snapshot_done=msg.snapshot_done)
         elif isinstance(msg, FenceRetired):
             self.book.retire(msg.fence)
         self._grant_parked()

@@ -15,6 +15,12 @@ Owns three rules:
   order inside ``bind``, so the runtime never writes device state behind a queued
   frame's back.
 - **Lane order is plan order.** Rows, samples and records line up lane by lane.
+- **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
+  A terminal lane copies the request's state at its validated KV extent into a
+  scratch row and its partial last page into the snapshot destination. The frame
+  first re-initialises the source row from the host's view (position = written
+  extent, block table = the pages covering it), so the copy never depends on device
+  state that a discarded decode behind the final token advanced.
 
 Pure: no trio, no device.
 """
@@ -24,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, StateRow
+from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
 from actors.public import GenerationRequest
 from gpu.frames import (
     NO_PROMPT_ROW,
@@ -33,11 +39,13 @@ from gpu.frames import (
     MixedFrame,
     PageAppend,
     PrefillFrame,
+    RowCopy,
     RowInit,
     SamplingParams,
+    StateOpFrame,
     StateUpdate,
 )
-from policy.descriptors import GraphKind
+from policy.descriptors import GraphKind, StateOp
 from policy.types import Lane, LaneRole, ScheduledPlan
 
 
@@ -104,12 +112,42 @@ def _context(lane: Lane, source: LaneSource) -> LaneContext:
                        eos_token_ids=source.eos_token_ids)
 
 
+def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource],
+                    snapshots: Sequence[SnapshotPlan]) -> StateOpFrame:
+    by_handle = {s.handle: s for s in snapshots}
+    updates: list[StateUpdate] = []
+    copies: list[RowCopy] = []
+    for lane in plan.lanes:
+        if lane.role is not LaneRole.TERMINAL or lane.handle not in by_handle:
+            raise PackingError(f"{plan.shape.label()}: lane {lane.handle} is not a "
+                               "reserved terminal snapshot")
+        snap = by_handle[lane.handle]
+        updates.append(RowInit(row=snap.row, position=snap.kv_tokens,
+                               sampling=sources[lane.handle].sampling))
+        if snap.page_ids:
+            updates.append(PageAppend(row=snap.row, first_block=0,
+                                      page_ids=tuple(snap.page_ids)))
+        copies.append(RowCopy(src_row=snap.row, dst_row=snap.scratch_row,
+                              dst_page=snap.dst_page))
+    return StateOpFrame(copies=tuple(copies), updates=tuple(updates))
+
+
 def pack_frame(
     plan: ScheduledPlan,
     sources: Mapping[RequestHandle, LaneSource],
     pages: Sequence[PagePlan],
+    snapshots: Sequence[SnapshotPlan] = (),
 ) -> tuple[Frame, tuple[LaneContext, ...]]:
     """The frame value and lane contexts for ``plan`` (sources must hold every lane)."""
+    if plan.shape.kind is GraphKind.STATE:
+        if plan.shape.state_op is not StateOp.SNAPSHOT:
+            # Restores are planned only for requests admitted as restorable, which
+            # the runtime never does (docs/runtime.md); page copies and
+            # initialisation have no lane role in the scheduler.
+            raise PackingError(f"{plan.shape.label()}: the runtime runs only terminal "
+                               "snapshots among state operations")
+        contexts = tuple(_context(lane, sources[lane.handle]) for lane in plan.lanes)
+        return _snapshot_frame(plan, sources, snapshots), contexts
     by_handle = {p.handle: p for p in pages}
     lanes = plan.lanes
     updates = _updates(lanes, sources, by_handle)

@@ -132,6 +132,25 @@ class LaneExtent:
 
     handle: RequestHandle
     kv_tokens: int
+    snapshot: bool = False
+    """A terminal snapshot lane (PRE-38, PRE-39): the request keeps its pages and
+    needs a snapshot destination for the partial page at ``kv_tokens``; the reply
+    carries a ``SnapshotPlan`` for it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotPlan:
+    """What a terminal snapshot lane copies: the request's state at ``kv_tokens``
+    (its row, re-initialised from the host's view: ``page_ids`` cover the written
+    positions) into ``scratch_row``, and the partial last page into ``dst_page``
+    (-1: ``kv_tokens`` ends on a page boundary, nothing to copy)."""
+
+    handle: RequestHandle
+    row: StateRow
+    scratch_row: StateRow
+    kv_tokens: int
+    page_ids: tuple[PageId, ...]
+    dst_page: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,7 +170,7 @@ class Reserve:
 
     fence: Fence
     extents: tuple[LaneExtent, ...]
-    reply: trio.MemorySendChannel[tuple[PagePlan, ...]]
+    reply: trio.MemorySendChannel[tuple[PagePlan | SnapshotPlan, ...]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +184,9 @@ class Release:
     token_ids: tuple[int, ...] = ()
     kv_tokens: int = 0
     publish: bool = False
+    snapshot_done: bool = False
+    """Its terminal snapshot frame completed: the copied partial page (the snapshot
+    destination) replaces the request's own partial page in the published chain."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

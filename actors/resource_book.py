@@ -17,6 +17,14 @@ QUEUE-49/50, PRE-39, PRE-54):
   happens at the same moment, so only written pages are ever shared.
 - **Accounting.** ``free_pages + evictable`` covers every outstanding budget, which
   ``acquire`` maintains as an invariant.
+- **Terminal snapshots** (``snapshot_lanes > 0``; seed *Prerequisites and
+  completion*, PRE-38, PRE-39). The last ``snapshot_lanes`` state rows are kept as
+  scratch rows (the destination rows of SNAPSHOT copies, one per lane of a frame;
+  nothing ever reads them), and every
+  budget holds one more page: the snapshot destination for the partial last page.
+  A terminal snapshot lane's reservation (``LaneExtent(snapshot=True)``) takes that
+  page; when the request is released with ``snapshot_done``, the copied page replaces
+  its own partial page in the published chain and the original returns to the pool.
 
 Pure bookkeeping: no trio, no device.
 """
@@ -27,7 +35,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from actors.checkpoints import checkpoint_roles
-from actors.messages import Fence, Grant, LaneExtent, PageId, PagePlan, RequestHandle, StateRow
+from actors.messages import (
+    Fence,
+    Grant,
+    LaneExtent,
+    PageId,
+    PagePlan,
+    RequestHandle,
+    SnapshotPlan,
+    StateRow,
+)
 from actors.page_pool import PagePool, ResourceError, StateRowPool, pages_for
 from actors.prefix_cache import PrefixCache
 
@@ -47,6 +64,10 @@ class _Ownership:
     publish_kv_tokens: int = 0
     publish: bool = False
     message_ends: tuple[int, ...] = field(default=())
+    snapshot_page: PageId | None = None
+    """The terminal snapshot's destination page (written once its fence retires)."""
+    snapshot_kv_tokens: int = 0
+    snapshot_done: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,9 +85,16 @@ class ResourceStatistics:
 class ResourceBook:
     """Rows, page budgets, the prefix cache and fenced retirement."""
 
-    def __init__(self, *, num_pages: int, state_rows: int, page_size: int) -> None:
+    def __init__(self, *, num_pages: int, state_rows: int, page_size: int,
+                 snapshot_lanes: int = 0) -> None:
         self.page_size = page_size
         self.pages = PagePool(num_pages)
+        self.terminal_snapshots = snapshot_lanes > 0
+        if state_rows <= snapshot_lanes:
+            raise ResourceError(f"{state_rows} state rows leave none for requests beside "
+                                f"{snapshot_lanes} snapshot scratch rows")
+        state_rows -= snapshot_lanes
+        self.scratch_rows = tuple(StateRow(state_rows + i) for i in range(snapshot_lanes))
         self.rows = StateRowPool(state_rows)
         self.cache = PrefixCache(self.pages, page_size)
         self._owners: dict[RequestHandle, _Ownership] = {}
@@ -77,8 +105,10 @@ class ResourceBook:
 
     def budget_for(self, prompt_len: int, max_tokens: int) -> int:
         """Worst-case pages: every prompt position and every generated token but the
-        last (its KV is never written)."""
-        return pages_for(prompt_len + max_tokens - 1, self.page_size)
+        last (its KV is never written), plus the snapshot destination when terminal
+        snapshots run."""
+        extra = 1 if self.terminal_snapshots else 0
+        return pages_for(prompt_len + max_tokens - 1, self.page_size) + extra
 
     def acquire(
         self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = (),
@@ -109,15 +139,21 @@ class ResourceBook:
 
     # ------------------------------------------------------------------ frames
 
-    def reserve(self, fence: Fence, extents: Sequence[LaneExtent]) -> tuple[PagePlan, ...]:
+    def reserve(self, fence: Fence, extents: Sequence[LaneExtent]
+                ) -> tuple[PagePlan | SnapshotPlan, ...]:
         """Give each lane pages covering its KV extent after ``fence`` and pin the
-        request's resources through ``fence`` (QUEUE-49, QUEUE-50)."""
-        plans: list[PagePlan] = []
+        request's resources through ``fence`` (QUEUE-49, QUEUE-50). A snapshot lane
+        gets its ``SnapshotPlan`` instead."""
+        plans: list[PagePlan | SnapshotPlan] = []
         for extent in extents:
             owner = self._owners.get(extent.handle)
             if owner is None or owner.released:
                 raise ResourceError(f"request {extent.handle} is not resident")
             owner.last_fence = fence
+            if extent.snapshot:
+                scratch = sum(1 for p in plans if isinstance(p, SnapshotPlan))
+                plans.append(self._snapshot_plan(owner, extent.kv_tokens, scratch))
+                continue
             needed = pages_for(extent.kv_tokens, self.page_size) - len(owner.pages)
             if needed <= 0:
                 continue
@@ -133,6 +169,29 @@ class ResourceBook:
                                   first_block=len(owner.pages), page_ids=taken))
             owner.pages.extend(taken)
         return tuple(plans)
+
+    def _snapshot_plan(self, owner: _Ownership, kv_tokens: int, lane: int) -> SnapshotPlan:
+        if lane >= len(self.scratch_rows):
+            raise ResourceError(f"snapshot lane {lane}: this book keeps "
+                                f"{len(self.scratch_rows)} scratch rows")
+        covered = pages_for(kv_tokens, self.page_size)
+        if covered > len(owner.pages):
+            raise ResourceError(f"request {owner.handle} holds {len(owner.pages)} pages, "
+                                f"a snapshot at {kv_tokens} tokens needs {covered}")
+        dst = -1
+        if kv_tokens % self.page_size:
+            if owner.snapshot_page is None:
+                if owner.budget < 1:
+                    raise ResourceError(f"request {owner.handle} has no snapshot page left")
+                if self.pages.free_count == 0:
+                    self.cache.evict(1)
+                (owner.snapshot_page,) = self.pages.take(1)
+                owner.budget -= 1
+            dst = int(owner.snapshot_page)
+        owner.snapshot_kv_tokens = kv_tokens
+        return SnapshotPlan(handle=owner.handle, row=owner.row, scratch_row=self.scratch_rows[lane],
+                            kv_tokens=kv_tokens, page_ids=tuple(owner.pages[:covered]),
+                            dst_page=dst)
 
     def pin(self, fence: Fence, handles: Sequence[RequestHandle]) -> None:
         """Pin requests that take part in ``fence`` without needing pages."""
@@ -150,6 +209,7 @@ class ResourceBook:
         token_ids: Sequence[int] = (),
         kv_tokens: int = 0,
         publish: bool = False,
+        snapshot_done: bool = False,
     ) -> bool:
         """The request will submit nothing more. Returns True if its resources came
         back at once (its last fence had already retired)."""
@@ -160,6 +220,7 @@ class ResourceBook:
         owner.publish = publish
         owner.publish_tokens = tuple(token_ids)
         owner.publish_kv_tokens = kv_tokens
+        owner.snapshot_done = snapshot_done
         owner.budget = 0
         if owner.last_fence is None or owner.last_fence <= self._retired:
             self._finalize(owner)
@@ -179,6 +240,16 @@ class ResourceBook:
         return len(done)
 
     def _finalize(self, owner: _Ownership) -> None:
+        spare = owner.snapshot_page
+        if (spare is not None and owner.snapshot_done and owner.publish
+                and owner.snapshot_kv_tokens == owner.publish_kv_tokens):
+            # The snapshot's copy of the partial page is what gets published; the
+            # request's own partial page returns to the pool (PRE-39).
+            block = owner.publish_kv_tokens // self.page_size
+            owner.pages[block], spare = spare, owner.pages[block]
+        owner.snapshot_page = None
+        if spare is not None:
+            self.pages.drop((spare,))
         if owner.publish and owner.publish_kv_tokens > 0:
             kv = owner.publish_kv_tokens
             roles = checkpoint_roles(

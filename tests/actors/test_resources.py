@@ -273,3 +273,56 @@ def test_open_3_tails_are_evicted_before_their_parents() -> None:
     pool.drop([pages[0]])
     assert cache.evict(5) == 1 and pool.free_count == 4
     assert cache.statistics().pages == 0
+
+
+def snapshot_book(pages: int = 8, rows: int = 3) -> ResourceBook:
+    return ResourceBook(num_pages=pages, state_rows=rows, page_size=PAGE, snapshot_lanes=1)
+
+
+def test_pre_39_snapshot_book_keeps_a_scratch_row_and_a_destination_page() -> None:
+    """A snapshot book keeps its last row as scratch and budgets one destination page
+    per request beyond the worst-case KV pages."""
+    b = snapshot_book(rows=3)
+    assert b.scratch_rows == (2,) and b.rows.total == 2
+    assert b.budget_for(6, 3) == pages_for(8, PAGE) + 1
+    with pytest.raises(ResourceError):
+        ResourceBook(num_pages=4, state_rows=1, page_size=PAGE, snapshot_lanes=1)
+
+
+def test_pre_37_snapshot_plan_copies_only_a_partial_page() -> None:
+    """Covers PRE-37: a snapshot at a page boundary needs no destination; mid-page it
+    takes one page (once, however often the plan is reserved again)."""
+    b = snapshot_book()
+    g = b.acquire(list(range(6)), max_tokens=3)
+    assert g is not None
+    b.reserve(Fence(1), [LaneExtent(handle=g.handle, kv_tokens=8)])
+    (boundary,) = b.reserve(Fence(2), [LaneExtent(handle=g.handle, kv_tokens=8,
+                                                   snapshot=True)])
+    assert boundary.dst_page == -1 and len(boundary.page_ids) == 2
+    (mid,) = b.reserve(Fence(3), [LaneExtent(handle=g.handle, kv_tokens=7, snapshot=True)])
+    (again,) = b.reserve(Fence(4), [LaneExtent(handle=g.handle, kv_tokens=7, snapshot=True)])
+    assert mid.dst_page >= 0 and again.dst_page == mid.dst_page
+    assert mid.scratch_row == b.scratch_rows[0] and mid.row == g.row
+
+
+def test_pre_39_snapshot_copy_replaces_the_partial_page_on_publication() -> None:
+    """Covers PRE-39, PRE-53: after a completed snapshot the destination page is the
+    published tail and the request's own partial page is freed; without a completed
+    snapshot the destination is dropped and the host tail is published."""
+    for done in (True, False):
+        b = snapshot_book()
+        prompt = list(range(10, 16))
+        g = b.acquire(prompt, max_tokens=2)
+        assert g is not None
+        b.reserve(Fence(1), [LaneExtent(handle=g.handle, kv_tokens=6)])
+        own_tail = b.page_table(g.handle)[1]
+        (snap,) = b.reserve(Fence(2), [LaneExtent(handle=g.handle, kv_tokens=6,
+                                                   snapshot=True)])
+        b.release(g.handle, token_ids=prompt, kv_tokens=6, publish=True, snapshot_done=done)
+        b.retire(Fence(2))
+        published_tail = snap.dst_page if done else own_tail
+        dropped = own_tail if done else snap.dst_page
+        assert b.pages.references(PageId(published_tail)) == 1
+        assert b.pages.references(PageId(dropped)) == 0
+        assert b.statistics().pages_cached == 2
+        assert b.rows.free_count == b.rows.total

@@ -62,12 +62,16 @@ async def wait_until_idle(rt: Runtime) -> None:
 
 
 @pytest.mark.slow
-async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(tiny_llama: Path
-                                                                          ) -> None:
+@pytest.mark.parametrize("state_operations", [False, True], ids=["host-tail", "snapshot"])
+async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(
+        tiny_llama: Path, state_operations: bool) -> None:
+    """With ``state_operations`` every completion ends with a real SNAPSHOT program
+    whose partial-page copy the second turn takes (PRE-37..39, PRE-53)."""
     prompts = [prompt_of(n, seed) for seed, n in enumerate((5, 23, 40, 70))]
     references = [hf_greedy(tiny_llama, p, 12) for p in prompts]
     with trio.fail_after(120):
-        async with open_runtime(config_for(tiny_llama)) as rt:
+        async with open_runtime(config_for(tiny_llama,
+                                           state_operations=state_operations)) as rt:
             results: dict[int, list[int]] = {}
 
             async def one(i: int) -> None:
@@ -96,13 +100,19 @@ async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(tiny_ll
             reference = hf_prompt_logprobs(tiny_llama, prompts[2])
             assert scores[0].logprobs[1:] == pytest.approx(reference, abs=1e-3)
             await wait_until_idle(rt)
+            snapshots = sum(n for kind, n in rt.statistics().executions_by_graph
+                            if kind.startswith("state"))
+            assert snapshots == (6 if state_operations else 0)
 
 
 @pytest.mark.slow
-async def test_random_cancellations_return_every_page_and_row(tiny_llama: Path) -> None:
+@pytest.mark.parametrize("state_operations", [False, True], ids=["host-tail", "snapshot"])
+async def test_random_cancellations_return_every_page_and_row(tiny_llama: Path,
+                                                              state_operations: bool) -> None:
     rng = random.Random(5)
     with trio.fail_after(120):
-        async with open_runtime(config_for(tiny_llama, max_queue=32)) as rt:
+        async with open_runtime(config_for(tiny_llama, max_queue=32,
+                                           state_operations=state_operations)) as rt:
 
             async def client(i: int) -> None:
                 request = GenerationRequest(
