@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from policy.config import PolicyConfig
 from policy.decision import build_context, projected_histories
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
-from policy.learning import find_probe, ordinary_from_plan
+from policy.learning import find_probe, ordinary_from_plan, ordinary_from_round
 from policy.refresh import (
     CreditLedger,
     acceptance_learning_ledger,
@@ -160,7 +160,9 @@ class SpeculativeScheduler(Scheduler):
         best = best_round(round_candidates(lanes, shapes, estimates, alpha=alpha,
                                            waiting=ctx.waiting, mode=self._mode))
         winner = ordinary
+        won_round = None  # the winning round, when a speculative round won
         if best is not None and round_wins(best, ordinary):
+            won_round = best
             winner = round_plan(
                 best, exponent=ctx.exponent, stale=bool(stale[position[best.shape]]),
                 reason=SelectionReason.ORDINARY if best.rate is not None
@@ -173,7 +175,8 @@ class SpeculativeScheduler(Scheduler):
             if refresh is not None:
                 return refresh
         probe = find_probe(lanes=lanes, shapes=shapes, estimates_ns=estimates,
-                           ordinary=ordinary_from_plan(winner), ledger=self._learning,
+                           ordinary=ordinary_from_round(won_round) if won_round is not None
+                           else ordinary_from_plan(winner), ledger=self._learning,
                            mode=self._mode, alpha=alpha, waiting=ctx.waiting,
                            refresh_pending=False)
         if probe is None:
