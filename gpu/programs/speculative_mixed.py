@@ -1,10 +1,12 @@
 """Wider speculative mixed programs: one prompt chunk alongside speculative decode lanes
 (seed: *Mixed execution contract*, MIX-6, MIX-43; *Speculative graph coverage*).
 
-A ``speculation_enabled`` mixed shape ``(B, W, C)`` with ``W > 1`` packs ``C`` prompt
-rows and ``(B - 1) * W`` speculative decode rows (``P = C + (B - 1) * W``) into one target
-forward (MIX-33). The decode lanes run exactly the complete speculative round of
-``SpeculativeProgram`` with host query lengths (their sum fits ``(B - 1) * W``); the
+A ``speculation_enabled`` mixed shape ``(B, W, C)`` with ``W > 1`` packs a prompt chunk
+of up to ``C`` tokens and the speculative decode lanes' rows into ``P = C + (B - 1) * W``
+rows of one target forward (MIX-33), at prefix-sum offsets (MIX-12): the chunk's rows
+first, then each decode lane's. The decode lanes run exactly the complete speculative
+round of ``SpeculativeProgram`` with host query lengths (chunk plus lengths fit P, so a
+decode-only frame may run all B lanes at full width, MIX-17); the
 prompt lane writes its chunk's KV into the target and the draft (draft-state
 maintenance) and records it in the history, and a chunk that ends the prompt samples
 the request's first token with the ordinary sampler. Idle lanes and padding rows write
@@ -68,7 +70,7 @@ class SpeculativeMixedProgram(SpeculativeProgram):
                 or shape.token_capacity < 2:
             raise ValueError("SpeculativeMixedProgram runs speculation_enabled mixed shapes "
                              "with W > 1")
-        return (shape.batch_capacity - 1) * shape.token_capacity
+        return shape.max_packed_extent  # C + (B - 1) * W, shared with the prompt chunk
 
     def __init__(self, shape: GraphShape, **kwargs: Any) -> None:
         super().__init__(shape, **kwargs)
@@ -136,8 +138,9 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         decode = [x for i, x in enumerate(limits) if i != frame.prefill_row]
         if any(not 1 <= x <= self.width for x in decode):
             raise FrameError(f"decode lane limits must lie in 1..W={self.width}")
-        if sum(decode) > self.rows_total:
-            raise FrameError(f"decode lengths sum {sum(decode)} exceeds {self.rows_total}")
+        if sum(decode) + len(frame.prompt_tokens) > self.rows_total:
+            raise FrameError(f"{len(frame.prompt_tokens)} prompt tokens and decode lengths "
+                             f"{sum(decode)} exceed P={self.rows_total}")
         return frame
 
     # --------------------------------------------------------------- execute
@@ -148,16 +151,25 @@ class SpeculativeMixedProgram(SpeculativeProgram):
 
     def _target_forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                         lane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        # Packed offsets are prefix sums (MIX-12): the chunk's ``count`` rows first, then
+        # the decode lanes' rows (``ids`` etc. are laid out from 0 in decode order; decode
+        # rows past ``P - count`` are unused because lengths + count <= P).
         prompt_slots, prompt_pos = self._prompt_slots()
+        count = self.prompt_valid.sum()
+        total = self.rows_total
+        row = torch.arange(total, device=ids.device)
+        is_prompt = row < count
+        prompt_index = row.clamp(max=self.chunk - 1)
+        decode_index = (row - count).clamp(min=0)
         hidden = self._decoder.forward(PackedBatch(
-            token_ids=torch.cat([self.prompt_tokens, ids]),
-            positions=torch.cat([prompt_pos, pos]),
-            write_slots=torch.cat([prompt_slots, slots]),
-            token_lane=torch.cat([self.prompt_lane.expand(self.chunk), lane]),
+            token_ids=torch.where(is_prompt, self.prompt_tokens[prompt_index], ids[decode_index]),
+            positions=torch.where(is_prompt, prompt_pos[prompt_index], pos[decode_index]),
+            write_slots=torch.where(is_prompt, prompt_slots[prompt_index], slots[decode_index]),
+            token_lane=torch.where(is_prompt, self.prompt_lane, lane[decode_index]),
             lane_block_tables=tables,
         ), self._cache)
-        self._prompt_hidden = hidden[: self.chunk]
-        return hidden[self.chunk:]
+        self._prompt_hidden = hidden[prompt_index]
+        return hidden[(row + count).clamp(max=total - 1)]
 
     def execute(self) -> None:
         st, ds = self._state, self._draft

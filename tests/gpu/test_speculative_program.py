@@ -23,6 +23,7 @@ from gpu.frames import FRAME_KEY, FrameError, SamplingParams
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.speculative import COPY, LEARNED, SpeculativeFrame, attach_speculation
 from gpu.programs.speculative_driver import SpeculativeDriver
+from gpu.programs.speculative_mixed import SpeculativeMixedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL, PL = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT
@@ -380,7 +381,8 @@ def test_wider_speculative_mixed_frames_keep_greedy_output(
     attach_speculation(engine, (*SPEC_SHAPES, MIXED_WIDE), source=source,
                        draft_model_dir=pair[0] if source == LEARNED else None)
     driver = SpeculativeDriver(engine)
-    outputs = {row: [driver.prefill(PREFILL_64, row, PROMPTS[row], chunk=64)] for row in (0, 1)}
+    outputs = {row: [driver.prefill(PREFILL_64, row, PROMPTS[row], chunk=64)]
+               for row in (0, 1, 2)}
     prompt = PROMPTS[3]  # 31 tokens in chunks of 12
     chunks = [prompt[i:i + 12] for i in range(0, len(prompt), 12)]
     for index, chunk in enumerate(chunks):
@@ -389,16 +391,26 @@ def test_wider_speculative_mixed_frames_keep_greedy_output(
             MIXED_WIDE, [0, 3, 1], [4, 0, 2 + index % 3], prefill_row=1, prompt=chunk,
             prompt_start=12 * index, prompt_ends=ends)
         assert [lane.row for lane in result.speculative.lanes] == [0, 1]
+        outputs[2].extend(driver.speculate(SPEC_SHAPES[0], [2], [1]).lanes[0].tokens)
         for lane in result.speculative.lanes:
             outputs[lane.row].extend(lane.tokens)
         assert (result.prompt_sample is not None) == ends
         if result.prompt_sample is not None:
             outputs[3] = [result.prompt_sample.token]
+    for bad in (
+        SpeculativeMixedFrame(rows=(0, 4), limits=(4, 0), prefill_row=1,
+                              prompt_tokens=tuple(PROMPTS[0] * 4)[:65]),  # chunk > C
+        SpeculativeMixedFrame(rows=(0, 4), limits=(4, 2), prefill_row=1, prompt_tokens=(5,)),
+        SpeculativeMixedFrame(rows=(0, 4), limits=(5, 0), prefill_row=1, prompt_tokens=(5,)),
+        SpeculativeMixedFrame(rows=(0,), limits=(4,), prompt_tokens=(5,)),  # no prompt row
+    ):
+        with pytest.raises(FrameError):
+            engine.programs[MIXED_WIDE].bind({FRAME_KEY: bad})
     while any(len(o) < GENERATE for o in outputs.values()):
-        result = driver.speculate_mixed(MIXED_WIDE, [0, 1, 3], [4, 4, 4])
+        # decode-only: all four lanes at full width share P with no chunk (MIX-17)
+        result = driver.speculate_mixed(MIXED_WIDE, [0, 1, 2, 3], [4, 4, 4, 4])
         for lane in result.speculative.lanes:
             outputs[lane.row].extend(lane.tokens)
             if source == LEARNED:
                 assert lane.accepted == 3
-    assert [outputs[row][:GENERATE] for row in (0, 1, 3)] == [
-        plain_greedy[0], plain_greedy[1], plain_greedy[3]]
+    assert [outputs[row][:GENERATE] for row in (0, 1, 2, 3)] == plain_greedy
