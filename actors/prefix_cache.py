@@ -12,7 +12,12 @@ and OPEN-3 as ``docs/runtime.md`` states them:
   by anyone, so it is kept as it is (zero copy), keyed by (parent node, its tokens).
   A hit *moves* it to the request that reuses it, which will write the rest of that
   page: only an unshared tail can be taken, and the cache forgets it (the taker
-  publishes its own pages when it finishes).
+  publishes its own pages when it finishes). A taker whose prompt diverges inside the
+  tail takes it too, truncated to the common prefix (KV at a position depends only on
+  the tokens up to it, so the tail's first ``k`` positions are the taker's own; it
+  overwrites the rest). This is how a conversation anchor inside the last page of a
+  short exchange is reused by a turn that shares the anchor but not the answer
+  (QUEUE-17).
 - **Publication.** Pages enter the cache only after the frame that wrote them retired
   (the caller's job: ``ResourceBook`` publishes on fence retirement). Inserting a page
   whose node already exists keeps the existing page (the request's duplicate is freed
@@ -83,6 +88,15 @@ class PrefixCacheStatistics:
     evictions: int
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class PrefixCache:
     """Token-content-keyed full pages, reference-counted in a shared ``PagePool``."""
 
@@ -115,10 +129,10 @@ class PrefixCache:
             parent_id = node.node_id
         self._pool.share(pages)
         tokens = len(pages) * self.page_size
-        tail = self._take_partial(parent_id, token_ids[tokens:limit_tokens])
+        tail, common = self._take_partial(parent_id, token_ids[tokens:limit_tokens])
         if tail is not None:
             pages.append(tail.page)  # the cache's reference moves to the caller
-            tokens += len(tail.key[1])
+            tokens += common
         if pages:
             self._hits += 1
             self._hit_tokens += tokens
@@ -139,20 +153,23 @@ class PrefixCache:
             self._hits -= 1
             self._hit_tokens -= hit.tokens
 
-    def _take_partial(self, parent_id: int, rest: Sequence[int]) -> _Node | None:
-        """Remove and return the longest partial tail under ``parent_id`` that ``rest``
-        starts with and that no request shares (move on reuse: the taker writes the
-        rest of that page, so it must own it alone)."""
+    def _take_partial(self, parent_id: int, rest: Sequence[int]
+                      ) -> tuple[_Node | None, int]:
+        """Remove and return the partial tail under ``parent_id`` that shares the
+        longest common prefix (at least one token) with ``rest`` and that no request
+        shares, with that prefix's length (move on reuse: the taker writes the rest of
+        that page from there, so it must own it alone)."""
         best: _Node | None = None
+        best_common = 0
         for node in self._partials.get(parent_id, ()):
-            chunk = node.key[1]
-            if (len(chunk) <= len(rest) and tuple(rest[:len(chunk)]) == chunk
-                    and self._pool.references(node.page) == 1
-                    and (best is None or len(chunk) > len(best.key[1]))):
-                best = node
+            if self._pool.references(node.page) != 1:
+                continue
+            common = _common_prefix(node.key[1], rest)
+            if common > best_common:
+                best, best_common = node, common
         if best is not None:
             self._forget(best)
-        return best
+        return best, best_common
 
     def _forget(self, node: _Node) -> None:
         """Unlink ``node`` (its page reference is the caller's business)."""

@@ -326,3 +326,24 @@ def test_pre_39_snapshot_copy_replaces_the_partial_page_on_publication() -> None
         assert b.pages.references(PageId(dropped)) == 0
         assert b.statistics().pages_cached == 2
         assert b.rows.free_count == b.rows.total
+
+
+def test_queue_17_a_diverging_prompt_takes_the_tail_truncated() -> None:
+    """Covers QUEUE-17, OPEN-3: a prompt that shares only the first tokens of an
+    unshared partial tail (a turn that keeps the anchor but not the answer) takes the
+    tail, truncated to the common prefix; a shared tail or no common token is left."""
+    pool = PagePool(8)
+    cache = PrefixCache(pool, PAGE)
+    pages = pool.take(3)
+    cache.publish([*range(8), 20, 21, 22], pages)  # tail (20, 21, 22) after two pages
+    held = cache.lookup([*range(8), 20, 30, 31], limit_tokens=10)
+    assert held.tokens == 8  # the finished request still shares the tail
+    pool.drop(held.pages)
+    pool.drop(pages)
+    assert cache.lookup([*range(8), 40, 41], limit_tokens=9).tokens == 8  # no common token
+    pool.drop(pages[:2])
+    taken = cache.lookup([*range(8), 20, 30, 31], limit_tokens=10)
+    assert taken.tokens == 9 and taken.pages == pages
+    assert pool.references(pages[2]) == 1  # moved to the taker
+    cache.give_back(taken)
+    assert cache.lookup([*range(8), 20, 21, 22, 1], limit_tokens=11).tokens == 11

@@ -138,3 +138,30 @@ async def test_random_cancellations_return_every_page_and_row(tiny_llama: Path,
             assert stats.pages_total - stats.pages_free == stats.pages_cached
             assert rt.statistics().requests_waiting == 0
             assert rt.scheduler.statistics().resident == 0
+
+
+@pytest.mark.slow
+async def test_queue_17_next_turn_keeping_the_anchor_but_not_the_answer_hits(
+        tiny_llama: Path) -> None:
+    """Covers QUEUE-16, QUEUE-17, OPEN-3: turn one's last completed message ends at
+    token 37, inside its partial last page; a second turn that keeps those 37 tokens
+    but not the answer (a regenerated reply) reuses them all: two full pages shared
+    and the tail taken truncated to the anchor. Its greedy output equals
+    transformers'."""
+    turn_one = prompt_of(40, 31)
+    turn_two = [*turn_one[:37], *[(t % 90) + 4 for t in turn_one[37:40]], 11, 12, 13]
+    assert turn_two[37] != turn_one[37]
+    with trio.fail_after(120):
+        async with open_runtime(config_for(tiny_llama)) as rt:
+            first = GenerationRequest(prompt_token_ids=tuple(turn_one), max_tokens=5,
+                                      sampling=GREEDY, ignore_eos=True, message_ends=(12, 37))
+            async with rt.generate(first) as events:
+                async for _ in events:
+                    pass
+            before = rt.statistics().prompt_tokens_total
+            tokens, final = await generate(rt, turn_two, 6)
+            ran = rt.statistics().prompt_tokens_total - before
+            await wait_until_idle(rt)
+    assert final.cached_prompt_tokens == 37
+    assert ran == len(turn_two) - 37
+    assert tokens == hf_greedy(tiny_llama, turn_two, 6)
