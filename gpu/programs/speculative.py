@@ -421,6 +421,26 @@ def attach_speculation(
     return draft_state
 
 
+def is_speculative_shape(shape: GraphShape) -> bool:
+    """Whether ``attach_speculation`` (not ``ModelEngine.load``) builds ``shape``."""
+    return shape.kind is GraphKind.SPECULATIVE or (
+        shape.kind is GraphKind.MIXED and shape.speculation_enabled)
+
+
+def load_speculative_engine(
+    model_dir: str | Path, *, catalog: Sequence[GraphShape], source: str,
+    draft_model_dir: str | Path | None = None, copy_max_ngram: int = 3, **load_options: Any,
+) -> ModelEngine:
+    """``ModelEngine.load`` for a speculative load: the ordinary shapes of ``catalog``
+    through the engine, then every speculative and ``speculation_enabled`` mixed shape
+    through ``attach_speculation`` (``load_options`` go to ``ModelEngine.load``)."""
+    ordinary = [s for s in catalog if not is_speculative_shape(s)]
+    engine = ModelEngine.load(model_dir, catalog=ordinary, **load_options)
+    attach_speculation(engine, [s for s in catalog if is_speculative_shape(s)], source=source,
+                       draft_model_dir=draft_model_dir, copy_max_ngram=copy_max_ngram)
+    return engine
+
+
 def _width_one_mixed(shape: GraphShape, engine: ModelEngine) -> StepProgram:
     """The ordinary program behind a ``speculation_enabled`` width-one mixed shape
     (MIX-6, MIX-35: decode attention and direct updates; the wrapper keeps the draft

@@ -21,7 +21,13 @@ from model_fixtures import DECODE, PREFILL_64, RESTORE, SNAPSHOT, build_checkpoi
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, FrameError, SamplingParams
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import COPY, LEARNED, SpeculativeFrame, attach_speculation
+from gpu.programs.speculative import (
+    COPY,
+    LEARNED,
+    SpeculativeFrame,
+    attach_speculation,
+    load_speculative_engine,
+)
 from gpu.programs.speculative_driver import SpeculativeDriver
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
@@ -414,3 +420,43 @@ def test_wider_speculative_mixed_frames_keep_greedy_output(
             if source == LEARNED:
                 assert lane.accepted == 3
     assert [outputs[row][:GENERATE] for row in (0, 1, 2, 3)] == plain_greedy
+
+
+def test_a_speculative_catalog_loads_completely(
+    pair: tuple[Path, Path], plain_greedy: list[list[int]]
+) -> None:
+    """Every shape ``gpu.catalog`` generates for a speculative load (draft depth 3,
+    mixed capture on) gets a program (CAT-10, MIX-6, MIX-43, SPEC-2, SPEC-4), and the
+    generated programs run: greedy output still equals plain greedy."""
+    from gpu.catalog import CatalogFlags, build_catalog
+
+    catalog = build_catalog(CatalogFlags(
+        max_batch=4, prefill_capacities=(64,), mixed_prefill=True, family_supports_mixed=True,
+        draft_depth=3, completion_token_capacity=4))
+    engine = load_speculative_engine(
+        pair[0], catalog=catalog.shapes, source=LEARNED, draft_model_dir=pair[1],
+        device="cpu", dtype=None, page_size=PAGE_SIZE, num_pages=96, state_rows=6,
+        require_tokenizer=False)
+    assert set(engine.programs) == set(catalog.shapes)
+    wide = next(s for s in catalog.of_kind(GraphKind.SPECULATIVE)
+                if s.batch_capacity == 4 and s.token_capacity == 4)
+    one = next(s for s in catalog.of_kind(GraphKind.SPECULATIVE)
+               if s.batch_capacity == 4 and s.token_capacity == 1)
+    mixed_one = next(s for s in catalog.of_kind(GraphKind.MIXED)
+                     if s.batch_capacity == 4 and s.token_capacity == 1)
+    assert mixed_one.speculation_enabled
+    driver = SpeculativeDriver(engine)
+    prefill = catalog.of_kind(GraphKind.PREFILL)[0]
+    rows = [0, 1, 2]
+    outputs = [[driver.prefill(prefill, r, PROMPTS[r], chunk=64)] for r in rows]
+    for shape in itertools.cycle((wide, one, None)):
+        if all(len(o) >= GENERATE for o in outputs):
+            break
+        if shape is None:
+            result = driver.mixed(mixed_one, rows)
+            for sample in result.samples:
+                outputs[sample.row].append(sample.token)
+            continue
+        for lane in driver.speculate(shape, rows, [shape.token_capacity] * 3).lanes:
+            outputs[lane.row].extend(lane.tokens)
+    assert [o[:GENERATE] for o in outputs] == plain_greedy[:3]
