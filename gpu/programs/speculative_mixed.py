@@ -185,9 +185,8 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         super().execute()  # decode lanes: the complete round, sharing the target forward
         # the prompt lane's commit: position, and the first token when the prompt ends
         assert self._prompt_hidden is not None
-        count = self.prompt_valid.sum()
-        last = (count - 1).clamp(min=0)
-        logits = self._decoder.logits(self._prompt_hidden[last][None])
+        last = (self.prompt_valid.sum() - 1).clamp(min=0).view(1)  # stays on the device
+        logits = self._decoder.logits(self._prompt_hidden.index_select(0, last))
         row = self.prompt_row
         token, logprob, finite = sample(
             logits, temperature=st.temperature[row], top_p=st.top_p[row], top_k=st.top_k[row],

@@ -33,6 +33,9 @@ SHAPES = (
                proposal_depth=3, packed_capacity=5,
                binding=TargetBinding.SPECULATIVE_PREFIX_LIMIT),
 )
+MIXED_WIDE = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=4,
+                        proposal_depth=3, prefill_capacity=64, packed_capacity=68,
+                        speculation_enabled=True)
 GENERATE = 20
 
 
@@ -84,7 +87,7 @@ def _engine(target: Path) -> ModelEngine:
 def _speculate(target: Path, draft: Path, source: str, capture: bool,
                sampling: SamplingParams) -> list[list[int]]:
     engine = _engine(target)
-    attach_speculation(engine, SHAPES, source=source,
+    attach_speculation(engine, (*SHAPES, MIXED_WIDE), source=source,
                        draft_model_dir=draft if source == LEARNED else None)
     if capture:
         pool = torch.cuda.graph_pool_handle()
@@ -94,11 +97,15 @@ def _speculate(target: Path, draft: Path, source: str, capture: bool,
     prompts = [prompt_of(20, 1), prompt_of(8, 3) * 3]
     out = [[driver.prefill(PREFILL_64, r, p, chunk=64, sampling=sampling)]
            for r, p in enumerate(prompts)]
-    for shape in itertools.cycle(SHAPES):
+    for shape in itertools.cycle((*SHAPES, MIXED_WIDE)):
         if all(len(o) >= GENERATE for o in out):
             break
-        result = driver.speculate(shape, [0, 1], [shape.token_capacity, 2])
-        for lane in result.lanes:
+        if shape is MIXED_WIDE:
+            lanes = driver.speculate_mixed(shape, [0, 1], [4, 2]).speculative.lanes
+        else:
+            limits = [shape.token_capacity, min(2, shape.token_capacity)]
+            lanes = driver.speculate(shape, [0, 1], limits).lanes
+        for lane in lanes:
             out[lane.row].extend(lane.tokens)
     return [o[:GENERATE] for o in out]
 
