@@ -460,3 +460,22 @@ def test_a_speculative_catalog_loads_completely(
         for lane in driver.speculate(shape, rows, [shape.token_capacity] * 3).lanes:
             outputs[lane.row].extend(lane.tokens)
     assert [o[:GENERATE] for o in outputs] == plain_greedy[:3]
+
+
+META_SHAPES = (SPEC_SHAPES[0], SPEC_SHAPES[4], SPEC_SHAPES[5], SPEC_SHAPES[6], MIXED_SPEC,
+               MIXED_WIDE)
+
+
+@pytest.mark.parametrize("source", [LEARNED, COPY])
+def test_execute_has_no_data_dependence(pair: tuple[Path, Path], source: str) -> None:
+    """CAT-10, capturability on the CPU: every program's ``execute`` runs on the ``meta``
+    device, which holds no data, so it reads no value on the host (no ``.item()``, no
+    data-dependent shape or branch). On CUDA, test_speculative_program_cuda.py replays
+    captured graphs."""
+    engine = ModelEngine.load(pair[0], device="meta", dtype=None, catalog=BASE_CATALOG,
+                              page_size=PAGE_SIZE, num_pages=8, state_rows=2,
+                              require_tokenizer=False)
+    attach_speculation(engine, META_SHAPES, source=source,
+                       draft_model_dir=pair[1] if source == LEARNED else None)
+    for program in engine.programs.values():
+        program.execute()
