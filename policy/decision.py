@@ -110,8 +110,13 @@ def build_context(
     terminals: list[RequestRecord] = []
     prompts: list[RequestRecord] = []
     restorable: list[RequestRecord] = []
+    pending_terminals: list[RequestRecord] = []
     for r in records.values():
-        if r.cancelled or r.phase is Phase.RETIRED or r.restore is RestoreNeed.AWAITING:
+        if r.cancelled or r.phase is Phase.RETIRED:
+            continue
+        if r.phase is Phase.TERMINAL:
+            pending_terminals.append(r)
+        if r.restore is RestoreNeed.AWAITING:
             continue
         if r.restorable:
             restorable.append(r)
@@ -125,8 +130,6 @@ def build_context(
         elif r.phase is Phase.PREFILL and r.selectable:
             prompts.append(r)
     prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
-    pending_terminals = [r for r in records.values()
-                         if r.phase is Phase.TERMINAL and not r.cancelled]
 
     dec_prices = np.array(
         [(output_token_price(h, config), delivery_price(h, config))
@@ -152,7 +155,7 @@ def build_context(
 
     ages_ms = np.array([r.output_age_ns(start_ns) for r in decoders],
                        dtype=np.float64) / NS_PER_MS
-    dec_base = (np.ldexp(dec_prices.sum(axis=1), -e) + dec_slope * ages_ms).tolist()
+    dec_base = np.ldexp(dec_prices.sum(axis=1), -e) + dec_slope * ages_ms
     term_value = scaled(config.terminal_value, e)
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
@@ -231,6 +234,9 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     (no family reference: no age term, PRE-50). Single-stage rows keep the family
     sigma: the pair lookahead already scores their following inference exactly.
     """
+    if not restorable:
+        return RestoreGroup(records=(), decoding=(), base=(), slope=dec_slope,
+                            token_price=(), finish_value=(), remaining=())
     stage_ms = {StateOp.RESTORE: _fastest_ms(times, catalog.restore),
                 StateOp.INITIALIZE: _fastest_ms(times, catalog.initialize)}
     decode_ms = _fastest_ms(times, catalog.decode)

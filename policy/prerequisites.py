@@ -190,6 +190,21 @@ def _prompt_values(token_price: FloatArray, finish: FloatArray, remaining: IntAr
     return out
 
 
+def _undominated(ctx: DecisionContext, values: FloatArray, remaining: IntArray,
+                 caps: IntArray, shapes: IntArray | None = None) -> npt.NDArray[np.bool_]:
+    """Columns (sorted by batch, then capacity) whose best prompt row does different
+    work from the previous column of the same batch bucket; a repeat is a larger
+    capacity doing identical logical work and is dominated (SEL-32)."""
+    idx = ctx.catalog.mixed if shapes is None else shapes
+    best = values.argmax(axis=0)
+    tokens = np.minimum(caps, remaining[best])
+    batch = ctx.catalog.batch[idx]
+    keep = np.ones(len(idx), dtype=np.bool_)
+    keep[1:] = ~((batch[1:] == batch[:-1]) & (best[1:] == best[:-1])
+                 & (tokens[1:] == tokens[:-1]))
+    return keep
+
+
 def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray
                        ) -> _Following:
     """Every following inference shape in each MIX-25 case (PRE-2, MIX-24)."""
@@ -206,16 +221,20 @@ def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray
     if new_dec:
         add(cat.decode, cat.batch[cat.decode], 0, 1, zeros(len(cat.decode)),
             np.full(len(cat.decode), -1))
-        # MIX-25 prompt absent: a decode-only mixed step.
-        add(cat.mixed, mixed_b, 0, 1, zeros(len(cat.mixed)), np.full(len(cat.mixed), -1))
+        # MIX-25 prompt absent: a decode-only mixed step does the same work at every
+        # prompt capacity of a batch bucket, so only the smallest is not dominated.
+        only = cat.mixed_smallest_prompt
+        add(only, cat.batch[only], 0, 1, zeros(len(only)), np.full(len(only), -1))
         ready = np.nonzero(~ctx.prompts.scored)[0]
         if len(ready) and len(cat.mixed):
             # MIX-25 prompt already ready: the best ready prompt row per capacity.
             p = ctx.prompts
+            caps = cat.capacities[cat.mixed, 2]
             values = _prompt_values(p.token_price[ready], p.finish_value[ready],
-                                    p.logical_remaining[ready], cat.capacities[cat.mixed, 2])
-            add(cat.mixed, mixed_b - 1, 0, 1, values.max(axis=0),
-                np.full(len(cat.mixed), -1))
+                                    p.logical_remaining[ready], caps)
+            keep = _undominated(ctx, values, p.logical_remaining[ready], caps)
+            add(cat.mixed[keep], (mixed_b - 1)[keep], 0, 1, values.max(axis=0)[keep],
+                np.full(int(keep.sum()), -1))
     if len(new_prompts):
         # A newly ready prompt row: following prefill, or MIX-25 prompt enabled by the
         # prerequisite (newly ready decoders may join it, k >= 0).
@@ -229,7 +248,9 @@ def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray
             if not len(shapes):
                 continue
             values = _prompt_values(tp, fin, rem, caps)
-            add(shapes, follow, 1, 0, values.max(axis=0), new_prompts[values.argmax(axis=0)])
+            keep = _undominated(ctx, values, rem, caps, shapes)
+            add(shapes[keep], follow[keep], 1, 0, values.max(axis=0)[keep],
+                new_prompts[values.argmax(axis=0)][keep])
     if not cols:
         empty_i = np.zeros(0, dtype=np.int64)
         return _Following(empty_i, empty_i, empty_i, empty_i, np.zeros(0), empty_i)
@@ -243,24 +264,26 @@ def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray
     )
 
 
-def _pair_choice(ctx: DecisionContext, r: int, rows: list[int], fol: _Following,
-                 new_order: IntArray, terminals_allowed: bool) -> PrerequisiteChoice | None:
-    """The exact two-stage choice for prerequisite shape ``r`` over every following
-    column at once (PRE-7..13, PRE-46, MIX-25): a (column x k) table of sequence values,
-    where k newly ready decoders take the k largest values, ready decoders fill the
-    following graph's remaining rows and terminal rows the prerequisite's."""
+def _pair_choices(ctx: DecisionContext, shapes: list[int], rows: list[int],
+                  fol: _Following, new_order: IntArray, terminals_allowed: bool
+                  ) -> list[PrerequisiteChoice]:
+    """The exact two-stage choice for each prerequisite shape over every following
+    column (PRE-7..13, PRE-46, MIX-25), as one (prerequisite x column x k) table of
+    sequence values: k newly ready decoders take the k largest values, ready decoders
+    fill the following graph's remaining rows and terminal rows the prerequisite's."""
     group = ctx.restorable
-    t_ms = float(ctx.estimate_ns[r]) / 1e6
-    b_r = int(ctx.catalog.batch[r])
+    r_idx = np.array(shapes, dtype=np.int64)
+    t_ms = (ctx.estimate_ns[r_idx] / 1e6)[:, None, None]
+    b_r = ctx.catalog.batch[r_idx][:, None, None]
     dec, term = ctx.decoders, ctx.terminals
     n_term = len(term) if terminals_allowed else 0
     base = np.array(group.base, dtype=np.float64)
     new_prefix = prefix_sums(base[new_order])
-    k = np.arange(0, min(len(new_order), b_r) + 1)[None, :]
-    span = (t_ms + ctx.estimate_ns[fol.shape] / 1e6)[:, None]
-    pre_left = b_r - fol.fixed_pre[:, None] - k
-    follow_left = fol.follow_cap[:, None] - k
-    valid = (k >= fol.min_new[:, None]) & (pre_left >= 0) & (follow_left >= 0)
+    k = np.arange(0, min(len(new_order), int(b_r.max())) + 1)[None, None, :]
+    span = t_ms + (ctx.estimate_ns[fol.shape] / 1e6)[None, :, None]
+    pre_left = b_r - fol.fixed_pre[None, :, None] - k
+    follow_left = fol.follow_cap[None, :, None] - k
+    valid = (k >= fol.min_new[None, :, None]) & (pre_left >= 0) & (follow_left >= 0)
     ready = np.clip(np.minimum(follow_left, len(dec)), 0, None)
     term_n = np.clip(np.minimum(pre_left, n_term), 0, None)
     # A stage-1 terminal stops ageing at T and saves its waiting cost over the rest of
@@ -268,24 +291,34 @@ def _pair_choice(ctx: DecisionContext, r: int, rows: list[int], fol: _Following,
     saved = ctx.terminal_coefficient * (span * span - t_ms * t_ms) / 2.0
     value = (new_prefix[k] + k * group.slope * span + dec.prefix[ready]
              + ready * dec.slope * span + term.prefix[term_n]
-             + term_n * (term.slope * t_ms + saved) + fol.extra[:, None])
-    score = value / span - span / 2.0 * ctx.waiting if t_ms > 0 else value
-    score = np.where(valid, score, -np.inf)
-    if not np.isfinite(score).any():
-        return None
-    rows_adv = np.where(valid, k + ready + term_n + fol.fixed_pre[:, None], -1)
-    flat = np.lexsort((-rows_adv.ravel(), -score.ravel()))[0]
-    col, kk = divmod(int(flat), score.shape[1])
-    chosen: list[int] = []
-    if fol.new_prompt[col] >= 0:
-        chosen.append(int(fol.new_prompt[col]))
-    chosen += [int(i) for i in new_order[:kk]]
-    t_n = int(term_n[col, kk])
-    return PrerequisiteChoice(
-        shape=r, following_shape=int(fol.shape[col]),
-        rows=_fill_spare(chosen, rows, b_r - t_n), terminals=t_n,
-        value=float(value[col, kk]), rate=float(score[col, kk]) if t_ms > 0 else None,
-        basis="pair")
+             + term_n * (term.slope * t_ms + saved) + fol.extra[None, :, None])
+    known = t_ms > 0
+    score = np.where(known, value / span - span / 2.0 * ctx.waiting, value)
+    score = np.where(valid, score, -np.inf).reshape(len(shapes), -1)
+    rows_adv = np.where(valid, k + ready + term_n + fol.fixed_pre[None, :, None],
+                        -1).reshape(len(shapes), -1)
+    flat_value = value.reshape(len(shapes), -1)
+    flat_term = term_n.reshape(len(shapes), -1)
+    width = value.shape[2]
+    out: list[PrerequisiteChoice] = []
+    for i, r in enumerate(shapes):
+        best = score[i].max()
+        if not np.isfinite(best):
+            continue
+        ties = np.nonzero(score[i] == best)[0]
+        flat = int(ties[np.argmax(rows_adv[i, ties])])
+        col, kk = divmod(flat, width)
+        chosen: list[int] = []
+        if fol.new_prompt[col] >= 0:
+            chosen.append(int(fol.new_prompt[col]))
+        chosen += [int(j) for j in new_order[:kk]]
+        t_n = int(flat_term[i, flat])
+        out.append(PrerequisiteChoice(
+            shape=r, following_shape=int(fol.shape[col]),
+            rows=_fill_spare(chosen, rows, int(b_r[i, 0, 0]) - t_n), terminals=t_n,
+            value=float(flat_value[i, flat]),
+            rate=float(best) if bool(known[i, 0, 0]) else None, basis="pair"))
+    return out
 
 
 def _fill_spare(chosen: list[int], rows: list[int], capacity: int) -> tuple[int, ...]:
@@ -370,15 +403,16 @@ def best_prerequisite(ctx: DecisionContext) -> PrerequisiteChoice | None:
         new_prompts = np.array([i for i in single if not group.decoding[i]], dtype=np.int64)
         fol = _following_columns(ctx, len(new_order), new_prompts)
         terminals_allowed = op is StateOp.RESTORE
+        options: list[PrerequisiteChoice | None] = []
+        if len(fol.shape):
+            options += _pair_choices(ctx, shapes.tolist(), rows, fol, new_order,
+                                     terminals_allowed)
         for r in shapes.tolist():
-            options: list[PrerequisiteChoice | None] = [
-                _multistage_choice(ctx, r, rows, multi, terminals_allowed)]
-            if len(fol.shape):
-                options.append(_pair_choice(ctx, r, rows, fol, new_order, terminals_allowed))
-                if terminals_allowed:
-                    first = int(new_order[0]) if len(new_order) else int(new_prompts[0])
-                    options.append(_prefix_choice(ctx, r, rows, first))
-            for option in options:
+            options.append(_multistage_choice(ctx, r, rows, multi, terminals_allowed))
+            if len(fol.shape) and terminals_allowed and len(ctx.terminals):
+                first = int(new_order[0]) if len(new_order) else int(new_prompts[0])
+                options.append(_prefix_choice(ctx, r, rows, first))
+        for option in options:
                 if option is not None and (best is None or option.key() < best.key()):
                     best = option
     return best

@@ -51,6 +51,7 @@ from policy.utility import NS_PER_MS, FloatArray, optimistic_rate, prefix_sums, 
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,14 +163,17 @@ class LaneGroup:
     """``lru_prefix_min[m]`` = least last-served time among the first m (m >= 1)."""
 
     @staticmethod
-    def build(records: list[RequestRecord], base: list[float], slope: float) -> LaneGroup:
-        order = sorted(
-            range(len(records)),
-            key=lambda i: (-base[i], records[i].last_served_ns, records[i].handle),
-        )
-        recs = tuple(records[i] for i in order)
-        b = np.array([base[i] for i in order], dtype=np.float64)
-        served = np.array([r.last_served_ns for r in recs], dtype=np.int64)
+    def build(records: list[RequestRecord], base: list[float] | FloatArray,
+              slope: float) -> LaneGroup:
+        values = np.asarray(base, dtype=np.float64)
+        served_all = np.fromiter((r.last_served_ns for r in records), dtype=np.int64,
+                                 count=len(records))
+        handles = np.fromiter((r.handle for r in records), dtype=np.int64,
+                              count=len(records))
+        order = np.lexsort((handles, served_all, -values))
+        recs = tuple(records[i] for i in order.tolist())
+        b = values[order]
+        served = served_all[order]
         lru = np.zeros(len(recs) + 1, dtype=np.int64)
         if len(recs):
             lru[1:] = np.minimum.accumulate(served)
@@ -313,16 +317,17 @@ def _dominated_by_smaller(keys: IntArray, batch: IntArray, prompt: IntArray) -> 
     result = np.zeros(n, dtype=np.bool_)
     if n < 2:
         return result
-    span = keys.max(axis=0) - keys.min(axis=0) + 1
-    flat = ((keys[:, 0] - keys[:, 0].min()) * span[1] + keys[:, 1] - keys[:, 1].min()) \
-        * span[2] + keys[:, 2] - keys[:, 2].min()
-    _, group = np.unique(flat, return_inverse=True)
-    order = np.lexsort((prompt, batch, group))
+    order = np.lexsort((prompt, batch, keys[:, 2], keys[:, 1], keys[:, 0]))
+    sorted_keys = keys[order]
+    change = np.empty(n, dtype=np.int64)
+    change[0] = 0
+    change[1:] = np.any(sorted_keys[1:] != sorted_keys[:-1], axis=1)
+    group = np.cumsum(change)
     big = int(prompt.max()) + 1
-    shifted = prompt[order] - group[order] * big  # later groups never leak backwards
+    shifted = prompt[order] - group * big  # later groups never leak backwards
     running = np.minimum.accumulate(shifted)
     earlier = np.empty(n, dtype=np.int64)
-    earlier[0] = np.iinfo(np.int64).max
+    earlier[0] = _INT64_MAX
     earlier[1:] = running[:-1]
     result[order] = earlier <= shifted
     return result
@@ -409,7 +414,7 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
         col = np.arange(len(idx))
         best_tokens = tokens[best, col]
         m2 = np.minimum(cap_b - 1, len(dec))
-        lru_m = np.where(m2 > 0, dec.lru_prefix_min[m2], np.iinfo(np.int64).max)
+        lru_m = np.where(m2 > 0, dec.lru_prefix_min[m2], _INT64_MAX)
         push(shape=idx, base=value[best, col] + dec.prefix[m2], slope=m2 * dec.slope,
              served=m2 + 1, lru=np.minimum(p.last_served[rows][best], lru_m),
              pad_rows=cap_b - m2 - 1, pad_tokens=cap_c - best_tokens,
