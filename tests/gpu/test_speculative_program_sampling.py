@@ -8,7 +8,8 @@ those three tokens is compared with the target's exact law (computed with
 transformers) by a chi-square test at a fixed seed set; the same counts must be far
 from the draft's law, which shows the test would notice a verifier that lets draft
 tokens through. Covers the issue's "sampled output follows the target distribution"
-end to end, for host query lengths and device allocation.
+end to end, for host query lengths and device allocation with the learned draft, and
+for copy proposals (point masses from the request's history).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, RESULT_KEY, PageAppend, RowInit, SamplingParams
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import LEARNED, SpeculativeFrame, attach_speculation
+from gpu.programs.speculative import COPY, LEARNED, SpeculativeFrame, attach_speculation
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 VOCAB, PAGE, LANES, WIDTH, NEW = 4, 16, 16, 3, 3
@@ -86,11 +87,15 @@ def exact_law(model_dir: Path) -> np.ndarray:
     return law
 
 
-def sample_counts(target: Path, draft: Path, shape: GraphShape) -> np.ndarray:
+def sample_counts(target: Path, draft: Path, shape: GraphShape, source: str
+                  ) -> tuple[np.ndarray, int]:
+    """Counts of the first three new tokens over ``REQUESTS`` requests, and the drafts
+    accepted on the way."""
     engine = ModelEngine.load(target, device="cpu", dtype=None, catalog=(PREFILL,),
                               page_size=PAGE, num_pages=LANES + 2, state_rows=LANES + 1,
                               require_tokenizer=False)
-    attach_speculation(engine, (shape,), source=LEARNED, draft_model_dir=draft)
+    attach_speculation(engine, (shape,), source=source,
+                       draft_model_dir=draft if source == LEARNED else None)
     driver = ReferenceDriver(engine)
     prompt_row = LANES
     driver.prefill(PREFILL, prompt_row, PROMPT, chunk=64)  # target and draft KV, page 0
@@ -98,6 +103,7 @@ def sample_counts(target: Path, draft: Path, shape: GraphShape) -> np.ndarray:
     own = [p for p in range(LANES + 2) if p != shared][:LANES]
     program = engine.programs[shape]
     counts = np.zeros((VOCAB,) * NEW, dtype=np.int64)
+    accepted = 0
     rows = tuple(range(LANES))
     for batch in range(REQUESTS // LANES):
         updates: tuple[RowInit | PageAppend, ...] = ()
@@ -115,11 +121,12 @@ def sample_counts(target: Path, draft: Path, shape: GraphShape) -> np.ndarray:
             program.execute()
             for lane in program.read_outputs()[RESULT_KEY].lanes:
                 produced[lane.row].extend(lane.tokens)
+                accepted += lane.accepted
             if min(len(p) for p in produced) >= NEW:
                 break
         for tokens in produced:
             counts[tuple(tokens[:NEW])] += 1
-    return counts
+    return counts, accepted
 
 
 def chi_square(counts: np.ndarray, law: np.ndarray) -> tuple[float, float]:
@@ -135,14 +142,17 @@ def chi_square(counts: np.ndarray, law: np.ndarray) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", [HOST, DEVICE], ids=["query_length", "prefix_limit"])
+@pytest.mark.parametrize(("shape", "source"), [(HOST, LEARNED), (DEVICE, LEARNED), (HOST, COPY)],
+                         ids=["query_length", "prefix_limit", "copy"])
 def test_sampled_output_follows_the_target_law(
-    small_pair: tuple[Path, Path], laws: tuple[np.ndarray, np.ndarray], shape: GraphShape
+    small_pair: tuple[Path, Path], laws: tuple[np.ndarray, np.ndarray], shape: GraphShape,
+    source: str,
 ) -> None:
     target, draft = small_pair
     target_law, draft_law = laws
-    counts = sample_counts(target, draft, shape)
+    counts, accepted = sample_counts(target, draft, shape, source)
     assert counts.sum() == REQUESTS
+    assert accepted > REQUESTS // 10  # drafts were verified and accepted, not bypassed
     statistic, critical = chi_square(counts, target_law)
     assert statistic < critical, (statistic, critical)
     against_draft, _ = chi_square(counts, draft_law)
