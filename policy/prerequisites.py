@@ -297,27 +297,30 @@ def _pair_choices(ctx: DecisionContext, shapes: list[int], rows: list[int],
     score = np.where(valid, score, -np.inf).reshape(len(shapes), -1)
     rows_adv = np.where(valid, k + ready + term_n + fol.fixed_pre[None, :, None],
                         -1).reshape(len(shapes), -1)
-    flat_value = value.reshape(len(shapes), -1)
-    flat_term = term_n.reshape(len(shapes), -1)
+    best = score.max(axis=1)
+    flat_best = np.argmax(np.where(score == best[:, None], rows_adv, -2), axis=1)
     width = value.shape[2]
+    picked_value = value.reshape(len(shapes), -1)[np.arange(len(shapes)), flat_best].tolist()
+    picked_term = term_n.reshape(len(shapes), -1)[np.arange(len(shapes)), flat_best].tolist()
+    known_r = known.ravel().tolist()
+    caps_r = b_r.ravel().tolist()
+    new_list = new_order.tolist()
     out: list[PrerequisiteChoice] = []
-    for i, r in enumerate(shapes):
-        best = score[i].max()
-        if not np.isfinite(best):
+    for i, (r, top, flat) in enumerate(zip(shapes, best.tolist(), flat_best.tolist(),
+                                           strict=True)):
+        if top == -np.inf:
             continue
-        ties = np.nonzero(score[i] == best)[0]
-        flat = int(ties[np.argmax(rows_adv[i, ties])])
         col, kk = divmod(flat, width)
         chosen: list[int] = []
         if fol.new_prompt[col] >= 0:
             chosen.append(int(fol.new_prompt[col]))
-        chosen += [int(j) for j in new_order[:kk]]
-        t_n = int(flat_term[i, flat])
+        chosen += new_list[:kk]
+        t_n = int(picked_term[i])
         out.append(PrerequisiteChoice(
             shape=r, following_shape=int(fol.shape[col]),
-            rows=_fill_spare(chosen, rows, int(b_r[i, 0, 0]) - t_n), terminals=t_n,
-            value=float(flat_value[i, flat]),
-            rate=float(best) if bool(known[i, 0, 0]) else None, basis="pair"))
+            rows=_fill_spare(chosen, rows, int(caps_r[i]) - t_n), terminals=t_n,
+            value=float(picked_value[i]), rate=float(top) if known_r[i] else None,
+            basis="pair"))
     return out
 
 
