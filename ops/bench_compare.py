@@ -60,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-args", default="--mixed-prefill --log-level warning",
                         help="extra flare run flags (one string)")
     parser.add_argument("--output-dir", type=pathlib.Path, default=pathlib.Path("compare-results"))
-    parser.add_argument("--tabulate", type=pathlib.Path, default=None,
-                        help="only print the table of the run files in this directory")
+    parser.add_argument("--tabulate", type=pathlib.Path, nargs="+", default=None,
+                        help="only print the table of the run files in these directories "
+                             "(several: one sweep table, a row per directory and policy)")
 
 
 def free_port() -> int:
@@ -273,10 +274,36 @@ def tabulate(directory: pathlib.Path) -> str:
     return markdown_table(_kind_of(clients), summaries)
 
 
+def _sweep_row(s: dict[str, Any]) -> list[str]:
+    return [f"{_ms(s['ttft_s'], 'median')} / {_ms(s['ttft_s'], 'p99')}",
+            _ms(s["tpot_s"], "p99"), _ms(s["itl_s"], "max"), _s(s["e2e_s"], "p99"),
+            f"{s['throughput']['output_tokens_per_s']:.0f}"]
+
+
+def sweep_table(directories: Sequence[pathlib.Path]) -> str:
+    """One row per (directory, policy): the capacity sweep's view."""
+    from ops.loadgen.report import read_run
+
+    headers = ["TTFT p50 / p99 (ms)", "TPOT p99 (ms)", "ITL max (ms)", "E2E p99 (s)",
+               "output tok/s"]
+    lines = ["| run | policy | " + " | ".join(headers) + " |",
+             "|---" * (len(headers) + 2) + "|"]
+    for directory in directories:
+        for name in POLICIES:
+            path = directory / f"{name}.json"
+            if path.exists():
+                s = read_run(path).summary
+                lines.append(f"| {directory.name} | {name} | " + " | ".join(_sweep_row(s)) + " |")
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.tabulate is not None:
         try:
-            print(tabulate(args.tabulate))
+            if len(args.tabulate) > 1:
+                print(sweep_table(args.tabulate))
+            else:
+                print(tabulate(args.tabulate[0]))
         except (ValueError, OSError) as exc:
             print(f"flare bench compare: {exc}", file=sys.stderr)
             return 2
