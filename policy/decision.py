@@ -118,8 +118,8 @@ def build_context(
             pending_terminals.append(r)
         if r.restore is RestoreNeed.AWAITING:
             continue
-        if r.restorable:
-            restorable.append(r)
+        if r.restorable and r.phase is not Phase.TERMINAL:
+            restorable.append(r)  # a preempted row is retired, never restored
         if r.phase is Phase.DECODE:
             active_decoders.append(r)
             if r.selectable:

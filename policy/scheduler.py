@@ -271,6 +271,11 @@ class Scheduler:
         if rec.phase in (Phase.RETIRED, Phase.TERMINAL) or rec.cancelled:
             return
         rec.preempted = True
+        if rec.restore is not RestoreNeed.NONE:
+            if not rec.restored:
+                rec.phase = Phase.RETIRED  # its state is not resident: nothing to snapshot
+                return
+            rec.restore, rec.further_stages = RestoreNeed.NONE, ()
         self._begin_retirement(rec)
 
     def phase(self, handle: RequestHandle) -> Phase:

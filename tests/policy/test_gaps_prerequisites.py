@@ -343,3 +343,21 @@ def test_admission_refuses_stages_without_restore() -> None:
     with pytest.raises(AdmissionRefused):
         s.admit(prompt_len=8, max_output_tokens=4, restore=RestoreNeed.READY,
                 further_stages=(StateOp.SNAPSHOT,))
+
+
+def test_pre_43_preempted_restorable_request_is_not_restored() -> None:
+    """Covers PRE-43, PRE-39: preempting a request whose state was never restored
+    retires it at once (nothing resident to snapshot, so it is released); one that was
+    restored but still waits for a later stage gets a terminal snapshot instead."""
+    cat = {decode(1): duration_ns(decode(1)), restore(1): MS, snapshot(1): MS}
+    s = measured_scheduler(tuple(cat), durations=cat.__getitem__)
+    h = blocked_decoder(s)
+    s.preempt(h)
+    assert s.phase(h) is Phase.RETIRED and s.take_released() == [h]
+    assert s.plan() is None
+    h2 = blocked_decoder(s, further=(StateOp.INITIALIZE,))
+    s.request(h2).restored = True
+    s.preempt(h2)
+    assert s.phase(h2) is Phase.TERMINAL
+    plan = s.plan()
+    assert plan is not None and plan.shape == snapshot(1) and plan.handles() == (h2,)
