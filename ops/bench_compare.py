@@ -126,7 +126,7 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _workload(args: argparse.Namespace) -> Any:
-    from ops.loadgen.workload import ClientSpec, LengthSpec
+    from ops.loadgen.workload import LengthSpec
     from ops.sim.workloads import scenario
 
     preset = dict(REAL_SCENARIOS[args.scenario])
@@ -135,12 +135,8 @@ def _workload(args: argparse.Namespace) -> Any:
     if args.rate is not None:
         preset["rate"] = args.rate
     lengths = LengthSpec(kind="sharegpt", prompt_max=args.prompt_max, output_max=args.output_max)
-    spec = scenario(args.scenario, lengths=lengths, seed=args.seed, **preset)
-    if args.scenario == "fairness":
-        spec = scenario(args.scenario, lengths=lengths, seed=args.seed,
-                        clients=(ClientSpec(name="heavy", weight=3.0),
-                                 ClientSpec(name="light", weight=1.0)), **preset)
-    return spec
+    # The named scenario keeps its arrivals and clients (fairness: heavy:3, light:1).
+    return scenario(args.scenario, lengths=lengths, seed=args.seed, **preset)
 
 
 def run_policy(policy: str, args: argparse.Namespace, spec: Any, plans: Sequence[Any]) -> Any:
