@@ -8,6 +8,12 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
   epoch is the one committed, the token id lies in the vocabulary, the sampled lane
   count stays within the lane's ceiling, the log-probability is finite (and not
   positive) and the program's finite flag holds;
+- a speculative lane (``SpeculativeResult``): the lane's row, an accepted prefix
+  within its ceiling and the program's ``P`` (``accepted <= evaluated < ceiling``,
+  emitted ``accepted + 1`` tokens, target rows within ``P`` in total), every token in
+  the vocabulary with a finite, non-positive log-probability; the burst is cut after
+  its first EOS/stop token. However many tokens it carries, a lane's burst is one
+  delivery (the publisher sends it as one event);
 - a malformed lane fails only its own request (``ok=False`` with a message); a
   program fault fails every lane of its frame with the fault's message;
 - it then retires the fence at the checkpoint-allocator *before* handing the
@@ -30,11 +36,14 @@ from actors.messages import (
     LaneContext,
     LaneFailure,
     PlannerInbox,
+    RoundLane,
+    SpeculativeRounds,
     ValidatedFrame,
     ValidatorInbox,
 )
-from gpu.frames import LaneSample, StepResult, result_of
-from policy.descriptors import ExecutionTiming
+from gpu.frames import RESULT_KEY, LaneSample, StepResult, result_of
+from gpu.programs.speculative import SpeculativeLane, SpeculativeResult
+from policy.descriptors import ExecutionTiming, GraphKind
 from policy.types import CompletionRecord, Lane, LaneRole
 
 LOGPROB_TOLERANCE = 1e-4
@@ -47,6 +56,7 @@ class FrameCheck:
     failures: tuple[LaneFailure, ...]
     logprobs: tuple[tuple[float, ...], ...]
     prompt_logprobs: tuple[float, ...] | None
+    rounds: SpeculativeRounds | None = None
 
 
 def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
@@ -79,6 +89,9 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
         return _failed(lanes, f"program fault: {outcome.fault}")
     if outcome.completion is None:
         return _failed(lanes, "the frame returned no completion")
+    if order.plan.shape.kind is GraphKind.SPECULATIVE:
+        return check_speculative(order, outcome.completion.outputs.get(RESULT_KEY),
+                                 vocab_size=vocab_size)
     try:
         result = result_of(outcome.completion.outputs)
     except (KeyError, TypeError) as exc:
@@ -126,6 +139,71 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
                       logprobs=tuple(logprobs), prompt_logprobs=prompt_logprobs)
 
 
+def _lane_problem(spec: SpeculativeLane, context: LaneContext, ceiling: int,
+                  vocab_size: int) -> str | None:
+    if spec.row != context.row:
+        return f"round for state row {spec.row}, expected row {context.row}"
+    if not 0 <= spec.accepted <= spec.evaluated < max(ceiling, 1) or spec.proposed < 0:
+        return (f"accepted {spec.accepted} of {spec.evaluated} verified drafts outside the "
+                f"lane's ceiling {ceiling}")
+    if len(spec.tokens) != spec.accepted + 1 or len(spec.logprobs) != len(spec.tokens):
+        return f"{len(spec.tokens)} tokens for {spec.accepted} accepted drafts"
+    if not spec.finite:
+        return "non-finite logits"
+    for token, logprob in zip(spec.tokens, spec.logprobs, strict=True):
+        if not 0 <= token < vocab_size:
+            return f"token id {token} outside the vocabulary (size {vocab_size})"
+        if not math.isfinite(logprob):
+            return "non-finite log-probability"
+        if logprob > LOGPROB_TOLERANCE:
+            return f"log-probability {logprob} is positive"
+    if any(not math.isfinite(v) or not 0.0 <= v <= 1.0 + LOGPROB_TOLERANCE
+           for v in spec.survival):
+        return "survival outside [0, 1]"
+    return None
+
+
+def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> FrameCheck:
+    """Validate a complete speculative round lane by lane (VER-28, SPEC-19, SPEC-22)."""
+    lanes = order.plan.lanes
+    if not isinstance(result, SpeculativeResult) or len(result.lanes) != len(lanes):
+        return _failed(lanes, "a speculative frame returned no round for every lane")
+    shape = order.plan.shape
+    if sum(spec.target_rows for spec in result.lanes) > shape.packed_capacity:
+        return _failed(lanes, f"target rows exceed P={shape.packed_capacity}")
+    records: list[CompletionRecord] = []
+    failures: list[LaneFailure] = []
+    logprobs: list[tuple[float, ...]] = []
+    rounds: list[RoundLane] = []
+    for lane, context, spec in zip(lanes, order.lanes, result.lanes, strict=True):
+        problem = None
+        if (context.handle, context.epoch) != (lane.handle, lane.epoch):
+            problem = "lane identity does not match the committed plan"
+        if problem is None:
+            problem = _lane_problem(spec, context, lane.token_ceiling, vocab_size)
+        if problem is not None:
+            records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
+            failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
+                                        message=f"malformed completion: {problem}"))
+            logprobs.append(())
+            continue
+        stop = next((i for i, t in enumerate(spec.tokens) if t in context.eos_token_ids),
+                    None)
+        count = len(spec.tokens) if stop is None else stop + 1
+        records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
+                                        token_ids=spec.tokens[:count],
+                                        terminated=stop is not None))
+        logprobs.append(spec.logprobs[:count])
+        rounds.append(RoundLane(handle=lane.handle, proposed=spec.proposed,
+                                evaluated=spec.evaluated, accepted=spec.accepted,
+                                survival=spec.survival))
+    confidence = tuple(tuple(tuple(float(v) for v in row) for row in plane)
+                       for plane in result.confidence)
+    return FrameCheck(records=tuple(records), failures=tuple(failures),
+                      logprobs=tuple(logprobs), prompt_logprobs=None,
+                      rounds=SpeculativeRounds(confidence=confidence, lanes=tuple(rounds)))
+
+
 def zero_timing(wall_ns: int) -> ExecutionTiming:
     """Timing of a faulted frame: no device interval (DUR-19: changes no estimate)."""
     return ExecutionTiming(device_intervals_ns=(0,), wall_ns=wall_ns)
@@ -155,4 +233,5 @@ async def run(
                 fault=str(outcome.fault) if outcome.fault is not None else None,
                 launched_ns=outcome.launched_ns,
                 observed_ns=outcome.launched_ns + outcome.wall_ns,
+                rounds=check.rounds,
             ))

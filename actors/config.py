@@ -17,6 +17,9 @@ DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "de
 
 BackendName = Literal["cpu", "cuda"]
 SpeculationMode = Literal["off", "fixed", "adaptive"]
+DraftSource = Literal["draft", "copy"]
+DEFAULT_DRAFT_DEPTH = 4
+"""Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
 SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
 
 
@@ -36,6 +39,11 @@ class RuntimeConfig:
     speculation: SpeculationMode = "off"
     speculative_token_capacity: int = 0
     """``--speculative-token-capacity R``: bound on aggregate target rows (0 = B*W)."""
+    draft_source: DraftSource = "draft"
+    """``--draft-source``: proposals from the learned draft model (``draft``, needs
+    ``draft_model_dir``) or copied from the request's own token history (``copy``)."""
+    draft_depth: int = DEFAULT_DRAFT_DEPTH
+    """``--draft-depth D``: proposal depth of a speculative load (1..7)."""
     max_context: int | None = None
     """Defaults to the model's ``max_position_embeddings``."""
     page_size: int = 16
@@ -88,7 +96,18 @@ class RuntimeConfig:
             raise ConfigError(f"--model: no such directory: {self.model_dir}")
         if self.draft_model_dir is not None and not self.draft_model_dir.is_dir():
             raise ConfigError(f"--draft-model: no such directory: {self.draft_model_dir}")
+        if self.speculation not in ("off", "fixed", "adaptive"):
+            raise ConfigError(f"--speculation must be off, fixed or adaptive, got "
+                              f"{self.speculation!r}")
         if self.speculation != "off":
-            raise ConfigError(
-                f"--speculation {self.speculation} is not available yet: complete speculative "
-                "programs are not wired into the runtime (issue 6); use --speculation off")
+            if self.draft_source not in ("draft", "copy"):
+                raise ConfigError(f"--draft-source must be draft or copy, got "
+                                  f"{self.draft_source!r}")
+            if self.draft_source == "draft" and self.draft_model_dir is None:
+                raise ConfigError(f"--speculation {self.speculation} with --draft-source draft "
+                                  "needs --draft-model (or use --draft-source copy)")
+            if not 1 <= self.draft_depth <= 7:
+                raise ConfigError(f"--draft-depth must be 1..7, got {self.draft_depth}")
+            if self.scheduler_policy not in ("balanced", "throughput"):
+                raise ConfigError(f"--speculation {self.speculation} runs with the seed's "
+                                  "scheduler only (--scheduler-policy balanced or throughput)")

@@ -22,7 +22,7 @@ import trio
 
 from actors.messages import DispatcherInbox, FrameOrder, FrameOutcome, ValidatorInbox
 from gpu.backend import Backend, BackendError, LaunchHandle, ProgramFault
-from gpu.frames import as_inputs
+from gpu.frames import FRAME_KEY
 from gpu.program import PreparedProgram
 from policy.descriptors import GraphShape
 
@@ -79,7 +79,7 @@ async def run(
                 program = programs[order.plan.shape]
                 launched_ns = clock_ns()
                 try:
-                    handle = backend.launch(program, as_inputs(order.frame))
+                    handle = backend.launch(program, {FRAME_KEY: order.frame})
                 except (BackendError, ValueError) as exc:
                     fault = ProgramFault(order.plan.shape, "launch", exc)
                     await send_launched.send((order, None, fault, launched_ns))

@@ -14,6 +14,12 @@ Owns three rules:
   pages; every frame appends the pages reserved for it. They are applied in stream
   order inside ``bind``, so the runtime never writes device state behind a queued
   frame's back.
+- **Speculative rounds** (``GraphKind.SPECULATIVE``) become a ``SpeculativeFrame``:
+  one row and one limit per lane, the limit being the lane's ``token_ceiling`` (the
+  exact host query length under ``QueryLength``, the immutable ceiling under
+  ``SpeculativePrefixLimit``). Pages are reserved for the whole limit; a round emits
+  between 1 and ``limit`` tokens, and ``settle_decodes`` gives back the difference
+  once the frame is validated so that later extents stay exact upper bounds.
 - **Lane order is plan order.** Rows, samples and records line up lane by lane.
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
@@ -45,6 +51,7 @@ from gpu.frames import (
     StateOpFrame,
     StateUpdate,
 )
+from gpu.programs.speculative import SpeculativeFrame
 from policy.descriptors import GraphKind, StateOp
 from policy.types import Lane, LaneRole, ScheduledPlan
 
@@ -137,7 +144,7 @@ def pack_frame(
     sources: Mapping[RequestHandle, LaneSource],
     pages: Sequence[PagePlan],
     snapshots: Sequence[SnapshotPlan] = (),
-) -> tuple[Frame, tuple[LaneContext, ...]]:
+) -> tuple[Frame | SpeculativeFrame, tuple[LaneContext, ...]]:
     """The frame value and lane contexts for ``plan`` (sources must hold every lane)."""
     if plan.shape.kind is GraphKind.STATE:
         if plan.shape.state_op is not StateOp.SNAPSHOT:
@@ -153,8 +160,12 @@ def pack_frame(
     updates = _updates(lanes, sources, by_handle)
     contexts = tuple(_context(lane, sources[lane.handle]) for lane in lanes)
     kind = plan.shape.kind
-    frame: Frame
-    if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+    frame: Frame | SpeculativeFrame
+    if kind is GraphKind.SPECULATIVE:
+        frame = SpeculativeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
+                                 limits=tuple(lane.token_ceiling for lane in lanes),
+                                 updates=updates)
+    elif kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
         (lane,) = lanes
         source = sources[lane.handle]
         end = lane.prompt_start + lane.prompt_tokens
@@ -194,3 +205,9 @@ def mark_submitted(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSour
         source.initialised = True
         if lane.role is LaneRole.DECODE:
             source.decodes_submitted += lane.token_ceiling
+
+
+def settle_decodes(lane: Lane, source: LaneSource, emitted: int) -> None:
+    """After a validated decode lane: count what it emitted, not its ceiling."""
+    if lane.role is LaneRole.DECODE:
+        source.decodes_submitted -= lane.token_ceiling - emitted

@@ -18,7 +18,7 @@ Data flow (architecture: *Data flow of one request*, steps 1-7)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 import trio
 
@@ -28,6 +28,9 @@ from gpu.backend import Completion, ProgramFault
 from gpu.frames import Frame
 from policy.descriptors import ExecutionTiming
 from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan
+
+if TYPE_CHECKING:
+    from gpu.programs.speculative import SpeculativeFrame
 
 __all__ = [
     "Fence",
@@ -251,6 +254,29 @@ class ValidatedFrame:
     launched_ns: int = 0
     observed_ns: int = 0
     """Runtime clock at launch and when the completion was observed."""
+    rounds: SpeculativeRounds | None = None
+    """A speculative frame's validated sidecars (None for every other frame)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundLane:
+    """One validated speculative lane: drafts the source supplied, drafts the target
+    verified and accepted, and the survival products of its verified prefixes."""
+
+    handle: RequestHandle
+    proposed: int
+    evaluated: int
+    accepted: int
+    survival: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeRounds:
+    """What a speculative frame adds for completion (QUEUE-3, QUEUE-4): the confidence
+    sidecar ``[2, B, D]`` as nested tuples and one entry per valid lane."""
+
+    confidence: tuple[tuple[tuple[float, ...], ...], ...]
+    lanes: tuple[RoundLane, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,7 +323,7 @@ class FrameOrder:
 
     fence: Fence
     plan: ScheduledPlan
-    frame: Frame
+    frame: Frame | SpeculativeFrame
     lanes: tuple[LaneContext, ...]
 
 

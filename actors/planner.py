@@ -22,12 +22,18 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import trio
 
-from actors.frame_inputs import LaneSource, kv_extent, mark_submitted, pack_frame
+from actors.frame_inputs import (
+    LaneSource,
+    kv_extent,
+    mark_submitted,
+    pack_frame,
+    settle_decodes,
+)
 from actors.messages import (
     AdmissionClosed,
     Admitted,
@@ -46,6 +52,7 @@ from actors.messages import (
     RequestId,
     Reserve,
     SnapshotPlan,
+    SpeculativeRounds,
     Track,
     ValidatedFrame,
 )
@@ -53,6 +60,8 @@ from actors.public import FinishReason
 from gpu.frames import SamplingParams
 from policy.baselines.protocol import ClientTagged
 from policy.baselines.protocol import Planner as SchedulingPolicy
+from policy.descriptors import TargetBinding
+from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CommitRejected,
     Fence,
@@ -104,6 +113,13 @@ class PlannerCounters:
     generation_tokens: int = 0
     prefix_hit_tokens: int = 0
     frames: int = 0
+    speculative_frames: int = 0
+    """Complete speculative programs run and validated."""
+    drafted_tokens: int = 0
+    """Drafts the proposal source supplied and the target verified."""
+    accepted_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    """``[k]``: rounds whose draft at position ``k`` (0-based) was accepted."""
 
 
 class Planner:
@@ -214,8 +230,36 @@ class Planner:
         await self._to_publisher.send(Drop(handle=handle, epoch=resident.source.epoch,
                                            reason="cancelled", message=message))
 
+    def _complete_in_scheduler(self, frame: ValidatedFrame) -> list[GeneratedToken]:
+        """``complete``, or for a speculative round the scheduler's packed-round API
+        with the sidecars (QUEUE-3, QUEUE-4, ACC-28)."""
+        rounds = frame.rounds
+        if rounds is None or not isinstance(self.scheduler, SpeculativeScheduler):
+            return self.scheduler.complete(frame.fence, frame.records, frame.timing)
+        self._count_round(rounds)
+        survival = {lane.handle: lane.survival for lane in rounds.lanes}
+        shape = frame.plan.shape
+        if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth:
+            offered = {lane.handle: lane.evaluated for lane in rounds.lanes}
+            return self.scheduler.complete_packed_round_with_survival(
+                frame.fence, frame.records, frame.timing, rounds.confidence, offered,
+                survival)
+        return self.scheduler.complete_with_survival(frame.fence, frame.records, frame.timing,
+                                                     survival)
+
+    def _count_round(self, rounds: SpeculativeRounds) -> None:
+        c = self.counters
+        c.speculative_frames += 1
+        for lane in rounds.lanes:
+            c.drafted_tokens += lane.evaluated
+            c.accepted_tokens += lane.accepted
+            while len(c.accepted_by_position) < lane.accepted:
+                c.accepted_by_position.append(0)
+            for k in range(lane.accepted):
+                c.accepted_by_position[k] += 1
+
     async def _complete(self, frame: ValidatedFrame) -> None:
-        tokens = self.scheduler.complete(frame.fence, frame.records, frame.timing)
+        tokens = self._complete_in_scheduler(frame)
         self.counters.frames += 1
         label = frame.plan.shape.label()
         self.executions_by_graph[label] = self.executions_by_graph.get(label, 0) + 1
@@ -262,7 +306,11 @@ class Planner:
                 resident.kv_done = lane.prompt_start + lane.prompt_tokens
                 self.counters.prompt_tokens += lane.prompt_tokens
             elif lane.role is LaneRole.DECODE:
-                resident.kv_done += lane.token_ceiling
+                # A round writes KV for the tokens it fed: the pending token and the
+                # accepted drafts, one per emitted token (ordinary decode: one).
+                emitted = len(record.token_ids)
+                resident.kv_done += emitted
+                settle_decodes(lane, resident.source, emitted)
             elif lane.role is LaneRole.TERMINAL:
                 resident.snapshot_done = True
 

@@ -106,6 +106,15 @@ class RuntimeStatistics:
     executions_by_kind: tuple[tuple[str, int], ...]
     execution_ns_by_kind: tuple[tuple[str, int], ...]
     executions_by_graph: tuple[tuple[str, int], ...]
+    speculative_source: str = ""
+    """The proposal source of a speculative load (``draft`` or ``copy``); empty when off."""
+    speculative_frames: int = 0
+    """Complete speculative programs run."""
+    speculative_drafted_tokens: int = 0
+    """Drafts the target verified."""
+    speculative_accepted_tokens: int = 0
+    speculative_accepted_by_position: tuple[int, ...] = ()
+    """``[k]``: verified rounds whose draft at 0-based position ``k`` was accepted."""
 
 
 class TextCodec(Protocol):

@@ -121,6 +121,10 @@ class RuntimeParts:
     scheduler_policy: str = "balanced"
     """``--scheduler-policy``: the seed's ``balanced``/``throughput`` or a baseline
     (``fcfs``, ``sarathi``, ``vtc``) behind the same planner interface."""
+    speculation: str = "off"
+    """``--speculation``: ``off``, or ``fixed``/``adaptive`` with ``draft_source``; the
+    planner then runs ``policy.speculative_scheduler.SpeculativeScheduler``."""
+    draft_source: str = "draft"
     clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
     close_backend: bool = True
 
@@ -224,6 +228,12 @@ class Runtime:
             executions_by_kind=tuple(sorted(sched.executions.items())),
             execution_ns_by_kind=tuple(sorted(sched.execution_ns.items())),
             executions_by_graph=tuple(sorted(self._planner.executions_by_graph.items())),
+            speculative_source=(self._parts.draft_source
+                                if self._parts.speculation != "off" else ""),
+            speculative_frames=counters.speculative_frames,
+            speculative_drafted_tokens=counters.drafted_tokens,
+            speculative_accepted_tokens=counters.accepted_tokens,
+            speculative_accepted_by_position=tuple(counters.accepted_by_position),
         )
 
     def frame_log(self) -> tuple[FrameRecord, ...]:
@@ -269,7 +279,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
     planner = Planner(
-        make_policy(parts.scheduler_policy, parts.policy, catalog=catalog),
+        make_scheduler(parts, catalog, max_context=max_context),
         to_dispatcher=dispatcher_send,
         to_publisher=publisher_send, to_allocator=allocator_send.clone(),
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
@@ -327,6 +337,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         page_size=geometry.page_size, num_pages=geometry.num_pages,
         state_rows=engine.state_rows, max_queue=config.max_queue,
         scheduler_policy=config.scheduler_policy,
+        speculation=config.speculation, draft_source=config.draft_source,
         policy=policy_preset(
             config.scheduler_policy if config.scheduler_policy in SEED_POLICIES else "balanced",
             terminal_value=config.scheduler_terminal_value,
@@ -342,6 +353,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
 def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
     model = load_model_config(config.model_dir)
     max_context = min(config.max_context or model.max_context, model.max_context)
+    speculative = config.speculation != "off"
     catalog = build_catalog(CatalogFlags(
         max_batch=config.max_batch, prefill_capacities=config.prefill_capacities,
         mixed_prefill=config.mixed_prefill,
@@ -351,16 +363,41 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         # on, every normal completion ends with a scheduled SNAPSHOT frame
         # (docs/runtime.md, "Terminal snapshot frames").
         state_operations=config.state_operations,
+        # A speculative load adds complete speculative programs (SPEC-2, SPEC-12).
+        draft_depth=config.draft_depth if speculative else 0,
+        speculative_token_capacity=config.speculative_token_capacity,
     ))
+    # The speculative scheduler plans no mixed speculative rows: wider mixed programs
+    # are left out of a served catalog (width-one ones keep the draft context, MIX-6).
+    shapes = tuple(s for s in catalog.shapes
+                   if not (s.kind is GraphKind.MIXED and s.token_capacity > 1))
     num_pages = config.kv_pages or default_pages(config.max_batch, max_context,
                                                  config.page_size)
     engine = ModelEngine.load(
-        config.model_dir, device=device, dtype=None, catalog=catalog.shapes,
+        config.model_dir, device=device, dtype=None, catalog=shapes,
         page_size=config.page_size, num_pages=num_pages,
-        state_rows=state_rows_for(config.max_batch) + snapshot_lanes(catalog.shapes),
+        state_rows=state_rows_for(config.max_batch) + snapshot_lanes(shapes),
         max_context=max_context,
+        speculation_source=config.draft_source if speculative else None,
+        draft_model_dir=config.draft_model_dir,
     )
-    return engine, catalog.shapes
+    return engine, shapes
+
+
+def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
+                   max_context: int) -> SchedulingPolicy:
+    """The planner's scheduler: the configured policy, or with speculation the seed's
+    scheduler with complete speculative rounds (fixed mode: fixed widths, complete
+    prefixes, no acceptance probes, LRN-10)."""
+    if parts.speculation == "off":
+        return make_policy(parts.scheduler_policy, parts.policy, catalog=catalog)
+    from policy.rounds import SpeculationMode
+    from policy.speculation import ProposalSource
+    from policy.speculative_scheduler import SpeculativeScheduler
+
+    return SpeculativeScheduler(
+        parts.policy, catalog, mode=SpeculationMode(parts.speculation),
+        source=ProposalSource(parts.draft_source), context_limit=max_context)
 
 
 def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:

@@ -7,7 +7,10 @@ Funded acceptance learning, last paragraph, counts executions by kind):
 ``flare_scheduler_graph_executions_total{graph}``, ``flare_requests_running``,
 ``flare_requests_waiting``, ``flare_kv_pages_used``, ``flare_kv_pages_total``,
 ``flare_prefix_cache_hit_tokens_total``, ``flare_scheduler_prompt_tokens_total``,
-``flare_scheduler_generation_tokens_total``.
+``flare_scheduler_generation_tokens_total``; with speculation on, by proposal source
+``{source}``: ``flare_speculative_programs_total``, ``flare_speculative_drafted_tokens_total``,
+``flare_speculative_accepted_tokens_total`` and
+``flare_speculative_accepted_by_position_total{source,position}``.
 
 HTTP side: ``flare_prompt_tokens_total``, ``flare_generation_tokens_total``,
 ``flare_requests_finished_total{reason}``, ``flare_http_errors_total{status}`` and the
@@ -86,6 +89,30 @@ class RuntimeCollector(Collector):
         yield CounterMetricFamily("flare_scheduler_generation_tokens",
                                   "Output tokens committed by the runtime.",
                                   value=stats.generation_tokens_total)
+        if stats.speculative_source:
+            yield from _speculative_metrics(stats)
+
+
+def _speculative_metrics(stats: RuntimeStatistics) -> Iterator[Metric]:
+    """``flare_speculative_*`` counters, labelled by proposal source."""
+    source = [stats.speculative_source]
+    for name, text, value in (
+            ("flare_speculative_programs", "Complete speculative programs run.",
+             stats.speculative_frames),
+            ("flare_speculative_drafted_tokens", "Draft tokens the target verified.",
+             stats.speculative_drafted_tokens),
+            ("flare_speculative_accepted_tokens", "Draft tokens the target accepted.",
+             stats.speculative_accepted_tokens)):
+        family = CounterMetricFamily(name, text, labels=["source"])
+        family.add_metric(source, value)
+        yield family
+    family = CounterMetricFamily(
+        "flare_speculative_accepted_by_position",
+        "Rounds whose draft at this 0-based position was accepted.",
+        labels=["source", "position"])
+    for position, value in enumerate(stats.speculative_accepted_by_position):
+        family.add_metric([stats.speculative_source, str(position)], value)
+    yield family
 
 
 class AppMetrics:

@@ -118,6 +118,8 @@ class ModelEngine:
         max_context: int | None = None,
         require_tokenizer: bool = True,
         execution: ExecutionOptions | None = None,
+        speculation_source: str | None = None,
+        draft_model_dir: str | Path | None = None,
     ) -> ModelEngine:
         """Load ``model_dir`` onto ``device`` and prepare one program per catalog shape.
 
@@ -125,6 +127,11 @@ class ModelEngine:
         page pool) bounds positions and the per-row block table. ``execution`` defaults
         to ``ExecutionOptions.for_device(device)``; host-chosen bounds are refused on
         CUDA, where ``execute`` is captured once and replayed.
+
+        Speculative shapes (``SPECULATIVE`` and ``speculation_enabled`` mixed) need
+        ``speculation_source`` (``"draft"`` with ``draft_model_dir``, or ``"copy"``):
+        the ordinary shapes are built first, then ``attach_speculation`` adds the
+        speculative programs and wraps the ordinary ones to keep the draft context.
         """
         execution = execution or ExecutionOptions.for_device(device)
         if execution.host_bounds and torch.device(device).type == "cuda":
@@ -155,9 +162,21 @@ class ModelEngine:
                               top_width=min(TOP_LOGPROBS, config.vocab_size))
         parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace,
                             execution=execution)
-        programs = {shape: build_program(shape, parts) for shape in shapes}
-        return cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,
-                   device=device, dtype=serving_dtype)
+        # imported here: gpu.programs.speculative imports this module
+        from gpu.programs.speculative import attach_speculation, is_speculative_shape
+
+        speculative = [s for s in shapes if is_speculative_shape(s)]
+        if speculative and speculation_source is None:
+            raise UnsupportedShapeError(
+                f"{speculative[0].label()}: speculative shapes need a speculation_source")
+        programs = {shape: build_program(shape, parts) for shape in shapes
+                    if not is_speculative_shape(shape)}
+        engine = cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,
+                     device=device, dtype=serving_dtype)
+        if speculation_source is not None:
+            attach_speculation(engine, speculative, source=speculation_source,
+                               draft_model_dir=draft_model_dir)
+        return engine
 
 
 def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:

@@ -26,6 +26,7 @@ import structlog
 import trio
 
 from actors.config import (
+    DEFAULT_DRAFT_DEPTH,
     DEFAULT_MODEL_DIR,
     SCHEDULER_POLICIES,
     ConfigError,
@@ -87,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default=None,
                        help="speculative decoding mode (default: adaptive with --draft-model, "
                             "otherwise off)")
+    sched.add_argument("--draft-source", choices=("draft", "copy"), default="draft",
+                       help="speculative proposals from the draft model (draft, needs "
+                            "--draft-model) or copied from the request's own history (copy)")
+    sched.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
+                       help="proposal depth D of a speculative load (1..7): programs of "
+                            "widths 1..D+1 are prepared")
     sched.add_argument("--speculative-token-capacity", type=int, default=0,
                        help="bound R on aggregate target rows of speculative programs (0 = B*W)")
     sched.add_argument("--scheduler-policy", choices=SCHEDULER_POLICIES,
@@ -135,6 +142,8 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         mixed_prefill=args.mixed_prefill,
         speculation=speculation,
         speculative_token_capacity=args.speculative_token_capacity,
+        draft_source=args.draft_source,
+        draft_depth=args.draft_depth,
         max_context=args.max_context,
         kv_pages=args.kv_pages,
         max_queue=args.max_queue,

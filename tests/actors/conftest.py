@@ -52,3 +52,24 @@ def _one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A smaller random Llama with the target's vocabulary (a learned draft source)."""
+    import shutil
+
+    import torch
+    import transformers as tf
+
+    directory = tmp_path_factory.mktemp("actors_tiny_draft")
+    torch.manual_seed(12)
+    config = tf.LlamaConfig(
+        vocab_size=TINY_VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        initializer_range=0.3, bos_token_id=1, eos_token_id=TINY_EOS, rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
+    tf.LlamaForCausalLM(config).eval().save_pretrained(directory)
+    shutil.copy(tiny_llama / "tokenizer.json", directory / "tokenizer.json")
+    return directory

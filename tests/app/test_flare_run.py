@@ -64,9 +64,13 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
     (["--api-key", " "], "--api-key"),
     (["--draft-model", "/definitely/not/here"], "--draft-model: no such directory"),
     (["--kv-pages", "0"], "--kv-pages must be positive"),
-    # Speculative execution is refused, never silently served as ordinary (issue 6).
-    (["--speculation", "fixed"], "--speculation fixed is not available yet"),
-    (["--speculation", "adaptive"], "--speculation adaptive is not available yet"),
+    # A learned-draft speculative mode needs its draft model (issue 6).
+    (["--speculation", "fixed"], "--speculation fixed with --draft-source draft needs --draft-model"),
+    (["--speculation", "adaptive"], "--speculation adaptive with --draft-source draft needs"),
+    (["--speculation", "fixed", "--draft-source", "copy", "--draft-depth", "0"],
+     "--draft-depth must be 1..7"),
+    (["--speculation", "fixed", "--draft-source", "copy", "--scheduler-policy", "fcfs"],
+     "runs with the seed's scheduler only"),
 ])
 def test_pol_19_invalid_values_stop_before_loading(
         flags: list[str], message: str, model_dir: pathlib.Path, opened: list[RuntimeConfig],
