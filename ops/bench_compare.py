@@ -42,6 +42,7 @@ REAL_SCENARIOS: dict[str, dict[str, Any]] = {
     "bursty": dict(count=24, rate=0.6),
     "poisson": dict(count=24, rate=0.6),
 }
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAT_PROMPT_MAX = 256
 CHAT_OUTPUT_MAX = 32
 
@@ -103,7 +104,7 @@ def start_server(policy: str, port: int, extra: Sequence[str], log: pathlib.Path
     cmd = [sys.executable, "-m", "ops.cli", "run", "--scheduler-policy", policy,
            "--host", "127.0.0.1", "--port", str(port), *extra]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -155,7 +156,7 @@ def run_policy(policy: str, args: argparse.Namespace, spec: Any, plans: Sequence
     proc = start_server(policy, port, args.server_args.split(), log, args.startup_timeout)
     startup_s = time.monotonic() - started
     try:
-        builder, _ = load_prompt_builder(pathlib.Path("models/default"))
+        builder, _ = load_prompt_builder(REPO_ROOT / "models" / "default")
         target = Target(base_url=f"http://127.0.0.1:{port}", endpoint="completions", model=None,
                         request_timeout_s=args.time_limit, ignore_eos=True)
         result = trio.run(partial(run_load, target, plans, builder,
@@ -195,8 +196,8 @@ def _clients(s: dict[str, Any]) -> dict[str, Any]:
 
 def _interference(s: dict[str, Any]) -> list[str]:
     c = _clients(s)
-    chat = next((v for k, v in c.items() if k != "long"), {})
-    long = c.get("long", {})
+    chat: dict[str, Any] = next((v for k, v in c.items() if k != "long"), {})
+    long: dict[str, Any] = c.get("long", {})
     return [f"{_ms(chat.get('ttft_s'), 'median')} / {_ms(chat.get('ttft_s'), 'p99')}",
             _ms(chat.get("tpot_s"), "median"),
             f"{_ms(chat.get('itl_s'), 'p99')} / {_ms(chat.get('itl_s'), 'max')}",
