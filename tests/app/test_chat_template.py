@@ -1,4 +1,4 @@
-"""Chat templating: sandboxed rendering and exact message-end anchors (QUEUE-16..19 via
+"""Chat templating: sandboxed rendering and exact message-end anchors (QUEUE-16, QUEUE-17, QUEUE-18, QUEUE-19 via
 OPEN-23; system boundary OPEN-36)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The catalog of prepared shapes follows from flags by the seed's rules.
 
-Covers SPEC-2, SPEC-4, SPEC-6, SPEC-10..12, CAT-12, CAT-13, MIX-2, MIX-5, MIX-6,
-MIX-16, MIX-17, MIX-32, MIX-39..49 and flare's prompt-bucket ladder (OPEN-26).
+Covers SPEC-2, SPEC-4, SPEC-6, SPEC-10, SPEC-11, SPEC-12, CAT-12, CAT-13, MIX-2, MIX-5, MIX-6,
+MIX-16, MIX-17, MIX-32, MIX-39, MIX-40, MIX-41, MIX-42, MIX-43, MIX-44, MIX-45, MIX-46, MIX-47, MIX-48, MIX-49 and flare's prompt-bucket ladder (OPEN-26).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ independent implementation of the seed's F-SEL formula used to check the selecto
 
 The reference scorer below is written from the seed text (*Useful service and
 selection*) with plain Python arithmetic; it shares only the price gradients of
-``policy/service.py`` (SEL-5..7), so a bug in the selector's vectorised arithmetic,
+``policy/service.py`` (SEL-5, SEL-6, SEL-7), so a bug in the selector's vectorised arithmetic,
 cohort choice or scaling shows up as a mismatch.
 """
 

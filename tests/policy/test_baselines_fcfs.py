@@ -1,7 +1,7 @@
 """``fcfs``: arrival order, whole prompts first, running slots like ``max_num_seqs``.
 
 Covers issue 7 (baseline ``fcfs``) and the shared baseline lifecycle: commit rechecks
-(QUEUE-6, QUEUE-7), the two-slot window (QUEUE-10..12), lane validation before any
+(QUEUE-6, QUEUE-7), the two-slot window (QUEUE-10, QUEUE-11, QUEUE-12), lane validation before any
 update (ACCT-6) and terminal snapshots before release (PRE-41).
 """
 
@@ -108,7 +108,7 @@ def test_fcfs_starts_no_more_requests_than_the_largest_decode_batch() -> None:
 
 
 def test_decode_queues_behind_decode_but_prefill_drains_the_window() -> None:
-    """QUEUE-10..12 in the baselines' window."""
+    """QUEUE-10, QUEUE-11, QUEUE-12 in the baselines' window."""
     p = FcfsPolicy(catalog=CATALOG)
     p.admit(prompt_len=10, max_output_tokens=8)
     d = Driver(p)

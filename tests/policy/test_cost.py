@@ -1,4 +1,4 @@
-"""Duration estimates (seed: Duration estimates; DUR-1..19, DUR-28, CAT-8, OPEN-10, OPEN-11)."""
+"""Duration estimates (seed: Duration estimates; DUR-1, DUR-2, DUR-3, DUR-4, DUR-5, DUR-6, DUR-7, DUR-8, DUR-9, DUR-10, DUR-11, DUR-12, DUR-13, DUR-14, DUR-15, DUR-16, DUR-17, DUR-18, DUR-19, DUR-28, CAT-8, OPEN-10, OPEN-11)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Prerequisite lookahead through the production scheduler: terminal rows in a restore
 graph's spare rows (PRE-4), the productive first-stage prefix (PRE-14), mixed following
 shapes (MIX-24, MIX-25) against brute force, and multistage chains with the
-continuation index and the individual future-delivery reference (PRE-21..25, SEL-18,
+continuation index and the individual future-delivery reference (PRE-21, PRE-22, PRE-23, PRE-24, PRE-25, SEL-18,
 OPEN-15)."""
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ MIXED = (mixed(2, 64), mixed(4, 64), mixed(2, 256))
 
 def brute_force_rate(ctx: DecisionContext) -> float:
     """Every legal (prerequisite, following, cohort) combination, enumerated, scored by
-    the seed's two-stage rule written out directly (PRE-11..14, PRE-46, MIX-25)."""
+    the seed's two-stage rule written out directly (PRE-11, PRE-12, PRE-13, PRE-14, PRE-46, MIX-25)."""
     cat, group = ctx.catalog, ctx.restorable
     new_dec = [i for i, d in enumerate(group.decoding) if d]
     new_prompt = [i for i, d in enumerate(group.decoding) if not d]
@@ -268,7 +268,7 @@ def test_mix_25_enabled_prompt_plan_restores_the_prompt_row() -> None:
     assert set(plan.handles()) == {dec, prompt} and plan.lookahead_shape == mixed(2, 64)
 
 
-# ---- multistage chains: PRE-21..25, SEL-18, OPEN-15 -------------------------------------
+# ---- multistage chains: PRE-21, PRE-22, PRE-23, PRE-24, PRE-25, SEL-18, OPEN-15 -------------------------------------
 
 def chain_scheduler(init_ms: float | None = 2.0) -> tuple[Scheduler, dict[GraphShape, int]]:
     cat = {restore(1): MS, initialize(1): round((init_ms or 0) * MS),

@@ -297,7 +297,7 @@ def accept_loop(n: int, accepted: int, preseeded: bool, *, learn: bool,
 def test_ver_23_acceptance_loop_finds_the_accepted_depth(n: int, accepted: int,
                                                          preseeded: bool) -> None:
     """Covers VER-23 at the policy level (five and sixteen requests; zero, three and seven
-    accepted drafts; untrained and preseeded histories), VER-4, LRN-3..6, ACC-6, ACC-7,
+    accepted drafts; untrained and preseeded histories), VER-4, LRN-3, LRN-4, LRN-5, LRN-6, ACC-6, ACC-7,
     ACC-9: the loop settles on width accepted + 1; preseeded histories choose it from
     the first round; untrained ones get there through a funded probe."""
     # An untrained loop needs ~100 rounds of 1% credit for its second probe.

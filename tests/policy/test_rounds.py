@@ -57,7 +57,7 @@ def lane(h: int, *, token: float = 1.0, delivery: float = 0.5, age: float = 0.0,
 
 
 def lane_value(ln: SpeculativeLane, rows: int, alpha: float, t_ms: float) -> float:
-    """Reference lane value, written from the seed's formulas (ACC-1..3, SEL-19)."""
+    """Reference lane value, written from the seed's formulas (ACC-1, ACC-2, ACC-3, SEL-19)."""
     if rows == 0:
         return 0.0
     e = 1.0 + sum(s**alpha for s in ln.survival[: rows - 1])

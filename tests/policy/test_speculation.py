@@ -254,7 +254,7 @@ def test_invalid_observations_are_rejected() -> None:
 def test_estimates_stay_probabilities_with_bounded_weights(
     events: list[tuple[str, int, int, bool]]
 ) -> None:
-    """Property (ACC-21..24): means stay in [0, 1]; weights stay in [0, 128]."""
+    """Property (ACC-21, ACC-22, ACC-23, ACC-24): means stay in [0, 1]; weights stay in [0, 128]."""
     state = AcceptanceState()
     for kind, a, b, terminated in events:
         if kind == "round":

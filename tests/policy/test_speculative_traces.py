@@ -1,4 +1,4 @@
-"""Startup traces with speculation (seed: Verification; VER-23..26).
+"""Startup traces with speculation (seed: Verification; VER-23, VER-24, VER-25, VER-26).
 
 Five and sixteen 64-token prompts on the measured synthetic catalog plus rectangular
 speculative programs, with every round accepting zero, three or seven drafts, from
@@ -150,7 +150,7 @@ def test_ver_23_speculative_startup_traces(n: int, accepted: int, preseeded: boo
     counts = [s.request(h).output_committed for h in handles]
     assert min(counts) > 0 and max(counts) - min(counts) <= 8
     # The loop settles on the accepted depth: untrained histories get there through
-    # funded probes, zero acceptance stays at width one (LRN-3..6, VER-4).
+    # funded probes, zero acceptance stays at width one (LRN-3, LRN-4, LRN-5, LRN-6, VER-4).
     settled = {p.shape.token_capacity for p in d.plans[-50:]
                if p.reason is SelectionReason.ORDINARY}
     assert settled == {accepted + 1}
@@ -161,7 +161,7 @@ def test_ver_23_speculative_startup_traces(n: int, accepted: int, preseeded: boo
 def test_ver_23_device_allocated_startup_trace(accepted: int) -> None:
     """Covers VER-23 (untrained, five requests) with device allocation: rounds complete
     through ``complete_packed_round`` with the confidence sidecar (QUEUE-3, ACC-18); the
-    seed's delivery bounds hold (VER-24..26) and the width settles on the accepted
+    seed's delivery bounds hold (VER-24, VER-25, VER-26) and the width settles on the accepted
     depth plus one."""
     s, d, handles = startup(5, accepted, False, DEVICE)
     d.run(200)
