@@ -46,12 +46,9 @@ pytestmark = pytest.mark.slow
 
 REQUEST_SLOTS = 4
 PREFILL_CAPACITIES = (64, 256, 1024, 4096)
-# VER-31: every case runs in ordinary, fixed-width and adaptive speculative execution.
-# The speculative modes skip until the runtime executes speculative programs (issue 6);
-# RuntimeConfig.validate refuses them meanwhile rather than serving them as "off".
-_NO_SPECULATION = pytest.mark.skip(reason="speculative execution is not in the runtime yet (issue 6)")
-MODES = ("off", pytest.param("fixed", marks=_NO_SPECULATION),
-         pytest.param("adaptive", marks=_NO_SPECULATION))
+# VER-31: every case runs in ordinary, fixed-width and adaptive speculative execution
+# (the speculative modes with the learned default draft, models/default-draft).
+MODES = ("off", "fixed", "adaptive")
 DEADLINE_S = 600
 SURVIVOR_TOKENS = 192  # long enough to hold their two slots while the freed ones are reused
 SOURCE_TEXT = "".join(pathlib.Path(importlib.import_module(name).__file__ or "").read_text()
