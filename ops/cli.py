@@ -20,6 +20,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "serve"), "ops.bench_serve", "load-benchmark an OpenAI-compatible streaming endpoint"),
     (("bench", "runtime"), "ops.bench_runtime",
      "device-busy fraction and host gaps of the runtime under decode-heavy load"),
+    (("bench", "compare"), "ops.bench_compare",
+     "run flare run per scheduling policy on one fixed workload and tabulate side by side"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
