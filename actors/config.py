@@ -12,6 +12,8 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from policy.descriptors import GraphKind, GraphShape
+
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"
 
@@ -44,6 +46,10 @@ class RuntimeConfig:
     ``draft_model_dir``) or copied from the request's own token history (``copy``)."""
     draft_depth: int = DEFAULT_DRAFT_DEPTH
     """``--draft-depth D``: proposal depth of a speculative load (1..7)."""
+    extra_speculative_shapes: tuple[GraphShape, ...] = ()
+    """Speculative programs to prepare beside the generated catalog (for instance
+    ragged or device-allocated ``SpeculativePrefixLimit`` ones, which ``gpu.catalog``
+    does not generate); adaptive mode only, proposal depth at most ``draft_depth``."""
     max_context: int | None = None
     """Defaults to the model's ``max_position_embeddings``."""
     page_size: int = 16
@@ -96,6 +102,8 @@ class RuntimeConfig:
             raise ConfigError(f"--model: no such directory: {self.model_dir}")
         if self.draft_model_dir is not None and not self.draft_model_dir.is_dir():
             raise ConfigError(f"--draft-model: no such directory: {self.draft_model_dir}")
+        if self.speculation == "off" and self.extra_speculative_shapes:
+            raise ConfigError("extra speculative shapes need --speculation adaptive")
         if self.speculation not in ("off", "fixed", "adaptive"):
             raise ConfigError(f"--speculation must be off, fixed or adaptive, got "
                               f"{self.speculation!r}")
@@ -108,6 +116,11 @@ class RuntimeConfig:
                                   "needs --draft-model (or use --draft-source copy)")
             if not 1 <= self.draft_depth <= 7:
                 raise ConfigError(f"--draft-depth must be 1..7, got {self.draft_depth}")
+            for shape in self.extra_speculative_shapes:
+                if shape.kind is not GraphKind.SPECULATIVE or \
+                        shape.proposal_depth > self.draft_depth or self.speculation != "adaptive":
+                    raise ConfigError(f"extra speculative shape {shape.label()}: adaptive "
+                                      "mode, SPECULATIVE kind, depth <= --draft-depth only")
             if self.scheduler_policy not in ("balanced", "throughput"):
                 raise ConfigError(f"--speculation {self.speculation} runs with the seed's "
                                   "scheduler only (--scheduler-policy balanced or throughput)")

@@ -367,10 +367,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         draft_depth=config.draft_depth if speculative else 0,
         speculative_token_capacity=config.speculative_token_capacity,
     ))
-    # The speculative scheduler plans no mixed speculative rows: wider mixed programs
-    # are left out of a served catalog (width-one ones keep the draft context, MIX-6).
-    shapes = tuple(s for s in catalog.shapes
-                   if not (s.kind is GraphKind.MIXED and s.token_capacity > 1))
+    shapes = served_shapes(catalog.shapes, config)
     num_pages = config.kv_pages or default_pages(config.max_batch, max_context,
                                                  config.page_size)
     engine = ModelEngine.load(
@@ -382,6 +379,26 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         draft_model_dir=config.draft_model_dir,
     )
     return engine, shapes
+
+
+def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[GraphShape, ...]:
+    """The generated catalog less what the configured mode does not run.
+
+    The speculative scheduler plans no mixed speculative rows, so wider mixed programs
+    are left out (width-one ones keep the draft context, MIX-6). Fixed-width mode
+    (MIX-7, LRN-10) keeps only the speculative programs of width ``D + 1`` (the widest
+    the envelope allows at each bucket) and no ordinary decode: every decode step is a
+    complete round of that width."""
+    kept = [s for s in shapes if not (s.kind is GraphKind.MIXED and s.token_capacity > 1)]
+    kept += [s for s in config.extra_speculative_shapes if s not in kept]
+    if config.speculation != "fixed":
+        return tuple(kept)
+    widest: dict[int, int] = {}
+    for s in kept:
+        if s.kind is GraphKind.SPECULATIVE:
+            widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
+    return tuple(s for s in kept if s.kind is not GraphKind.DECODE and (
+        s.kind is not GraphKind.SPECULATIVE or s.token_capacity == widest[s.batch_capacity]))
 
 
 def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,

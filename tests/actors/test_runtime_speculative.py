@@ -2,7 +2,7 @@
 random Llama pair: greedy output with speculation (fixed and adaptive modes, learned
 draft and copy proposals) equals greedy output without it, token for token; multi-token
 bursts are delivered; random cancellations return every page and state row.
-Covers SPEC-5, SPEC-19, VER-28, ACC-28, QUEUE-3, QUEUE-4, LRN-10, PRE-53."""
+Covers SPEC-5, SPEC-19, VER-28, ACC-28, QUEUE-3, QUEUE-4, LRN-10, MIX-7, PRE-53."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import trio
 
 from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
-from policy.descriptors import GraphKind
+from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.speculative_scheduler import SpeculativeScheduler
 from tests.actors.test_runtime_cpu import config_for, prompt_of, wait_until_idle
 
@@ -93,10 +93,37 @@ async def test_spec_5_greedy_speculation_equals_greedy_without_it(
     assert speculative == stats.speculative_frames > 0, graphs
     assert stats.speculative_accepted_tokens <= stats.speculative_drafted_tokens
     assert sum(stats.speculative_accepted_by_position[:1]) <= stats.speculative_accepted_tokens
+    if mode == "fixed":
+        # MIX-7, LRN-10: fixed-width execution runs every decode step at W = D + 1.
+        decoding = [label for label in graphs if not label.startswith("prefill")]
+        assert decoding and all(",W=4," in label for label in decoding), graphs
     if draft == "perfect":
         assert stats.speculative_accepted_tokens > 0
         # bursts: fewer events than tokens for some stream
         assert any(deltas < len(tokens) for tokens, deltas in results)
+
+
+@pytest.mark.parametrize("source", ["draft", "copy"])
+async def test_queue_3_device_allocated_rounds_keep_greedy_output(
+        tiny_llama: Path, tiny_draft: Path, plain_outputs: list[list[int]], source: str) -> None:
+    """Ragged ``SpeculativePrefixLimit`` programs (ceilings, the device allocates P rows
+    by joint prefix probability) complete through ``complete_packed_round`` with the
+    confidence sidecar; greedy output is unchanged (SPEC-22, QUEUE-3)."""
+    limit = TargetBinding.SPECULATIVE_PREFIX_LIMIT
+    extra = (GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4,
+                        proposal_depth=3, packed_capacity=7, binding=limit),
+             GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=2, token_capacity=3,
+                        proposal_depth=2, packed_capacity=4, binding=limit))
+    config = config_for(tiny_llama, speculation="adaptive", draft_source=source,
+                        draft_model_dir=tiny_draft if source == "draft" else None,
+                        draft_depth=3, extra_speculative_shapes=extra)
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+            graphs = dict(rt.statistics().executions_by_graph)
+    assert [tokens for tokens, _ in results] == plain_outputs
+    assert any("SpeculativePrefixLimit" in label for label in graphs), graphs
 
 
 async def test_random_cancellations_with_speculation_return_every_page_and_row(
