@@ -45,6 +45,10 @@ from policy.service import (
 from policy.types import Phase, RequestHandle, RestoreNeed
 from policy.utility import NS_PER_MS, scale_exponent, scaled
 
+_RETIRED, _DECODE = Phase.RETIRED, Phase.DECODE
+_TERMINAL, _PREFILL = Phase.TERMINAL, Phase.PREFILL
+_NO_RESTORE, _AWAITING = RestoreNeed.NONE, RestoreNeed.AWAITING
+
 
 def projected_histories(
     records: Mapping[RequestHandle, RequestRecord], queue: FrameQueue, config: PolicyConfig
@@ -111,30 +115,46 @@ def build_context(
     prompts: list[RequestRecord] = []
     restorable: list[RequestRecord] = []
     pending_terminals: list[RequestRecord] = []
+    # One pass with the ``selectable`` / ``restorable`` rules inlined (requests.py):
+    # this loop runs over every resident request on every decision.
     for r in records.values():
-        if r.cancelled or r.phase is Phase.RETIRED:
+        if r.cancelled:
             continue
-        if r.phase is Phase.TERMINAL:
-            pending_terminals.append(r)
-        if r.restore is RestoreNeed.AWAITING:
+        phase = r.phase
+        if phase is _RETIRED:
             continue
-        if r.restorable and r.phase is not Phase.TERMINAL:
-            restorable.append(r)  # a preempted row is retired, never restored
-        if r.phase is Phase.DECODE:
-            active_decoders.append(r)
-            if r.selectable:
-                decoders.append(r)
-        elif r.phase is Phase.TERMINAL:
-            if r.selectable:
-                terminals.append(r)
-        elif r.phase is Phase.PREFILL and r.selectable:
-            prompts.append(r)
+        need = r.restore
+        if need is _NO_RESTORE:
+            if phase is _DECODE:
+                active_decoders.append(r)
+                if r.max_output_tokens - r.output_committed - r.queued_outputs > 0:
+                    decoders.append(r)
+            elif phase is _TERMINAL:
+                pending_terminals.append(r)
+                if not r.in_flight_fences:
+                    terminals.append(r)
+            elif phase is _PREFILL and not r.in_flight_fences:
+                prompts.append(r)
+        elif phase is _TERMINAL:
+            pending_terminals.append(r)  # a preempted row is retired, never restored
+        elif need is not _AWAITING:
+            if not r.in_flight_fences:
+                restorable.append(r)
+            if phase is _DECODE:
+                active_decoders.append(r)
     prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
 
-    dec_prices = np.array(
-        [(output_token_price(h, config), delivery_price(h, config))
-         for h in (histories.get(r.handle, r.history) for r in decoders)],
-        dtype=np.float64).reshape(len(decoders), 2)
+    dec_histories = ([histories.get(r.handle, r.history) for r in decoders] if histories
+                     else [r.history for r in decoders])
+    n_dec = len(decoders)
+    token_rates = np.fromiter((h.token_rate for h in dec_histories), dtype=np.float64,
+                              count=n_dec)
+    delivery_rates = np.fromiter(
+        (h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
+         for h in dec_histories), dtype=np.float64, count=n_dec)
+    # output_token_price and delivery_price (service.py), vectorised: same IEEE ops.
+    dec_output_price = config.output_token_value + config.token_fairness / token_rates
+    dec_delivery_price = config.delivery_fairness / delivery_rates
     prompt_rows = [(prefill_token_price(h, config), output_token_price(h, config),
                     delivery_price(h, config), r.prompt_cursor, r.logical_prompt_end(),
                     r.next_endpoint(), r.prompt_len, r.scored_prompt)
@@ -142,7 +162,8 @@ def build_context(
     prompt_cols = np.array(prompt_rows, dtype=np.float64).reshape(len(prompts), 8)
     e = scale_exponent((config.decode_age_price, config.terminal_value,
                         config.terminal_age_price,
-                        float(np.abs(dec_prices).max(initial=0.0)),
+                        max(float(np.abs(dec_output_price).max(initial=0.0)),
+                            float(np.abs(dec_delivery_price).max(initial=0.0))),
                         float(np.abs(prompt_cols[:, :3]).max(initial=0.0))))
 
     sigma_dec = family_reference_ms(catalog, times, catalog.delivery_family,
@@ -153,9 +174,9 @@ def build_context(
     dec_slope = c_dec * sigma_dec if sigma_dec is not None else 0.0
     term_slope = c_term * sigma_term if sigma_term is not None else 0.0
 
-    ages_ms = np.array([r.output_age_ns(start_ns) for r in decoders],
-                       dtype=np.float64) / NS_PER_MS
-    dec_base = np.ldexp(dec_prices.sum(axis=1), -e) + dec_slope * ages_ms
+    ages_ms = np.fromiter((r.output_age_ns(start_ns) for r in decoders), dtype=np.float64,
+                          count=n_dec) / NS_PER_MS
+    dec_base = np.ldexp(dec_output_price + dec_delivery_price, -e) + dec_slope * ages_ms
     term_value = scaled(config.terminal_value, e)
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
