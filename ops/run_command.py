@@ -86,11 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--mixed-prefill", action="store_true",
                        help="prepare mixed prefill/decode programs (families that declare them)")
     sched.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default=None,
-                       help="speculative decoding mode (default: adaptive with --draft-model, "
-                            "otherwise off)")
-    sched.add_argument("--draft-source", choices=("draft", "copy"), default="draft",
-                       help="speculative proposals from the draft model (draft, needs "
-                            "--draft-model) or copied from the request's own history (copy)")
+                       help="speculative decoding mode (default: adaptive with --draft-model "
+                            "or --draft-source copy, otherwise off)")
+    sched.add_argument("--draft-source", choices=("draft", "copy"), default=None,
+                       help="speculative proposals from the draft model (draft, the default; "
+                            "needs --draft-model) or copied from the request's own history "
+                            "(copy)")
     sched.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                        help="proposal depth D of a speculative load (1..7): programs of "
                             "widths 1..D+1 are prepared")
@@ -132,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     speculation: SpeculationMode = args.speculation or (
-        "adaptive" if args.draft_model is not None else "off")
+        "adaptive" if args.draft_model is not None or args.draft_source == "copy" else "off")
     return RuntimeConfig(
         model_dir=args.model,
         draft_model_dir=args.draft_model,
@@ -142,7 +143,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         mixed_prefill=args.mixed_prefill,
         speculation=speculation,
         speculative_token_capacity=args.speculative_token_capacity,
-        draft_source=args.draft_source,
+        draft_source=args.draft_source or "draft",
         draft_depth=args.draft_depth,
         max_context=args.max_context,
         kv_pages=args.kv_pages,

@@ -132,6 +132,20 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
 
+@pytest.mark.parametrize(("flags", "mode", "source", "depth"), [
+    ([], "off", "draft", 4),
+    (["--draft-source", "copy"], "adaptive", "copy", 4),
+    (["--speculation", "fixed", "--draft-source", "copy", "--draft-depth", "2"], "fixed", "copy", 2),
+])
+def test_speculation_flags_reach_the_runtime_config(
+        model_dir: pathlib.Path, flags: list[str], mode: str, source: str, depth: int) -> None:
+    """Issue 6: modes and the draft source are selectable at ``flare run``."""
+    argv = ["run", "--model", str(model_dir), *flags]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    assert (config.speculation, config.draft_source, config.draft_depth) == (mode, source, depth)
+    config.validate()
+
+
 def test_pol_24_help_states_the_alpha_effect(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
