@@ -7,6 +7,8 @@ the largest shape of the catalog (MIX-38 (3)), and one prepared program per
 Execution options (``gpu.programs.execution``) default by device: static, capturable
 programs on CUDA; programs whose attention reads only the context the frame needs on
 the CPU.
+A speculative load (``speculation_source``) adds the complete speculative programs
+through ``gpu.programs.speculative.attach_speculation`` after the ordinary ones.
 """
 
 from __future__ import annotations
