@@ -540,19 +540,21 @@ def _build_plan(ctx: DecisionContext, cols: dict[str, npt.NDArray[np.generic]], 
             token_ceiling=1 if final else 0, expected_tokens=1.0 if final else 0.0,
             expected_deliveries=1.0 if final else 0.0, value=value,
         ))
+    # Lane values through one array step and ``tolist`` (no numpy scalar per lane);
+    # ``base[i] + slope * t_ms`` is the same IEEE operation either way. Lanes are
+    # NamedTuples built positionally (fields as in ``types.Lane``).
     dec = ctx.decoders
-    for i in range(n_dec):
-        rec = dec.records[i]
-        lanes.append(Lane(
-            handle=rec.handle, epoch=rec.epoch, role=LaneRole.DECODE, token_ceiling=1,
-            expected_tokens=1.0, expected_deliveries=1.0,
-            value=float(dec.base[i]) + dec.slope * t_ms,
-        ))
+    if n_dec:
+        dec_values = (dec.base[:n_dec] + dec.slope * t_ms).tolist()
+        decode = LaneRole.DECODE
+        lanes.extend([Lane(rec.handle, rec.epoch, decode, 0, 0, 1, 1.0, 1.0, value)
+                      for rec, value in zip(dec.records[:n_dec], dec_values, strict=True)])
     term = ctx.terminals
-    for i in range(n_term):
-        rec = term.records[i]
-        lanes.append(Lane(handle=rec.handle, epoch=rec.epoch, role=LaneRole.TERMINAL,
-                          value=float(term.base[i]) + term.slope * t_ms))
+    if n_term:
+        term_values = (term.base[:n_term] + term.slope * t_ms).tolist()
+        terminal = LaneRole.TERMINAL
+        lanes.extend([Lane(rec.handle, rec.epoch, terminal, 0, 0, 0, 0.0, 0.0, value)
+                      for rec, value in zip(term.records[:n_term], term_values, strict=True)])
     mixed = None
     if shape.kind is GraphKind.MIXED:
         mixed = MixedRole(prefill_row=0 if prompt_pos >= 0 else -1,
