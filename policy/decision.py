@@ -88,10 +88,10 @@ def family_reference_ms(catalog: CatalogIndex, times: ShapeTimes, family: IntArr
         return None
     est = times.estimate_ns[family]
     known = est > 0
-    if not np.any(known):
+    if not known.any():
         return None
-    per_stream = (est[known] / NS_PER_MS) / np.minimum(catalog.batch[family][known], streams)
-    return streams * float(per_stream.min())
+    per_stream = (est / NS_PER_MS) / np.minimum(catalog.batch[family], streams)
+    return streams * float(per_stream[known].min())
 
 
 def build_context(

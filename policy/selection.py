@@ -423,9 +423,9 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
         return
     merged = {k: np.concatenate(v) for k, v in cols.items()}
     keys = np.stack([merged["prompt_pos"], merged["prompt_tokens"], merged["n_dec"]], axis=1)
-    shape_idx = merged["shape"].astype(np.int64)
+    shape_idx = merged["shape"].astype(np.int64, copy=False)
     caps = ctx.catalog.capacities[shape_idx]
-    dominated = _dominated_by_smaller(keys.astype(np.int64), caps[:, 0], caps[:, 2])
+    dominated = _dominated_by_smaller(keys.astype(np.int64, copy=False), caps[:, 0], caps[:, 2])
     table.add(dominated=dominated, **merged)
 
 
@@ -442,14 +442,15 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     if not table.shape:
         return _restore_plan(ctx, pair) if pair is not None else None
     cols = {name: table.cat(name) for name in _Table.__slots__}
-    shape = cols["shape"].astype(np.int64)
-    base = cols["base"].astype(np.float64)
+    shape = cols["shape"].astype(np.int64, copy=False)
+    base = cols["base"].astype(np.float64, copy=False)
     est = ctx.estimate_ns[shape]
     known = est > 0
-    rates = value_rates(base, cols["slope"].astype(np.float64), est / NS_PER_MS, ctx.waiting)
+    slope = cols["slope"].astype(np.float64, copy=False)
+    rates = value_rates(base, slope, est / NS_PER_MS, ctx.waiting)
     primary = np.where(known, rates, base)
-    blocked = cols["excluded"].astype(np.bool_)
-    eligible = np.nonzero(~(cols["dominated"].astype(np.bool_) | blocked))[0]
+    blocked = cols["excluded"].astype(np.bool_, copy=False)
+    eligible = np.nonzero(~(cols["dominated"].astype(np.bool_, copy=False) | blocked))[0]
     if len(eligible) == 0:
         return _restore_plan(ctx, pair) if pair is not None else None
 
