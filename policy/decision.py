@@ -43,7 +43,7 @@ from policy.service import (
     prefill_token_price,
 )
 from policy.types import Phase, RequestHandle, RestoreNeed
-from policy.utility import NS_PER_MS, scale_exponent, scaled
+from policy.utility import NS_PER_MS, FloatArray, scale_exponent, scaled
 
 _RETIRED, _DECODE = Phase.RETIRED, Phase.DECODE
 _TERMINAL, _PREFILL = Phase.TERMINAL, Phase.PREFILL
@@ -78,6 +78,20 @@ def projected_histories(
             # A missing delivery history stays missing under zero deliveries (ACCT-19).
             observe_delivery(h, deliveries=deliveries, interval_ms=interval_ms, config=config)
     return copies
+
+
+def _price_terms(histories: list[ServiceHistory],
+                 config: PolicyConfig) -> tuple[FloatArray, FloatArray]:
+    """``f/x`` and the delivery price ``g/z`` (``service.delivery_price``) of each
+    history, as arrays: the per-request price gradients of SEL-5..7 vectorised."""
+    n = len(histories)
+    token_rates = np.fromiter((h.token_rate for h in histories), dtype=np.float64, count=n)
+    delivery_rates = np.fromiter(
+        (h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
+         for h in histories), dtype=np.float64, count=n)
+    fair: FloatArray = config.token_fairness / token_rates
+    delivery: FloatArray = config.delivery_fairness / delivery_rates
+    return fair, delivery
 
 
 def family_reference_ms(catalog: CatalogIndex, times: ShapeTimes, family: IntArray,
@@ -144,27 +158,24 @@ def build_context(
                 active_decoders.append(r)
     prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
 
-    dec_histories = ([histories.get(r.handle, r.history) for r in decoders] if histories
-                     else [r.history for r in decoders])
-    n_dec = len(decoders)
-    token_rates = np.fromiter((h.token_rate for h in dec_histories), dtype=np.float64,
-                              count=n_dec)
-    delivery_rates = np.fromiter(
-        (h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
-         for h in dec_histories), dtype=np.float64, count=n_dec)
-    # output_token_price and delivery_price (service.py), vectorised: same IEEE ops.
-    dec_output_price = config.output_token_value + config.token_fairness / token_rates
-    dec_delivery_price = config.delivery_fairness / delivery_rates
-    prompt_rows = [(prefill_token_price(h, config), output_token_price(h, config),
-                    delivery_price(h, config), r.prompt_cursor, r.logical_prompt_end(),
-                    r.next_endpoint(), r.prompt_len, r.scored_prompt)
-                   for r, h in ((r, histories.get(r.handle, r.history)) for r in prompts)]
-    prompt_cols = np.array(prompt_rows, dtype=np.float64).reshape(len(prompts), 8)
+    n_dec, n_prompts = len(decoders), len(prompts)
+    dec_fair, dec_delivery_price = _price_terms(
+        [histories.get(r.handle, r.history) for r in decoders] if histories
+        else [r.history for r in decoders], config)
+    # output_token_price (service.py), vectorised: the same IEEE operations.
+    dec_output_price = config.output_token_value + dec_fair
+    prompt_fair, prompt_delivery_price = _price_terms(
+        [histories.get(r.handle, r.history) for r in prompts] if histories
+        else [r.history for r in prompts], config)
+    prompt_token_price = 1.0 + prompt_fair  # prefill_token_price
+    prompt_output_price = config.output_token_value + prompt_fair
     e = scale_exponent((config.decode_age_price, config.terminal_value,
                         config.terminal_age_price,
                         max(float(np.abs(dec_output_price).max(initial=0.0)),
                             float(np.abs(dec_delivery_price).max(initial=0.0))),
-                        float(np.abs(prompt_cols[:, :3]).max(initial=0.0))))
+                        max(float(np.abs(prompt_token_price).max(initial=0.0)),
+                            float(np.abs(prompt_output_price).max(initial=0.0)),
+                            float(np.abs(prompt_delivery_price).max(initial=0.0)))))
 
     sigma_dec = family_reference_ms(catalog, times, catalog.delivery_family,
                                     len(active_decoders))
@@ -181,7 +192,9 @@ def build_context(
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
 
-    ints = prompt_cols[:, 3:].astype(np.int64)
+    ints = np.array([(r.prompt_cursor, r.logical_prompt_end(), r.next_endpoint(),
+                      r.prompt_len, r.scored_prompt) for r in prompts],
+                    dtype=np.int64).reshape(n_prompts, 5)
     cursor, logical_end, endpoint, prompt_len = ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3]
     prompt_group = PromptGroup(
         records=tuple(prompts),
@@ -189,8 +202,8 @@ def build_context(
         logical_remaining=logical_end - cursor,
         endpoint_remaining=endpoint - cursor,
         reaches_prompt_end=logical_end >= prompt_len,
-        token_price=np.ldexp(prompt_cols[:, 0], -e),
-        finish_value=np.ldexp(prompt_cols[:, 1] + prompt_cols[:, 2], -e),
+        token_price=np.ldexp(prompt_token_price, -e),
+        finish_value=np.ldexp(prompt_output_price + prompt_delivery_price, -e),
         scored=ints[:, 4].astype(np.bool_),
         last_served=np.array([r.last_served_ns for r in prompts], dtype=np.int64),
     )
