@@ -166,6 +166,9 @@ class LaneGroup:
     def build(records: list[RequestRecord], base: list[float] | FloatArray,
               slope: float) -> LaneGroup:
         values = np.asarray(base, dtype=np.float64)
+        if not records:  # common for terminals: skip the sort machinery
+            return LaneGroup((), values, slope, np.zeros(1, dtype=np.float64),
+                             np.zeros(1, dtype=np.int64))
         served_all = np.fromiter((r.last_served_ns for r in records), dtype=np.int64,
                                  count=len(records))
         handles = np.fromiter((r.handle for r in records), dtype=np.int64,
@@ -353,8 +356,10 @@ def _cohort_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
 def _prefill_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
                         scored: bool) -> None:
     p = ctx.prompts
+    if len(idx) == 0 or not p.records or (scored and not p.scored.any()):
+        return
     rows = np.nonzero(p.scored == scored)[0]
-    if len(idx) == 0 or len(rows) == 0:
+    if len(rows) == 0:
         return
     cap = ctx.catalog.capacities[idx, 1]
     remaining = p.logical_remaining[rows][:, None]
