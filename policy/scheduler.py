@@ -547,7 +547,10 @@ class Scheduler:
         raw = episode_charge_ns(timing, isolated=frame.isolated)
         self._executions[kind.value] += 1
         self._execution_ns[kind.value] += raw
-        if self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns):
+        before = self._estimates.estimate_ns(frame.plan.shape)
+        if self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns) \
+                and self._estimates.estimate_ns(frame.plan.shape) != before:
+            # Normalizers depend on estimate values only: an unchanged median keeps them.
             self._normalizer_cache.clear()
         self._refresh_shape_times(frame.plan.shape)
         if kind is SelectionReason.ORDINARY:
