@@ -159,3 +159,27 @@ async def test_random_cancellations_with_speculation_return_every_page_and_row(
             assert stats.pages_total - stats.pages_free == stats.pages_cached
             assert rt.scheduler.statistics().resident == 0
             assert any(s.kind is GraphKind.SPECULATIVE for s in rt._parts.programs)
+
+
+async def test_a_cache_hit_shares_the_draft_context(tiny_llama: Path) -> None:
+    """A second turn that hits the prefix cache resumes speculation on the shared pages'
+    draft KV: with the target's own weights as the draft every greedy draft is accepted,
+    which fails if the cached pages lacked the draft's KV (SPEC-5, OPEN-35). Fixed
+    mode, so that every decode step is a speculative round."""
+    config = config_for(tiny_llama, speculation="fixed", draft_source="draft",
+                        draft_model_dir=tiny_llama, draft_depth=3)
+    first_prompt = prompt_of(40, 21)
+    with trio.fail_after(120):
+        async with open_runtime(config) as rt:
+            first, _ = await _greedy(rt, first_prompt)
+            await wait_until_idle(rt)
+            before = rt.statistics()
+            second, _ = await _greedy(rt, [*first_prompt, *first, *prompt_of(5, 22)])
+            after = rt.statistics()
+        async with open_runtime(config_for(tiny_llama)) as plain:
+            expected, _ = await _greedy(plain, [*first_prompt, *first, *prompt_of(5, 22)])
+    assert after.prefix_cache_hit_tokens > before.prefix_cache_hit_tokens
+    assert second == expected
+    drafted = after.speculative_drafted_tokens - before.speculative_drafted_tokens
+    accepted = after.speculative_accepted_tokens - before.speculative_accepted_tokens
+    assert drafted > 0 and accepted == drafted
