@@ -77,7 +77,13 @@ def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTr
         if status == 413:
             message = (f"The request body exceeds the limit of "
                        f"{service.settings.max_request_bytes} bytes.")
-        return _error_response(ApiError(status, message, type=kind, code=code), service)
+        response = _error_response(ApiError(status, message, type=kind, code=code), service)
+        if status == 413:
+            # The rest of an oversized (e.g. chunked) body is never read, so this
+            # connection cannot carry another request: tell the client to reconnect
+            # instead of letting its next request wait behind unread body bytes.
+            response.headers["Connection"] = "close"
+        return response
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:

@@ -165,6 +165,9 @@ async def test_body_too_large_without_content_length_is_413(codec: TinyCodec) ->
                 client_for(server) as client:
             response = await client.post(COMPLETIONS, content=chunks())
             assert_openai_error(response, Case("chunked", 413))
+            # The unread rest of the body makes the connection unusable: the server says
+            # so, and the client's next request goes over a fresh connection.
+            assert response.headers.get("connection") == "close"
             await assert_still_serves(client)
 
 
