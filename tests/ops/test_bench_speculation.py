@@ -1,0 +1,59 @@
+"""Smoke test of ``flare bench speculation`` (issue 6 benchmark) on a tiny random Llama
+pair built with ``save_pretrained``: one row per mode and load, positive figures, and
+greedy speculative output counted in full. Covers SPEC-5 (speculation modes selectable
+side by side) as exercised by the benchmark; speed targets live in the benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from ops import bench_speculation
+
+pytestmark = pytest.mark.slow
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_speculation.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_modes_cover_off_each_fixed_depth_and_adaptive_per_source() -> None:
+    modes = bench_speculation.modes_of(_args("--depths", "1,3", "--sources", "draft,copy"))
+    assert [m.label() for m in modes] == [
+        "off", "draft:d1", "draft:d3", "draft:adaptive<=d3",
+        "copy:d1", "copy:d3", "copy:adaptive<=d3"]
+
+
+def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        code = bench_speculation.main(_args(
+            "--tiny", "--depths", "1", "--loads", "1,2", "--max-batch", "2",
+            "--prompt-tokens", "8", "--max-tokens", "6", "--json"))
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    keys = [(r["mode"], r["streams"]) for r in rows]
+    expected_modes = ["off", "draft:d1", "draft:adaptive<=d1", "copy:d1", "copy:adaptive<=d1"]
+    assert keys == [(m, n) for m in expected_modes for n in (1, 2)]
+    for row in rows:
+        assert row["tokens"] == 6 * row["streams"], row  # greedy, ignore_eos: all delivered
+        assert row["tokens_per_s"] > 0 and row["mean_itl_ms"] > 0 and row["seconds"] > 0
+
+
+def test_render_puts_loads_side_by_side() -> None:
+    rows = [bench_speculation.Row(m, n, 10, 1.0, 10.0 * n, 5.0) for m in ("off", "copy:d1")
+            for n in (1, 8)]
+    lines = bench_speculation.render(rows).splitlines()
+    assert "1 stream tok/s" in lines[0] and "8 stream tok/s" in lines[0]
+    assert lines[2].split() == ["off", "10.0", "5.00", "80.0", "5.00"]
+    assert lines[3].split()[0] == "copy:d1"
