@@ -7,7 +7,8 @@ greedy requests whose prompts are fixed text from Python standard-library docstr
 For each mode and each load (number of concurrent streams: one stream and saturation)
 it prints output tokens per second and the mean inter-token latency (per stream: time
 from its first to its last output token divided by the tokens after the first; then
-averaged over streams). The seed's target ("Speculative decoding"): adaptive is at least
+averaged over streams), with the draft acceptance rate and the share of speculative
+programs among those run (both over the measured load). The seed's target ("Speculative decoding"): adaptive is at least
 as good as the best fixed choice, including none, at every load, and strictly better
 than no speculation at one stream.
 
@@ -56,6 +57,10 @@ class Row:
     seconds: float
     tokens_per_s: float
     mean_itl_ms: float
+    acceptance: float = 0.0
+    """Accepted / drafted tokens over the measured load (0 without speculation)."""
+    speculative_share: float = 0.0
+    """Speculative programs / all programs run over the measured load."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,9 +187,18 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
     async with open_runtime(config) as rt:
         for streams in loads:
             await run_load(rt, streams, args, max_tokens=8)  # warm-up: shape discovery
+            before = rt.statistics()
             row = await run_load(rt, streams, args, max_tokens=args.max_tokens)
+            after = rt.statistics()
+            drafted = after.speculative_drafted_tokens - before.speculative_drafted_tokens
+            accepted = after.speculative_accepted_tokens - before.speculative_accepted_tokens
+            runs = (sum(n for _, n in after.executions_by_kind)
+                    - sum(n for _, n in before.executions_by_kind))
+            speculative = after.speculative_frames - before.speculative_frames
             rows.append(Row(mode.label(), row.streams, row.tokens, row.seconds,
-                            row.tokens_per_s, row.mean_itl_ms))
+                            row.tokens_per_s, row.mean_itl_ms,
+                            acceptance=accepted / drafted if drafted else 0.0,
+                            speculative_share=speculative / runs if runs else 0.0))
     return rows
 
 
@@ -192,11 +206,13 @@ def render(rows: list[Row]) -> str:
     loads = sorted({r.streams for r in rows})
     labels = list(dict.fromkeys(r.mode for r in rows))
     by_key = {(r.mode, r.streams): r for r in rows}
-    header = f"{'mode':<20}" + "".join(f"{f'{n} stream tok/s':>18}{'ITL ms':>9}" for n in loads)
+    header = f"{'mode':<20}" + "".join(
+        f"{f'{n} stream tok/s':>18}{'ITL ms':>9}{'acc':>6}{'spec':>6}" for n in loads)
     lines = [header, "-" * len(header)]
     for label in labels:
-        cells = "".join(f"{by_key[(label, n)].tokens_per_s:>18.1f}{by_key[(label, n)].mean_itl_ms:>9.2f}"
-                        for n in loads)
+        cells = "".join(
+            f"{r.tokens_per_s:>18.1f}{r.mean_itl_ms:>9.2f}{r.acceptance:>6.2f}"
+            f"{r.speculative_share:>6.2f}" for r in (by_key[(label, n)] for n in loads))
         lines.append(f"{label:<20}{cells}")
     return "\n".join(lines)
 

@@ -48,6 +48,12 @@ def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
     for row in rows:
         assert row["tokens"] == 6 * row["streams"], row  # greedy, ignore_eos: all delivered
         assert row["tokens_per_s"] > 0 and row["mean_itl_ms"] > 0 and row["seconds"] > 0
+        assert 0.0 <= row["acceptance"] <= 1.0
+        # Off runs no speculative program; fixed runs nothing but (SPEC-5 modes).
+        if row["mode"] == "off":
+            assert row["speculative_share"] == 0.0 and row["acceptance"] == 0.0
+        elif ":d" in row["mode"]:
+            assert row["speculative_share"] > 0.0
 
 
 def test_render_puts_loads_side_by_side() -> None:
@@ -55,5 +61,6 @@ def test_render_puts_loads_side_by_side() -> None:
             for n in (1, 8)]
     lines = bench_speculation.render(rows).splitlines()
     assert "1 stream tok/s" in lines[0] and "8 stream tok/s" in lines[0]
-    assert lines[2].split() == ["off", "10.0", "5.00", "80.0", "5.00"]
+    assert lines[2].split() == ["off", "10.0", "5.00", "0.00", "0.00",
+                                "80.0", "5.00", "0.00", "0.00"]
     assert lines[3].split()[0] == "copy:d1"
