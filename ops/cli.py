@@ -22,6 +22,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "device-busy fraction and host gaps of the runtime under decode-heavy load"),
     (("bench", "compare"), "ops.bench_compare",
      "run flare run per scheduling policy on one fixed workload and tabulate side by side"),
+    (("bench", "speculation"), "ops.bench_speculation",
+     "compare speculation off / fixed depths / adaptive at several loads"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
