@@ -293,7 +293,9 @@ def _pair_choices(ctx: DecisionContext, shapes: list[int], rows: list[int],
              + ready * dec.slope * span + term.prefix[term_n]
              + term_n * (term.slope * t_ms + saved) + fol.extra[None, :, None])
     known = t_ms > 0
-    score = np.where(known, value / span - span / 2.0 * ctx.waiting, value)
+    # Known rows have span >= T > 0; unknown ones rank by value (no division by zero).
+    safe_span = np.where(known, span, 1.0)
+    score = np.where(known, value / safe_span - safe_span / 2.0 * ctx.waiting, value)
     score = np.where(valid, score, -np.inf).reshape(len(shapes), -1)
     rows_adv = np.where(valid, k + ready + term_n + fol.fixed_pre[None, :, None],
                         -1).reshape(len(shapes), -1)
