@@ -42,8 +42,16 @@ class RunFile:
 
 
 def write_run(path: pathlib.Path, run: RunFile) -> None:
+    """Write ``run`` as JSON: the header indented, one line per request record (an
+    indented record puts every chunk time on its own line: slow and huge)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run.to_json(), indent=1, allow_nan=True) + "\n")
+    data = run.to_json()
+    records = data.pop("records")
+    head = json.dumps(data, indent=1, allow_nan=True)
+    lines = ",\n  ".join(json.dumps(r, allow_nan=True) for r in records)
+    body = f'{head[:-2]},\n "records": [\n  {lines}\n ]\n}}\n' if records else \
+        f'{head[:-2]},\n "records": []\n}}\n'
+    path.write_text(body)
 
 
 def read_run(path: pathlib.Path) -> RunFile:
