@@ -1,13 +1,23 @@
 """``BaselinePolicy``: the lifecycle every baseline shares, behind the ``Planner`` interface.
 
-This module owns what a conventional scheduler needs besides its ordering rule:
-request residency (admission, client tags, cancellation, phases, release), the
-two-slot frame window (QUEUE-10..12: only ordinary decode may queue behind ordinary
-decode; prefill, mixed and state programs drain the window), commit rechecks (epochs,
-cursors, fence order), completion (every lane validated before any update, ACCT-6;
-terminal snapshots when the catalog prepares them, PRE-41), execution counters, cost
-observations (kept for traces and export only: baselines never rank by cost) and the
-trace of every committed plan.
+This module owns what a conventional scheduler needs besides its ordering rule, built
+on the seed scheduler's own pieces wherever they exist as modules:
+
+- request residency on ``policy.requests.RequestRecord`` (cursors, phase, output room
+  net of queued work, the system-prompt boundary, fences in flight), extended with the
+  admission order and client tag baselines rank by (``BaselineRequest``);
+- the two-slot frame window is ``policy.frame_queue.FrameQueue`` (QUEUE-10..12: only
+  generation programs may queue behind generation programs; prefill, mixed and state
+  programs drain the window). Baselines never call ``observe_time``: they have no
+  overrun rule (OPEN-31 is the seed's);
+- execution time per frame is ``policy.refresh.episode_charge_ns``, as the seed counts it.
+
+What remains here, because the seed keeps it inside ``Scheduler`` methods, is admission
+checking, commit rechecks (epochs, cursors, fence order), completion (every lane
+validated before any update, ACCT-6; terminal snapshots when the catalog prepares them,
+PRE-41), execution counters, cost observations (kept for traces and export only:
+baselines never rank by cost) and the trace of every committed plan. The proposed
+extraction of those into a shared module is ``/work/notes/patches/7-lifecycle.patch``.
 
 Subclasses implement ``_choose`` (pure: it reads state, never changes it) and may hook
 ``_on_admitted``, ``_on_client`` and ``_on_served``. Baselines do not price deliveries,
@@ -19,12 +29,16 @@ from __future__ import annotations
 import abc
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from policy.baselines.menu import PromptWork, ShapeMenu
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
 from policy.descriptors import MAX_REQUEST_SLOTS, ExecutionTiming, GraphShape
+from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.refresh import episode_charge_ns
+from policy.requests import RequestRecord
+from policy.service import FALLBACK_RATE_PER_MS, Normalizers, new_history
 from policy.types import (
     AdmissionRefused,
     CommitRejected,
@@ -53,33 +67,23 @@ DEFAULT_CLIENT = ""
 """The client of a request nobody tagged."""
 
 TRACE_HISTORY = 1024
-FRAME_SLOTS = 2
+
+_UNPRICED = Normalizers(token_rate_per_ms=FALLBACK_RATE_PER_MS,
+                        delivery_rate_per_ms=FALLBACK_RATE_PER_MS)
+"""Baselines price nothing: their records and frames carry the fallback normalizers."""
 
 
 @dataclass(slots=True, kw_only=True)
-class BaselineRequest:
-    """One resident request as a baseline sees it."""
+class BaselineRequest(RequestRecord):
+    """One resident request as a baseline sees it: the seed's record plus admission
+    order and client. Its service ``history`` is never updated (baselines price
+    nothing)."""
 
-    handle: RequestHandle
-    epoch: int
     sequence: int
     """Admission order (FCFS order)."""
-    client: str
-    prompt_len: int
-    cached_prefix_len: int
-    max_output_tokens: int
-    system_end: int | None
-    phase: Phase = Phase.PREFILL
-    prompt_cursor: int = 0
-    output_committed: int = 0
-    queued_outputs: int = 0
-    in_flight: list[Fence] = field(default_factory=list)
-    cancelled: bool = False
-    failed: bool = False
-
-    @property
-    def output_room(self) -> int:
-        return self.max_output_tokens - self.output_committed - self.queued_outputs
+    client: str = DEFAULT_CLIENT
+    rounds: int = 0
+    """Commit number of the last frame that carried it (least recently served first)."""
 
     @property
     def started(self) -> bool:
@@ -88,15 +92,12 @@ class BaselineRequest:
 
     @property
     def live(self) -> bool:
-        return not self.cancelled and self.phase not in (Phase.RETIRED,)
+        return not self.cancelled and self.phase is not Phase.RETIRED
 
     def chunk_limit(self) -> int:
         """Prompt tokens up to the logical end: the system boundary if the cursor is
         before it, else the prompt end (SEL-40)."""
-        end = self.prompt_len
-        if self.system_end is not None and self.prompt_cursor < self.system_end:
-            end = min(self.system_end, self.prompt_len)
-        return end - self.prompt_cursor
+        return self.logical_prompt_end() - self.prompt_cursor
 
     def prompt_work(self, tokens: int) -> PromptWork:
         return PromptWork(self.handle, self.epoch, self.prompt_cursor, tokens,
@@ -117,7 +118,7 @@ class BaselinePolicy(abc.ABC):
         self._next_handle = 1
         self._sequence = 0
         self._now_ns = 0
-        self._frames: deque[tuple[Fence, ScheduledPlan]] = deque()
+        self._queue = FrameQueue()
         self._last_fence: Fence | None = None
         self._admitted_any = False
         self._executions = {r.value: 0 for r in SelectionReason}
@@ -204,10 +205,11 @@ class BaselinePolicy(abc.ABC):
         self._last_epoch[handle] = epoch
         self._sequence += 1
         req = BaselineRequest(
-            handle=handle, epoch=epoch, sequence=self._sequence, client=DEFAULT_CLIENT,
+            handle=handle, epoch=epoch, sequence=self._sequence, admitted_ns=self._now_ns,
             prompt_len=prompt_len, cached_prefix_len=cached_prefix_len,
             max_output_tokens=max_output_tokens, system_end=system_end,
-            prompt_cursor=cached_prefix_len,
+            history=new_history(_UNPRICED), prompt_cursor=cached_prefix_len,
+            last_visible_ns=self._now_ns,
         )
         self._on_admitted(req)
         self._requests[handle] = req
@@ -307,16 +309,7 @@ class BaselinePolicy(abc.ABC):
 
     def blocking_reason(self, plan: ScheduledPlan) -> str | None:
         """Why ``plan`` cannot enter the two-slot window now (QUEUE-10..12)."""
-        if not self._frames:
-            return None
-        if len(self._frames) >= FRAME_SLOTS:
-            return "both frame slots are occupied"
-        if plan.requires_empty_window:
-            return f"{plan.shape.label()} needs an empty window"
-        tail = self._frames[-1][1]
-        if tail.requires_empty_window or not tail.shape.is_generation:
-            return f"nothing may queue behind {tail.shape.label()}"
-        return None
+        return self._queue.blocking_reason(plan)
 
     def window_ready(self, plan: ScheduledPlan) -> bool:
         return self.blocking_reason(plan) is None
@@ -331,15 +324,21 @@ class BaselinePolicy(abc.ABC):
             raise CommitRejected("plan exceeds the shape's request capacity")
         for lane in plan.lanes:
             self._check_lane(lane)
+        self._committed += 1
         for lane in plan.lanes:
             req = self._requests[lane.handle]
-            req.in_flight.append(fence)
+            req.in_flight_fences.append(fence)
+            req.rounds = self._committed
             if lane.role is LaneRole.DECODE:
                 req.queued_outputs += lane.token_ceiling
         self._estimates.record_attempt(plan.shape, self._now_ns)
-        self._frames.append((fence, plan))
+        start = self._queue.expected_end_ns(self._now_ns)
+        self._queue.push(QueuedFrame(
+            fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
+            expected_end_ns=start + plan.estimated_duration_ns,
+            isolated=len(self._queue) == 0, participants=(), normalizers=_UNPRICED,
+            reason=plan.reason))
         self._last_fence = fence
-        self._committed += 1
         self._last_step_had_prompt = any(lane.role is LaneRole.PROMPT for lane in plan.lanes)
         trace = TraceRecord(
             fence=fence, shape=plan.shape, lanes=len(plan.lanes),
@@ -372,9 +371,10 @@ class BaselinePolicy(abc.ABC):
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],
                  timing: ExecutionTiming) -> list[GeneratedToken]:
         """Apply the oldest frame's results; malformed lanes fail only their request."""
-        if not self._frames or self._frames[0][0] != fence:
+        head = next(iter(self._queue), None)
+        if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
-        plan = self._frames[0][1]
+        plan = head.plan
         by_handle: dict[RequestHandle, CompletionRecord] = {}
         duplicates: set[RequestHandle] = set()
         for r in records:
@@ -384,16 +384,17 @@ class BaselinePolicy(abc.ABC):
         verdicts = [(lane, _valid(lane, by_handle.get(lane.handle), duplicates))
                     for lane in plan.lanes]
         # ---- nothing has changed before this point ----
-        self._frames.popleft()
+        self._queue.pop(fence)
         self._executions[SelectionReason.ORDINARY.value] += 1
-        self._execution_ns[SelectionReason.ORDINARY.value] += max(timing.device_ns, 0)
+        self._execution_ns[SelectionReason.ORDINARY.value] += episode_charge_ns(
+            timing, isolated=head.isolated)
         self._estimates.observe(plan.shape, timing.cost_sample_ns, self._now_ns)
         out: list[GeneratedToken] = []
         for lane, ok in verdicts:
             req = self._requests.get(lane.handle)
             if req is None or req.epoch != lane.epoch:
                 continue
-            req.in_flight.remove(fence)
+            req.in_flight_fences.remove(fence)
             if lane.role is LaneRole.DECODE:
                 req.queued_outputs -= lane.token_ceiling
             if req.cancelled or req.failed:
@@ -469,7 +470,7 @@ class BaselinePolicy(abc.ABC):
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(
             executions=dict(self._executions), execution_ns=dict(self._execution_ns),
-            resident=len(self._requests), in_flight=len(self._frames),
+            resident=len(self._requests), in_flight=len(self._queue),
             refresh_credit_ns=0.0, committed_plans=self._committed,
             failed_lanes=self._failed_lanes,
         )
@@ -478,7 +479,7 @@ class BaselinePolicy(abc.ABC):
         return tuple(self._traces)
 
     def in_flight(self) -> tuple[Fence, ...]:
-        return tuple(f for f, _ in self._frames)
+        return tuple(f.fence for f in self._queue)
 
     def _request(self, handle: RequestHandle) -> BaselineRequest:
         req = self._requests.get(handle)
