@@ -17,14 +17,35 @@ QUEUE-49/50, PRE-39, PRE-54):
   happens at the same moment, so only written pages are ever shared.
 - **Accounting.** ``free_pages + evictable`` covers every outstanding budget, which
   ``acquire`` maintains as an invariant.
-- **Terminal snapshots** (``snapshot_lanes > 0``; seed *Prerequisites and
-  completion*, PRE-38, PRE-39). The last ``snapshot_lanes`` state rows are kept as
-  scratch rows (the destination rows of SNAPSHOT copies, one per lane of a frame;
-  nothing ever reads them), and every
-  budget holds one more page: the snapshot destination for the partial last page.
-  A terminal snapshot lane's reservation (``LaneExtent(snapshot=True)``) takes that
-  page; when the request is released with ``snapshot_done``, the copied page replaces
-  its own partial page in the published chain and the original returns to the pool.
+- **Capture destinations** (seed *Planning and the execution queue*, QUEUE-25,
+  QUEUE-27..29, PRE-38, PRE-39; flare's checkpoint "rows" are destination pages, see
+  ``docs/runtime.md``, *Checkpoints*). With ``snapshot_lanes > 0`` the last
+  ``snapshot_lanes`` state rows are scratch rows (the destination rows of SNAPSHOT
+  copies, one per lane of a frame; nothing ever reads them). A request's terminal
+  capture copies its partial last page into a destination page:
+
+  - at admission the request gets a *guard* on one spare page for that capture, when
+    the pool has a page beyond every budget and every other guard (a guard is a
+    claim, not a physical page);
+  - a guarded destination is protected from optional captures of other requests:
+    an unguarded capture is armed only from spare pages no guard claims (QUEUE-27);
+  - mandatory execution may revoke an unused guard: a new request's worst-case
+    budget (admission) and a mandatory capture take guarded pages, newest guard
+    first, rather than wait (QUEUE-28);
+  - a terminal lane's reservation *arms* the destination (takes the page); armed
+    destinations stay with the request through its last fence, completion or
+    cancellation alike (QUEUE-29). A capture with no obtainable destination is
+    reduced to its full pages (no partial copy) and the host path publishes the
+    request's own tail (QUEUE-25);
+  - when the request is released with ``snapshot_done``, the copied page replaces
+    its own partial page in the published chain and the original returns.
+
+  Invariant: ``free + evictable >= outstanding budgets + unarmed guards``.
+- **Immediate continuations** (PRE-53, OPEN-35). ``finishing`` records a request
+  whose output ended while its terminal capture is still to run; until its release
+  is final, an ``acquire`` whose prompt extends that request's whole prompt (the next
+  turn of its conversation) is not granted, so the continuation sees the published
+  checkpoint even though the client's ``Finished`` came first.
 
 Pure bookkeeping: no trio, no device.
 """
@@ -64,10 +85,16 @@ class _Ownership:
     publish_kv_tokens: int = 0
     publish: bool = False
     message_ends: tuple[int, ...] = field(default=())
+    guard: int = 0
+    """Non-zero while the request holds an unarmed destination guard: the guard's
+    sequence number (revocation takes the newest first, QUEUE-28)."""
     snapshot_page: PageId | None = None
-    """The terminal snapshot's destination page (written once its fence retires)."""
+    """The armed destination page of its terminal capture (QUEUE-29)."""
     snapshot_kv_tokens: int = 0
     snapshot_done: bool = False
+    finishing_tokens: tuple[int, ...] | None = None
+    """Its written content once its output ended with the capture still to run
+    (PRE-53: continuations of it wait for its publication)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +107,10 @@ class ResourceStatistics:
     residents: int
     pending_releases: int
     prefix_hit_tokens: int
+    destination_guards: int = 0
+    """Unarmed destination guards (claims on spare pages, QUEUE-27)."""
+    armed_destinations: int = 0
+    """Destination pages taken for captures and not yet returned (QUEUE-29)."""
 
 
 class ResourceBook:
@@ -100,22 +131,24 @@ class ResourceBook:
         self._owners: dict[RequestHandle, _Ownership] = {}
         self._retired: int = 0
         """Every fence up to and including this one has retired."""
+        self._guard_sequence = 0
+        self.revoked_guards = 0
+        """Guards taken back by mandatory execution (QUEUE-28), for diagnostics."""
 
     # ------------------------------------------------------------------ admission
 
     def budget_for(self, prompt_len: int, max_tokens: int) -> int:
         """Worst-case pages: every prompt position and every generated token but the
-        last (its KV is never written), plus the snapshot destination when terminal
-        snapshots run."""
-        extra = 1 if self.terminal_snapshots else 0
-        return pages_for(prompt_len + max_tokens - 1, self.page_size) + extra
+        last (its KV is never written). A capture destination is a guard, not part
+        of the budget."""
+        return pages_for(prompt_len + max_tokens - 1, self.page_size)
 
     def acquire(
         self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = (),
         use_prefix_cache: bool = True,
     ) -> Grant | None:
         """A grant if a row and the request's budget are available now, else None."""
-        if self.rows.free_count == 0:
+        if self.rows.free_count == 0 or self._continues_a_finishing_request(prompt):
             return None
         # At least one prompt token must run so the first output has logits.
         limit = len(prompt) - 1 if use_prefix_cache else 0
@@ -124,18 +157,63 @@ class ResourceBook:
         if budget > self._available_pages():
             self.cache.give_back(hit)
             return None
+        # Admission is mandatory execution: it may revoke unused guards (QUEUE-28).
+        self._revoke_guards(budget - self._unguarded_spare())
         row, epoch = self.rows.take()
         handle = RequestHandle(int(row))
-        self._owners[handle] = _Ownership(
+        owner = _Ownership(
             handle=handle, epoch=epoch, row=row, pages=list(hit.pages), budget=budget,
             prompt_len=len(prompt), message_ends=tuple(message_ends),
         )
+        self._owners[handle] = owner
+        if self.terminal_snapshots and self._unguarded_spare() >= 1:
+            self._guard_sequence += 1
+            owner.guard = self._guard_sequence
         return Grant(handle=handle, epoch=epoch, row=row, cached_pages=hit.pages,
                      cached_tokens=hit.tokens)
 
     def _available_pages(self) -> int:
+        """Pages mandatory work may still claim: free and evictable, less budgets."""
         outstanding = sum(o.budget for o in self._owners.values())
         return self.pages.free_count + self.cache.evictable_count() - outstanding
+
+    def _unguarded_spare(self) -> int:
+        """Pages optional captures may take: available pages no guard claims."""
+        return self._available_pages() - self._guard_count()
+
+    def _guard_count(self) -> int:
+        return sum(1 for o in self._owners.values() if o.guard)
+
+    def _revoke_guards(self, count: int, *, keep: RequestHandle | None = None) -> int:
+        """Take back up to ``count`` unused guards, newest first (QUEUE-28)."""
+        if count <= 0:
+            return 0
+        guarded = sorted((o for o in self._owners.values() if o.guard and o.handle != keep),
+                         key=lambda o: o.guard, reverse=True)
+        for owner in guarded[:count]:
+            owner.guard = 0
+        self.revoked_guards += len(guarded[:count])
+        return len(guarded[:count])
+
+    def _continues_a_finishing_request(self, prompt: Sequence[int]) -> bool:
+        """Whether ``prompt`` is the next turn of a request whose output ended and
+        whose checkpoint is not published yet: it extends that request's whole
+        prompt (OPEN-35). Such an acquisition waits (PRE-53)."""
+        for owner in self._owners.values():
+            tokens = owner.finishing_tokens
+            n = owner.prompt_len
+            if tokens is not None and len(prompt) > n and tuple(prompt[:n]) == tokens[:n]:
+                return True
+        return False
+
+    def finishing(self, handle: RequestHandle, *, token_ids: Sequence[int],
+                  kv_tokens: int) -> None:
+        """``handle``'s output ended and its client may already have seen
+        ``Finished``; its terminal capture and publication are still to come. Until
+        then its continuations are held back (PRE-53)."""
+        owner = self._owners.get(handle)
+        if owner is not None and not owner.released:
+            owner.finishing_tokens = tuple(token_ids[:kv_tokens])
 
     # ------------------------------------------------------------------ frames
 
@@ -180,18 +258,43 @@ class ResourceBook:
                                 f"a snapshot at {kv_tokens} tokens needs {covered}")
         dst = -1
         if kv_tokens % self.page_size:
-            if owner.snapshot_page is None:
-                if owner.budget < 1:
-                    raise ResourceError(f"request {owner.handle} has no snapshot page left")
-                if self.pages.free_count == 0:
-                    self.cache.evict(1)
-                (owner.snapshot_page,) = self.pages.take(1)
-                owner.budget -= 1
-            dst = int(owner.snapshot_page)
+            page = self.arm_destination(owner.handle)
+            if page is None:
+                # No obtainable destination (QUEUE-25): copy the full pages only; the
+                # host path will publish the request's own tail.
+                kv_tokens -= kv_tokens % self.page_size
+                covered = kv_tokens // self.page_size
+            else:
+                dst = int(page)
         owner.snapshot_kv_tokens = kv_tokens
         return SnapshotPlan(handle=owner.handle, row=owner.row, scratch_row=self.scratch_rows[lane],
                             kv_tokens=kv_tokens, page_ids=tuple(owner.pages[:covered]),
                             dst_page=dst)
+
+    def arm_destination(self, handle: RequestHandle, *, mandatory: bool = False
+                        ) -> PageId | None:
+        """Take the destination page of ``handle``'s terminal capture, or None when
+        none is obtainable (QUEUE-25).
+
+        The request's own guard is used first; an unguarded capture takes only spare
+        pages no guard claims (QUEUE-27); a ``mandatory`` one may revoke another
+        request's unused guard (QUEUE-28). The page stays with the request until its
+        release is final (QUEUE-29); arming again returns the same page.
+        """
+        owner = self._owners.get(handle)
+        if owner is None or owner.released:
+            raise ResourceError(f"request {handle} is not resident")
+        if owner.snapshot_page is not None:
+            return owner.snapshot_page
+        if owner.guard:
+            owner.guard = 0
+        elif self._unguarded_spare() < 1 and not (
+                mandatory and self._revoke_guards(1, keep=handle) == 1):
+            return None
+        if self.pages.free_count == 0:
+            self.cache.evict(1)
+        (owner.snapshot_page,) = self.pages.take(1)
+        return owner.snapshot_page
 
     def pin(self, fence: Fence, handles: Sequence[RequestHandle]) -> None:
         """Pin requests that take part in ``fence`` without needing pages."""
@@ -222,6 +325,7 @@ class ResourceBook:
         owner.publish_kv_tokens = kv_tokens
         owner.snapshot_done = snapshot_done
         owner.budget = 0
+        owner.guard = 0  # nothing more is captured for a released request
         if owner.last_fence is None or owner.last_fence <= self._retired:
             self._finalize(owner)
             return True
@@ -242,7 +346,8 @@ class ResourceBook:
     def _finalize(self, owner: _Ownership) -> None:
         spare = owner.snapshot_page
         if (spare is not None and owner.snapshot_done and owner.publish
-                and owner.snapshot_kv_tokens == owner.publish_kv_tokens):
+                and owner.snapshot_kv_tokens == owner.publish_kv_tokens
+                and owner.publish_kv_tokens % self.page_size):
             # The snapshot's copy of the partial page is what gets published; the
             # request's own partial page returns to the pool (PRE-39).
             block = owner.publish_kv_tokens // self.page_size
@@ -277,5 +382,7 @@ class ResourceBook:
             pages_cached=cache.pages, rows_total=self.rows.total,
             rows_free=self.rows.free_count, residents=len(self._owners),
             pending_releases=sum(1 for o in self._owners.values() if o.released),
-            prefix_hit_tokens=cache.hit_tokens,
+            prefix_hit_tokens=cache.hit_tokens, destination_guards=self._guard_count(),
+            armed_destinations=sum(1 for o in self._owners.values()
+                                   if o.snapshot_page is not None),
         )

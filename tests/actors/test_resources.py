@@ -279,12 +279,14 @@ def snapshot_book(pages: int = 8, rows: int = 3) -> ResourceBook:
     return ResourceBook(num_pages=pages, state_rows=rows, page_size=PAGE, snapshot_lanes=1)
 
 
-def test_pre_39_snapshot_book_keeps_a_scratch_row_and_a_destination_page() -> None:
-    """A snapshot book keeps its last row as scratch and budgets one destination page
-    per request beyond the worst-case KV pages."""
+def test_pre_39_snapshot_book_keeps_a_scratch_row_and_guards_a_destination() -> None:
+    """A snapshot book keeps its last row as scratch; the destination page is a guard
+    beside the worst-case KV budget, not part of it (QUEUE-27)."""
     b = snapshot_book(rows=3)
     assert b.scratch_rows == (2,) and b.rows.total == 2
-    assert b.budget_for(6, 3) == pages_for(8, PAGE) + 1
+    assert b.budget_for(6, 3) == pages_for(8, PAGE)
+    assert b.acquire(list(range(6)), max_tokens=3) is not None
+    assert b.statistics().destination_guards == 1
     with pytest.raises(ResourceError):
         ResourceBook(num_pages=4, state_rows=1, page_size=PAGE, snapshot_lanes=1)
 
