@@ -1,8 +1,9 @@
 """Baseline scheduling policies behind the seed scheduler's planner interface.
 
 ``fcfs`` (prefill-first continuous batching), ``sarathi`` (chunked prefill with
-piggybacked decodes under a token budget) and ``vtc`` (virtual token counter fairness
-across clients) run on the same prepared shapes as ``policy.Scheduler`` and expose the
+piggybacked decodes under a token budget), ``vtc`` (virtual token counter fairness
+across clients) and ``fixed-spec-K`` (every decode batch a complete speculative round
+at proposal depth K, chunked prefill) run on the same prepared shapes as ``policy.Scheduler`` and expose the
 same methods and value types (``Planner``), so ``flare sim`` and the runtime's planner
 can drive any of them. ``make_policy(name, config)`` builds one by name. Pure like the
 rest of ``policy``: no clocks, no randomness, no I/O.
@@ -11,11 +12,15 @@ rest of ``policy``: no clocks, no randomness, no I/O.
 from policy.baselines.base import DEFAULT_CLIENT, BaselinePolicy, BaselineRequest
 from policy.baselines.factory import (
     BASELINE_POLICIES,
+    FIXED_SPEC_POLICIES,
     POLICY_NAMES,
     SEED_POLICIES,
+    SPECULATIVE_SEED_POLICIES,
     make_policy,
+    speculative_policy,
 )
 from policy.baselines.fcfs import FcfsPolicy
+from policy.baselines.fixed_spec import FixedSpecPolicy, fixed_spec_depth
 from policy.baselines.menu import PromptWork, ShapeMenu
 from policy.baselines.protocol import ClientTagged, Planner
 from policy.baselines.sarathi import DEFAULT_TOKEN_BUDGET, SarathiPolicy
@@ -25,16 +30,21 @@ __all__ = [
     "BASELINE_POLICIES",
     "DEFAULT_CLIENT",
     "DEFAULT_TOKEN_BUDGET",
+    "FIXED_SPEC_POLICIES",
     "POLICY_NAMES",
     "SEED_POLICIES",
+    "SPECULATIVE_SEED_POLICIES",
     "BaselinePolicy",
     "BaselineRequest",
     "ClientTagged",
     "FcfsPolicy",
+    "FixedSpecPolicy",
     "Planner",
     "PromptWork",
     "SarathiPolicy",
     "ShapeMenu",
     "VtcPolicy",
+    "fixed_spec_depth",
     "make_policy",
+    "speculative_policy",
 ]

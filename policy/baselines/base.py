@@ -108,6 +108,8 @@ class BaselinePolicy(abc.ABC):
     """Shared lifecycle; subclasses decide which step runs next (``_choose``)."""
 
     name = "baseline"
+    rounds_decode = False
+    """Whether complete speculative rounds stand in for ordinary decode (``fixed-spec``)."""
 
     def __init__(self, config: PolicyConfig | None = None,
                  catalog: Iterable[GraphShape] = ()) -> None:
@@ -165,7 +167,7 @@ class BaselinePolicy(abc.ABC):
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         menu = ShapeMenu.build(shapes)
-        menu.check_usable()
+        menu.check_usable(rounds=self.rounds_decode)
         self._menu = menu
         self._check_catalog(menu)
 

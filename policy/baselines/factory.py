@@ -1,8 +1,12 @@
 """``make_policy``: one name per policy the simulator and ``--scheduler-policy`` select.
 
 ``balanced`` and ``throughput`` are the seed's ``Scheduler`` with that preset
-(``policy.config.policy_preset``, POL-14, POL-15); ``fcfs``, ``sarathi`` and ``vtc`` are
-the baselines of this package. Every result satisfies ``policy.baselines.Planner``.
+(``policy.config.policy_preset``, POL-14, POL-15); ``spec-adaptive`` and ``spec-fixed``
+are the seed's ``SpeculativeScheduler`` with the ``balanced`` preset in that mode (what
+``flare run --speculation adaptive|fixed`` runs; named for ``flare sim``, which compares
+them side by side); ``fcfs``, ``sarathi``, ``vtc`` and ``fixed-spec-1`` ..
+``fixed-spec-7`` are the baselines of this package. Every result satisfies
+``policy.baselines.Planner``.
 """
 
 from __future__ import annotations
@@ -10,35 +14,55 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from policy.baselines.fcfs import FcfsPolicy
+from policy.baselines.fixed_spec import MAX_FIXED_DEPTH, FixedSpecPolicy, fixed_spec_depth
 from policy.baselines.protocol import Planner
 from policy.baselines.sarathi import DEFAULT_TOKEN_BUDGET, SarathiPolicy
 from policy.baselines.vtc import VtcPolicy
 from policy.config import PolicyConfig, PolicyConfigError, policy_preset
 from policy.descriptors import GraphShape
+from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
+from policy.speculative_scheduler import SpeculativeScheduler
 
 SEED_POLICIES = ("balanced", "throughput")
-BASELINE_POLICIES = ("fcfs", "sarathi", "vtc")
-POLICY_NAMES = SEED_POLICIES + BASELINE_POLICIES
+SPECULATIVE_SEED_POLICIES = ("spec-adaptive", "spec-fixed")
+"""The seed's speculative scheduler (``balanced`` preset) in adaptive or fixed-width mode."""
+FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, MAX_FIXED_DEPTH + 1))
+BASELINE_POLICIES = ("fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
+POLICY_NAMES = SEED_POLICIES + SPECULATIVE_SEED_POLICIES + BASELINE_POLICIES
+
+
+def speculative_policy(name: str) -> bool:
+    """Whether ``name`` runs complete speculative rounds (needs a speculative load)."""
+    return name in SPECULATIVE_SEED_POLICIES or fixed_spec_depth(name) is not None
 
 
 def make_policy(name: str, config: PolicyConfig | None = None, *,
                 catalog: Iterable[GraphShape] = (),
-                token_budget: int = DEFAULT_TOKEN_BUDGET) -> Planner:
+                token_budget: int = DEFAULT_TOKEN_BUDGET,
+                context_limit: int | None = None) -> Planner:
     """A fresh policy by name.
 
     For the seed's names, ``config`` (when given) replaces the preset entirely; for the
     baselines it only sets the estimate freshness interval. ``token_budget`` is the
-    chunked-prefill budget of ``sarathi`` and ``vtc``.
+    chunked-prefill budget of ``sarathi``, ``vtc`` and ``fixed-spec-K``.
+    ``context_limit`` bounds the speculative seed policies' rounds by context positions.
     """
     shapes = tuple(catalog)
     if name in SEED_POLICIES:
         return Scheduler(config if config is not None else policy_preset(name), shapes)
+    if name in SPECULATIVE_SEED_POLICIES:
+        mode = SpeculationMode.ADAPTIVE if name == "spec-adaptive" else SpeculationMode.FIXED
+        return SpeculativeScheduler(config if config is not None else policy_preset("balanced"),
+                                    shapes, mode=mode, context_limit=context_limit)
     if name == "fcfs":
         return FcfsPolicy(config, shapes)
     if name == "sarathi":
         return SarathiPolicy(config, shapes, token_budget=token_budget)
     if name == "vtc":
         return VtcPolicy(config, shapes, token_budget=token_budget)
+    depth = fixed_spec_depth(name)
+    if depth is not None and name in FIXED_SPEC_POLICIES:
+        return FixedSpecPolicy(config, shapes, depth=depth, token_budget=token_budget)
     raise PolicyConfigError(
         f"unknown scheduler policy {name!r}; expected one of: {', '.join(POLICY_NAMES)}")

@@ -2,7 +2,8 @@
 
 This module owns ``ShapeMenu``: the catalog seen the way a conventional scheduler sees
 it (decode batch buckets, prefill chunk capacities, ordinary width-one mixed programs by
-batch bucket, snapshot programs) plus the pure helpers that turn "these requests, this
+batch bucket, host-allocated speculative programs by width, snapshot programs) plus the
+pure helpers that turn "these requests, this
 many prompt tokens" into a ``ScheduledStep`` on the smallest prepared shape that holds
 it. Baselines never invent a shape: every step they plan runs a prepared program
 (seed: *Mixed execution contract*, padding rows earn nothing, MIX-21).
@@ -14,7 +15,7 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.descriptors import GraphKind, GraphShape, StateOp, TargetBinding
 from policy.types import (
     DecodeMode,
     Lane,
@@ -50,6 +51,10 @@ class ShapeMenu:
     mixed: dict[int, tuple[GraphShape, ...]]
     """Width-one, non-speculative mixed programs: batch capacity -> by prompt capacity."""
     snapshot: tuple[GraphShape, ...]
+    speculative: tuple[GraphShape, ...] = ()
+    """Host-allocated (``QueryLength``) speculative programs by width, batch, packed
+    capacity. Device-allocated ones are left out: a fixed proposal depth is a host choice
+    (SPEC-19)."""
 
     @staticmethod
     def build(shapes: Iterable[GraphShape]) -> ShapeMenu:
@@ -70,12 +75,29 @@ class ShapeMenu:
                 (s for s in unique
                  if s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT),
                 key=lambda s: s.batch_capacity)),
+            speculative=tuple(sorted(
+                (s for s in unique if s.kind is GraphKind.SPECULATIVE
+                 and s.binding is TargetBinding.QUERY_LENGTH),
+                key=lambda s: (s.token_capacity, s.batch_capacity, s.packed_capacity))),
         )
 
-    def check_usable(self) -> None:
-        """A baseline needs at least one prefill and one decode program."""
-        if self.shapes and (not self.prefill or not self.decode):
+    def check_usable(self, *, rounds: bool = False) -> None:
+        """A baseline needs at least one prefill and one decode program (``rounds``: a
+        speculative program may stand in for decode)."""
+        generation = self.decode or (rounds and self.speculative)
+        if self.shapes and (not self.prefill or not generation):
             raise PolicyError("baseline policies need prefill and decode programs in the catalog")
+
+    def round_shapes(self, rows: int) -> tuple[GraphShape, ...]:
+        """The speculative programs a round of ``rows`` target rows per lane runs on:
+        those of the narrowest width ``W >= rows`` whose proposal depth reaches
+        ``rows - 1``, by batch and packed capacity (empty when none)."""
+        fit = [s for s in self.speculative
+               if s.token_capacity >= rows and s.proposal_depth >= rows - 1]
+        if not fit:
+            return ()
+        width = fit[0].token_capacity
+        return tuple(s for s in fit if s.token_capacity == width)
 
     @property
     def max_decode_batch(self) -> int:
@@ -112,6 +134,21 @@ class ShapeMenu:
         shape = _smallest(self.snapshot, len(lanes), lambda s: s.batch_capacity)
         return ScheduledStep(shape=shape, lanes=tuple(
             Lane(handle=h, epoch=e, role=LaneRole.TERMINAL) for h, e in lanes))
+
+    def round_step(self, shapes: Sequence[GraphShape],
+                   lanes: Sequence[tuple[RequestHandle, int, int]]) -> ScheduledStep:
+        """A complete speculative round: ``(handle, epoch, rows)`` lanes, each with a
+        host length of ``rows`` target rows (SPEC-19), on the smallest of ``shapes``
+        (``round_shapes``) holding them in both request rows and packed rows."""
+        total = sum(rows for _, _, rows in lanes)
+        for shape in shapes:
+            if shape.batch_capacity >= len(lanes) and shape.max_packed_extent >= total:
+                return ScheduledStep(shape=shape, lanes=tuple(
+                    Lane(handle=h, epoch=e, role=LaneRole.DECODE, token_ceiling=rows,
+                         expected_tokens=1.0, expected_deliveries=1.0)
+                    for h, e, rows in lanes))
+        raise PolicyError(f"no prepared speculative program holds {len(lanes)} lanes "
+                          f"and {total} rows")
 
     def mixed_batch_for(self, rows: int) -> int | None:
         """The smallest mixed batch bucket with at least ``rows`` rows."""

@@ -18,6 +18,7 @@ from policy.baselines import (
     make_policy,
 )
 from policy.config import PolicyConfigError, policy_preset
+from policy.speculative_scheduler import SpeculativeScheduler
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -40,7 +41,18 @@ def test_budget_reaches_chunked_baselines_and_unknown_names_fail() -> None:
     assert isinstance(policy, VtcPolicy) and policy.token_budget == 128
     with pytest.raises(PolicyConfigError, match="unknown scheduler policy"):
         make_policy("lottery")
-    assert len(POLICY_NAMES) == 5
+    assert POLICY_NAMES[:7] == ("balanced", "throughput", "spec-adaptive", "spec-fixed",
+                                "fcfs", "sarathi", "vtc")
+    assert POLICY_NAMES[7:] == tuple(f"fixed-spec-{k}" for k in range(1, 8))
+
+
+@pytest.mark.parametrize(("name", "mode"), [("spec-adaptive", "adaptive"),
+                                            ("spec-fixed", "fixed")])
+def test_speculative_seed_names_build_the_speculative_scheduler(name: str, mode: str) -> None:
+    """What ``flare run --speculation adaptive|fixed`` runs, with the balanced preset."""
+    policy = make_policy(name, catalog=CATALOG, context_limit=512)
+    assert isinstance(policy, SpeculativeScheduler) and policy.mode.value == mode
+    assert policy.config == policy_preset("balanced")
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
