@@ -61,6 +61,7 @@ from gpu.frames import SamplingParams
 from policy.baselines.protocol import ClientTagged
 from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.descriptors import TargetBinding
+from policy.frame_queue import FRAME_SLOTS
 from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CommitRejected,
@@ -388,9 +389,23 @@ class Planner:
             await self._to_allocator.send(Reserve(fence=fence, extents=extents, reply=send))
             return await receive.receive()
 
+    def _window_open(self) -> bool:
+        """Whether planning can lead to a submission now. Planning costs host time that
+        the device's next frame waits for (on the cpu backend it also holds the GIL the
+        worker needs), so the planner does not plan while nothing could be submitted:
+        both slots full (QUEUE-10), or the scheduler says its window takes nothing more
+        (``window_open``: an overrun, QUEUE-39, or a tail nothing may queue behind,
+        QUEUE-11, QUEUE-12). Policies without ``window_open`` get the slot count only."""
+        if len(self.scheduler.in_flight()) >= FRAME_SLOTS:
+            return False
+        window_open = getattr(self.scheduler, "window_open", None)
+        return bool(window_open()) if callable(window_open) else True
+
     async def _plan_and_submit(self) -> None:
         while True:
             self._now()
+            if not self._window_open():
+                return
             plan = self.scheduler.plan()
             if plan is None or not self.scheduler.window_ready(plan):
                 return

@@ -102,6 +102,18 @@ class FrameQueue:
             return f"nothing may queue behind {tail.shape.label()}"
         return None
 
+    def accepts_more(self) -> bool:
+        """Whether any plan could be submitted now: the window is empty, or it has a free
+        slot behind a queueable tail and no overrun. When False, ``blocking_reason`` is
+        not None for every plan, so a planner may skip planning until the next
+        completion (a cheap precondition, not another rule)."""
+        if not self._frames:
+            return True
+        if len(self._frames) >= FRAME_SLOTS or self._overrun:
+            return False
+        tail = self._frames[-1].plan
+        return not tail.requires_empty_window and tail.shape.is_generation
+
     def push(self, frame: QueuedFrame) -> None:
         self._frames.append(frame)
 

@@ -29,7 +29,8 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-__all__ = ["best_lengths", "frontier_allocation", "prefix_cohort_values", "prune_lanes"]
+__all__ = ["best_lengths", "clean_forecast", "frontier_allocation", "prefix_cohort_values",
+           "prune_lanes"]
 
 
 def prune_lanes(options: FloatArray, keep_at_most: int) -> IntArray:
@@ -151,26 +152,34 @@ def frontier_allocation(forecast: FloatArray, ceilings: Sequence[int] | IntArray
     return [int(x) for x in lengths]
 
 
+def clean_forecast(forecast: FloatArray) -> FloatArray:
+    """Forecast rows as the frontier rule reads them: NaN as 0, clipped to [0, 1] and
+    made non-increasing along depth (a longer prefix is never likelier)."""
+    probs = np.clip(np.nan_to_num(np.asarray(forecast, dtype=np.float64)), 0.0, 1.0)
+    if probs.ndim == 2 and probs.shape[1]:
+        probs = np.minimum.accumulate(probs, axis=1)
+    return probs
+
+
 def prefix_cohort_values(options: FloatArray, forecast: FloatArray, ceilings: IntArray,
-                         order: IntArray, total_rows: int) -> tuple[FloatArray, IntArray]:
+                         order: IntArray, total_rows: int, *, cleaned: bool = False
+                         ) -> tuple[FloatArray, IntArray]:
     """Value and rows of every cohort prefix ``order[:m]`` (m = 1..len(order)), each
     allocated by the frontier rule with slots in ``order`` (SEL-29).
 
     Returns ``values[m - 1]`` and ``rows[m - 1, s]`` (rows of ``order[s]``). A prefix of
     the order admits the best ``P - m`` frontier candidates among its own lanes, which is
     a prefix of one global candidate order restricted to slots below ``m``.
+    ``cleaned``: ``forecast`` already went through ``clean_forecast`` (callers pricing
+    many programs clean it once per decision).
     """
     size = len(order)
     lanes_ceil = ceilings[order]
-    probs = np.clip(np.nan_to_num(forecast[order]), 0.0, 1.0)
-    depth_cap = probs.shape[1]
-    if depth_cap:
-        probs = np.minimum.accumulate(probs, axis=1)
-    depth = np.broadcast_to(np.arange(1, depth_cap + 1), probs.shape)
-    slot = np.broadcast_to(np.arange(size)[:, None], probs.shape)
-    valid = depth < lanes_ceil[:, None]
-    p, d, s = probs[valid], depth[valid], slot[valid]
-    ranked = s[np.lexsort((s, d, -p))]
+    probs = forecast[order] if cleaned else clean_forecast(forecast[order])
+    valid = np.arange(1, probs.shape[1] + 1)[None, :] < lanes_ceil[:, None]
+    s, depth_index = np.nonzero(valid)  # row-major: slot, then depth
+    p = probs[s, depth_index]
+    ranked = s[np.lexsort((s, depth_index, -p))]
     cohort = np.arange(1, size + 1)
     member = ranked[None, :] < cohort[:, None]
     admitted = member & (np.cumsum(member, axis=1) <= (total_rows - cohort)[:, None])

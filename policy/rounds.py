@@ -51,10 +51,15 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
-from policy.round_search import best_lengths, frontier_allocation, prefix_cohort_values
+from policy.round_search import (
+    best_lengths,
+    clean_forecast,
+    frontier_allocation,
+    prefix_cohort_values,
+)
 from policy.speculation import AcceptanceState, ProposalSource
 from policy.types import Lane, LaneRole, RequestHandle
-from policy.utility import NS_PER_MS, FloatArray, value_rate
+from policy.utility import NS_PER_MS, FloatArray, value_rate, value_rates
 
 IntArray = npt.NDArray[np.int64]
 
@@ -155,7 +160,7 @@ def speculative_lane(
         survival=state.survival(source, depth_limit),
         forecast=state.forecast_means(source, depth_limit),
         optimistic=state.optimistic_survival(source, depth_limit),
-        weights=tuple(estimate.weight(d) for d in range(1, depth_limit + 1)),
+        weights=estimate.weights(depth_limit),
     )
 
 
@@ -227,63 +232,6 @@ class RoundLane(NamedTuple):
     value: float
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class RoundCandidate:
-    """One speculative program with its cohort, priced as a complete program.
-
-    The cohort is kept as arrays (built per program on every decision); ``lanes``
-    materialises it, in slot order, when a caller needs it.
-    """
-
-    shape: GraphShape
-    base: float
-    """Scaled value at ``T = 0`` (token and delivery service plus age so far)."""
-    slope: float
-    """Sum of the lanes' ``c_i * sigma_i`` (scaled)."""
-    estimate_ns: int
-    """The complete program's estimate (0 = unknown, SPEC-31)."""
-    rate: float | None
-    """F-SEL value rate; None for an unknown duration (ranked by useful value)."""
-    ordering: Ordering
-    source_lanes: tuple[SpeculativeLane, ...]
-    lane_index: IntArray
-    """Index into ``source_lanes`` of each cohort member, in slot order."""
-    handles: IntArray
-    rows: IntArray
-    ceilings: IntArray
-    expected_tokens: FloatArray
-    values: FloatArray
-    """Each member's scaled value over the program's duration."""
-
-    @property
-    def lanes(self) -> tuple[RoundLane, ...]:
-        """The cohort, in slot order."""
-        return tuple(
-            RoundLane(handle=self.source_lanes[i].handle, epoch=self.source_lanes[i].epoch,
-                      rows=int(r), ceiling=int(c), expected_tokens=float(e), value=float(v))
-            for i, r, c, e, v in zip(self.lane_index.tolist(), self.rows, self.ceilings,
-                                     self.expected_tokens, self.values, strict=True))
-
-    @property
-    def useful_value(self) -> float:
-        """Scaled useful value including the age earned over the program (DUR-23)."""
-        return self.base + self.slope * self.estimate_ns / NS_PER_MS
-
-    @property
-    def size(self) -> int:
-        return len(self.lane_index)
-
-    @property
-    def rows_used(self) -> int:
-        return int(self.rows.sum())
-
-    def logical_key(self) -> tuple[object, ...]:
-        """What dominance compares: cohort, rows, ceilings, binding and actual D (SEL-34)."""
-        order = np.argsort(self.handles)
-        work = np.concatenate((self.handles[order], self.rows[order], self.ceilings[order]))
-        return (self.shape.proposal_depth, self.shape.binding, work.tobytes())
-
-
 class _LaneTable:
     """Per-decision lane values: ``base[i, L]`` for ``L`` target rows (0 for ``L = 0``)."""
 
@@ -317,24 +265,118 @@ class _LaneTable:
         value = np.array([ln.token_value for ln in self.lanes], dtype=np.float64)
         self.base = value[:, None] * self.tokens + entry[:, None]
         self.base[:, 0] = 0.0
+        self._by_width: dict[int, tuple[IntArray, FloatArray]] = {}
+        self._clean_forecast: FloatArray | None = None
+
+    @property
+    def clean_forecast(self) -> FloatArray:
+        """``forecast`` as the device frontier reads it (``round_search.clean_forecast``),
+        once per decision."""
+        if self._clean_forecast is None:
+            self._clean_forecast = clean_forecast(self.forecast)
+        return self._clean_forecast
+
+    def at_width(self, width: int) -> tuple[IntArray, FloatArray]:
+        """Each lane's ceiling ``min(request limit, width)`` and its value at that many
+        rows (time-independent part), computed once per width and decision."""
+        got = self._by_width.get(width)
+        if got is None:
+            ceilings = np.minimum(self.limit, width)
+            got = self._by_width[width] = (ceilings, self.base[self.index, ceilings])
+        return got
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RoundCandidate:
+    """One speculative program with its cohort, priced as a complete program.
+
+    The cohort is kept as index arrays into the decision's lane table (built per program
+    on every decision); ``lanes`` materialises it, in slot order, when a caller needs it.
+    """
+
+    shape: GraphShape
+    base: float
+    """Scaled value at ``T = 0`` (token and delivery service plus age so far)."""
+    slope: float
+    """Sum of the lanes' ``c_i * sigma_i`` (scaled)."""
+    estimate_ns: int
+    """The complete program's estimate (0 = unknown, SPEC-31)."""
+    rate: float | None
+    """F-SEL value rate; None for an unknown duration (ranked by useful value)."""
+    ordering: Ordering
+    table: _LaneTable
+    lane_index: IntArray
+    """Index into the table's lanes of each cohort member, in slot order."""
+    rows: IntArray
+    ceilings: IntArray
+    """Each member's immutable ceiling, slot order."""
+    rows_used: int
+
+    @property
+    def source_lanes(self) -> tuple[SpeculativeLane, ...]:
+        return self.table.lanes
+
+    @property
+    def handles(self) -> IntArray:
+        handles: IntArray = self.table.handles[self.lane_index]
+        return handles
+
+    @property
+    def expected_tokens(self) -> FloatArray:
+        tokens: FloatArray = self.table.tokens[self.lane_index, self.rows]
+        return tokens
+
+    @property
+    def values(self) -> FloatArray:
+        """Each member's scaled value over the program's duration."""
+        t_ms = self.estimate_ns / NS_PER_MS
+        values: FloatArray = (self.table.base[self.lane_index, self.rows]
+                              + self.table.slope[self.lane_index] * t_ms)
+        return values
+
+    @property
+    def lanes(self) -> tuple[RoundLane, ...]:
+        """The cohort, in slot order."""
+        source = self.table.lanes
+        return tuple(
+            RoundLane(handle=source[i].handle, epoch=source[i].epoch,
+                      rows=int(r), ceiling=int(c), expected_tokens=float(e), value=float(v))
+            for i, r, c, e, v in zip(self.lane_index.tolist(), self.rows, self.ceilings,
+                                     self.expected_tokens, self.values, strict=True))
+
+    @property
+    def useful_value(self) -> float:
+        """Scaled useful value including the age earned over the program (DUR-23)."""
+        return self.base + self.slope * self.estimate_ns / NS_PER_MS
+
+    @property
+    def size(self) -> int:
+        return len(self.lane_index)
+
+    def logical_key(self) -> tuple[object, ...]:
+        """What dominance compares: cohort, rows, ceilings, binding and actual D (SEL-34)."""
+        work = sorted(zip(self.handles.tolist(), self.rows.tolist(), self.ceilings.tolist(),
+                          strict=True))
+        return (self.shape.proposal_depth, self.shape.binding, tuple(work))
 
 
 def _candidate(shape: GraphShape, table: _LaneTable, index: IntArray, rows: IntArray,
                ceilings: IntArray, estimate_ns: int, waiting: float,
-               ordering: Ordering) -> RoundCandidate:
-    """Price cohort ``index`` (slot order) with ``rows`` each over the complete program."""
-    t_ms = estimate_ns / NS_PER_MS
-    base_each = table.base[index, rows]
-    slope_each = table.slope[index]
-    base = float(base_each.sum())
-    slope = float(slope_each.sum())
-    rate = value_rate(base, slope, t_ms, waiting) if estimate_ns > 0 else None
+               ordering: Ordering, *, sums: tuple[float, float] | None = None
+               ) -> RoundCandidate:
+    """Price cohort ``index`` (slot order) with ``rows`` each over the complete program.
+    ``ceilings``: every table lane's ceiling for ``shape``; ``sums``: the cohort's value
+    at ``T = 0`` and age slope when the caller already has them."""
+    if sums is None:
+        base = float(table.base[index, rows].sum())
+        slope = float(table.slope[index].sum())
+    else:
+        base, slope = sums
+    rate = value_rate(base, slope, estimate_ns / NS_PER_MS, waiting) \
+        if estimate_ns > 0 else None
     return RoundCandidate(shape=shape, base=base, slope=slope, estimate_ns=estimate_ns,
-                          rate=rate, ordering=ordering, source_lanes=table.lanes,
-                          lane_index=index, handles=table.handles[index], rows=rows,
-                          ceilings=ceilings[index],
-                          expected_tokens=table.tokens[index, rows],
-                          values=base_each + slope_each * t_ms)
+                          rate=rate, ordering=ordering, table=table, lane_index=index,
+                          rows=rows, ceilings=ceilings[index], rows_used=int(rows.sum()))
 
 
 def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bool
@@ -352,27 +394,81 @@ def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bo
     return options
 
 
-def _host_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
-                     estimate_ns: int, waiting: float, mode: SpeculationMode
-                     ) -> list[RoundCandidate]:
+def _host_candidates(shape: GraphShape, table: _LaneTable, estimate_ns: int,
+                     waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
     t_ms = estimate_ns / NS_PER_MS
     batch, packed = shape.batch_capacity, shape.packed_capacity
-    full = table.base[table.index, ceilings] + table.slope * t_ms
+    ceilings, at_ceiling = table.at_width(_width(shape))
+    slope = table.slope
+    full = at_ceiling + slope * t_ms
     top = np.argsort(-full, kind="stable")[:batch]
-    top = top[ceilings[top] > 0]
-    if int(ceilings[top].sum()) <= packed:
+    top_ceilings = ceilings[top]
+    if top_ceilings.min(initial=1) <= 0:
+        keep = top_ceilings > 0
+        top, top_ceilings = top[keep], top_ceilings[keep]
+    if len(top) == 0:
+        return []
+    if int(top_ceilings.sum()) <= packed:
         # P does not constrain the best cohort: complete prefixes, top-B values (SEL-25).
-        index, rows = top, ceilings[top]
-    else:
-        options = _options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
-        picked = best_lengths(options, batch, packed)
-        chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
-        index = np.array([i for i, _ in chosen], dtype=np.int64)
-        rows = np.array([r for _, r in chosen], dtype=np.int64)
+        sums = (float(at_ceiling[top].sum()), float(slope[top].sum()))
+        return [_candidate(shape, table, top, top_ceilings, ceilings, estimate_ns, waiting,
+                           Ordering.HOST, sums=sums)]
+    options = _options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
+    picked = best_lengths(options, batch, packed)
+    chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
+    index = np.array([i for i, _ in chosen], dtype=np.int64)
+    rows = np.array([r for _, r in chosen], dtype=np.int64)
     if len(index) == 0:
         return []
     return [_candidate(shape, table, index, rows, ceilings, estimate_ns, waiting,
                        Ordering.HOST)]
+
+
+def _host_batch(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _LaneTable,
+                waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
+    """``_host_candidates`` for many host-allocated programs at once.
+
+    Every program's top-``B`` cohort at complete ceilings is found with one array pass
+    (one stable sort per program row, prefix sums of values, slopes and rows); where
+    those rows fit ``P`` (always for rectangular programs) that cohort is the program's
+    candidate (SEL-25); where ``P`` binds, the exact per-program search decides (SEL-27).
+    """
+    n = len(table.lanes)
+    if not shapes or n == 0:
+        return []
+    widths = np.array([_width(sh) for sh in shapes], dtype=np.int64)
+    ceil = np.minimum(table.limit[None, :], widths[:, None])
+    if ceil.min() <= 0:  # some lane has no room: the per-program path filters it
+        out: list[RoundCandidate] = []
+        for shape, estimate in zip(shapes, estimates, strict=True):
+            out.extend(_host_candidates(shape, table, estimate, waiting, mode))
+        return out
+    est = np.array(estimates, dtype=np.int64)
+    t_ms = est / NS_PER_MS
+    at = table.base[table.index[None, :], ceil]
+    order = np.argsort(-(at + table.slope[None, :] * t_ms[:, None]), axis=1, kind="stable")
+    sorted_ceil = np.take_along_axis(ceil, order, axis=1)
+    last = np.minimum(np.array([sh.batch_capacity for sh in shapes], dtype=np.int64), n) - 1
+    picks = np.arange(len(shapes))
+    rows_used = np.cumsum(sorted_ceil, axis=1)[picks, last]
+    base = np.cumsum(np.take_along_axis(at, order, axis=1), axis=1)[picks, last]
+    slope = np.cumsum(table.slope[order], axis=1)[picks, last]
+    rates = value_rates(base, slope, t_ms, waiting)
+    fits = rows_used <= np.array([sh.packed_capacity for sh in shapes], dtype=np.int64)
+    out = []
+    for k, shape in enumerate(shapes):
+        estimate = int(est[k])
+        if not fits[k]:
+            out.extend(_host_candidates(shape, table, estimate, waiting, mode))
+            continue
+        m = int(last[k]) + 1
+        rows = sorted_ceil[k, :m]
+        out.append(RoundCandidate(
+            shape=shape, base=float(base[k]), slope=float(slope[k]), estimate_ns=estimate,
+            rate=float(rates[k]) if estimate > 0 else None, ordering=Ordering.HOST,
+            table=table, lane_index=order[k, :m], rows=rows, ceilings=rows,
+            rows_used=int(rows_used[k])))
+    return out
 
 
 _ORDERINGS = (Ordering.TOTAL_VALUE, Ordering.DELIVERY_VALUE, Ordering.VALUE_PER_ROW)
@@ -392,7 +488,7 @@ def _device_search(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
     orders: list[IntArray] = []
     values = np.zeros((len(keys), limit), dtype=np.float64)
     rows = np.zeros((len(keys), limit, limit), dtype=np.int64)
-    forecast = table.forecast[:, : shape.proposal_depth]
+    forecast = table.clean_forecast[:, : shape.proposal_depth]
     for k, key in enumerate(keys):
         order = live[np.argsort(-key, kind="stable")][:limit].astype(np.int64)
         same = next((j for j in range(k) if np.array_equal(orders[j], order)), None)
@@ -401,7 +497,7 @@ def _device_search(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
             values[k], rows[k] = values[same], rows[same]
         elif limit:
             values[k], rows[k] = prefix_cohort_values(options, forecast, ceilings, order,
-                                                      shape.packed_capacity)
+                                                      shape.packed_capacity, cleaned=True)
     return orders, values, rows
 
 
@@ -412,7 +508,7 @@ def device_cohort_values(lanes: Sequence[SpeculativeLane], shape: GraphShape, *,
     live = [ln for ln in lanes if ln.request_limit > 0]
     width = _width(shape)
     table = _LaneTable(live, width, alpha, optimistic=False)
-    ceilings = np.minimum(table.limit, width)
+    ceilings = table.at_width(width)[0]
     return _device_search(shape, table, ceilings, estimate_ns / NS_PER_MS)[1]
 
 
@@ -463,26 +559,37 @@ def rank_key(c: RoundCandidate) -> tuple[float, ...]:
     value rate, then shorter time, more lanes, fewer unused rows (DUR-24)."""
     known = c.rate is not None
     primary = c.rate if c.rate is not None else c.useful_value
-    return (float(known), -primary, float(c.estimate_ns), -float(c.size),
-            float(c.shape.batch_capacity - c.size),
+    size = len(c.lane_index)
+    return (float(known), -primary, float(c.estimate_ns), -float(size),
+            float(c.shape.batch_capacity - size),
             float(c.shape.packed_capacity - c.rows_used))
 
 
 def _dominance_filter(cands: list[RoundCandidate]) -> list[RoundCandidate]:
     """Drop shapes whose (B, W, P) are all >= an alternative's with one larger, among
-    candidates doing the same logical work at the same actual D (SEL-32, SEL-34)."""
-    groups: dict[tuple[object, ...], list[RoundCandidate]] = {}
-    for c in cands:
-        groups.setdefault(c.logical_key(), []).append(c)
-    kept: list[RoundCandidate] = []
-    for group in groups.values():
-        caps = [(c.shape.batch_capacity, c.shape.token_capacity, c.shape.packed_capacity)
-                for c in group]
-        for c, mine in zip(group, caps, strict=True):
-            if not any(all(a >= b for a, b in zip(mine, other, strict=True)) and mine != other
+    candidates doing the same logical work at the same actual D (SEL-32, SEL-34).
+
+    Candidates are first grouped by cheap parts of the logical key (D, binding, cohort
+    size, rows); only groups with several members compare full keys. Order is kept."""
+    coarse: dict[tuple[object, ...], list[int]] = {}
+    for i, c in enumerate(cands):
+        key = (c.shape.proposal_depth, c.shape.binding, len(c.lane_index), c.rows_used)
+        coarse.setdefault(key, []).append(i)
+    dropped: set[int] = set()
+    for members in coarse.values():
+        if len(members) < 2:
+            continue
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i in members:
+            groups.setdefault(cands[i].logical_key(), []).append(i)
+        for group in groups.values():
+            caps = [(cands[i].shape.batch_capacity, cands[i].shape.token_capacity,
+                     cands[i].shape.packed_capacity) for i in group]
+            for i, mine in zip(group, caps, strict=True):
+                if any(all(a >= b for a, b in zip(mine, other, strict=True)) and mine != other
                        for other in caps):
-                kept.append(c)
-    return kept
+                    dropped.add(i)
+    return [c for i, c in enumerate(cands) if i not in dropped] if dropped else cands
 
 
 def round_candidates(
@@ -516,16 +623,14 @@ def round_candidates(
         return []
     max_rows = max(_width(s) for s in spec)
     table = _LaneTable(live, max_rows, alpha, optimistic=optimistic)
-    out: list[RoundCandidate] = []
-    for shape, estimate in zip(spec, est, strict=True):
-        ceilings = np.minimum(table.limit, _width(shape))
-        if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
-            if mode is SpeculationMode.FIXED:
-                continue
-            out.extend(_device_candidates(shape, table, ceilings, estimate, waiting,
-                                          every=every_cohort))
-        else:
-            out.extend(_host_candidates(shape, table, ceilings, estimate, waiting, mode))
+    host = [i for i, sh in enumerate(spec) if sh.binding is not TargetBinding.SPECULATIVE_PREFIX_LIMIT]
+    out = _host_batch([spec[i] for i in host], [est[i] for i in host], table, waiting, mode)
+    if mode is not SpeculationMode.FIXED:
+        for shape, estimate in zip(spec, est, strict=True):
+            if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
+                ceilings = table.at_width(_width(shape))[0]
+                out.extend(_device_candidates(shape, table, ceilings, estimate, waiting,
+                                              every=every_cohort))
     if not keep_dominated:
         out = _dominance_filter(out)
     out.sort(key=rank_key)

@@ -136,6 +136,9 @@ class PrefixEstimate:
         self._means: list[float] = []
         self._weights: list[float] = []
         self._unobserved_weight = INITIAL_WEIGHT
+        self._rows: dict[tuple[str, int], tuple[float, ...]] = {}
+        """Memo of ``means``/``weights``/``optimistic_bounds`` per depth limit; cleared by
+        every change (``observe``, ``age``). Selection reads them on every decision."""
 
     @classmethod
     def preseeded(cls, means: Sequence[float], weight: float) -> PrefixEstimate:
@@ -172,7 +175,27 @@ class PrefixEstimate:
 
     def means(self, depth_limit: int) -> tuple[float, ...]:
         """Means for depths 1..depth_limit."""
-        return tuple(self.mean(d) for d in range(1, depth_limit + 1))
+        row = self._rows.get(("mean", depth_limit))
+        if row is None:
+            row = self._rows["mean", depth_limit] = tuple(
+                self.mean(d) for d in range(1, depth_limit + 1))
+        return row
+
+    def weights(self, depth_limit: int) -> tuple[float, ...]:
+        """Aged weights for depths 1..depth_limit."""
+        row = self._rows.get(("weight", depth_limit))
+        if row is None:
+            row = self._rows["weight", depth_limit] = tuple(
+                self.weight(d) for d in range(1, depth_limit + 1))
+        return row
+
+    def optimistic_bounds(self, depth_limit: int) -> tuple[float, ...]:
+        """The ACC-26 bound for depths 1..depth_limit."""
+        row = self._rows.get(("optimistic", depth_limit))
+        if row is None:
+            row = self._rows["optimistic", depth_limit] = tuple(
+                self.optimistic(d) for d in range(1, depth_limit + 1))
+        return row
 
     def observe(self, values: Sequence[float]) -> None:
         """One observation per depth: ``values[d-1]`` for depths 1..len(values).
@@ -180,6 +203,7 @@ class PrefixEstimate:
         Depths past ``len(values)`` are left alone (ACC-8, ACC-24).
         """
         _check_probabilities(values, "observations")
+        self._rows.clear()
         while len(self._means) < len(values):
             depth = len(self._means) + 1
             self._means.append(self._prior_mean(depth))
@@ -195,6 +219,7 @@ class PrefixEstimate:
             raise ValueError(f"generated tokens must be non-negative, got {generated_tokens}")
         if generated_tokens == 0:
             return
+        self._rows.clear()
         factor = 0.5 ** (generated_tokens / AGEING_HALF_LIFE_TOKENS)
         self._weights = [w * factor for w in self._weights]
         self._unobserved_weight *= factor
@@ -251,8 +276,7 @@ class AcceptanceState:
 
     def optimistic_survival(self, source: ProposalSource, depth_limit: int) -> tuple[float, ...]:
         """The ACC-26 optimistic bound per depth, for funded acceptance learning."""
-        estimate = self.acceptance(source)
-        return tuple(estimate.optimistic(d) for d in range(1, depth_limit + 1))
+        return self.acceptance(source).optimistic_bounds(depth_limit)
 
     def forecast_means(self, source: ProposalSource, depth_limit: int) -> tuple[float, ...]:
         """The request's averaged joint-prefix probabilities for depths 1..n."""
