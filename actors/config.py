@@ -22,7 +22,9 @@ SpeculationMode = Literal["off", "fixed", "adaptive"]
 DraftSource = Literal["draft", "copy"]
 DEFAULT_DRAFT_DEPTH = 4
 """Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
-SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
+FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, 8))
+"""Baselines that run every decode batch as a speculative round at depth K (issue 7)."""
+SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
 
 
 class ConfigError(ValueError):
@@ -62,8 +64,9 @@ class RuntimeConfig:
     scheduled terminal SNAPSHOT frame (PRE-38..53). Off by default: on a
     pure-attention model the terminal checkpoint is a host-side page move, and the
     snapshot frame only adds a competing frame before ``Finished`` (docs/runtime.md)."""
-    scheduler_policy: Literal["balanced", "throughput", "fcfs", "sarathi", "vtc"] = "balanced"
-    """The seed's presets, or a baseline policy on the same prepared programs (issue 7)."""
+    scheduler_policy: str = "balanced"
+    """The seed's presets, or a baseline policy on the same prepared programs (issue 7;
+    ``fixed-spec-K`` needs a speculative load of draft depth at least K)."""
     scheduler_terminal_value: float | None = None
     scheduler_terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
@@ -107,6 +110,14 @@ class RuntimeConfig:
         if self.speculation not in ("off", "fixed", "adaptive"):
             raise ConfigError(f"--speculation must be off, fixed or adaptive, got "
                               f"{self.speculation!r}")
+        if self.scheduler_policy in FIXED_SPEC_POLICIES:
+            depth = FIXED_SPEC_POLICIES.index(self.scheduler_policy) + 1
+            if self.speculation == "off":
+                raise ConfigError(f"--scheduler-policy {self.scheduler_policy} needs a "
+                                  "speculative load (--draft-model or --draft-source copy)")
+            if depth > self.draft_depth:
+                raise ConfigError(f"--scheduler-policy {self.scheduler_policy} needs "
+                                  f"--draft-depth {depth} or more, got {self.draft_depth}")
         if self.speculation != "off":
             if self.draft_source not in ("draft", "copy"):
                 raise ConfigError(f"--draft-source must be draft or copy, got "
@@ -121,6 +132,7 @@ class RuntimeConfig:
                         shape.proposal_depth > self.draft_depth or self.speculation != "adaptive":
                     raise ConfigError(f"extra speculative shape {shape.label()}: adaptive "
                                       "mode, SPECULATIVE kind, depth <= --draft-depth only")
-            if self.scheduler_policy not in ("balanced", "throughput"):
+            if self.scheduler_policy not in ("balanced", "throughput", *FIXED_SPEC_POLICIES):
                 raise ConfigError(f"--speculation {self.speculation} runs with the seed's "
-                                  "scheduler only (--scheduler-policy balanced or throughput)")
+                                  "scheduler only (--scheduler-policy balanced or "
+                                  "throughput), or with a fixed-spec-K baseline")

@@ -405,8 +405,9 @@ def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
                    max_context: int) -> SchedulingPolicy:
     """The planner's scheduler: the configured policy, or with speculation the seed's
     scheduler with complete speculative rounds (fixed mode: fixed widths, complete
-    prefixes, no acceptance probes, LRN-10)."""
-    if parts.speculation == "off":
+    prefixes, no acceptance probes, LRN-10). A ``fixed-spec-K`` baseline runs its own
+    rounds on the speculative load (host lengths, completed like any generation frame)."""
+    if parts.speculation == "off" or parts.scheduler_policy.startswith("fixed-spec-"):
         return make_policy(parts.scheduler_policy, parts.policy, catalog=catalog)
     from policy.rounds import SpeculationMode
     from policy.speculation import ProposalSource
