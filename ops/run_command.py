@@ -101,10 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        default="balanced",
                        help="balanced (default) or throughput: throughput keeps token fairness "
                             "and output value but drops delivery fairness and decode-age price; "
-                            "fcfs, sarathi and vtc are baseline policies on the same programs "
-                            "and fixed-spec-K (K drafts verified on every decode step; needs a "
-                            "speculative load of depth >= K) are baseline policies on the same "
-                            "programs (for comparisons, see docs/simulator.md)")
+                            "fcfs, sarathi, vtc and fixed-spec-K (K drafts verified on every "
+                            "decode step; needs a speculative load of depth >= K) are baseline "
+                            "policies on the same programs (for comparisons, see "
+                            "docs/simulator.md)")
     sched.add_argument("--scheduler-terminal-value", type=float, default=None,
                        help="override the terminal service value (finite, >= 0; 0 disables)")
     sched.add_argument("--scheduler-terminal-age-price", type=float, default=None,
