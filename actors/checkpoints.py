@@ -4,13 +4,14 @@ Seed *Planning and the execution queue*: retention uses the exact endpoints the
 frontend supplied (``GenerationRequest.message_ends``, QUEUE-16); the last eligible
 completed message is the best-effort conversation anchor (QUEUE-17), the prompt end
 substitutes when there is none (QUEUE-18), and earlier messages follow in reverse
-order, then a distinct prompt end (QUEUE-19). Extra captures must fit
-``checkpoint_extra_work_fraction`` of the estimated uncached prefill work (QUEUE-20);
-an unknown cost disables extras but keeps anchors eligible (QUEUE-22).
+order, then a distinct prompt end (QUEUE-19).
 
 flare's models keep all of their state in KV pages, so a checkpoint at endpoint ``e``
 is the chain of full pages below ``e``; an anchor decides the *role* those pages carry
-in eviction (``prefix_cache.CheckpointRole``). Pure functions only.
+in eviction (``prefix_cache.CheckpointRole``). An anchor never needs an extra prefill
+cut (``docs/runtime.md``, *Checkpoints*); the extra-work allowance that pays for the
+snapshot copies flare can run is the scheduler's (``policy/checkpoint_allowance.py``,
+QUEUE-20..26). Pure functions only.
 """
 
 from __future__ import annotations
@@ -65,15 +66,3 @@ def checkpoint_roles(
         index = (kv_tokens - 1) // page_size
         roles[index] = max(roles.get(index, CheckpointRole.INTERIOR), CheckpointRole.TERMINAL)
     return roles
-
-
-def extra_capture_allowed(
-    *, extra_work_ns: int, uncached_prefill_ns: int, fraction: float
-) -> bool:
-    """Whether an extra split or copy fits the request-local allowance (QUEUE-20).
-
-    Zero means unknown (DUR-2): unknown costs disable extras (QUEUE-22).
-    """
-    if extra_work_ns <= 0 or uncached_prefill_ns <= 0:
-        return False
-    return extra_work_ns <= fraction * uncached_prefill_ns

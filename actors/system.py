@@ -38,6 +38,7 @@ from actors import admission, checkpoint_allocator, completion_validator, frame_
 from actors import planner as planner_actor
 from actors import publisher as publisher_actor
 from actors.admission import AdmissionLimits, AdmissionState
+from actors.calibration import measure_snapshot_programs
 from actors.checkpoint_allocator import AllocatorState
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
@@ -127,6 +128,9 @@ class RuntimeParts:
     draft_source: str = "draft"
     clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
     close_backend: bool = True
+    measured_costs: Mapping[GraphShape, int] = field(default_factory=dict)
+    """Durations (ns) measured before serving (``actors.calibration``), seeded into the
+    scheduler's estimates so that terminal captures have a known cost (QUEUE-22)."""
 
 
 class _EventStream:
@@ -278,8 +282,10 @@ async def open_runtime_with(parts: RuntimeParts, *,
     max_context = min(parts.max_context, parts.num_pages * parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
+    scheduler = make_scheduler(parts, catalog, max_context=max_context)
+    seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())
     planner = Planner(
-        make_scheduler(parts, catalog, max_context=max_context),
+        scheduler,
         to_dispatcher=dispatcher_send,
         to_publisher=publisher_send, to_allocator=allocator_send.clone(),
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
@@ -325,6 +331,9 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
         await trio.to_thread.run_sync(
             lambda: backend.prepare(list(engine.programs.values())))
+        measured = await trio.to_thread.run_sync(
+            lambda: measure_snapshot_programs(backend, engine.programs,
+                                              state_rows=engine.state_rows))
     except BaseException:
         backend.close()
         raise
@@ -343,6 +352,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
             terminal_value=config.scheduler_terminal_value,
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
+        measured_costs=measured,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)
@@ -416,6 +426,17 @@ def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
     return SpeculativeScheduler(
         parts.policy, catalog, mode=SpeculationMode(parts.speculation),
         source=ProposalSource(parts.draft_source), context_limit=max_context)
+
+
+def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,
+                   now_ns: int) -> None:
+    """Record start-up measurements as observations (policies without duration
+    estimates, the baselines, ignore them)."""
+    estimates = getattr(scheduler, "estimates", None)
+    if estimates is None:
+        return
+    for shape, duration_ns in measured.items():
+        estimates.observe(shape, duration_ns, max(now_ns, 0))
 
 
 def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:

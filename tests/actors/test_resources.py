@@ -1,12 +1,12 @@
 """The checkpoint-allocator's pure core: page pool, state rows, prefix cache, anchors,
-fenced retirement. Covers QUEUE-9, QUEUE-16..22, QUEUE-29, QUEUE-30, QUEUE-49, QUEUE-50,
+fenced retirement. Covers QUEUE-9, QUEUE-16..19, QUEUE-29, QUEUE-30, QUEUE-49, QUEUE-50,
 PRE-39, PRE-53, PRE-54, ACCT-5 (fresh epochs on row reuse), OPEN-3."""
 
 from __future__ import annotations
 
 import pytest
 
-from actors.checkpoints import anchor_order, checkpoint_roles, extra_capture_allowed
+from actors.checkpoints import anchor_order, checkpoint_roles
 from actors.messages import Fence, LaneExtent, PageId, RequestHandle
 from actors.page_pool import PagePool, ResourceError, StateRowPool, pages_for
 from actors.prefix_cache import CheckpointRole, PrefixCache
@@ -132,12 +132,6 @@ def test_checkpoint_roles_mark_anchor_pages() -> None:
                              terminal=True)
     assert roles == {0: CheckpointRole.MESSAGE, 1: CheckpointRole.PROMPT_END,
                      3: CheckpointRole.TERMINAL}  # the partial tail holds position 12
-
-
-def test_queue_20_22_extra_work_allowance() -> None:
-    assert extra_capture_allowed(extra_work_ns=5, uncached_prefill_ns=100, fraction=0.05)
-    assert not extra_capture_allowed(extra_work_ns=6, uncached_prefill_ns=100, fraction=0.05)
-    assert not extra_capture_allowed(extra_work_ns=0, uncached_prefill_ns=100, fraction=0.05)
 
 
 def book(pages: int = 8, rows: int = 2) -> ResourceBook:
