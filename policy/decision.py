@@ -43,7 +43,7 @@ from policy.service import (
     prefill_token_price,
 )
 from policy.types import Phase, RequestHandle, RestoreNeed
-from policy.utility import NS_PER_MS, FloatArray, scale_exponent, scaled
+from policy.utility import NS_PER_MS, scale_exponent, scaled
 
 _RETIRED, _DECODE = Phase.RETIRED, Phase.DECODE
 _TERMINAL, _PREFILL = Phase.TERMINAL, Phase.PREFILL
@@ -80,20 +80,6 @@ def projected_histories(
     return copies
 
 
-def _price_terms(histories: list[ServiceHistory],
-                 config: PolicyConfig) -> tuple[FloatArray, FloatArray]:
-    """``f/x`` and the delivery price ``g/z`` (``service.delivery_price``) of each
-    history, as arrays: the per-request price gradients of SEL-5..7 vectorised."""
-    n = len(histories)
-    token_rates = np.fromiter((h.token_rate for h in histories), dtype=np.float64, count=n)
-    delivery_rates = np.fromiter(
-        (h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
-         for h in histories), dtype=np.float64, count=n)
-    fair: FloatArray = config.token_fairness / token_rates
-    delivery: FloatArray = config.delivery_fairness / delivery_rates
-    return fair, delivery
-
-
 def family_reference_ms(catalog: CatalogIndex, times: ShapeTimes, family: IntArray,
                         streams: int) -> float | None:
     """``sigma = K*T/min(B, K)`` over the family's measured shapes (SEL-16); None when
@@ -106,6 +92,17 @@ def family_reference_ms(catalog: CatalogIndex, times: ShapeTimes, family: IntArr
         return None
     per_stream = (est / NS_PER_MS) / np.minimum(catalog.batch[family], streams)
     return streams * float(per_stream[known].min())
+
+
+def _reference_ms(catalog: CatalogIndex, times: ShapeTimes, name: str, family: IntArray,
+                  streams: int) -> float | None:
+    """``family_reference_ms``, remembered until an estimate changes."""
+    key = (name, streams)
+    memo = times.sigma_memo
+    if key in memo:
+        return memo[key]
+    sigma = memo[key] = family_reference_ms(catalog, times, family, streams)
+    return sigma
 
 
 def build_context(
@@ -123,12 +120,12 @@ def build_context(
     start_ns = queue.expected_end_ns(now_ns)
     histories = projected_histories(records, queue, config) if len(queue) else {}
 
-    active_decoders: list[RequestRecord] = []
+    n_active = 0
     decoders: list[RequestRecord] = []
     terminals: list[RequestRecord] = []
     prompts: list[RequestRecord] = []
     restorable: list[RequestRecord] = []
-    pending_terminals: list[RequestRecord] = []
+    n_pending_terminals = 0
     # One pass with the ``selectable`` / ``restorable`` rules inlined (requests.py):
     # this loop runs over every resident request on every decision.
     for r in records.values():
@@ -140,62 +137,77 @@ def build_context(
         need = r.restore
         if need is _NO_RESTORE:
             if phase is _DECODE:
-                active_decoders.append(r)
+                n_active += 1
                 if r.max_output_tokens - r.output_committed - r.queued_outputs > 0:
                     decoders.append(r)
             elif phase is _TERMINAL:
-                pending_terminals.append(r)
+                n_pending_terminals += 1
                 if not r.in_flight_fences:
                     terminals.append(r)
             elif phase is _PREFILL and not r.in_flight_fences:
                 prompts.append(r)
         elif phase is _TERMINAL:
-            pending_terminals.append(r)  # a preempted row is retired, never restored
+            n_pending_terminals += 1  # a preempted row is retired, never restored
         elif need is not _AWAITING:
             if not r.in_flight_fences:
                 restorable.append(r)
             if phase is _DECODE:
-                active_decoders.append(r)
+                n_active += 1
     prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
 
     n_dec, n_prompts = len(decoders), len(prompts)
-    dec_fair, dec_delivery_price = _price_terms(
-        [histories.get(r.handle, r.history) for r in decoders] if histories
-        else [r.history for r in decoders], config)
-    # output_token_price (service.py), vectorised: the same IEEE operations.
-    dec_output_price = config.output_token_value + dec_fair
-    prompt_fair, prompt_delivery_price = _price_terms(
-        [histories.get(r.handle, r.history) for r in prompts] if histories
-        else [r.history for r in prompts], config)
-    prompt_token_price = 1.0 + prompt_fair  # prefill_token_price
-    prompt_output_price = config.output_token_value + prompt_fair
+    dec_hist = [histories.get(r.handle, r.history) for r in decoders] if histories \
+        else [r.history for r in decoders]
+    prompt_hist = [histories.get(r.handle, r.history) for r in prompts] if histories \
+        else [r.history for r in prompts]
+    # SEL-5..7 as arrays (service.py's scalar functions, the same IEEE operations):
+    # f/x, output beta + f/x, prefill 1 + f/x, delivery g/z (a missing z priced at the
+    # admission fair share).
+    rates = np.array([h.token_rate for h in dec_hist] + [h.token_rate for h in prompt_hist]
+                     + [h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
+                        for h in dec_hist]
+                     + [h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
+                        for h in prompt_hist], dtype=np.float64)
+    n_req = n_dec + n_prompts
+    fair = config.token_fairness / rates[:n_req]
+    delivery = config.delivery_fairness / rates[n_req:]
+    output_price = config.output_token_value + fair
+    prompt_token_price = 1.0 + fair[n_dec:]
+    largest = float(np.abs(np.concatenate((output_price, delivery, prompt_token_price)))
+                    .max(initial=0.0))
     e = scale_exponent((config.decode_age_price, config.terminal_value,
-                        config.terminal_age_price,
-                        max(float(np.abs(dec_output_price).max(initial=0.0)),
-                            float(np.abs(dec_delivery_price).max(initial=0.0))),
-                        max(float(np.abs(prompt_token_price).max(initial=0.0)),
-                            float(np.abs(prompt_output_price).max(initial=0.0)),
-                            float(np.abs(prompt_delivery_price).max(initial=0.0)))))
+                        config.terminal_age_price, largest))
 
-    sigma_dec = family_reference_ms(catalog, times, catalog.delivery_family,
-                                    len(active_decoders))
-    sigma_term = family_reference_ms(catalog, times, catalog.snapshot, len(pending_terminals))
+    sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
+    sigma_term = _reference_ms(catalog, times, "snapshot", catalog.snapshot,
+                               n_pending_terminals)
     c_dec = scaled(config.decode_age_price, e)
     c_term = scaled(config.terminal_age_price, e)
     dec_slope = c_dec * sigma_dec if sigma_dec is not None else 0.0
     term_slope = c_term * sigma_term if sigma_term is not None else 0.0
 
-    ages_ms = np.fromiter((r.output_age_ns(start_ns) for r in decoders), dtype=np.float64,
-                          count=n_dec) / NS_PER_MS
-    dec_base = np.ldexp(dec_output_price + dec_delivery_price, -e) + dec_slope * ages_ms
+    # output_age_ns (requests.py) for every decoder: from the later of the last visible
+    # output and a queued expected delivery (QUEUE-43), never negative.
+    ages_ms = np.array([max(start_ns - (r.last_visible_ns if r.queued_delivery_end_ns is None
+                                        else max(r.last_visible_ns, r.queued_delivery_end_ns)),
+                            0) for r in decoders], dtype=np.int64) / NS_PER_MS
+    finish = output_price + delivery  # output token price + delivery price, per request
+    dec_base = np.ldexp(finish[:n_dec], -e) + dec_slope * ages_ms
     term_value = scaled(config.terminal_value, e)
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
 
     ints = np.array([(r.prompt_cursor, r.logical_prompt_end(), r.next_endpoint(),
-                      r.prompt_len, r.scored_prompt) for r in prompts],
+                      r.prompt_len, r.last_served_ns) for r in prompts],
                     dtype=np.int64).reshape(n_prompts, 5)
     cursor, logical_end, endpoint, prompt_len = ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3]
+    scored_rows = [i for i, r in enumerate(prompts) if r.scored_prompt]
+    scored = np.zeros(n_prompts, dtype=np.bool_)
+    if scored_rows:
+        scored[scored_rows] = True
+        ordinary_rows = np.flatnonzero(~scored)
+    else:
+        ordinary_rows = np.arange(n_prompts)
     prompt_group = PromptGroup(
         records=tuple(prompts),
         cursor=cursor,
@@ -203,23 +215,26 @@ def build_context(
         endpoint_remaining=endpoint - cursor,
         reaches_prompt_end=logical_end >= prompt_len,
         token_price=np.ldexp(prompt_token_price, -e),
-        finish_value=np.ldexp(prompt_output_price + prompt_delivery_price, -e),
-        scored=ints[:, 4].astype(np.bool_),
-        last_served=np.array([r.last_served_ns for r in prompts], dtype=np.int64),
+        finish_value=np.ldexp(finish[n_dec:], -e),
+        scored=scored,
+        last_served=ints[:, 4],
+        ordinary_rows=ordinary_rows,
+        scored_rows=np.array(scored_rows, dtype=np.int64),
     )
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
                                    e=e, start_ns=start_ns, dec_slope=dec_slope,
                                    c_dec=c_dec, sigma_dec=sigma_dec)
     return DecisionContext(
         catalog=catalog,
+        times=times,
         estimate_ns=times.estimate_ns,
-        stale=times.stale(now_ns, ttl_ns),
+        stale=times.stale_at(now_ns, ttl_ns),
         last_touched_ns=times.last_touched_ns,
         decoders=LaneGroup.build(decoders, dec_base, dec_slope),
         terminals=LaneGroup.build(terminals, term_base, term_slope),
         prompts=prompt_group,
         restorable=restore_group,
-        waiting=c_dec * len(active_decoders) + c_term * len(pending_terminals),
+        waiting=c_dec * n_active + c_term * n_pending_terminals,
         terminal_coefficient=c_term,
         exponent=e,
         now_ns=now_ns,

@@ -136,9 +136,8 @@ class Scheduler:
         if times is None or i is None:
             return
         est = self._estimates
-        times.estimate_ns[i] = est.estimate_ns(shape)
-        times.last_valid_ns[i] = _or_minus_one(est.last_valid_ns(shape))
-        times.last_touched_ns[i] = est.last_touched_ns(shape)
+        times.update(i, est.estimate_ns(shape), _or_minus_one(est.last_valid_ns(shape)),
+                     est.last_touched_ns(shape))
 
     def _shape_times(self) -> ShapeTimes:
         """Per-shape estimate arrays, rebuilt only after estimates change."""

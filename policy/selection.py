@@ -30,11 +30,20 @@ Rules implemented here (seed: *Useful service and selection*, *Duration estimate
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from policy.candidates import (
+    Candidate,
+    FamilyTimes,
+    best_candidate,
+    candidate_families,
+    dominated_by_smaller,
+    refresh_candidate,
+)
 from policy.descriptors import GraphKind, GraphShape, StateOp
 from policy.prerequisites import PrerequisiteChoice, best_prerequisite
 from policy.requests import RequestRecord
@@ -47,11 +56,49 @@ from policy.types import (
     ScheduledStep,
     SelectionReason,
 )
-from policy.utility import NS_PER_MS, FloatArray, optimistic_rate, prefix_sums, value_rates
+from policy.utility import NS_PER_MS, FloatArray, optimistic_rate, prefix_sums
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 _INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MIN = int(np.iinfo(np.int64).min)
+
+_dominated_by_smaller = dominated_by_smaller  # the name the dominance tests import
+_REFERENCE_NAMES = frozenset({"_Table", "_cohort_candidates", "_prefill_candidates",
+                              "_mixed_candidates", "select_reference"})
+
+
+def __getattr__(name: str) -> object:
+    """The full-table reference selector's names (``selection_reference.py``), for the
+    tests that inspect the candidate table directly."""
+    if name in _REFERENCE_NAMES:
+        from policy import selection_reference
+
+        return getattr(selection_reference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class PromptLayout(NamedTuple):
+    """Every distinct prompt capacity of the prefill, scored prefill and mixed shapes,
+    so one value table serves all three families; ``*_cols`` map a family's shapes to
+    its columns (None: the family's capacities are exactly ``caps``)."""
+
+    caps: IntArray
+    prefill_cols: IntArray | None
+    scored_cols: IntArray | None
+
+
+class MixedGrid(NamedTuple):
+    """The ordinary mixed shapes (sorted by B, then C) as a grid of batch buckets x
+    prompt capacities: ``col_b``/``col_c`` index ``batches`` and the distinct prompt
+    capacities (``caps_u``: their columns in ``PromptLayout.caps``). ``full``: every
+    (B, C) combination is loaded exactly once, which makes dominance separable."""
+
+    batches: IntArray
+    col_b: IntArray
+    caps_u: IntArray
+    col_c: IntArray
+    full: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +125,11 @@ class CatalogIndex:
     """Initialization state operations, by batch capacity (prerequisites, PRE-1)."""
     delivery_family: IntArray
     """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
+    prompt_layout: PromptLayout
+    mixed_grid: MixedGrid
+    cohort_memo: dict[tuple[str, int], tuple[IntArray, IntArray, BoolArray]] = field(
+        default_factory=dict, compare=False, repr=False)
+    """Cohort sizes and dominance per (family, request count): catalog constants."""
 
     @staticmethod
     def build(shapes: tuple[GraphShape, ...]) -> CatalogIndex:
@@ -93,13 +145,14 @@ class CatalogIndex:
             and not s.speculation_enabled,
             lambda s: (s.batch_capacity, s.prefill_capacity),
         )
+        prefill = pick(lambda s: s.kind is GraphKind.PREFILL, lambda s: s.token_capacity)
+        scored = pick(lambda s: s.kind is GraphKind.SCORED_PREFILL, lambda s: s.token_capacity)
+        layout, grid = _prompt_structure(shapes, prefill, scored, mixed)
         return CatalogIndex(
             shapes=shapes,
             decode=pick(lambda s: s.kind is GraphKind.DECODE, lambda s: s.batch_capacity),
-            prefill=pick(lambda s: s.kind is GraphKind.PREFILL, lambda s: s.token_capacity),
-            scored_prefill=pick(
-                lambda s: s.kind is GraphKind.SCORED_PREFILL, lambda s: s.token_capacity
-            ),
+            prefill=prefill,
+            scored_prefill=scored,
             # Ordinary mixed execution: width one without draft-state maintenance (MIX-44).
             mixed=mixed,
             snapshot=pick(
@@ -124,6 +177,8 @@ class CatalogIndex:
                 lambda s: s.kind in (GraphKind.DECODE, GraphKind.MIXED),
                 lambda s: s.batch_capacity,
             ),
+            prompt_layout=layout,
+            mixed_grid=grid,
         )
 
 
@@ -134,19 +189,102 @@ def _smallest_prompt_per_batch(shapes: tuple[GraphShape, ...], mixed: IntArray) 
     return np.array(sorted(best.values()), dtype=np.int64)
 
 
+def _prompt_structure(shapes: tuple[GraphShape, ...], prefill: IntArray, scored: IntArray,
+                      mixed: IntArray) -> tuple[PromptLayout, MixedGrid]:
+    """The shared prompt-capacity table and the mixed grid (see their classes)."""
+    token_caps = [shapes[i].token_capacity for i in prefill.tolist()]
+    scored_caps = [shapes[i].token_capacity for i in scored.tolist()]
+    mixed_bc = [(shapes[i].batch_capacity, shapes[i].prefill_capacity)
+                for i in mixed.tolist()]
+    caps = sorted({*token_caps, *scored_caps, *(c for _, c in mixed_bc)})
+    where = {c: j for j, c in enumerate(caps)}
+
+    def columns(family: list[int]) -> IntArray | None:
+        return None if family == caps else np.array([where[c] for c in family],
+                                                    dtype=np.int64)
+
+    batches = sorted({b for b, _ in mixed_bc})
+    mixed_caps = sorted({c for _, c in mixed_bc})
+    grid = MixedGrid(
+        batches=np.array(batches, dtype=np.int64),
+        col_b=np.array([batches.index(b) for b, _ in mixed_bc], dtype=np.int64),
+        caps_u=np.array([where[c] for c in mixed_caps], dtype=np.int64),
+        col_c=np.array([mixed_caps.index(c) for _, c in mixed_bc], dtype=np.int64),
+        full=len(set(mixed_bc)) == len(mixed_bc) == len(batches) * len(mixed_caps),
+    )
+    layout = PromptLayout(np.array(caps, dtype=np.int64), columns(token_caps),
+                          columns(scored_caps))
+    return layout, grid
+
+
 @dataclass(frozen=True, slots=True)
 class ShapeTimes:
-    """Per-shape timing state, aligned with ``CatalogIndex.shapes`` (0 / -1 = never)."""
+    """Per-shape timing state, aligned with ``CatalogIndex.shapes`` (0 / -1 = never).
+
+    ``memo`` and the stale cache hold values derived from the estimates (per-family
+    durations, reference intervals); ``update`` is the only writer of the arrays and
+    drops them whenever an estimate or a freshness time changes."""
 
     estimate_ns: IntArray
     last_valid_ns: IntArray
     last_touched_ns: IntArray
+    memo: dict[str, FamilyTimes] = field(default_factory=dict, compare=False, repr=False)
+    sigma_memo: dict[tuple[str, int], float | None] = field(
+        default_factory=dict, compare=False, repr=False)
+    stale_cache: list[tuple[int, int, int, BoolArray]] = field(
+        default_factory=list, compare=False, repr=False)
 
     def stale(self, now_ns: int, ttl_ns: int) -> BoolArray:
         """Known and ``now - last valid >= ttl`` (DUR-10, OPEN-11)."""
         result: BoolArray = (self.estimate_ns > 0) & (self.last_valid_ns >= 0) & (
             now_ns - self.last_valid_ns >= ttl_ns)
         return result
+
+    def stale_at(self, now_ns: int, ttl_ns: int) -> BoolArray:
+        """``stale(now_ns, ttl_ns)``, shared (do not modify it) and recomputed only when
+        ``now_ns`` crosses a shape's freshness boundary ``last_valid + ttl``."""
+        if self.stale_cache:
+            ttl, lo, hi, cached = self.stale_cache[0]
+            if ttl == ttl_ns and lo <= now_ns < hi:
+                return cached
+        result = self.stale(now_ns, ttl_ns)
+        boundary = np.where((self.estimate_ns > 0) & (self.last_valid_ns >= 0),
+                            self.last_valid_ns + ttl_ns, _INT64_MAX)
+        passed = boundary[boundary <= now_ns]
+        ahead = boundary[boundary > now_ns]
+        lo = int(passed.max()) if len(passed) else _INT64_MIN
+        hi = int(ahead.min()) if len(ahead) else _INT64_MAX
+        self.stale_cache[:] = [(ttl_ns, lo, hi, result)]
+        return result
+
+    def update(self, i: int, estimate_ns: int, last_valid_ns: int,
+               last_touched_ns: int) -> None:
+        """Set shape ``i``'s entries; derived values go when what they derive from (its
+        estimate; for staleness also its last valid observation) changed."""
+        if int(self.estimate_ns[i]) != estimate_ns:
+            self.estimate_ns[i] = estimate_ns
+            self.memo.clear()
+            self.sigma_memo.clear()
+            self._restage(i)
+        if int(self.last_valid_ns[i]) != last_valid_ns:
+            self.last_valid_ns[i] = last_valid_ns
+            self._restage(i)
+        self.last_touched_ns[i] = last_touched_ns
+
+    def _restage(self, i: int) -> None:
+        """Keep the stale cache valid after shape ``i``'s entries changed: over the
+        cached interval [lo, hi) the shape is stale throughout when its new freshness
+        boundary is at or before lo, else fresh until the boundary, which then bounds
+        the interval (copy on write: decisions already built keep their array)."""
+        if not self.stale_cache:
+            return
+        ttl, lo, hi, cached = self.stale_cache[0]
+        boundary = _INT64_MAX
+        if self.estimate_ns[i] > 0 and self.last_valid_ns[i] >= 0:
+            boundary = int(self.last_valid_ns[i]) + ttl
+        updated = cached.copy()
+        updated[i] = boundary <= lo
+        self.stale_cache[0] = (ttl, lo, hi if boundary <= lo else min(hi, boundary), updated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +342,10 @@ class PromptGroup:
     """Scaled value of the first output: output token price + delivery price."""
     scored: BoolArray
     last_served: IntArray
+    ordinary_rows: IntArray
+    """Positions of the rows without scoring (prefill and mixed candidates)."""
+    scored_rows: IntArray
+    """Positions of the scored rows (scored prefill candidates)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +392,7 @@ class DecisionContext:
     """Everything one decision needs, already projected and scaled."""
 
     catalog: CatalogIndex
+    times: ShapeTimes
     estimate_ns: IntArray
     stale: BoolArray
     last_touched_ns: IntArray
@@ -267,224 +410,25 @@ class DecisionContext:
     refresh_funded: bool
 
 
-@dataclass(slots=True)
-class _Table:
-    """Column builders for the candidate table."""
-
-    shape: list[IntArray]
-    base: list[FloatArray]
-    slope: list[FloatArray]
-    served: list[IntArray]
-    lru: list[IntArray]
-    pad_rows: list[IntArray]
-    pad_tokens: list[IntArray]
-    prompt_pos: list[IntArray]
-    prompt_tokens: list[IntArray]
-    n_dec: list[IntArray]
-    n_term: list[IntArray]
-    dominated: list[BoolArray]
-    excluded: list[BoolArray]
-
-    @staticmethod
-    def empty() -> _Table:
-        return _Table([], [], [], [], [], [], [], [], [], [], [], [], [])
-
-    def add(self, **cols: npt.NDArray[np.generic]) -> None:
-        n = len(cols["shape"])
-        for name in self.__slots__:
-            col = cols.get(name)
-            if col is None:
-                if name in ("dominated", "excluded"):
-                    col = np.zeros(n, dtype=np.bool_)
-                elif name == "prompt_pos":
-                    col = np.full(n, -1, dtype=np.int64)
-                else:
-                    col = np.zeros(n, dtype=np.int64)
-            getattr(self, name).append(col)
-
-    def cat(self, name: str) -> npt.NDArray[np.generic]:
-        parts = getattr(self, name)
-        return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def _dominated_by_smaller(keys: IntArray, batch: IntArray, prompt: IntArray) -> BoolArray:
-    """Dominance among ordinary mixed candidates (SEL-32, SEL-33).
-
-    Rows with equal ``keys`` (prompt row, prompt work, decoder cohort) compete; their
-    physical capacities are (B, 1, C, C + B - 1), so row i is dominated exactly when
-    another row of its group has B' <= B and C' <= C with one strictly smaller. Sorting
-    by (group, B, C) and taking a running minimum of C within each group finds every
-    such row in O(n log n) without pairwise comparison.
-    """
-    n = len(batch)
-    result = np.zeros(n, dtype=np.bool_)
-    if n < 2:
-        return result
-    order = np.lexsort((prompt, batch, keys[:, 2], keys[:, 1], keys[:, 0]))
-    sorted_keys = keys[order]
-    change = np.empty(n, dtype=np.int64)
-    change[0] = 0
-    change[1:] = np.any(sorted_keys[1:] != sorted_keys[:-1], axis=1)
-    group = np.cumsum(change)
-    big = int(prompt.max()) + 1
-    shifted = prompt[order] - group * big  # later groups never leak backwards
-    running = np.minimum.accumulate(shifted)
-    earlier = np.empty(n, dtype=np.int64)
-    earlier[0] = _INT64_MAX
-    earlier[1:] = running[:-1]
-    result[order] = earlier <= shifted
-    return result
-
-
-def _cohort_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
-                       group: LaneGroup, *, terminal: bool) -> None:
-    """Decode or snapshot shapes: the first min(B, n) lanes of the sorted group."""
-    if len(idx) == 0 or len(group) == 0:
-        return
-    cap = ctx.catalog.batch[idx]
-    m = np.minimum(cap, len(group))
-    dominated = np.zeros(len(idx), dtype=np.bool_)
-    dominated[1:] = m[1:] == m[:-1]  # sorted by B: same cohort, larger capacities
-    table.add(
-        shape=idx, base=group.prefix[m], slope=m * group.slope, served=m,
-        lru=group.lru_prefix_min[m], pad_rows=cap - m,
-        n_dec=np.zeros_like(m) if terminal else m, n_term=m if terminal else np.zeros_like(m),
-        dominated=dominated,
-    )
-
-
-def _prefill_candidates(table: _Table, ctx: DecisionContext, idx: IntArray,
-                        scored: bool) -> None:
-    p = ctx.prompts
-    if len(idx) == 0 or not p.records or (scored and not p.scored.any()):
-        return
-    rows = np.nonzero(p.scored == scored)[0]
-    if len(rows) == 0:
-        return
-    cap = ctx.catalog.capacities[idx, 1]
-    remaining = p.logical_remaining[rows][:, None]
-    tokens = np.minimum(cap[None, :], remaining)
-    final = (tokens == remaining) & p.reaches_prompt_end[rows][:, None]
-    value = tokens * p.token_price[rows][:, None] + final * p.finish_value[rows][:, None]
-    dominated = np.zeros(tokens.shape, dtype=np.bool_)
-    dominated[:, 1:] = tokens[:, 1:] == tokens[:, :-1]
-    unknown = ctx.estimate_ns[idx] <= 0
-    excluded = np.zeros(tokens.shape, dtype=np.bool_)
-    # DUR-20: a smaller capacity already covers everything up to the next endpoint.
-    excluded[:, 1:] = unknown[None, 1:] & (
-        cap[None, :-1] >= p.endpoint_remaining[rows][:, None]
-    )
-    n_rows, n_shapes = tokens.shape
-    table.add(
-        shape=np.tile(idx, n_rows), base=value.ravel(), slope=np.zeros(tokens.size),
-        served=np.ones(tokens.size, dtype=np.int64),
-        lru=np.repeat(p.last_served[rows], n_shapes),
-        pad_tokens=(cap[None, :] - tokens).ravel(),
-        prompt_pos=np.repeat(rows, n_shapes), prompt_tokens=tokens.ravel(),
-        dominated=dominated.ravel(), excluded=excluded.ravel(),
-    )
-
-
-def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
-    idx = ctx.catalog.mixed
-    if len(idx) == 0:
-        return
-    dec, p = ctx.decoders, ctx.prompts
-    cap_b = ctx.catalog.batch[idx]
-    cap_c = ctx.catalog.capacities[idx, 2]
-    cols: dict[str, list[npt.NDArray[np.generic]]] = {}
-
-    def push(**kw: npt.NDArray[np.generic]) -> None:
-        for k, v in kw.items():
-            cols.setdefault(k, []).append(v)
-
-    if len(dec):
-        # Decode-only rows do the same work at every prompt capacity of a batch bucket,
-        # so only each bucket's smallest prompt capacity can survive dominance.
-        only = ctx.catalog.mixed_smallest_prompt
-        ob, oc = ctx.catalog.batch[only], ctx.catalog.capacities[only, 2]
-        m = np.minimum(ob, len(dec))
-        push(shape=only, base=dec.prefix[m], slope=m * dec.slope, served=m,
-             lru=dec.lru_prefix_min[m], pad_rows=ob - m, pad_tokens=oc,
-             prompt_pos=np.full(len(only), -1), prompt_tokens=np.zeros(len(only)), n_dec=m)
-    rows = np.nonzero(~p.scored)[0]
-    if len(rows):
-        remaining = p.logical_remaining[rows][:, None]
-        tokens = np.minimum(cap_c[None, :], remaining)
-        final = (tokens == remaining) & p.reaches_prompt_end[rows][:, None]
-        value = tokens * p.token_price[rows][:, None] + final * p.finish_value[rows][:, None]
-        # Best prompt row per shape; prompt rows are ordered least recently served
-        # first, so argmax's first maximum is the DUR-24 tie-break.
-        best = np.argmax(value, axis=0)
-        col = np.arange(len(idx))
-        best_tokens = tokens[best, col]
-        m2 = np.minimum(cap_b - 1, len(dec))
-        lru_m = np.where(m2 > 0, dec.lru_prefix_min[m2], _INT64_MAX)
-        push(shape=idx, base=value[best, col] + dec.prefix[m2], slope=m2 * dec.slope,
-             served=m2 + 1, lru=np.minimum(p.last_served[rows][best], lru_m),
-             pad_rows=cap_b - m2 - 1, pad_tokens=cap_c - best_tokens,
-             prompt_pos=rows[best], prompt_tokens=best_tokens, n_dec=m2)
-    if not cols:
-        return
-    merged = {k: np.concatenate(v) for k, v in cols.items()}
-    keys = np.stack([merged["prompt_pos"], merged["prompt_tokens"], merged["n_dec"]], axis=1)
-    shape_idx = merged["shape"].astype(np.int64, copy=False)
-    caps = ctx.catalog.capacities[shape_idx]
-    dominated = _dominated_by_smaller(keys.astype(np.int64, copy=False), caps[:, 0], caps[:, 2])
-    table.add(dominated=dominated, **merged)
-
-
 def select(ctx: DecisionContext) -> ScheduledPlan | None:
     """The winning plan of this decision, or None when nothing is runnable."""
-    table = _Table.empty()
-    cat = ctx.catalog
-    _cohort_candidates(table, ctx, cat.decode, ctx.decoders, terminal=False)
-    _cohort_candidates(table, ctx, cat.snapshot, ctx.terminals, terminal=True)
-    _prefill_candidates(table, ctx, cat.prefill, scored=False)
-    _prefill_candidates(table, ctx, cat.scored_prefill, scored=True)
-    _mixed_candidates(table, ctx)
+    families = candidate_families(ctx)
     pair = best_prerequisite(ctx)
-    if not table.shape:
+    win = best_candidate(ctx, families) if families else None
+    if win is None:
         return _restore_plan(ctx, pair) if pair is not None else None
-    cols = {name: table.cat(name) for name in _Table.__slots__}
-    shape = cols["shape"].astype(np.int64, copy=False)
-    base = cols["base"].astype(np.float64, copy=False)
-    est = ctx.estimate_ns[shape]
-    known = est > 0
-    slope = cols["slope"].astype(np.float64, copy=False)
-    rates = value_rates(base, slope, est / NS_PER_MS, ctx.waiting)
-    primary = np.where(known, rates, base)
-    blocked = cols["excluded"].astype(np.bool_, copy=False)
-    eligible = np.nonzero(~(cols["dominated"].astype(np.bool_, copy=False) | blocked))[0]
-    if len(eligible) == 0:
-        return _restore_plan(ctx, pair) if pair is not None else None
-
-    def ranked(rows: IntArray, *first: npt.NDArray[np.generic]) -> IntArray:
-        """``rows`` in ranking order: unknown first, value, then DUR-24 tie-breaks."""
-        keys = (cols["pad_tokens"][rows], cols["pad_rows"][rows], cols["lru"][rows],
-                -cols["served"][rows].astype(np.int64), np.where(known[rows], est[rows], 0), -primary[rows],
-                known[rows].astype(np.int64), *first)
-        result: IntArray = rows[np.lexsort(keys)]
-        return result
-
-    # Unknown durations win (DUR-22); only rows tied on the primary key need the sort.
-    pool = eligible[~known[eligible]] if not known[eligible].all() else eligible
-    top = pool[primary[pool] == primary[pool].max()]
-    win = int(ranked(top)[0]) if len(top) > 1 else int(top[0])
     if pair is not None:
         # The pair competes on the same footing: unknown first, then value (PRE-2).
         pair_key = (0, pair.value) if pair.rate is None else (1, pair.rate)
-        win_key = (1, float(primary[win])) if known[win] else (0, float(base[win]))
+        win_key = (1, win.rate) if win.known else (0, win.base)
         if (-pair_key[0], pair_key[1]) > (-win_key[0], win_key[1]):
             return _restore_plan(ctx, pair)
-    reason = SelectionReason.ORDINARY if known[win] else SelectionReason.DISCOVERY
-    if ctx.refresh_funded and known[win]:
-        stale = np.nonzero(ctx.stale[shape] & known & ~blocked & (shape != shape[win]))[0]
-        if len(stale):
-            # Least recently touched first (REF-8, OPEN-9), then ordinary ranking.
-            win = int(ranked(stale, ctx.last_touched_ns[shape[stale]])[0])
-            reason = SelectionReason.TIMING_REFRESH
-    return _build_plan(ctx, cols, win, reason, rates, base, known, est)
+    reason = SelectionReason.ORDINARY if win.known else SelectionReason.DISCOVERY
+    if ctx.refresh_funded and win.known:
+        alternative = refresh_candidate(ctx, families, win.shape)
+        if alternative is not None:
+            win, reason = alternative, SelectionReason.TIMING_REFRESH
+    return _build_plan(ctx, win, reason)
 
 
 def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPlan:
@@ -521,17 +465,12 @@ def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPl
     )
 
 
-def _build_plan(ctx: DecisionContext, cols: dict[str, npt.NDArray[np.generic]], win: int,
-                reason: SelectionReason,
-                rates: FloatArray, base: FloatArray, known: BoolArray,
-                est: IntArray) -> ScheduledPlan:
-    shape_index = int(cols["shape"][win])
-    shape = ctx.catalog.shapes[shape_index]
-    n_dec = int(cols["n_dec"][win])
-    n_term = int(cols["n_term"][win])
-    prompt_pos = int(cols["prompt_pos"][win])
-    prompt_tokens = int(cols["prompt_tokens"][win])
-    t_ms = float(est[win]) / NS_PER_MS
+def _build_plan(ctx: DecisionContext, win: Candidate, reason: SelectionReason
+                ) -> ScheduledPlan:
+    shape = ctx.catalog.shapes[win.shape]
+    n_dec, n_term = win.n_dec, win.n_term
+    prompt_pos, prompt_tokens = win.prompt_pos, win.prompt_tokens
+    t_ms = float(win.est_ns) / NS_PER_MS
     lanes: list[Lane] = []
     if prompt_pos >= 0:
         p = ctx.prompts
@@ -565,13 +504,13 @@ def _build_plan(ctx: DecisionContext, cols: dict[str, npt.NDArray[np.generic]], 
     if shape.kind is GraphKind.MIXED:
         mixed = MixedRole(prefill_row=0 if prompt_pos >= 0 else -1,
                           decode_mode=DecodeMode.ORDINARY)
-    is_known = bool(known[win])
-    stale = bool(ctx.stale[shape_index])
-    useful = float(base[win])
+    is_known = win.known
+    stale = bool(ctx.stale[win.shape])
+    useful = win.base
     return ScheduledPlan(
         step=ScheduledStep(shape=shape, lanes=tuple(lanes), mixed=mixed),
-        estimated_duration_ns=int(est[win]),
-        scaled_score=float(rates[win]) if is_known else optimistic_rate(useful),
+        estimated_duration_ns=win.est_ns,
+        scaled_score=win.rate if is_known else optimistic_rate(useful),
         scale_exponent=ctx.exponent,
         duration_known=is_known,
         stale=stale,
