@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from gpu.kv_cache import PagedKVCache
-from gpu.model.decoder import Decoder, PackedBatch
+from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
 from gpu.model_config import load_model_config
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
@@ -148,10 +148,28 @@ class DraftMaintainingProgram:
             slots = torch.where(valid, page * ps + pos % ps, geo.sink_page * ps + slot_index % ps)
             ds.draft_forward(PackedBatch(
                 token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
-                lane_block_tables=st.block_table[rows], lane_major_width=self._lane_major,
+                lane_block_tables=st.block_table[:, :self.inner.context_blocks].index_select(
+                    0, rows),
+                lane_major_width=self._lane_major, phase_split=self._phase_split(rows),
             ))
         self.inner.execute()
         ds.record_pending(rows)
+
+    def _phase_split(self, rows: torch.Tensor) -> PhaseSplit | None:
+        """Mixed frames: the draft attends per phase exactly as the target does (the
+        prompt chunk on its lane's keys, each decode lane on its own), over the same
+        host-chosen context the wrapped program read."""
+        inner = self.inner
+        if inner.shape.kind is not GraphKind.MIXED:
+            return None
+        b, st = inner.buffers, self.draft_state.state
+        table = None
+        if inner.execution.dynamic_context:
+            table = st.block_table[:, :inner.prompt_blocks].index_select(
+                0, rows.index_select(0, b.prompt_lane))
+        return PhaseSplit(prompt_slots=b.prompt_slots, prompt_lane=b.prompt_lane,
+                          decode_slots=b.decode_slots, width=inner.shape.token_capacity,
+                          prompt_block_table=table)
 
     def read_outputs(self) -> dict[str, Any]:
         return self.inner.read_outputs()

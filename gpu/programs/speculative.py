@@ -48,7 +48,8 @@ from gpu.draft_state import (
 from gpu.engine import ModelEngine, UnsupportedShapeError
 from gpu.frames import FRAME_KEY, RESULT_KEY, TOP_LOGPROBS, FrameError, StateUpdate
 from gpu.kv_cache import PagedKVCache
-from gpu.model.decoder import Decoder, PackedBatch
+from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
+from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
 from gpu.programs.workspace import Workspace
@@ -59,14 +60,17 @@ from gpu.speculative import (
     allocate_target_rows,
     copy_confidence,
     draft_confidence,
-    emitted_logprobs,
     filtered_probs,
     filtered_probs_by_lane,
+    greedy_tokens,
     packed_layout,
+    pick_logprobs,
     propose_copy,
     sample_draft_tokens,
+    target_log_probs,
     unpack_lane_rows,
     verify_drafts,
+    verify_greedy,
     write_confidence_sidecar,
 )
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
@@ -129,7 +133,7 @@ class SpeculativeProgram:
 
     def __init__(self, shape: GraphShape, *, decoder: Decoder, cache: PagedKVCache,
                  state: RequestState, draft_state: DraftState, source: str,
-                 copy_max_ngram: int = 3) -> None:
+                 copy_max_ngram: int = 3, execution: ExecutionOptions | None = None) -> None:
         if source not in SOURCES:
             raise ValueError(f"proposal source {source!r}: choose one of {SOURCES}")
         if source == LEARNED and draft_state.draft is None:
@@ -162,6 +166,25 @@ class SpeculativeProgram:
         self.out_confidence = torch.zeros((2, b, d), dtype=f32, device=dev)
         self.out_drafts = torch.full((b, d), PAD_TOKEN, dtype=i64, device=dev)
         self._bound: SpeculativeFrame | None = None
+        self.execution = execution or ExecutionOptions.static()
+        # host-known bounds chosen in bind (static options: the full row, always sample)
+        self.context_blocks = cache.geometry.blocks_per_row
+        """Blocks of each lane's table that target and draft attention gather."""
+        self.any_sampled = True
+        """False when every active lane is greedy and the shortcut is enabled: the round
+        then verifies from argmax tokens (``verify_greedy``), the same result."""
+        self.caches_last_draft = True
+        """False when no lane's limit reaches W: no lane can accept all D drafts, so the
+        learned draft's last step (caching the last draft's KV) would write only the
+        sink and is skipped (dynamic context only)."""
+        index = torch.arange(b * w, device=dev)
+        self._lane_major = (torch.div(index, w, rounding_mode="floor"), index % w,
+                            torch.arange(b, device=dev) * w)
+        """Rectangular layout: each packed row's lane and depth, each lane's offset."""
+        # ragged programs attend per lane through a phase split (see _ragged_split)
+        self._split_none = torch.full((1,), p, dtype=i64, device=dev)
+        self._split_lane = torch.zeros(1, dtype=i64, device=dev)
+        self._split_table = torch.full((1, 1), cache.geometry.sink_page, dtype=i64, device=dev)
 
     @staticmethod
     def _decode_rows(shape: GraphShape) -> int:
@@ -205,7 +228,38 @@ class SpeculativeProgram:
         pad = self.batch - len(frame.rows)
         self.lane_rows.copy_(torch.tensor(list(frame.rows) + [self._state.sink_row] * pad))
         self.lane_limit.copy_(torch.tensor(list(frame.limits) + [0] * pad))
+        self._choose_bounds(frame.rows, frame.limits)
         self._bound = frame
+
+    def _choose_bounds(self, rows: Sequence[int], limits: Sequence[int], *,
+                       extra_end: int = 0) -> None:
+        """Host-known bounds for the next ``execute`` (eager execution options only; see
+        ``gpu.programs.execution``). ``bind`` runs in stream order right before
+        ``execute``, so the rows' positions and temperatures read here (after this
+        frame's updates) are the ones ``execute`` sees.
+
+        - dynamic context: every key a round reads lies below ``position + W`` (target
+          rows reach ``position + limit - 1``; draft step ``j <= D`` attends up to
+          ``position + j``), so attention gathers the power-of-two block count covering
+          the largest such end (and ``extra_end``, a prompt chunk's end);
+        - greedy shortcut: whether any active lane samples stochastically.
+        """
+        opts, st = self.execution, self._state
+        if not opts.host_bounds:
+            return
+        active = torch.as_tensor([r for r, n in zip(rows, limits, strict=True) if n > 0],
+                                 dtype=torch.int64)
+        if opts.dynamic_context:
+            self.caches_last_draft = max(limits, default=0) >= self.width
+            geo = self._cache.geometry
+            positions = st.position.index_select(0, active.to(st.position.device)).cpu()
+            end = max(int(positions.max()) + self.width if len(active) else 0, extra_end)
+            self.context_blocks = context_blocks(
+                min(end, geo.max_context), page_size=geo.page_size,
+                blocks_per_row=geo.blocks_per_row)
+        if opts.greedy_shortcut:
+            temperature = st.temperature.index_select(0, active.to(st.temperature.device))
+            self.any_sampled = bool((~(temperature <= 0.0)).any())  # filtered_probs' test
 
     # --------------------------------------------------------------- execute
 
@@ -227,33 +281,43 @@ class SpeculativeProgram:
                  limit: torch.Tensor, params: dict[str, torch.Tensor], seed: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Draft D tokens per lane (writing draft KV for positions n .. n+D within the
-        lane's limit). Returns drafts ``[B, D]``, their distributions and confidences."""
+        lane's limit). Returns drafts ``[B, D]``, their distributions (None when every
+        lane is greedy: the drafts are then the draft's argmax tokens, what sampling
+        from its one-hot rows draws) and confidences."""
         draft = self._draft.draft
         assert draft is not None
+        greedy = not self.any_sampled
         tables = self._state.block_table[rows]
+        attended = tables[:, :self.context_blocks]
         lane = torch.arange(self.batch, device=rows.device)
         token = pending
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
-        for j in range(self.depth + 1):
+        for j in range(self.depth + (1 if self.caches_last_draft else 0)):
             pos = n + j
             slots, safe = self._slots(tables, pos, j < limit)
             hidden = draft.decoder.forward(PackedBatch(
                 token_ids=token, positions=torch.where(limit > 0, pos, safe), write_slots=slots,
-                token_lane=lane, lane_block_tables=tables, lane_major_width=1,
+                token_lane=lane, lane_block_tables=attended, lane_major_width=1,
             ), draft.cache)
             if j == self.depth:
-                break  # this step only caches the last draft's KV
-            q = filtered_probs(draft.decoder.logits(hidden), **params)
-            token = sample_draft_tokens(q, seed, n + 1 + j, n)
+                break  # this step only caches the last draft's KV (see caches_last_draft)
+            logits = draft.decoder.logits(hidden)
+            if greedy:
+                token = greedy_tokens(logits)
+            else:
+                q = filtered_probs(logits, **params)
+                token = sample_draft_tokens(q, seed, n + 1 + j, n)
+                dists.append(q)
             drafts.append(token)
-            dists.append(q)
         if not drafts:
             empty = torch.zeros((self.batch, 0), dtype=torch.int64, device=rows.device)
             return empty, None, empty.float()
         tokens = torch.stack(drafts, dim=1)
-        probs = torch.stack(dists, dim=1)
         present = (limit > 0)[:, None].expand(-1, self.depth)
+        if greedy:  # max q of a one-hot row is 1
+            return tokens, None, present.to(torch.float32)
+        probs = torch.stack(dists, dim=1)
         return tokens, probs, draft_confidence(probs, present)
 
     def execute(self) -> None:
@@ -274,7 +338,10 @@ class SpeculativeProgram:
             proposed = torch.where(active, d, 0)
             ceilings = limit
         else:
-            copy = propose_copy(ds.history[rows], torch.where(active, n + 1, 0), depth=d,
+            # the history past every lane's context (n + 1 < context_blocks pages) can
+            # never match or be proposed: the search reads only the attended columns
+            columns = self.context_blocks * self._cache.geometry.page_size
+            copy = propose_copy(ds.history[rows, :columns], torch.where(active, n + 1, 0), depth=d,
                                 max_ngram=self.copy_max_ngram)
             proposed = torch.where(active, copy.proposed, 0)
             drafts = torch.where(active[:, None], copy.tokens, PAD_TOKEN)
@@ -298,12 +365,19 @@ class SpeculativeProgram:
         ids = padded[lane, depth]
         tables = st.block_table[rows]
         slots, pos = self._slots(tables[lane], n[lane] + depth, layout.row_used)
-        hidden = self._target_forward(ids, pos, slots, lane, tables)
-        lane_logits = unpack_lane_rows(self._decoder.logits(hidden), layout, w)  # [B, W, V]
-        target_probs = filtered_probs_by_lane(lane_logits, **params)
-        result = verify_drafts(draft_tokens=drafts, draft_probs=draft_probs,
-                               target_probs=target_probs, lengths=lengths, seed=seed,
-                               position=n + 1)
+        hidden = self._target_forward(ids, pos, slots, lane, tables[:, :self.context_blocks],
+                                      layout, lengths)
+        logits = self._decoder.logits(hidden)
+        lane_logits = logits.view(b, w, -1) if self.rectangular else \
+            unpack_lane_rows(logits, layout, w)  # [B, W, V]
+        if self.any_sampled:
+            target_probs = filtered_probs_by_lane(lane_logits, **params)
+            result = verify_drafts(draft_tokens=drafts, draft_probs=draft_probs,
+                                   target_probs=target_probs, lengths=lengths, seed=seed,
+                                   position=n + 1)
+        else:  # every lane greedy: the same verification from argmax tokens
+            result = verify_greedy(draft_tokens=drafts, target_tokens=greedy_tokens(lane_logits),
+                                   lengths=lengths, vocab_size=lane_logits.shape[-1])
 
         # outputs
         j = torch.arange(w, device=rows.device)[None, :]
@@ -311,9 +385,11 @@ class SpeculativeProgram:
         finite = (torch.isfinite(lane_logits).all(dim=-1) | ~evaluated_rows).all(dim=1)
         in_context = n + lengths <= self._cache.geometry.max_context
         self.out_tokens.copy_(result.tokens)
-        self.out_logprobs.copy_(emitted_logprobs(lane_logits, result.tokens))
-        top_lp, top_id = torch.log_softmax(lane_logits, dim=-1).topk(
-            self.out_top_token.shape[2], dim=-1)
+        # one log-softmax for the emitted logprobs and the top alternatives (a lane with
+        # non-finite logits reports finite=False; its cleaned values are never used)
+        log_probs = target_log_probs(lane_logits)
+        self.out_logprobs.copy_(pick_logprobs(log_probs, result.tokens))
+        top_lp, top_id = log_probs.topk(self.out_top_token.shape[2], dim=-1)
         self.out_top_token.copy_(top_id)
         self.out_top_logprob.copy_(top_lp)
         self.out_finite.copy_(finite & in_context)
@@ -330,21 +406,36 @@ class SpeculativeProgram:
         st.position.index_copy_(0, rows, n + result.emitted)
 
     def _target_forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-                        lane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        """The one target forward over the packed lane rows; their hidden states."""
+                        lane: torch.Tensor, tables: torch.Tensor, layout: PackedLayout,
+                        lengths: torch.Tensor) -> torch.Tensor:
+        """The one target forward over the packed lane rows; their hidden states.
+        Rectangular programs attend lane-major; ragged ones attend per lane too, through
+        a phase split that gathers each lane's rows into a ``[B, W]`` query block
+        (``_ragged_split``), instead of every row attending every lane's keys."""
         return self._decoder.forward(PackedBatch(
             token_ids=ids, positions=pos, write_slots=slots, token_lane=lane,
             lane_block_tables=tables, lane_major_width=self.width if self.rectangular else 0,
+            phase_split=None if self.rectangular else self._ragged_split(layout, lengths),
         ), self._cache)
+
+    def _ragged_split(self, layout: PackedLayout, lengths: torch.Tensor) -> PhaseSplit:
+        """Per-lane attention for ragged rows: lane ``r``'s row ``j`` sits at packed index
+        ``lane_offset[r] + j`` while ``j < lengths[r]``, else nowhere (index P). The
+        split's prompt phase is one empty query (index P) on a one-page table, so it
+        costs one tiny attention and writes nothing that is read."""
+        j = torch.arange(self.width, device=lengths.device)[None, :]
+        slots = torch.where(j < lengths[:, None], layout.lane_offset[:, None] + j,
+                            self.rows_total)
+        return PhaseSplit(prompt_slots=self._split_none, prompt_lane=self._split_lane,
+                          decode_slots=slots.reshape(-1), width=self.width,
+                          prompt_block_table=self._split_table)
 
     def _layout(self, lengths: torch.Tensor) -> PackedLayout:
         if not self.rectangular:
             return packed_layout(lengths, self.rows_total)
-        b, w = self.batch, self.width
-        index = torch.arange(b * w, device=lengths.device)
-        lane, depth = torch.div(index, w, rounding_mode="floor"), index % w
+        lane, depth, offset = self._lane_major
         return PackedLayout(row_lane=lane, row_depth=depth, row_used=depth < lengths[lane],
-                            lane_offset=torch.arange(b, device=lengths.device) * w)
+                            lane_offset=offset)
 
     # ---------------------------------------------------------- read outputs
 
@@ -409,7 +500,8 @@ def attach_speculation(
 
             engine.programs[shape] = SpeculativeMixedProgram(
                 shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-                draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram)
+                draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram,
+                execution=parts.execution)
             continue
         if shape.kind is GraphKind.MIXED:
             engine.programs[shape] = DraftMaintainingProgram(
@@ -417,7 +509,8 @@ def attach_speculation(
             continue
         engine.programs[shape] = SpeculativeProgram(
             shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-            draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram)
+            draft_state=draft_state, source=source, copy_max_ngram=copy_max_ngram,
+            execution=parts.execution)
     return draft_state
 
 

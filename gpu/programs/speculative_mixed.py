@@ -29,9 +29,10 @@ from gpu.frames import (
     LaneSample,
     StateUpdate,
 )
-from gpu.model.decoder import PackedBatch
+from gpu.model.decoder import PackedBatch, PhaseSplit
 from gpu.programs.speculative import SpeculativeFrame, SpeculativeProgram, SpeculativeResult
 from gpu.sampling import sample
+from gpu.speculative import PackedLayout
 from policy.descriptors import GraphKind, GraphShape
 
 
@@ -111,6 +112,8 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         self.prompt_row.fill_(frame.rows[lane] if has_prompt else self._state.sink_row)
         self.prompt_ends.fill_(has_prompt and frame.prompt_ends)
         self.prompt_end_position.fill_(frame.prompt_start + count)
+        self._choose_bounds(frame.rows, frame.limits,
+                            extra_end=frame.prompt_start + count if has_prompt else 0)
         self._bound = SpeculativeFrame(rows=frame.rows, limits=frame.limits)
         self._mixed_frame = frame
 
@@ -150,7 +153,8 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         return self._slots(table, self.prompt_positions, self.prompt_valid)
 
     def _target_forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-                        lane: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+                        lane: torch.Tensor, tables: torch.Tensor, layout: PackedLayout,
+                        lengths: torch.Tensor) -> torch.Tensor:
         # Packed offsets are prefix sums (MIX-12): the chunk's ``count`` rows first, then
         # the decode lanes' rows (``ids`` etc. are laid out from 0 in decode order; decode
         # rows past ``P - count`` are unused because lengths + count <= P).
@@ -161,12 +165,21 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         is_prompt = row < count
         prompt_index = row.clamp(max=self.chunk - 1)
         decode_index = (row - count).clamp(min=0)
+        # attention per phase (MIX-33 shares everything else): the prompt rows on the
+        # prompt lane's keys, each decode lane's rows as one [W] query block on its own
+        j = torch.arange(self.width, device=ids.device)[None, :]
+        decode_slots = torch.where(j < lengths[:, None],
+                                   count + layout.lane_offset[:, None] + j, total)
+        split = PhaseSplit(
+            prompt_slots=torch.where(self.prompt_valid, row[:self.chunk], total),
+            prompt_lane=self.prompt_lane, decode_slots=decode_slots.reshape(-1),
+            width=self.width)
         hidden = self._decoder.forward(PackedBatch(
             token_ids=torch.where(is_prompt, self.prompt_tokens[prompt_index], ids[decode_index]),
             positions=torch.where(is_prompt, prompt_pos[prompt_index], pos[decode_index]),
             write_slots=torch.where(is_prompt, prompt_slots[prompt_index], slots[decode_index]),
             token_lane=torch.where(is_prompt, self.prompt_lane, lane[decode_index]),
-            lane_block_tables=tables,
+            lane_block_tables=tables, phase_split=split,
         ), self._cache)
         self._prompt_hidden = hidden[prompt_index]
         return hidden[(row + count).clamp(max=total - 1)]
@@ -180,7 +193,8 @@ class SpeculativeMixedProgram(SpeculativeProgram):
             slots, pos = self._prompt_slots()
             ds.draft_forward(PackedBatch(
                 token_ids=self.prompt_tokens, positions=pos, write_slots=slots,
-                token_lane=torch.zeros_like(pos), lane_block_tables=st.block_table[self.prompt_row],
+                token_lane=torch.zeros_like(pos),
+                lane_block_tables=st.block_table[self.prompt_row][:, :self.context_blocks],
             ))
         super().execute()  # decode lanes: the complete round, sharing the target forward
         # the prompt lane's commit: position, and the first token when the prompt ends

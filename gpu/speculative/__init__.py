@@ -33,7 +33,7 @@ from gpu.speculative.copy_proposals import (
     propose_copy,
     reference_copy_proposal,
 )
-from gpu.speculative.distributions import filtered_probs, filtered_probs_by_lane
+from gpu.speculative.distributions import filtered_probs, filtered_probs_by_lane, greedy_tokens
 from gpu.speculative.randomness import (
     acceptance_uniforms,
     sample_draft_tokens,
@@ -45,8 +45,11 @@ from gpu.speculative.verification import (
     SURVIVAL_OUTPUT,
     Verification,
     emitted_logprobs,
+    pick_logprobs,
     speculative_survival,
+    target_log_probs,
     verify_drafts,
+    verify_greedy,
 )
 
 __all__ = [
@@ -67,7 +70,9 @@ __all__ = [
     "emitted_logprobs",
     "filtered_probs",
     "filtered_probs_by_lane",
+    "greedy_tokens",
     "packed_layout",
+    "pick_logprobs",
     "propose_copy",
     "reference_allocation",
     "reference_copy_proposal",
@@ -77,7 +82,9 @@ __all__ = [
     "sidecar_shape",
     "speculative_survival",
     "stream_seed",
+    "target_log_probs",
     "unpack_lane_rows",
     "verify_drafts",
+    "verify_greedy",
     "write_confidence_sidecar",
 ]

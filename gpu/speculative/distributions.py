@@ -6,7 +6,8 @@ distributions, so both must be the distributions the ordinary sampler draws from
 top-k, then top-p on the top-k-renormalised mass, the top token always kept) and
 returns probabilities. Greedy rows (temperature 0) become a one-hot at the raw-logit
 argmax, the token ``sample`` picks; rejection sampling between one-hot rows is exact
-greedy verification, so greedy requests need no separate code path.
+greedy verification, so greedy requests need no separate code path. ``greedy_tokens``
+gives those argmax tokens alone, for programs that know every lane is greedy.
 Capturable: fixed shapes, no host sync.
 """
 
@@ -41,6 +42,15 @@ def filtered_probs(
     sampled = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
     one_hot = torch.zeros_like(sampled).scatter(1, safe.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, sampled)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The token of each greedy row of ``logits [..., V]``: where ``filtered_probs``
+    puts its one-hot for temperature 0 (the raw-logit argmax, NaN/inf cleaned the same
+    way), int64 ``[...]``. Programs whose lanes are all greedy use it instead of the
+    whole distribution (``verify_greedy``)."""
+    safe = torch.nan_to_num(logits.float(), nan=-1e30, posinf=1e30, neginf=-1e30)
+    return safe.argmax(dim=-1)
 
 
 def filtered_probs_by_lane(

@@ -167,6 +167,54 @@ def verify_drafts(
     )
 
 
+def verify_greedy(
+    *,
+    draft_tokens: torch.Tensor,
+    target_tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    vocab_size: int,
+) -> Verification:
+    """``verify_drafts`` for lanes that are all greedy, from the target's greedy tokens
+    alone: the same ``Verification``, without the ``[B, W, V]`` distributions.
+
+    ``target_tokens`` int64 ``[B, W]`` is ``distributions.greedy_tokens`` of the target
+    logits (where ``filtered_probs`` puts its one-hot). With one-hot target rows and
+    one-hot (learned, greedy) or point-mass (copy) drafts, ``verify_drafts`` reduces
+    exactly to this: the clipped ratio of a present draft is 1 when it equals the
+    target token and 0 otherwise, so a uniform in (0, 1) accepts exactly the matches;
+    the correction or bonus weights are the target one-hot at depth ``accepted`` (the
+    residual of two different one-hots is the target's), so Gumbel-max returns the
+    target token; survival is the cumulative product of the 0/1 ratios. Every output
+    equals ``verify_drafts``'s bit for bit (``tests/gpu/test_speculative_verification.py``).
+    """
+    batch, width = target_tokens.shape
+    depth = width - 1
+    if draft_tokens.shape != (batch, depth):
+        raise ValueError(f"draft_tokens must be [{batch}, {depth}], got {tuple(draft_tokens.shape)}")
+    device = target_tokens.device
+    j = torch.arange(depth, device=device, dtype=torch.int64)[None, :]
+    lengths = lengths.clamp(min=0, max=width)
+    evaluated = (lengths - 1).clamp(min=0)
+    safe_drafts = draft_tokens.clamp(min=0, max=vocab_size - 1)
+    match = (draft_tokens >= 0) & (safe_drafts == target_tokens[:, :depth])
+    verified = j < evaluated[:, None]
+    accepted = (verified & match).to(torch.int64).cumprod(dim=1).sum(dim=1)
+    survival = torch.where(verified, match.to(torch.float32).cumprod(dim=1), 0.0)
+    final = target_tokens.gather(1, accepted[:, None]).squeeze(1)
+    active = lengths > 0
+    emitted = torch.where(active, accepted + 1, 0)
+    w = torch.arange(width, device=device, dtype=torch.int64)[None, :]
+    padded_drafts = torch.cat(
+        [draft_tokens, torch.full((batch, 1), PAD_TOKEN, dtype=torch.int64, device=device)], dim=1
+    )
+    tokens = torch.where(w < accepted[:, None], padded_drafts, PAD_TOKEN)
+    tokens = torch.where((w == accepted[:, None]) & active[:, None], final[:, None], tokens)
+    return Verification(
+        tokens=tokens, emitted=emitted, accepted=torch.where(active, accepted, 0),
+        next_token=final, survival=survival, evaluated=evaluated,
+    )
+
+
 def speculative_survival(
     *,
     draft_tokens: torch.Tensor,
@@ -185,12 +233,23 @@ def speculative_survival(
     return torch.where(verified, clipped.cumprod(dim=1), 0.0).float()
 
 
+def target_log_probs(target_logits: torch.Tensor) -> torch.Tensor:
+    """The unfiltered temperature-1 log-probabilities ``float32 [..., V]`` that reported
+    logprobs use (non-finite logits cleaned as ``gpu.sampling.sample`` cleans them)."""
+    logits = torch.nan_to_num(target_logits.float(), nan=-1e30, posinf=1e30, neginf=-1e30)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def pick_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``log_probs [B, W, V]`` (``target_log_probs``) at ``tokens [B, W]``; NaN at
+    ``PAD_TOKEN`` slots."""
+    picked = log_probs.gather(2, tokens.clamp(min=0)[..., None]).squeeze(2)
+    return torch.where(tokens >= 0, picked, float("nan"))
+
+
 def emitted_logprobs(target_logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Log-probabilities float32 ``[B, W]`` of emitted ``tokens [B, W]`` under the
     target's unfiltered temperature-1 distribution (what OpenAI ``logprobs`` report,
     as ``gpu.sampling.sample`` does), from ``target_logits [B, W, V]``; NaN at
     ``PAD_TOKEN`` slots."""
-    logits = torch.nan_to_num(target_logits.float(), nan=-1e30, posinf=1e30, neginf=-1e30)
-    log_probs = torch.log_softmax(logits, dim=-1)
-    picked = log_probs.gather(2, tokens.clamp(min=0)[..., None]).squeeze(2)
-    return torch.where(tokens >= 0, picked, float("nan"))
+    return pick_logprobs(target_log_probs(target_logits), tokens)

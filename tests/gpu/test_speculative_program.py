@@ -479,3 +479,10 @@ def test_execute_has_no_data_dependence(pair: tuple[Path, Path], source: str) ->
                        draft_model_dir=pair[1] if source == LEARNED else None)
     for program in engine.programs.values():
         program.execute()
+    # the eager CPU variants too: argmax verification, no last draft step, fewer blocks
+    for program in engine.programs.values():
+        if hasattr(program, "any_sampled") and hasattr(program, "caches_last_draft"):
+            program.any_sampled = False
+            program.caches_last_draft = False
+            program.context_blocks = 1
+            program.execute()

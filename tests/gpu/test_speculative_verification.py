@@ -26,7 +26,7 @@ from gpu.speculative.confidence import (
     draft_confidence,
     sampled_token_probability,
 )
-from gpu.speculative.distributions import filtered_probs, filtered_probs_by_lane
+from gpu.speculative.distributions import filtered_probs, filtered_probs_by_lane, greedy_tokens
 from gpu.speculative.randomness import (
     ACCEPTANCE_STREAM,
     DRAFT_STREAM,
@@ -39,6 +39,7 @@ from gpu.speculative.verification import (
     emitted_logprobs,
     speculative_survival,
     verify_drafts,
+    verify_greedy,
 )
 
 # Zeros on purpose: the draft proposes tokens the target never emits (0 after 1) and
@@ -219,6 +220,42 @@ def test_greedy_lanes_emit_exactly_the_target_greedy_tokens() -> None:
         assert result.tokens[b, : accepted + 1].tolist() == greedy[b, : accepted + 1].tolist()
         assert (result.tokens[b, accepted + 1:] == PAD_TOKEN).all()
         assert int(result.next_token[b]) == int(greedy[b, accepted])
+
+
+@pytest.mark.parametrize("drafts_kind", ["learned", "copy"])
+def test_verify_greedy_equals_verify_drafts_bit_for_bit(drafts_kind: str) -> None:
+    """The all-greedy shortcut (``verify_greedy`` on ``greedy_tokens``) returns exactly
+    what rejection sampling between one-hot rows returns: tokens, counts, next token
+    and survival (ACC-27), with ties, NaN logits, absent drafts and idle lanes."""
+    gen = torch.Generator().manual_seed(17)
+    batch, width, vocab = 96, 5, 7
+    target_logits = torch.randint(-2, 3, (batch, width, vocab), generator=gen).float()
+    target_logits[3, 1, 2] = float("nan")  # cleaned as the sampler cleans it
+    greedy = greedy_tokens(target_logits)
+    random_tokens = torch.randint(0, vocab, (batch, width - 1), generator=gen)
+    agree = torch.rand(batch, width - 1, generator=gen) < 0.6
+    drafts = torch.where(agree, greedy[:, :-1], random_tokens)
+    zero = torch.zeros(batch)
+    params = dict(temperature=zero, top_p=torch.ones(batch),
+                  top_k=torch.zeros(batch, dtype=torch.int64))
+    if drafts_kind == "learned":  # one-hot draft rows at the drafted tokens
+        draft_probs = torch.zeros(batch, width - 1, vocab).scatter_(2, drafts[..., None], 1.0)
+    else:  # copy: point masses, some absent
+        draft_probs = None
+        absent = torch.rand(batch, width - 1, generator=gen) < 0.3
+        drafts = torch.where(absent.cumsum(dim=1) > 0, PAD_TOKEN, drafts)
+    lengths = torch.randint(0, width + 1, (batch,), generator=gen)
+    full = verify_drafts(
+        draft_tokens=drafts, draft_probs=draft_probs,
+        target_probs=filtered_probs_by_lane(target_logits, **params), lengths=lengths,
+        seed=torch.arange(batch), position=torch.full((batch,), 9))
+    short = verify_greedy(draft_tokens=drafts, target_tokens=greedy, lengths=lengths,
+                          vocab_size=vocab)
+    assert 0 < int(full.accepted.sum()) < int(full.evaluated.sum())
+    active = lengths > 0  # an idle lane's next token is never used
+    for name in ("tokens", "emitted", "accepted", "survival", "evaluated"):
+        assert torch.equal(getattr(full, name), getattr(short, name)), name
+    assert torch.equal(full.next_token[active], short.next_token[active])
 
 
 def test_a_lane_without_drafts_samples_what_ordinary_decoding_samples() -> None:
