@@ -1,10 +1,12 @@
 """``flare sim``: simulate scheduling policies on a cost table, no model or device needed.
 
-Drives the real policy code (the seed's scheduler presets ``balanced``/``throughput``
-and the baselines ``fcfs``/``sarathi``/``vtc``) through ``ops.sim`` on a synthetic or
+Drives the real policy code (the seed's scheduler presets ``balanced``/``throughput``,
+its speculative scheduler ``spec-adaptive``/``spec-fixed``, and the baselines
+``fcfs``/``sarathi``/``vtc``/``fixed-spec-K``) through ``ops.sim`` on a synthetic or
 measured (``flare bench programs --json``) cost table, over a named scenario or a
 workload built from flags, and writes per-policy run files, ``sim.json`` and PNG plots
-(see ``docs/simulator.md``). Deterministic for a given ``--seed``.
+(see ``docs/simulator.md``). Deterministic for a given ``--seed``. Prints the summary
+table and how long each policy took to simulate.
 """
 
 from __future__ import annotations
@@ -19,17 +21,27 @@ from ops.loadgen.metrics import MetricOptions
 from ops.loadgen.workload import LengthSpec, parse_clients
 
 DEFAULT_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
+SPECULATIVE_POLICIES = ("balanced", "spec-adaptive", "spec-fixed", "fixed-spec-1",
+                        "fixed-spec-2", "fixed-spec-4", "sarathi")
+"""The default comparison of the ``acceptance`` scenario."""
+
+
+def default_policies(scenario_name: str) -> tuple[str, ...]:
+    return SPECULATIVE_POLICIES if scenario_name == "acceptance" else DEFAULT_POLICIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH
     from ops.sim.workloads import SCENARIOS
     from policy.baselines import DEFAULT_TOKEN_BUDGET, POLICY_NAMES
 
     pol = parser.add_argument_group("policies")
-    pol.add_argument("--policy", nargs="+", choices=POLICY_NAMES, default=list(DEFAULT_POLICIES),
-                     dest="policies", help="policies to simulate (default: all)")
+    pol.add_argument("--policy", nargs="+", choices=POLICY_NAMES, default=None,
+                     dest="policies",
+                     help=f"policies to simulate (default: {' '.join(DEFAULT_POLICIES)}; "
+                          f"for --scenario acceptance: {' '.join(SPECULATIVE_POLICIES)})")
     pol.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET,
-                     help="sarathi/vtc tokens per step")
+                     help="sarathi/vtc/fixed-spec-K tokens per step")
 
     work = parser.add_argument_group("workload (a scenario, with any field overridden)")
     work.add_argument("--scenario", choices=tuple(SCENARIOS), default="poisson")
@@ -50,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       dest="long_prompt_every_s", help="seconds between long prompts")
     work.add_argument("--long-prompt-tokens", type=int, default=None)
     work.add_argument("--long-output-tokens", type=int, default=None)
+    work.add_argument("--acceptance", type=float, default=None,
+                      help="per-draft acceptance rate of every request (default 0.6)")
+    work.add_argument("--client-acceptance", default=None,
+                      help="per-client acceptance rates, e.g. 'code:0.9,chat:0.3'")
+    work.add_argument("--acceptance-spread", type=float, default=None,
+                      help="spread each request's acceptance uniformly by +-this much")
     work.add_argument("--seed", type=int, default=0)
 
     dev = parser.add_argument_group("simulated server")
@@ -62,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      dest="prefill_capacities")
     dev.add_argument("--no-mixed-prefill", action="store_false", dest="mixed_prefill",
                      help="prepare no mixed prefill/decode programs")
+    dev.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
+                     help="proposal depth D of the speculative load the speculative policies "
+                          "run on (widths 1..D+1, as flare run --draft-depth)")
     dev.add_argument("--max-resident", type=int, default=64)
     dev.add_argument("--max-queue", type=int, default=None,
                      help="refuse arrivals when this many wait (default: unbounded)")
@@ -83,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _workload(args: argparse.Namespace) -> Any:
-    from ops.sim.workloads import scenario
+    from ops.sim.workloads import parse_client_acceptance, scenario
 
     lengths = None
     if args.lengths is not None:
@@ -97,12 +118,16 @@ def _workload(args: argparse.Namespace) -> Any:
         clients=parse_clients(args.clients) if args.clients else None,
         long_prompt_every_s=args.long_prompt_every_s,
         long_prompt_tokens=args.long_prompt_tokens,
-        long_output_tokens=args.long_output_tokens, seed=args.seed,
+        long_output_tokens=args.long_output_tokens, acceptance=args.acceptance,
+        client_acceptance=parse_client_acceptance(args.client_acceptance)
+        if args.client_acceptance else None,
+        acceptance_spread=args.acceptance_spread, seed=args.seed,
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    from gpu.catalog import CatalogError, CatalogFlags, build_catalog
+    from gpu.catalog import CatalogError
+    from ops.sim.catalogs import build_catalogs
     from ops.sim.costs import CostTableError, SyntheticCosts, load_bench_programs
     from ops.sim.engine import SimOptions, SimulationError
     from ops.sim.runs import run_policies, write_outputs
@@ -113,10 +138,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"flare sim: {message}", file=sys.stderr)
         return 2
 
+    policies = tuple(args.policies or default_policies(args.scenario))
     try:
-        catalog = build_catalog(CatalogFlags(
-            max_batch=args.max_batch, prefill_capacities=tuple(args.prefill_capacities),
-            mixed_prefill=args.mixed_prefill, family_supports_mixed=True)).shapes
+        catalogs = build_catalogs(
+            max_batch=args.max_batch, prefill_capacities=args.prefill_capacities,
+            mixed_prefill=args.mixed_prefill, draft_depth=args.draft_depth)
+        catalog = catalogs.union(policies)
         costs = (load_bench_programs(args.costs, catalog) if args.costs is not None
                  else SyntheticCosts().table(catalog))
         spec = _workload(args)
@@ -136,9 +163,9 @@ def main(args: argparse.Namespace) -> int:
     config = {"scenario": args.scenario, "max_batch": args.max_batch,
               "prefill_capacities": list(args.prefill_capacities),
               "mixed_prefill": args.mixed_prefill, "token_budget": args.token_budget,
-              "cost_source": costs.source}
+              "draft_depth": args.draft_depth, "cost_source": costs.source}
     try:
-        runs = run_policies(args.policies, requests=requests, catalog=catalog, costs=costs,
+        runs = run_policies(policies, requests=requests, catalogs=catalogs, costs=costs,
                             options=options, metrics=metrics, token_budget=args.token_budget,
                             config=config,
                             progress=lambda line: print(line, file=sys.stderr))
@@ -150,6 +177,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"flare sim: scenario {args.scenario}, {len(requests)} requests, {label}")
     from ops.loadgen.report import summary_table
     print(summary_table([r.run for r in runs]))
+    print("time per policy:")
+    for r in runs:
+        print(f"  {r.timing_line()}")
     print(f"wrote {args.output_dir}")
     return 0
 

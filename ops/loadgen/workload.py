@@ -82,6 +82,10 @@ class RequestPlan:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    acceptance: float | None = None
+    """Simulation only: the probability that the target accepts each drafted token of
+    this request's speculative rounds (``ops.sim``); None leaves it to the simulator's
+    default. A real server's acceptance is whatever its draft achieves."""
 
 
 def parse_clients(text: str) -> tuple[ClientSpec, ...]:

@@ -10,7 +10,9 @@ draws each execution's duration, optionally with multiplicative noise. Two sourc
   - prefill / scored prefill, chunk capacity C: ``3.0 ms + 0.02 ms * C``
   - decode, batch B: ``8.0 ms + 0.05 ms * B``
   - mixed, batch B, prompt capacity C: ``decode(B) + 0.9 * 0.02 ms * C``
-  - speculative, batch B, packed P: ``8.0 ms + 0.05 ms * P``
+  - speculative, batch B, packed P, proposal depth D: ``8.0 ms + 0.05 ms * P + 0.8 ms * D``
+    (the target verifies P rows in one pass; the draft, about a tenth of the target,
+    proposes D tokens one sequential step at a time)
   - state operations, rows B: ``1.0 ms + 0.2 ms * B``
 
   These are the ratios of ``tests/policy/synthetic_catalog.py`` (a mid-size model on one
@@ -49,6 +51,7 @@ class SyntheticCosts:
     decode_fixed_ms: float = 8.0
     decode_per_row_ms: float = 0.05
     mixed_prompt_factor: float = 0.9
+    draft_step_ms: float = 0.8
     state_fixed_ms: float = 1.0
     state_per_row_ms: float = 0.2
 
@@ -64,7 +67,8 @@ class SyntheticCosts:
                     + self.mixed_prompt_factor * self.prefill_per_token_ms
                     * shape.prefill_capacity)
         if k is GraphKind.SPECULATIVE:
-            return self.decode_fixed_ms + self.decode_per_row_ms * shape.max_packed_extent
+            return (self.decode_fixed_ms + self.decode_per_row_ms * shape.max_packed_extent
+                    + self.draft_step_ms * shape.proposal_depth)
         return self.state_fixed_ms + self.state_per_row_ms * shape.batch_capacity
 
     def table(self, catalog: Iterable[GraphShape]) -> CostTable:

@@ -24,7 +24,17 @@ Runtime semantics reproduced:
   commit-to-completion as wall time;
 * publication: each returned burst is published at the completion time (reported to
   the policy with ``published_output``) and becomes one streamed chunk of the request's
-  ``ops.loadgen.records.RequestRecord``, so the load benchmark's metrics apply as is.
+  ``ops.loadgen.records.RequestRecord``, so the load benchmark's metrics apply as is;
+* speculative rounds (host-allocated ``QueryLength`` programs; a lane's ``token_ceiling``
+  is its host length of ``r`` target rows, ``r - 1`` drafts): the lane emits its
+  accepted draft prefix plus one token, cut at the request's target length (the
+  simulated EOS). Acceptance is a property of the text position, drawn with common
+  random numbers: request ``i`` has one uniform ``u_j`` per output position ``j`` from a
+  generator seeded with ``(seed, i)``, and the draft proposing output token ``j`` is
+  accepted when ``u_j < a_i`` (``RequestPlan.acceptance``). A round starting at output
+  position ``p`` accepts the leading run of accepted positions ``p, p+1, ...``, at most
+  ``r - 1``: a geometric prefix with ``P(accepted >= m) = a**m``, and every policy sees
+  the same draws for the same request. Device-allocated programs are not simulated.
 
 Options: ``output_limit`` is the ``max_tokens`` a request is admitted with (at least its
 target; 0 admits exactly the target, so requests end by length, not EOS);
@@ -47,8 +57,9 @@ import numpy as np
 from ops.loadgen.records import RequestRecord
 from ops.loadgen.workload import RequestPlan
 from ops.sim.costs import CostTable
+from ops.sim.workloads import DEFAULT_ACCEPTANCE
 from policy.baselines.protocol import ClientTagged, Planner
-from policy.descriptors import ExecutionTiming, GraphKind
+from policy.descriptors import ExecutionTiming, GraphKind, TargetBinding
 from policy.types import (
     CompletionRecord,
     Fence,
@@ -62,6 +73,9 @@ NS_PER_S = 1_000_000_000
 PREFILL_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
 TOKEN_ID = 7
 """Every simulated output token carries this id (content never matters to policy)."""
+ACCEPTANCE_DRAWS = 0xD5AF
+"""Mixed into each request's acceptance-draw seed (independent of the duration noise)."""
+_TOKENS = tuple((TOKEN_ID,) * n for n in range(65))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +118,8 @@ class _Req:
     finished_s: float | None = None
     finish: FinishKind | None = None
     refused: bool = False
+    accept_runs: np.ndarray | None = None
+    """``accept_runs[j]``: consecutive accepted draft positions from output position j."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +135,8 @@ class SimResult:
     padding: dict[str, float]
     """Over all frames: fraction of request rows and of prompt capacity left unused."""
     plan_calls: int
+    speculation: dict[str, int]
+    """Speculative rounds run, lanes in them, drafts verified, drafts accepted."""
     wall_s: float
     """Host seconds the simulation itself took."""
     cpu_s: float
@@ -129,6 +147,9 @@ class SimResult:
         return {"makespan_s": self.makespan_s, "frames": self.frames, "busy_s": self.busy_s,
                 "utilization": self.busy_s / self.makespan_s if self.makespan_s else 0.0,
                 "padding": self.padding, "plan_calls": self.plan_calls,
+                "speculation": {**self.speculation, "acceptance_rate":
+                                self.speculation["accepted"] / self.speculation["drafted"]
+                                if self.speculation["drafted"] else None},
                 "simulation_wall_s": self.wall_s, "simulation_cpu_s": self.cpu_s, "unfinished": self.unfinished}
 
 
@@ -167,6 +188,9 @@ class _Simulation:
         self.rows = [0, 0]  # used, capacity
         self.prompt = [0, 0]
         self.plan_calls = 0
+        self.finishing = 0
+        """Requests that finished output and were not released yet."""
+        self.speculation = {"rounds": 0, "lanes": 0, "drafted": 0, "accepted": 0}
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -203,7 +227,8 @@ class _Simulation:
             padding={"rows": 1 - self.rows[0] / self.rows[1] if self.rows[1] else 0.0,
                      "prompt_tokens": 1 - self.prompt[0] / self.prompt[1]
                      if self.prompt[1] else 0.0},
-            plan_calls=self.plan_calls, wall_s=time.perf_counter() - started,
+            plan_calls=self.plan_calls, speculation=dict(self.speculation),
+            wall_s=time.perf_counter() - started,
             cpu_s=time.process_time() - cpu_started,
             unfinished=unfinished,
         )
@@ -236,6 +261,12 @@ class _Simulation:
             plan = self.p.plan()
             if plan is None or not self.p.window_ready(plan):
                 return
+            shape = plan.shape
+            if shape.kind is GraphKind.SPECULATIVE and shape.proposal_depth > 0 \
+                    and shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
+                raise SimulationError(f"{shape.label()}: device-allocated rounds are not "
+                                      "simulated (they complete through "
+                                      "complete_packed_round)")
             self.fence += 1
             fence = Fence(self.fence)
             self.p.commit(plan, fence)
@@ -249,6 +280,9 @@ class _Simulation:
     def _count(self, plan: ScheduledPlan, duration: int) -> None:
         kind = plan.shape.kind.value
         self.frames[kind] = self.frames.get(kind, 0) + 1
+        if plan.shape.kind is GraphKind.SPECULATIVE:
+            self.speculation["rounds"] += 1
+            self.speculation["lanes"] += len(plan.lanes)
         self.busy_ns += duration
         self.rows[0] += len(plan.lanes)
         self.rows[1] += plan.shape.batch_capacity
@@ -260,33 +294,64 @@ class _Simulation:
 
     def _complete(self) -> None:
         f = self.flights.popleft()
-        records = [self._lane_record(lane.handle, lane.epoch, lane.role, lane.prompt_tokens,
-                                     lane.token_ceiling) for lane in f.plan.lanes]
+        by_handle = self.by_handle
+        records = []
+        terminal = False
+        for lane in f.plan.lanes:
+            q = by_handle[lane.handle]
+            if lane.role is LaneRole.TERMINAL or lane.token_ceiling == 0:
+                terminal = terminal or lane.role is LaneRole.TERMINAL
+                records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
+                                                prompt_tokens=lane.prompt_tokens))
+            else:
+                records.append(self._lane_record(q, lane.handle, lane.epoch,
+                                                 lane.prompt_tokens, lane.token_ceiling))
         timing = ExecutionTiming(device_intervals_ns=(f.end_ns - f.start_ns,),
                                  wall_ns=f.end_ns - f.commit_ns)
-        now_s = self.now / NS_PER_S
+        now, now_s = self.now, self.now / NS_PER_S
+        published = self.p.published_output
         for token in self.p.complete(f.fence, records, timing):
-            q = self.by_handle[token.handle]
+            q = by_handle[token.handle]
             if token.token_ids:
                 q.chunk_times_s.append(now_s)
                 q.chunk_tokens.append(float(len(token.token_ids)))
-                self.p.published_output(token.handle, f.fence, self.now)
+                published(token.handle, f.fence, now)
             if token.finish is not None:
                 q.finished_s = now_s
                 q.finish = token.finish
-        for h in self.p.take_released():
-            self.by_handle.pop(h, None)
-            self.resident -= 1
+                self.finishing += 1
+        # Only a finished request or a completed terminal snapshot can free a request
+        # (the simulator never cancels), so skip the policy's scan otherwise.
+        if self.finishing or terminal:
+            for h in self.p.take_released():
+                by_handle.pop(h, None)
+                self.resident -= 1
+                self.finishing = max(self.finishing - 1, 0)
 
-    def _lane_record(self, handle: RequestHandle, epoch: int, role: LaneRole,
-                     prompt_tokens: int, ceiling: int) -> CompletionRecord:
-        q = self.by_handle[handle]
-        if role is LaneRole.TERMINAL or ceiling == 0:
-            return CompletionRecord(handle=handle, epoch=epoch, prompt_tokens=prompt_tokens)
-        q.produced += 1
+    def _lane_record(self, q: _Req, handle: RequestHandle, epoch: int, prompt_tokens: int,
+                     ceiling: int) -> CompletionRecord:
+        """A well-formed record for a lane that emits output (see the module doc)."""
+        emitted = 1
+        if ceiling > 1:  # a speculative lane: ceiling - 1 drafts verified
+            accepted = self._accepted(q, ceiling - 1)
+            self.speculation["drafted"] += ceiling - 1
+            self.speculation["accepted"] += accepted
+            emitted = accepted + 1
+            if self.o.output_limit > 0:  # the simulated EOS ends the burst
+                emitted = max(1, min(emitted, q.plan.output_tokens - q.produced))
+        q.produced += emitted
         eos = self.o.output_limit > 0 and q.produced == q.plan.output_tokens
-        return CompletionRecord(handle=handle, epoch=epoch, token_ids=(TOKEN_ID,),
+        return CompletionRecord(handle=handle, epoch=epoch, token_ids=_TOKENS[emitted],
                                 prompt_tokens=prompt_tokens, terminated=eos)
+
+    def _accepted(self, q: _Req, drafts: int) -> int:
+        """The accepted prefix of ``drafts`` drafts from output position ``q.produced``."""
+        runs = q.accept_runs
+        if runs is None or q.produced + drafts >= len(runs):
+            runs = q.accept_runs = acceptance_runs(
+                self.o.seed, q.plan.index, q.plan.acceptance,
+                max(q.plan.output_tokens, q.produced) + drafts + 16)
+        return min(int(runs[q.produced]), drafts)
 
     def _record(self, q: _Req) -> RequestRecord:
         arrival = q.arrival_ns / NS_PER_S
@@ -306,3 +371,18 @@ class _Simulation:
             chunk_times_s=tuple(q.chunk_times_s), chunk_tokens=tuple(q.chunk_tokens),
             finished_s=q.finished_s, finish_reason=reason,
         )
+
+
+def acceptance_runs(seed: int, index: int, acceptance: float | None, positions: int
+                    ) -> np.ndarray:
+    """For request ``index``: ``runs[j]`` = how many consecutive output positions from
+    ``j`` on have their draft accepted (``u_j < acceptance``, ``u`` from a generator
+    seeded with ``(seed, index)``); ``positions`` long. The draws for the first
+    positions never depend on ``positions`` (only a run reaching the end is cut)."""
+    a = DEFAULT_ACCEPTANCE if acceptance is None else acceptance
+    u = np.random.default_rng([seed, index, ACCEPTANCE_DRAWS]).random(positions)
+    at = np.arange(positions, dtype=np.int64)
+    rejected_at = np.where(u < a, positions, at)
+    next_rejection = np.minimum.accumulate(rejected_at[::-1])[::-1]
+    runs: np.ndarray = next_rejection - at
+    return runs

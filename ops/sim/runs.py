@@ -1,7 +1,8 @@
 """Run several policies on one simulated workload and write what ``flare sim`` reports.
 
 For each policy a fresh planner (``policy.baselines.make_policy``) runs the same request
-list on the same cost table with the same seed. Each run becomes an
+list on the same cost table with the same seed, on the catalog its server would load
+(``ops.sim.catalogs``: speculative policies on the speculative load). Each run becomes an
 ``ops.loadgen.report.RunFile`` (label = policy, summary from the load benchmark's
 ``summarize``: TTFT, TPOT, ITL, E2E, throughput, goodput, Jain's fairness, QoE), so run
 files, plots and tables are interchangeable with ``flare bench serve`` output. The
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +30,11 @@ from ops.loadgen.report import (
     write_run,
 )
 from ops.loadgen.workload import RequestPlan
+from ops.sim.catalogs import Catalogs
 from ops.sim.costs import CostTable
 from ops.sim.engine import SimOptions, SimResult, simulate
 from ops.sim.workloads import WorkloadSpec
 from policy.baselines import make_policy
-from policy.descriptors import GraphShape
 
 SIM_FILE_VERSION = 1
 
@@ -42,17 +44,31 @@ class PolicyRun:
     label: str
     result: SimResult
     run: RunFile
+    elapsed_s: float
+    """Host seconds for this policy: simulation plus metrics."""
+    elapsed_cpu_s: float
+
+    def timing_line(self) -> str:
+        r = self.result
+        frames = sum(r.frames.values())
+        per_frame = r.cpu_s / frames * 1e6 if frames else 0.0
+        return (f"{self.label}: {self.elapsed_s:.2f} s ({self.elapsed_cpu_s:.2f} s CPU) "
+                f"for {len(r.records)} requests; simulation {r.wall_s:.2f} s "
+                f"({r.cpu_s:.2f} s CPU, {frames} frames, {per_frame:.0f} us CPU per frame, "
+                f"{r.plan_calls} plan() calls)")
 
 
 def run_policies(
-    policies: Sequence[str], *, requests: Sequence[RequestPlan], catalog: Sequence[GraphShape],
+    policies: Sequence[str], *, requests: Sequence[RequestPlan], catalogs: Catalogs,
     costs: CostTable, options: SimOptions, metrics: MetricOptions, token_budget: int,
     config: dict[str, Any], progress: Callable[[str], None] | None = None,
 ) -> list[PolicyRun]:
-    """Simulate ``requests`` under each policy in turn."""
+    """Simulate ``requests`` under each policy in turn, each on its own catalog."""
     runs = []
     for name in policies:
-        planner = make_policy(name, catalog=catalog, token_budget=token_budget)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        planner = make_policy(name, catalog=catalogs.for_policy(name),
+                              token_budget=token_budget)
         result = simulate(planner, requests, costs, options)
         summary = summarize(result.records, duration_s=result.makespan_s,
                             planned=len(requests), options=metrics)
@@ -60,12 +76,13 @@ def run_policies(
         summary["per_client"] = per_client_latency(result.records)
         run = RunFile(label=name, config={**config, "policy": name}, summary=summary,
                       records=result.records)
-        runs.append(PolicyRun(name, result, run))
+        done = PolicyRun(name, result, run, time.perf_counter() - started,
+                         time.process_time() - cpu_started)
+        summary["simulator"]["elapsed_s"] = done.elapsed_s
+        summary["simulator"]["elapsed_cpu_s"] = done.elapsed_cpu_s
+        runs.append(done)
         if progress is not None:
-            progress(f"{name}: {len(requests)} requests, "
-                     f"{sum(result.frames.values())} frames, simulated "
-                     f"{result.makespan_s:.1f} s in {result.wall_s:.2f} s "
-                     f"({result.cpu_s:.2f} s CPU)")
+            progress(done.timing_line())
     return runs
 
 

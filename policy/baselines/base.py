@@ -104,6 +104,40 @@ class BaselineRequest(RequestRecord):
                           self.prompt_cursor + tokens >= self.prompt_len)
 
 
+@dataclass(slots=True)
+class _View:
+    """Resident requests by what they can do now, each list in admission order."""
+
+    prompts: list[BaselineRequest]
+    """Prompt work left and no frame in flight."""
+    decoders: list[BaselineRequest]
+    """Decoding with output room left (net of queued frames)."""
+    terminals: list[tuple[RequestHandle, int]]
+    """Awaiting their terminal snapshot, no frame in flight."""
+    running: int
+    """Holding a running slot: prompt begun, or decoding."""
+
+    @staticmethod
+    def scan(requests: Iterable[BaselineRequest]) -> _View:
+        view = _View([], [], [], 0)
+        for r in requests:
+            if r.cancelled:
+                continue
+            phase = r.phase
+            if phase is Phase.DECODE:
+                view.running += 1
+                if r.output_room > 0:
+                    view.decoders.append(r)
+            elif phase is Phase.PREFILL:
+                if r.prompt_cursor > r.cached_prefix_len:
+                    view.running += 1
+                if not r.in_flight_fences:
+                    view.prompts.append(r)
+            elif phase is Phase.TERMINAL and not r.in_flight_fences:
+                view.terminals.append((r.handle, r.epoch))
+        return view
+
+
 class BaselinePolicy(abc.ABC):
     """Shared lifecycle; subclasses decide which step runs next (``_choose``)."""
 
@@ -130,6 +164,7 @@ class BaselinePolicy(abc.ABC):
         self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
         self._last_step_had_prompt = False
         self._menu = ShapeMenu.build(())
+        self._planning_view: _View | None = None
         self.set_catalog(catalog)
 
     # ---- configuration ---------------------------------------------------------------
@@ -260,28 +295,30 @@ class BaselinePolicy(abc.ABC):
 
     # ---- what subclasses read -------------------------------------------------------
 
+    def _view(self) -> _View:
+        """The resident requests sorted by what they can do now: one pass, reused by
+        every read of one ``plan()`` (state never changes while planning)."""
+        view = self._planning_view
+        return view if view is not None else _View.scan(self._requests.values())
+
     def _prompts(self) -> list[BaselineRequest]:
         """Requests with prompt work and no frame in flight, in admission order."""
-        return [r for r in self._requests.values()
-                if r.phase is Phase.PREFILL and not r.cancelled and not r.in_flight]
+        return self._view().prompts
 
     def _decoders(self) -> list[BaselineRequest]:
         """Decoding requests with output room left, in admission order."""
-        return [r for r in self._requests.values()
-                if r.phase is Phase.DECODE and not r.cancelled and r.output_room > 0]
+        return self._view().decoders
 
     def _running(self) -> int:
-        return sum(1 for r in self._requests.values()
-                   if r.started and r.phase in (Phase.PREFILL, Phase.DECODE)
-                   and not r.cancelled)
+        """Requests holding a running slot (prompt begun or decoding)."""
+        return self._view().running
 
     def _may_start(self) -> bool:
         """Whether a request whose prompt has not begun may start now."""
         return self._running() < self.running_limit
 
     def _terminal_step(self) -> ScheduledStep | None:
-        terminals = [(r.handle, r.epoch) for r in self._requests.values()
-                     if r.phase is Phase.TERMINAL and not r.cancelled and not r.in_flight]
+        terminals = self._view().terminals
         if not terminals or not self._menu.snapshot:
             return None
         return self._menu.snapshot_step(terminals)
@@ -296,7 +333,11 @@ class BaselinePolicy(abc.ABC):
         """The next step (pure). Terminal snapshots come first: they free resources."""
         if not self._menu.shapes:
             return None
-        step = self._terminal_step() or self._choose()
+        self._planning_view = _View.scan(self._requests.values())
+        try:
+            step = self._terminal_step() or self._choose()
+        finally:
+            self._planning_view = None
         if step is None:
             return None
         estimate = self._estimates.estimate_ns(step.shape)
@@ -322,18 +363,22 @@ class BaselinePolicy(abc.ABC):
         reason = self.blocking_reason(plan)
         if reason is not None:
             raise WindowNotReady(reason)
-        if len(plan.lanes) > min(plan.shape.batch_capacity, MAX_REQUEST_SLOTS):
+        lanes, shape = plan.lanes, plan.shape
+        if len(lanes) > min(shape.batch_capacity, MAX_REQUEST_SLOTS):
             raise CommitRejected("plan exceeds the shape's request capacity")
-        for lane in plan.lanes:
+        for lane in lanes:
             self._check_lane(lane)
         self._committed += 1
-        for lane in plan.lanes:
+        had_prompt = False
+        for lane in lanes:
             req = self._requests[lane.handle]
             req.in_flight_fences.append(fence)
             req.rounds = self._committed
             if lane.role is LaneRole.DECODE:
                 req.queued_outputs += lane.token_ceiling
-        self._estimates.record_attempt(plan.shape, self._now_ns)
+            elif lane.role is LaneRole.PROMPT:
+                had_prompt = True
+        self._estimates.record_attempt(shape, self._now_ns)
         start = self._queue.expected_end_ns(self._now_ns)
         self._queue.push(QueuedFrame(
             fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
@@ -341,11 +386,11 @@ class BaselinePolicy(abc.ABC):
             isolated=len(self._queue) == 0, participants=(), normalizers=_UNPRICED,
             reason=plan.reason))
         self._last_fence = fence
-        self._last_step_had_prompt = any(lane.role is LaneRole.PROMPT for lane in plan.lanes)
+        self._last_step_had_prompt = had_prompt
         trace = TraceRecord(
-            fence=fence, shape=plan.shape, lanes=len(plan.lanes),
+            fence=fence, shape=shape, lanes=len(lanes),
             selected_cost_ns=plan.estimated_duration_ns,
-            observation_age_ns=self._estimates.observation_age_ns(plan.shape, self._now_ns),
+            observation_age_ns=self._estimates.observation_age_ns(shape, self._now_ns),
             reason=plan.reason, exploration_credit_ns=0.0,
             value_rate=plan.selection_value_rate(), log_scale=0.0,
             committed_at_ns=self._now_ns,

@@ -64,3 +64,29 @@ def test_sim_command_draws_plots(tmp_path: pathlib.Path) -> None:
                 "--output-dir", str(out)]) == 0
     for name in ("latency_cdf.png", "tokens_over_time.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sim_command_compares_speculation_and_prints_time_per_policy(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The acceptance scenario: the seed's speculative scheduler against fixed-spec-K and
+    a non-speculative policy, each on its own catalog; speculation statistics in the
+    run files; one timing line per policy on stdout."""
+    out = tmp_path / "acc"
+    code = run(["--scenario", "acceptance", "--num-requests", "8", "--max-batch", "2",
+                "--prefill-capacity", "64", "256", "--draft-depth", "2",
+                "--client-acceptance", "code:1.0,chat:0.0", "--policy", "sarathi",
+                "spec-adaptive", "fixed-spec-2", "--output-dir", str(out), "--no-plots"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    timing = printed.split("time per policy:")[1]
+    for name in ("sarathi", "spec-adaptive", "fixed-spec-2"):
+        assert f"  {name}: " in timing and "us CPU per frame" in timing
+    data = json.loads((out / "sim.json").read_text())
+    assert data["workload"]["client_acceptance"] == {"code": 1.0, "chat": 0.0}
+    fixed = data["policies"]["fixed-spec-2"]["simulator"]
+    assert fixed["speculation"]["rounds"] > 0 and fixed["elapsed_s"] > 0
+    assert data["policies"]["sarathi"]["simulator"]["speculation"]["rounds"] == 0
+    # depth 3 does not fit a depth-2 load: a clear error, nothing simulated
+    assert run(["--num-requests", "2", "--draft-depth", "2", "--policy", "fixed-spec-3",
+                "--output-dir", str(tmp_path / "x"), "--no-plots"]) == 2
+    assert "fixed-spec-3 needs" in capsys.readouterr().err
