@@ -15,7 +15,7 @@ import pytest
 
 from gpu.catalog import CatalogFlags, build_catalog
 from ops.sim.costs import CostTableError, SyntheticCosts, load_bench_programs
-from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.descriptors import GraphKind, GraphShape, StateOp, TargetBinding
 
 MS = 1_000_000
 
@@ -33,6 +33,11 @@ def test_synthetic_formulas() -> None:
     assert costs.mean_ms(decode) == pytest.approx(8.0 + 0.05 * 8)
     assert costs.mean_ms(mixed) == pytest.approx(8.0 + 0.05 * 4 + 0.9 * 0.02 * 256)
     assert costs.mean_ms(snap) == pytest.approx(1.2)
+    # the target verifies P = 16 rows in one pass; the draft runs D = 3 sequential steps
+    round_ = GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4,
+                        proposal_depth=3, packed_capacity=16,
+                        binding=TargetBinding.QUERY_LENGTH)
+    assert costs.mean_ms(round_) == pytest.approx(8.0 + 0.05 * 16 + 0.8 * 3)
     table = costs.table([prefill, decode])
     assert table.mean_ns[prefill] == round((3.0 + 0.02 * 1024) * MS)
     assert table.source == "synthetic"
