@@ -59,7 +59,7 @@ def speculative_lanes(
     lanes = []
     for rec in decoders:
         h = histories.get(rec.handle, rec.history)
-        state = states.get(rec.handle) or AcceptanceState(priors)
+        state = states.get(rec.handle) or priors.fresh_state()
         lanes.append(speculative_lane(
             handle=rec.handle, epoch=rec.epoch, state=state, source=source,
             depth_limit=depth_limit,

@@ -570,24 +570,31 @@ def _dominance_filter(cands: list[RoundCandidate]) -> list[RoundCandidate]:
     candidates doing the same logical work at the same actual D (SEL-32, SEL-34).
 
     Candidates are first grouped by cheap parts of the logical key (D, binding, cohort
-    size, rows); only groups with several members compare full keys. Order is kept."""
-    coarse: dict[tuple[object, ...], list[int]] = {}
+    size, rows); only groups with several members compare cohorts. Order is kept."""
+    coarse: dict[tuple[int, bool, int, int], list[int]] = {}
     for i, c in enumerate(cands):
-        key = (c.shape.proposal_depth, c.shape.binding, len(c.lane_index), c.rows_used)
+        shape = c.shape
+        key = (shape.proposal_depth, shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT,
+               len(c.lane_index), c.rows_used)
         coarse.setdefault(key, []).append(i)
     dropped: set[int] = set()
     for members in coarse.values():
         if len(members) < 2:
             continue
-        groups: dict[tuple[object, ...], list[int]] = {}
+        groups: dict[tuple[tuple[int, int, int], ...], list[int]] = {}
         for i in members:
-            groups.setdefault(cands[i].logical_key(), []).append(i)
+            c = cands[i]
+            work = tuple(sorted(zip(c.handles.tolist(), c.rows.tolist(), c.ceilings.tolist(),
+                                    strict=True)))
+            groups.setdefault(work, []).append(i)
         for group in groups.values():
+            if len(group) < 2:
+                continue
             caps = [(cands[i].shape.batch_capacity, cands[i].shape.token_capacity,
                      cands[i].shape.packed_capacity) for i in group]
-            for i, mine in zip(group, caps, strict=True):
-                if any(all(a >= b for a, b in zip(mine, other, strict=True)) and mine != other
-                       for other in caps):
+            for i, (b, w, p) in zip(group, caps, strict=True):
+                if any(b >= ob and w >= ow and p >= op and (b, w, p) != (ob, ow, op)
+                       for ob, ow, op in caps):
                     dropped.add(i)
     return [c for i, c in enumerate(cands) if i not in dropped] if dropped else cands
 

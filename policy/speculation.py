@@ -88,6 +88,8 @@ class PopulationPrior:
 
     def __init__(self) -> None:
         self._means: list[float] = []
+        self.version = 0
+        """Counts observations: equal versions mean equal means."""
 
     def mean(self, depth: int) -> float:
         """The prior mean at draft position ``depth`` (ACC-19)."""
@@ -101,6 +103,7 @@ class PopulationPrior:
     def observe(self, values: Sequence[float]) -> None:
         """Move depth d toward ``values[d-1]`` by 1/64 (ACC-20)."""
         _check_probabilities(values, "prior observations")
+        self.version += 1
         while len(self._means) < len(values):
             self._means.append(_default_prior(len(self._means) + 1))
         for i, v in enumerate(values):
@@ -113,6 +116,7 @@ class PopulationPriors:
     def __init__(self) -> None:
         self._forecast = {s: PopulationPrior() for s in ProposalSource}
         self._acceptance = {s: PopulationPrior() for s in ProposalSource}
+        self._fresh: tuple[tuple[int, ...], AcceptanceState] | None = None
 
     def forecast(self, source: ProposalSource) -> PopulationPrior:
         """The prior a new request's forecast starts from (ACC-18)."""
@@ -121,6 +125,16 @@ class PopulationPriors:
     def acceptance(self, source: ProposalSource) -> PopulationPrior:
         """The prior a new request's acceptance estimate starts from."""
         return self._acceptance[source]
+
+    def fresh_state(self) -> AcceptanceState:
+        """A read-only view of what a request without history would start from: one
+        ``AcceptanceState`` shared until any prior moves (selection reads it for every
+        decoding request that has no state yet). Never observe into it."""
+        version = tuple(p.version for table in (self._forecast, self._acceptance)
+                        for p in table.values())
+        if self._fresh is None or self._fresh[0] != version:
+            self._fresh = (version, AcceptanceState(self))
+        return self._fresh[1]
 
 
 class PrefixEstimate:

@@ -40,7 +40,6 @@ from policy.round_plans import round_plan, round_wins, speculative_lanes
 from policy.rounds import (
     SpeculationMode,
     SpeculativeLane,
-    best_round,
     observe_completed_round,
     rank_key,
     round_candidates,
@@ -83,6 +82,7 @@ class SpeculativeScheduler(Scheduler):
         self._priors = PopulationPriors()
         self._states: dict[RequestHandle, AcceptanceState] = {}
         self._learning: CreditLedger = acceptance_learning_ledger()
+        self._positions_cache: tuple[object, list[tuple[GraphShape, int]]] | None = None
 
     # ---- acceptance state ----------------------------------------------------------
 
@@ -127,7 +127,19 @@ class SpeculativeScheduler(Scheduler):
         return self._queue.accepts_more()
 
     def _speculative_shapes(self) -> list[GraphShape]:
-        return [s for s in self._catalog.shapes if s.kind is GraphKind.SPECULATIVE]
+        return [s for s, _ in self._speculative_positions()]
+
+    def _speculative_positions(self) -> list[tuple[GraphShape, int]]:
+        """The catalog's speculative programs with their catalog positions, computed
+        once per catalog (``set_catalog`` replaces the catalog object)."""
+        catalog = self._catalog
+        cached = self._positions_cache
+        if cached is None or cached[0] is not catalog:
+            position = catalog.position
+            pairs = [(s, position[s]) for s in catalog.shapes
+                     if s.kind is GraphKind.SPECULATIVE]
+            cached = self._positions_cache = (catalog, pairs)
+        return cached[1]
 
     def plan(self) -> ScheduledPlan | None:
         """The ordinary winner, a better speculative round, or a funded probe."""
@@ -138,12 +150,14 @@ class SpeculativeScheduler(Scheduler):
             ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
         )
         ordinary = select(ctx)
-        shapes = self._speculative_shapes()
+        pairs = self._speculative_positions()
         decoders = ctx.decoders.records
-        if not shapes or not decoders:
+        if not pairs or not decoders:
             return ordinary
+        shapes = [s for s, _ in pairs]
         position = self._catalog.position
-        estimates = {s: int(times.estimate_ns[position[s]]) for s in shapes}
+        known_ns = times.estimate_ns.tolist()
+        estimates = {s: int(known_ns[i]) for s, i in pairs}
         stale = times.stale(self._now_ns, self._estimates.ttl_ns)
         histories = projected_histories(self._records, self._queue, self._config) \
             if len(self._queue) else {}
@@ -163,8 +177,9 @@ class SpeculativeScheduler(Scheduler):
             # recently than the ordinary refresh choice takes its place (REF-8, REF-13).
             return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx.waiting,
                                              ctx.exponent, ctx.start_ns) or ordinary
-        best = best_round(round_candidates(lanes, shapes, estimates, alpha=alpha,
-                                           waiting=ctx.waiting, mode=self._mode))
+        ranked = round_candidates(lanes, shapes, estimates, alpha=alpha,
+                                  waiting=ctx.waiting, mode=self._mode)
+        best = ranked[0] if ranked else None  # best first (rank_key)
         winner = ordinary
         won_round = None  # the winning round, when a speculative round won
         if best is not None and round_wins(best, ordinary):
