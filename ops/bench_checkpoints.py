@@ -11,9 +11,9 @@ checkpoint allowance pays for ends with a SNAPSHOT frame), and prints per mode:
   first token (PRE-53: it must see the previous turn's checkpoint);
 - **throughput**: wall time and generated tokens per second of the concurrent burst,
   and how many state frames ran;
-- **timeline** of each snapshot frame in the sequential run: last token -> launch
-  (selection and window drain), launch -> completion (the copy), completion ->
-  ``Finished``.
+- **timeline** of each first turn's capture frame in the sequential run: last token
+  -> launch (selection and window drain), launch -> completion (the copy), and
+  ``Finished`` -> completion (negative: ``Finished`` waited for the capture).
 
 ``--tiny`` builds the tests' tiny random Llama (d=32, 2 layers) instead of loading the
 embedded default model.
@@ -143,18 +143,20 @@ async def _run_mode(model_dir: Path, args: argparse.Namespace, state_operations:
         continuation_cached: list[int] = []
         for _ in range(args.sequential):
             prompt = _prompt(rng, vocab, rng.randrange(20, 61))
-            seen = len(rt.frame_log())
             first = await _generate(rt, prompt, args.max_tokens)
             lags.append(first.finished_s - first.last_token_s)
-            states = [f for f in rt.frame_log()[seen:] if f.graph.startswith("state")]
-            for frame in states[:1]:
-                launched, observed = frame.launched_ns / 1e9, frame.observed_ns / 1e9
-                timeline.append((launched - first.last_token_s, observed - launched,
-                                 first.finished_s - observed))
             turn_two = [*prompt, *first.tokens, *_prompt(rng, vocab, 6)]
             second = await _generate(rt, turn_two, 2)
             continuation_ttft.append(second.first_token_s)
             continuation_cached.append(second.cached)
+            # Turn one's capture: the first state frame launched after its last token.
+            last_ns = first.last_token_s * 1e9
+            capture = next((f for f in rt.frame_log() if f.graph.startswith("state")
+                            and f.launched_ns >= last_ns), None)
+            if capture is not None:
+                launched, observed = capture.launched_ns / 1e9, capture.observed_ns / 1e9
+                timeline.append((launched - first.last_token_s, observed - launched,
+                                 observed - first.finished_s))
         before_states = _state_frames(rt)
         concurrent: list[_Outcome] = []
 
@@ -181,7 +183,7 @@ async def _run_mode(model_dir: Path, args: argparse.Namespace, state_operations:
             "snapshot_timeline_ms": {
                 "last_token_to_launch": _ms([t[0] for t in timeline]),
                 "copy": _ms([t[1] for t in timeline]),
-                "completion_to_finished": _ms([t[2] for t in timeline]),
+                "finished_to_completion": _ms([t[2] for t in timeline]),
             } if timeline else None,
         }
 
