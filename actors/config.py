@@ -20,6 +20,7 @@ DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "de
 BackendName = Literal["cpu", "cuda"]
 SpeculationMode = Literal["off", "fixed", "adaptive"]
 DraftSource = Literal["draft", "copy"]
+SpeculativeAllocation = Literal["host", "device"]
 DEFAULT_DRAFT_DEPTH = 4
 """Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
 FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, 8))
@@ -48,6 +49,11 @@ class RuntimeConfig:
     ``draft_model_dir``) or copied from the request's own token history (``copy``)."""
     draft_depth: int = DEFAULT_DRAFT_DEPTH
     """``--draft-depth D``: proposal depth of a speculative load (1..7)."""
+    speculative_allocation: SpeculativeAllocation = "host"
+    """``--speculative-allocation``: ``host`` prepares host-allocated (``QueryLength``)
+    speculative programs only; ``device`` adds ragged device-allocated
+    (``SpeculativePrefixLimit``) ones (``gpu.catalog.device_allocated_shapes``), which
+    only adaptive selection runs (SPEC-17)."""
     extra_speculative_shapes: tuple[GraphShape, ...] = ()
     """Speculative programs to prepare beside the generated catalog (for instance
     ragged or device-allocated ``SpeculativePrefixLimit`` ones, which ``gpu.catalog``
@@ -127,6 +133,12 @@ class RuntimeConfig:
                                   "needs --draft-model (or use --draft-source copy)")
             if not 1 <= self.draft_depth <= 7:
                 raise ConfigError(f"--draft-depth must be 1..7, got {self.draft_depth}")
+            if self.speculative_allocation not in ("host", "device"):
+                raise ConfigError("--speculative-allocation must be host or device, got "
+                                  f"{self.speculative_allocation!r}")
+            if self.speculative_allocation == "device" and self.speculation != "adaptive":
+                raise ConfigError("--speculative-allocation device needs --speculation "
+                                  "adaptive (device allocation requires adaptive selection)")
             for shape in self.extra_speculative_shapes:
                 if shape.kind is not GraphKind.SPECULATIVE or \
                         shape.proposal_depth > self.draft_depth or self.speculation != "adaptive":

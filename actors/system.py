@@ -376,6 +376,8 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         # A speculative load adds complete speculative programs (SPEC-2, SPEC-12).
         draft_depth=config.draft_depth if speculative else 0,
         speculative_token_capacity=config.speculative_token_capacity,
+        # adaptive selection may add device-allocated ragged programs (SPEC-17, SPEC-22)
+        device_allocation=speculative and config.speculative_allocation == "device",
     ))
     shapes = served_shapes(catalog.shapes, config)
     num_pages = config.kv_pages or default_pages(config.max_batch, max_context,

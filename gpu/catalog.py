@@ -28,8 +28,23 @@ Rules:
   buckets (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096), which with batch
   buckets {2, 4}, D = 5 and R = 6 reproduces the seed's 22 speculative and 20 ordinary
   mixed programs (MIX-45).
-- Separate speculative programs (rectangular, ``P = B * W <= R``, SPEC-10..13) are
-  generated when a draft depth is given; the programs themselves come in a later issue.
+- Separate speculative programs (rectangular, ``P = B * W <= R``, SPEC-10..13,
+  ``QueryLength``: the host fixes each lane's rows) are generated when a draft depth is
+  given.
+- Device allocation (``CatalogFlags.device_allocation``, adaptive selection only,
+  SPEC-17) adds ragged ``SpeculativePrefixLimit`` programs beside them: at every
+  request bucket ``B >= 2`` and every wider width ``W`` (2..min(D + 1, completion token
+  capacity)), one program whose ``P`` holds every lane's pending row plus half of the
+  draft rows, ``P = B + ceil(B * (W - 1) / 2)``, capped by R (SPEC-13; a cap leaving no
+  draft row drops the program). The host supplies lane ceilings (which may sum above
+  P, SPEC-26) and the program admits the P rows by joint prefix probability
+  (SPEC-22..30); the rectangular host programs of the same B and W stay, so the
+  scheduler prices both (SPEC-31). flare's choice of P (the seed names the envelope,
+  not the shapes): ragged rows are where device allocation differs from host lengths
+  (with ``P = B * W`` every ceiling fits), half the draft rows halves the verification
+  work of a full-width round, and one program per width keeps the catalog linear in
+  the widths. ``B = 1`` gets none: one lane's allocation is its ceiling cut to P,
+  which a host length already expresses.
 
 The whole catalog is computed before any preparation; preparation must cover exactly
 it and the planner receives the same value (MIX-39, MIX-48).
@@ -191,6 +206,33 @@ def speculative_shapes(
     return tuple(shapes)
 
 
+def device_allocated_shapes(
+    *, max_batch: int, draft_depth: int, envelope: int,
+    completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY,
+) -> tuple[GraphShape, ...]:
+    """Ragged ``SpeculativePrefixLimit`` programs (SPEC-13, SPEC-22..30): at each request
+    bucket ``B >= 2`` and each wider width ``W <= min(D + 1, capacity)``, ``P = B +
+    ceil(B * (W - 1) / 2)`` capped by R (no program when the cap leaves no draft row).
+    Empty when ``draft_depth`` is 0."""
+    if draft_depth <= 0:
+        return ()
+    shapes = []
+    top = min(draft_depth + 1, completion_token_capacity)
+    for b in request_buckets(max_batch, minimum=2):
+        for w in range(2, top + 1):
+            rows = b + -(-b * (w - 1) // 2)
+            if envelope > 0:
+                rows = min(rows, envelope)
+            if rows <= b:
+                continue
+            shapes.append(GraphShape(
+                kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
+                proposal_depth=w - 1, packed_capacity=rows,
+                binding=TargetBinding.SPECULATIVE_PREFIX_LIMIT,
+            ))
+    return tuple(shapes)
+
+
 def check_envelope(shape: GraphShape, envelope: int) -> None:
     """Refuse a speculative or mixed program outside the target-token envelope R:
     rectangular programs need ``B * W <= R`` (SPEC-12), ragged ones ``P <= R``
@@ -234,6 +276,10 @@ class CatalogFlags:
     """R, bounding aggregate target rows of wider programs; 0 means no bound (SPEC-11)."""
     draft_depth: int = 0
     """Proposal depth D of the loaded draft source; 0 is an ordinary load (MIX-47)."""
+    device_allocation: bool = False
+    """Add ragged device-allocated (``SpeculativePrefixLimit``) programs to a speculative
+    load (``device_allocated_shapes``). Only adaptive selection may run them (SPEC-17):
+    the runtime's configuration refuses it in fixed mode."""
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
     scored_prefill: bool = True
     state_operations: bool = True
@@ -286,7 +332,7 @@ class Catalog:
 
 def build_catalog(flags: CatalogFlags) -> Catalog:
     """Every shape to prepare, in a stable order: decode, prefill, scored prefill,
-    mixed, speculative, state operations."""
+    mixed, speculative (host-allocated, then device-allocated), state operations."""
     flags.validate()
     capacities = sorted(set(flags.prefill_capacities))
     shapes: list[GraphShape] = [
@@ -311,6 +357,12 @@ def build_catalog(flags: CatalogFlags) -> Catalog:
         envelope=flags.speculative_token_capacity,
         completion_token_capacity=flags.completion_token_capacity,
     )
+    if flags.device_allocation:
+        shapes += device_allocated_shapes(
+            max_batch=flags.max_batch, draft_depth=flags.draft_depth,
+            envelope=flags.speculative_token_capacity,
+            completion_token_capacity=flags.completion_token_capacity,
+        )
     if flags.state_operations:
         shapes += state_shapes()
     return Catalog(tuple(shapes))

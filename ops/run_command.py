@@ -97,6 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "widths 1..D+1 are prepared")
     sched.add_argument("--speculative-token-capacity", type=int, default=0,
                        help="bound R on aggregate target rows of speculative programs (0 = B*W)")
+    sched.add_argument("--speculative-allocation", choices=("host", "device"), default="host",
+                       help="who allocates target rows of speculative rounds: host lengths "
+                            "only, or also ragged device-allocated programs (adaptive only)")
     sched.add_argument("--scheduler-policy", choices=SCHEDULER_POLICIES,
                        default="balanced",
                        help="balanced (default) or throughput: throughput keeps token fairness "
@@ -147,6 +150,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         speculative_token_capacity=args.speculative_token_capacity,
         draft_source=args.draft_source or "draft",
         draft_depth=args.draft_depth,
+        speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,
         kv_pages=args.kv_pages,
         max_queue=args.max_queue,

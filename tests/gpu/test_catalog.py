@@ -1,6 +1,6 @@
 """The catalog of prepared shapes follows from flags by the seed's rules.
 
-Covers SPEC-2, SPEC-4, SPEC-6, SPEC-10, SPEC-11, SPEC-12, CAT-12, CAT-13, MIX-2, MIX-5, MIX-6,
+Covers SPEC-2, SPEC-4, SPEC-6, SPEC-10, SPEC-11, SPEC-12, SPEC-13, SPEC-17, SPEC-22, SPEC-24, SPEC-26, CAT-12, CAT-13, MIX-2, MIX-5, MIX-6,
 MIX-16, MIX-17, MIX-32, MIX-39, MIX-40, MIX-41, MIX-42, MIX-43, MIX-44, MIX-45, MIX-46, MIX-47, MIX-48, MIX-49 and flare's prompt-bucket ladder (OPEN-26).
 """
 
@@ -218,3 +218,83 @@ def test_spec_12_13_envelope_check_refuses_programs_beyond_r() -> None:
     check_envelope(rect, 0)  # no bound
     for shape in build_catalog(_replace(SEED_EXAMPLE, max_batch=8)):
         check_envelope(shape, 6)  # everything the catalog generates fits its own R
+
+
+def test_spec_13_22_26_device_allocation_adds_ragged_prefix_limit_programs() -> None:
+    """Adaptive loads with device allocation: at every bucket B >= 2 and every wider
+    width, one ragged ``SpeculativePrefixLimit`` program with P = B + ceil(B(W-1)/2)
+    (each lane's pending row plus half the draft rows), capped by R (SPEC-13); the
+    host-allocated rectangular programs stay beside them."""
+    host = build_catalog(CatalogFlags(max_batch=8, draft_depth=4))
+    both = build_catalog(CatalogFlags(max_batch=8, draft_depth=4, device_allocation=True))
+    device = [s for s in both if s.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT]
+    assert not [s for s in host if s.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT]
+    assert [s for s in both if s not in device] == list(host.shapes)
+    assert {(s.batch_capacity, s.token_capacity, s.packed_capacity) for s in device} == {
+        (b, w, b + -(-b * (w - 1) // 2)) for b in (2, 4, 8) for w in (2, 3, 4, 5)}
+    for s in device:
+        assert s.kind is GraphKind.SPECULATIVE and s.proposal_depth == s.token_capacity - 1
+        # ragged: every lane keeps its pending row (SPEC-24), fewer rows than B*W, so
+        # lane ceilings may sum above P (SPEC-26)
+        assert s.batch_capacity < s.packed_capacity < s.batch_capacity * s.token_capacity
+    assert (8, 5, 24) in {(s.batch_capacity, s.token_capacity, s.packed_capacity)
+                          for s in device}
+    # R caps P (SPEC-13) and drops programs left without a draft row
+    capped = build_catalog(CatalogFlags(max_batch=8, draft_depth=4, device_allocation=True,
+                                        speculative_token_capacity=8))
+    capped_device = [s for s in capped if s.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT]
+    assert {(s.batch_capacity, s.token_capacity, s.packed_capacity) for s in capped_device} == {
+        (2, 2, 3), (2, 3, 4), (2, 4, 5), (2, 5, 6), (4, 2, 6), (4, 3, 8), (4, 4, 8), (4, 5, 8)}
+    for shape in capped:
+        check_envelope(shape, 8)
+    # an ordinary load has no speculative programs at all
+    assert not build_catalog(CatalogFlags(max_batch=8, device_allocation=True)).of_kind(
+        GraphKind.SPECULATIVE)
+
+
+def test_spec_17_device_allocation_is_a_flare_run_flag_for_adaptive_mode_only() -> None:
+    """``flare run --speculative-allocation device`` reaches the runtime configuration;
+    fixed-width selection with device allocation is refused before loading (SPEC-17)."""
+    from actors.config import DEFAULT_MODEL_DIR, ConfigError
+    from ops.cli import build_parser
+    from ops.run_command import build_runtime_config
+
+    def config_of(*flags: str) -> object:
+        argv = ["run", "--model", str(DEFAULT_MODEL_DIR), "--draft-source", "copy", *flags]
+        return build_runtime_config(build_parser(argv).parse_args(argv))
+
+    adaptive = config_of("--speculative-allocation", "device")
+    assert adaptive.speculation == "adaptive"  # type: ignore[attr-defined]
+    assert adaptive.speculative_allocation == "device"  # type: ignore[attr-defined]
+    adaptive.validate()  # type: ignore[attr-defined]
+    assert config_of().speculative_allocation == "host"  # type: ignore[attr-defined]
+    fixed = config_of("--speculation", "fixed", "--speculative-allocation", "device")
+    with pytest.raises(ConfigError, match="adaptive"):
+        fixed.validate()  # type: ignore[attr-defined]
+
+
+def test_spec_22_the_runtime_catalog_prepares_device_allocated_programs() -> None:
+    """The catalog the runtime builds from its configuration (adaptive, device
+    allocation, the embedded default model with copy proposals) contains the ragged
+    ``SpeculativePrefixLimit`` programs, and the engine prepares a device-allocating
+    program for each; host allocation leaves them out."""
+    import dataclasses
+
+    from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
+    from actors.system import _load_engine
+    from gpu.catalog import device_allocated_shapes
+
+    if not (DEFAULT_MODEL_DIR / "config.json").exists():
+        pytest.skip("the default model is not committed")
+    config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=4, prefill_capacities=(64,),
+                           speculation="adaptive", draft_source="copy", draft_depth=2,
+                           speculative_allocation="device", max_context=256)
+    config.validate()
+    engine, shapes = _load_engine(config, "cpu")
+    expected = device_allocated_shapes(max_batch=4, draft_depth=2, envelope=0)
+    assert expected and set(expected) <= set(shapes)
+    for shape in expected:
+        assert engine.programs[shape].device_allocation  # type: ignore[attr-defined]
+    _, host_shapes = _load_engine(dataclasses.replace(config, speculative_allocation="host"),
+                                  "cpu")
+    assert not set(expected) & set(host_shapes)
