@@ -109,7 +109,8 @@ def plot_latency_cdfs(runs: Sequence[RunFile], path: pathlib.Path) -> None:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         if ax.has_data():
-            ax.legend(fontsize="small")
+            # A fixed corner: "best" searches every plotted point (slow, and it warns).
+            ax.legend(fontsize="small", loc="lower right")
     fig.suptitle("latency CDFs")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +146,7 @@ def plot_tokens_over_time(runs: Sequence[RunFile], path: pathlib.Path) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if ax.has_data():
-            ax.legend(fontsize="small")
+            ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
