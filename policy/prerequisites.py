@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from policy.selection import DecisionContext
 
 IntArray = npt.NDArray[np.int64]
+_EMPTY: IntArray = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,123 +206,266 @@ def _undominated(ctx: DecisionContext, values: FloatArray, remaining: IntArray,
     return keep
 
 
-def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray
-                       ) -> _Following:
-    """Every following inference shape in each MIX-25 case (PRE-2, MIX-24)."""
-    cat, group = ctx.catalog, ctx.restorable
-    cols: list[tuple[IntArray, IntArray, int, int, FloatArray, IntArray]] = []
+class FollowingTemplate(NamedTuple):
+    """Every following inference column one prerequisite op can pair with, for one
+    combination of MIX-25 cases (catalog constants, ``CatalogIndex.following_memo``).
 
-    def add(shape: IntArray, cap: IntArray, fixed_pre: int, min_new: int,
-            extra: FloatArray, prompt: IntArray) -> None:
-        if len(shape):
-            cols.append((shape, cap, fixed_pre, min_new, extra, prompt))
+    Columns, in order: decode shapes, decode-only mixed steps (each batch bucket's
+    smallest prompt capacity) and mixed steps with a ready prompt row (when newly ready
+    decoders exist); prefill and mixed shapes for a newly ready prompt row. A dominated
+    column (identical logical work at a larger capacity, SEL-32) is masked per
+    decision, not removed, which leaves the order of the others, and so every choice,
+    unchanged."""
 
-    zeros = np.zeros
+    shape: IntArray
+    follow_cap: IntArray
+    fixed_pre: IntArray
+    min_new: IntArray
+    ready: slice | None
+    """The mixed columns with a ready prompt row."""
+    new: slice | None
+    """The prefill then mixed columns of a newly ready prompt row."""
+    new_split: int
+    """Where the mixed part starts inside ``new``."""
+    new_caps: IntArray
+    new_batch: IntArray
+
+
+def _template(ctx: DecisionContext, new_dec: bool, ready: bool, new_prompt: bool
+              ) -> FollowingTemplate:
+    key = (new_dec, ready, new_prompt)
+    cat = ctx.catalog
+    cached = cat.following_memo.get(key)
+    if cached is not None:
+        return cached
+    parts: list[tuple[IntArray, IntArray, int, int]] = []
     mixed_b = cat.batch[cat.mixed]
+    ready_part = new_part = None
+    start = 0
     if new_dec:
-        add(cat.decode, cat.batch[cat.decode], 0, 1, zeros(len(cat.decode)),
-            np.full(len(cat.decode), -1))
-        # MIX-25 prompt absent: a decode-only mixed step does the same work at every
-        # prompt capacity of a batch bucket, so only the smallest is not dominated.
         only = cat.mixed_smallest_prompt
-        add(only, cat.batch[only], 0, 1, zeros(len(only)), np.full(len(only), -1))
-        ready = np.nonzero(~ctx.prompts.scored)[0]
-        if len(ready) and len(cat.mixed):
-            # MIX-25 prompt already ready: the best ready prompt row per capacity.
-            p = ctx.prompts
-            caps = cat.capacities[cat.mixed, 2]
-            values = _prompt_values(p.token_price[ready], p.finish_value[ready],
-                                    p.logical_remaining[ready], caps)
-            keep = _undominated(ctx, values, p.logical_remaining[ready], caps)
-            add(cat.mixed[keep], (mixed_b - 1)[keep], 0, 1, values.max(axis=0)[keep],
-                np.full(int(keep.sum()), -1))
-    if len(new_prompts):
+        parts += [(cat.decode, cat.batch[cat.decode], 0, 1), (only, cat.batch[only], 0, 1)]
+        start = len(cat.decode) + len(only)
+        if ready:
+            parts.append((cat.mixed, mixed_b - 1, 0, 1))
+            ready_part = slice(start, start + len(cat.mixed))
+            start += len(cat.mixed)
+    new_caps = np.concatenate([cat.capacities[cat.prefill, 1], cat.capacities[cat.mixed, 2]])
+    new_batch = np.concatenate([cat.batch[cat.prefill], mixed_b])
+    if new_prompt:
+        parts += [(cat.prefill, np.zeros(len(cat.prefill), dtype=np.int64), 1, 0),
+                  (cat.mixed, mixed_b - 1, 1, 0)]
+        new_part = slice(start, start + len(cat.prefill) + len(cat.mixed))
+    cached = FollowingTemplate(
+        shape=np.concatenate([p[0] for p in parts] or [_EMPTY]).astype(np.int64),
+        follow_cap=np.concatenate([p[1] for p in parts] or [_EMPTY]).astype(np.int64),
+        fixed_pre=np.concatenate([np.full(len(p[0]), p[2]) for p in parts]
+                                 or [np.zeros(0)]).astype(np.int64),
+        min_new=np.concatenate([np.full(len(p[0]), p[3]) for p in parts]
+                               or [np.zeros(0)]).astype(np.int64),
+        ready=ready_part, new=new_part, new_split=len(cat.prefill), new_caps=new_caps,
+        new_batch=new_batch)
+    cat.following_memo[key] = cached
+    return cached
+
+
+def _keep_runs(best: IntArray, tokens: IntArray, batch: IntArray) -> npt.NDArray[np.bool_]:
+    """``_undominated`` from a column's best row and tokens: a column repeating the
+    previous column's work in the same batch bucket is dominated (SEL-32)."""
+    keep = np.ones(len(batch), dtype=np.bool_)
+    keep[1:] = ~((batch[1:] == batch[:-1]) & (best[1:] == best[:-1])
+                 & (tokens[1:] == tokens[:-1]))
+    return keep
+
+
+def _single_prompt(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
+                   ) -> tuple[IntArray, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """For one newly ready prompt row with ``remaining`` tokens: the tokens each new
+    column consumes, whether it reaches the logical end, and which columns are not
+    dominated (they depend on ``remaining`` alone: catalog constants)."""
+    key = (remaining, tpl.new_split, len(tpl.new_caps))
+    cached = ctx.catalog.single_prompt_memo.get(key)
+    if cached is None:
+        caps, batch, split = tpl.new_caps, tpl.new_batch, tpl.new_split
+        tokens = np.minimum(caps, remaining)
+        zero = np.zeros(len(caps), dtype=np.int64)
+        keep = np.concatenate([_keep_runs(zero[:split], tokens[:split], batch[:split]),
+                               _keep_runs(zero[split:], tokens[split:], batch[split:])])
+        cached = (tokens, caps >= remaining, keep)
+        ctx.catalog.single_prompt_memo[key] = cached
+    return cached
+
+
+def _following_values(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[int]
+                      ) -> tuple[FloatArray, npt.NDArray[np.bool_] | None, IntArray | None]:
+    """Per template column: the fixed prompt row's value (0 without one), whether the
+    column is not dominated (None: all are kept) and the newly ready prompt row's
+    position (None: no column has one) -- the per-decision part of
+    ``prerequisites_reference._following_columns``."""
+    n = len(tpl.shape)
+    extra = np.zeros(n, dtype=np.float64)
+    keep: npt.NDArray[np.bool_] | None = None
+    new_pos: IntArray | None = None
+    cat, group = ctx.catalog, ctx.restorable
+    if tpl.ready is not None:
+        # MIX-25 prompt already ready: the best ready prompt row per capacity.
+        p = ctx.prompts
+        ready = p.ordinary_rows
+        caps = cat.capacities[cat.mixed, 2]
+        rem = p.logical_remaining[ready]
+        values = _prompt_values(p.token_price[ready], p.finish_value[ready], rem, caps)
+        best = values.argmax(axis=0)
+        keep = np.ones(n, dtype=np.bool_)
+        keep[tpl.ready] = _keep_runs(best, np.minimum(caps, rem[best]), cat.batch[cat.mixed])
+        extra[tpl.ready] = values.max(axis=0)
+    if tpl.new is not None:
         # A newly ready prompt row: following prefill, or MIX-25 prompt enabled by the
         # prerequisite (newly ready decoders may join it, k >= 0).
-        tp = np.array(group.token_price, dtype=np.float64)[new_prompts]
-        fin = np.array(group.finish_value, dtype=np.float64)[new_prompts]
-        rem = np.array(group.remaining, dtype=np.int64)[new_prompts]
-        for shapes, caps, follow in (
-                (cat.prefill, cat.capacities[cat.prefill, 1], np.zeros(len(cat.prefill),
-                                                                       dtype=np.int64)),
-                (cat.mixed, cat.capacities[cat.mixed, 2], mixed_b - 1)):
-            if not len(shapes):
-                continue
-            values = _prompt_values(tp, fin, rem, caps)
-            keep = _undominated(ctx, values, rem, caps, shapes)
-            add(shapes[keep], follow[keep], 1, 0, values.max(axis=0)[keep],
-                new_prompts[values.argmax(axis=0)][keep])
-    if not cols:
-        empty_i = np.zeros(0, dtype=np.int64)
-        return _Following(empty_i, empty_i, empty_i, empty_i, np.zeros(0), empty_i)
-    return _Following(
-        shape=np.concatenate([c[0] for c in cols]).astype(np.int64),
-        follow_cap=np.concatenate([c[1] for c in cols]).astype(np.int64),
-        fixed_pre=np.concatenate([np.full(len(c[0]), c[2]) for c in cols]).astype(np.int64),
-        min_new=np.concatenate([np.full(len(c[0]), c[3]) for c in cols]).astype(np.int64),
-        extra=np.concatenate([c[4] for c in cols]).astype(np.float64),
-        new_prompt=np.concatenate([c[5] for c in cols]).astype(np.int64),
-    )
+        if keep is None:
+            keep = np.ones(n, dtype=np.bool_)
+        new_pos = np.full(n, -1, dtype=np.int64)
+        if len(new_prompts) == 1:
+            i = new_prompts[0]
+            tokens, reaches, kept = _single_prompt(ctx, tpl, group.remaining[i])
+            extra[tpl.new] = group.token_price[i] * tokens + np.where(
+                reaches, group.finish_value[i], 0.0)
+            keep[tpl.new] = kept
+            new_pos[tpl.new] = i
+        else:
+            rows = np.array(new_prompts, dtype=np.int64)
+            tp = np.array(group.token_price, dtype=np.float64)[rows]
+            fin = np.array(group.finish_value, dtype=np.float64)[rows]
+            rem = np.array(group.remaining, dtype=np.int64)[rows]
+            split, start = tpl.new_split, tpl.new.start
+            for lo, hi in ((0, split), (split, len(tpl.new_caps))):
+                caps, batch = tpl.new_caps[lo:hi], tpl.new_batch[lo:hi]
+                values = _prompt_values(tp, fin, rem, caps)
+                best = values.argmax(axis=0)
+                part = slice(start + lo, start + hi)
+                keep[part] = _keep_runs(best, np.minimum(caps, rem[best]), batch)
+                extra[part] = values.max(axis=0)
+                new_pos[part] = rows[best]
+    return extra, keep, new_pos
 
 
-def _pair_choices(ctx: DecisionContext, shapes: list[int], rows: list[int],
-                  fol: _Following, new_order: IntArray, terminals_allowed: bool
-                  ) -> list[PrerequisiteChoice]:
-    """The exact two-stage choice for each prerequisite shape over every following
-    column (PRE-7..13, PRE-46, MIX-25), as one (prerequisite x column x k) table of
-    sequence values: k newly ready decoders take the k largest values, ready decoders
-    fill the following graph's remaining rows and terminal rows the prerequisite's."""
-    group = ctx.restorable
-    r_idx = np.array(shapes, dtype=np.int64)
-    t_ms = (ctx.estimate_ns[r_idx] / 1e6)[:, None, None]
-    b_r = ctx.catalog.batch[r_idx][:, None, None]
-    dec, term = ctx.decoders, ctx.terminals
-    n_term = len(term) if terminals_allowed else 0
-    base = np.array(group.base, dtype=np.float64)
-    new_prefix = prefix_sums(base[new_order])
-    k = np.arange(0, min(len(new_order), int(b_r.max())) + 1)[None, None, :]
-    span = t_ms + (ctx.estimate_ns[fol.shape] / 1e6)[None, :, None]
-    pre_left = b_r - fol.fixed_pre[None, :, None] - k
-    follow_left = fol.follow_cap[None, :, None] - k
-    valid = (k >= fol.min_new[None, :, None]) & (pre_left >= 0) & (follow_left >= 0)
-    ready = np.clip(np.minimum(follow_left, len(dec)), 0, None)
+class PairLayout(NamedTuple):
+    """The estimate- and count-dependent structure of one (prerequisite op, template)
+    pair table: everything in ``prerequisites_reference._pair_choices`` that does not
+    depend on lane values (cached in ``ShapeTimes.pair_memo`` until an estimate
+    changes). Arrays are (prerequisite shape, following column, k newly ready)."""
+
+    t_ms: FloatArray
+    span: FloatArray
+    safe_span: FloatArray
+    half_span: FloatArray
+    known: npt.NDArray[np.bool_]
+    all_known: bool
+    span_gain: FloatArray
+    """``span * span - t * t``: a stage-1 terminal's saved waiting, before its factor."""
+    k: IntArray
+    valid: npt.NDArray[np.bool_]
+    ready: IntArray
+    term_n: IntArray
+    advanced: IntArray
+    known_list: list[bool]
+    caps_list: list[int]
+
+
+def _pair_layout(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
+                 key: tuple[int, ...], n_new: int, n_dec: int, n_term: int) -> PairLayout:
+    memo = ctx.times.pair_memo
+    cached = memo.get(key)
+    if cached is not None:
+        return cached
+    t_ms = (ctx.estimate_ns[shapes] / 1e6)[:, None, None]
+    b_r = ctx.catalog.batch[shapes][:, None, None]
+    k = np.arange(0, min(n_new, int(b_r.max())) + 1)[None, None, :]
+    span = t_ms + (ctx.estimate_ns[tpl.shape] / 1e6)[None, :, None]
+    pre_left = b_r - tpl.fixed_pre[None, :, None] - k
+    follow_left = tpl.follow_cap[None, :, None] - k
+    valid = (k >= tpl.min_new[None, :, None]) & (pre_left >= 0) & (follow_left >= 0)
+    ready = np.clip(np.minimum(follow_left, n_dec), 0, None)
     term_n = np.clip(np.minimum(pre_left, n_term), 0, None)
-    # A stage-1 terminal stops ageing at T and saves its waiting cost over the rest of
-    # the sequence (PRE-13, PRE-46); folded into its value so the rate stays additive.
-    saved = ctx.terminal_coefficient * (span * span - t_ms * t_ms) / 2.0
-    value = (new_prefix[k] + k * group.slope * span + dec.prefix[ready]
-             + ready * dec.slope * span + term.prefix[term_n]
-             + term_n * (term.slope * t_ms + saved) + fol.extra[None, :, None])
     known = t_ms > 0
     # Known rows have span >= T > 0; unknown ones rank by value (no division by zero).
     safe_span = np.where(known, span, 1.0)
-    score = np.where(known, value / safe_span - safe_span / 2.0 * ctx.waiting, value)
-    score = np.where(valid, score, -np.inf).reshape(len(shapes), -1)
-    rows_adv = np.where(valid, k + ready + term_n + fol.fixed_pre[None, :, None],
-                        -1).reshape(len(shapes), -1)
+    full = valid.shape
+    cached = PairLayout(
+        t_ms=t_ms, span=span, safe_span=safe_span, half_span=safe_span / 2.0, known=known,
+        all_known=bool(known.all()), span_gain=span * span - t_ms * t_ms, k=k,
+        valid=valid, ready=np.broadcast_to(ready, full), term_n=np.broadcast_to(term_n, full),
+        advanced=np.broadcast_to(k + ready + term_n + tpl.fixed_pre[None, :, None], full),
+        known_list=known.ravel().tolist(), caps_list=b_r.ravel().tolist())
+    memo[key] = cached
+    return cached
+
+
+def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[int],
+                  tpl: FollowingTemplate, new_order: list[int], new_prompts: list[int],
+                  terminals_allowed: bool) -> list[PrerequisiteChoice]:
+    """The exact two-stage choice for each prerequisite shape over every following
+    column (PRE-7..13, PRE-46, MIX-25), as one (prerequisite x column x k) table of
+    sequence values: k newly ready decoders take the k largest values, ready decoders
+    fill the following graph's remaining rows and terminal rows the prerequisite's.
+
+    The same IEEE operations in the same order as the reference; terms that are zero
+    by construction (no newly ready decoder, no ready decoder, no terminal row) are
+    left out, which is exact because every term is a non-negative value."""
+    group = ctx.restorable
+    dec, term = ctx.decoders, ctx.terminals
+    n_term = len(term) if terminals_allowed else 0
+    n_new, n_dec = len(new_order), len(dec)
+    key = (op, tpl.ready is not None, tpl.new is not None, n_new, n_dec, n_term,
+           len(tpl.shape))
+    lay = _pair_layout(ctx, shapes, tpl, key, n_new, n_dec, n_term)
+    extra, keep, new_pos = _following_values(ctx, tpl, new_prompts)
+    span = lay.span
+    terms: list[FloatArray] = []
+    if n_new:
+        new_prefix = prefix_sums([group.base[i] for i in new_order])
+        terms += [new_prefix[lay.k], lay.k * group.slope * span]
+    if n_dec:
+        terms += [dec.prefix[lay.ready], lay.ready * dec.slope * span]
+    if n_term:
+        # A stage-1 terminal stops ageing at T and saves its waiting cost over the rest
+        # of the sequence (PRE-13, PRE-46); folded into its value so the rate stays
+        # additive.
+        saved = ctx.terminal_coefficient * lay.span_gain / 2.0
+        terms += [term.prefix[lay.term_n], lay.term_n * (term.slope * lay.t_ms + saved)]
+    terms.append(extra[None, :, None])
+    value = terms[0]
+    for t in terms[1:]:
+        value = value + t
+    valid = lay.valid if keep is None else lay.valid & keep[None, :, None]
+    if lay.all_known:
+        score = value / span - lay.half_span * ctx.waiting
+    else:
+        score = np.where(lay.known, value / lay.safe_span - lay.half_span * ctx.waiting,
+                         value)
+    n_shapes = len(shapes)
+    score = np.where(valid, score, -np.inf).reshape(n_shapes, -1)
+    rows_adv = np.where(valid, lay.advanced, -1).reshape(n_shapes, -1)
     best = score.max(axis=1)
     flat_best = np.argmax(np.where(score == best[:, None], rows_adv, -2), axis=1)
-    width = value.shape[2]
-    picked_value = value.reshape(len(shapes), -1)[np.arange(len(shapes)), flat_best].tolist()
-    picked_term = term_n.reshape(len(shapes), -1)[np.arange(len(shapes)), flat_best].tolist()
-    known_r = known.ravel().tolist()
-    caps_r = b_r.ravel().tolist()
-    new_list = new_order.tolist()
+    width = valid.shape[2]
+    pick = (np.arange(n_shapes), flat_best)
+    picked_value = np.broadcast_to(value, valid.shape).reshape(n_shapes, -1)[pick].tolist()
+    picked_term = lay.term_n.reshape(n_shapes, -1)[pick].tolist()
     out: list[PrerequisiteChoice] = []
-    for i, (r, top, flat) in enumerate(zip(shapes, best.tolist(), flat_best.tolist(),
-                                           strict=True)):
+    for i, (r, top, flat) in enumerate(zip(shapes.tolist(), best.tolist(),
+                                           flat_best.tolist(), strict=True)):
         if top == -np.inf:
             continue
         col, kk = divmod(flat, width)
         chosen: list[int] = []
-        if fol.new_prompt[col] >= 0:
-            chosen.append(int(fol.new_prompt[col]))
-        chosen += new_list[:kk]
+        if new_pos is not None and new_pos[col] >= 0:
+            chosen.append(int(new_pos[col]))
+        chosen += new_order[:kk]
         t_n = int(picked_term[i])
         out.append(PrerequisiteChoice(
-            shape=r, following_shape=int(fol.shape[col]),
-            rows=_fill_spare(chosen, rows, int(caps_r[i]) - t_n), terminals=t_n,
-            value=float(picked_value[i]), rate=float(top) if known_r[i] else None,
+            shape=r, following_shape=int(tpl.shape[col]),
+            rows=_fill_spare(chosen, rows, int(lay.caps_list[i]) - t_n), terminals=t_n,
+            value=float(picked_value[i]), rate=float(top) if lay.known_list[i] else None,
             basis="pair"))
     return out
 
@@ -395,29 +539,32 @@ def best_prerequisite(ctx: DecisionContext) -> PrerequisiteChoice | None:
     if not group.records:
         return None
     best: PrerequisiteChoice | None = None
-    base = np.array(group.base, dtype=np.float64)
-    for op, shapes in ((StateOp.RESTORE, ctx.catalog.restore),
-                       (StateOp.INITIALIZE, ctx.catalog.initialize)):
+    cat = ctx.catalog
+    has_ready = bool(len(ctx.prompts.ordinary_rows)) and bool(len(cat.mixed))
+    for op, shapes in ((StateOp.RESTORE, cat.restore), (StateOp.INITIALIZE, cat.initialize)):
         rows = [i for i, o in enumerate(group.next_op) if o is op]
         if not rows or not len(shapes):
             continue
         single = [i for i in rows if not group.multistage[i]]
         multi = [i for i in rows if group.multistage[i]]
-        new_dec = np.array([i for i in single if group.decoding[i]], dtype=np.int64)
-        new_order = new_dec[np.argsort(-base[new_dec], kind="stable")]
-        new_prompts = np.array([i for i in single if not group.decoding[i]], dtype=np.int64)
-        fol = _following_columns(ctx, len(new_order), new_prompts)
+        # Newly ready decoders, largest value first (a stable order for ties).
+        new_order = sorted((i for i in single if group.decoding[i]),
+                           key=lambda i: -group.base[i])
+        new_prompts = [i for i in single if not group.decoding[i]]
+        tpl = _template(ctx, bool(new_order), has_ready and bool(new_order),
+                        bool(new_prompts))
         terminals_allowed = op is StateOp.RESTORE
         options: list[PrerequisiteChoice | None] = []
-        if len(fol.shape):
-            options += _pair_choices(ctx, shapes.tolist(), rows, fol, new_order,
-                                     terminals_allowed)
+        if len(tpl.shape):
+            options += _pair_choices(ctx, shapes, 0 if terminals_allowed else 1, rows, tpl,
+                                     new_order, new_prompts, terminals_allowed)
         for r in shapes.tolist():
-            options.append(_multistage_choice(ctx, r, rows, multi, terminals_allowed))
-            if len(fol.shape) and terminals_allowed and len(ctx.terminals):
-                first = int(new_order[0]) if len(new_order) else int(new_prompts[0])
+            if multi:
+                options.append(_multistage_choice(ctx, r, rows, multi, terminals_allowed))
+            if len(tpl.shape) and terminals_allowed and len(ctx.terminals):
+                first = new_order[0] if new_order else new_prompts[0]
                 options.append(_prefix_choice(ctx, r, rows, first))
         for option in options:
-                if option is not None and (best is None or option.key() < best.key()):
-                    best = option
+            if option is not None and (best is None or option.key() < best.key()):
+                best = option
     return best

@@ -38,6 +38,7 @@ import numpy.typing as npt
 
 from policy.candidates import (
     Candidate,
+    CohortSizes,
     FamilyTimes,
     best_candidate,
     candidate_families,
@@ -45,7 +46,12 @@ from policy.candidates import (
     refresh_candidate,
 )
 from policy.descriptors import GraphKind, GraphShape, StateOp
-from policy.prerequisites import PrerequisiteChoice, best_prerequisite
+from policy.prerequisites import (
+    FollowingTemplate,
+    PairLayout,
+    PrerequisiteChoice,
+    best_prerequisite,
+)
 from policy.requests import RequestRecord
 from policy.types import (
     DecodeMode,
@@ -56,7 +62,7 @@ from policy.types import (
     ScheduledStep,
     SelectionReason,
 )
-from policy.utility import NS_PER_MS, FloatArray, optimistic_rate, prefix_sums
+from policy.utility import NS_PER_MS, FloatArray, optimistic_rate
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -86,6 +92,8 @@ class PromptLayout(NamedTuple):
     caps: IntArray
     prefill_cols: IntArray | None
     scored_cols: IntArray | None
+    prefill_caps: IntArray
+    scored_caps: IntArray
 
 
 class MixedGrid(NamedTuple):
@@ -99,6 +107,12 @@ class MixedGrid(NamedTuple):
     caps_u: IntArray
     col_c: IntArray
     full: bool
+    batch: IntArray
+    """Each mixed shape's batch capacity B."""
+    prompt_caps: IntArray
+    """Each mixed shape's prompt capacity C."""
+    cols_u: IntArray
+    """``arange`` over the distinct prompt capacities."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +141,15 @@ class CatalogIndex:
     """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
     prompt_layout: PromptLayout
     mixed_grid: MixedGrid
-    cohort_memo: dict[tuple[str, int], tuple[IntArray, IntArray, BoolArray]] = field(
+    cohort_memo: dict[tuple[int, int], CohortSizes] = field(
         default_factory=dict, compare=False, repr=False)
     """Cohort sizes and dominance per (family, request count): catalog constants."""
+    following_memo: dict[tuple[bool, bool, bool], FollowingTemplate] = field(
+        default_factory=dict, compare=False, repr=False)
+    """Prerequisite lookahead columns per MIX-25 case combination."""
+    single_prompt_memo: dict[tuple[int, int, int], tuple[IntArray, BoolArray, BoolArray]] \
+        = field(default_factory=dict, compare=False, repr=False)
+    """A newly ready prompt row's tokens per lookahead column, by remaining tokens."""
 
     @staticmethod
     def build(shapes: tuple[GraphShape, ...]) -> CatalogIndex:
@@ -211,9 +231,13 @@ def _prompt_structure(shapes: tuple[GraphShape, ...], prefill: IntArray, scored:
         caps_u=np.array([where[c] for c in mixed_caps], dtype=np.int64),
         col_c=np.array([mixed_caps.index(c) for _, c in mixed_bc], dtype=np.int64),
         full=len(set(mixed_bc)) == len(mixed_bc) == len(batches) * len(mixed_caps),
+        batch=np.array([b for b, _ in mixed_bc], dtype=np.int64),
+        prompt_caps=np.array([c for _, c in mixed_bc], dtype=np.int64),
+        cols_u=np.arange(len(mixed_caps)),
     )
     layout = PromptLayout(np.array(caps, dtype=np.int64), columns(token_caps),
-                          columns(scored_caps))
+                          columns(scored_caps), np.array(token_caps, dtype=np.int64),
+                          np.array(scored_caps, dtype=np.int64))
     return layout, grid
 
 
@@ -230,6 +254,8 @@ class ShapeTimes:
     last_touched_ns: IntArray
     memo: dict[str, FamilyTimes] = field(default_factory=dict, compare=False, repr=False)
     sigma_memo: dict[tuple[str, int], float | None] = field(
+        default_factory=dict, compare=False, repr=False)
+    pair_memo: dict[tuple[int, ...], PairLayout] = field(
         default_factory=dict, compare=False, repr=False)
     stale_cache: list[tuple[int, int, int, BoolArray]] = field(
         default_factory=list, compare=False, repr=False)
@@ -265,6 +291,7 @@ class ShapeTimes:
             self.estimate_ns[i] = estimate_ns
             self.memo.clear()
             self.sigma_memo.clear()
+            self.pair_memo.clear()
             self._restage(i)
         if int(self.last_valid_ns[i]) != last_valid_ns:
             self.last_valid_ns[i] = last_valid_ns
@@ -301,24 +328,29 @@ class LaneGroup:
     """``lru_prefix_min[m]`` = least last-served time among the first m (m >= 1)."""
 
     @staticmethod
-    def build(records: list[RequestRecord], base: list[float] | FloatArray,
-              slope: float) -> LaneGroup:
+    def build(records: list[RequestRecord], base: list[float] | FloatArray, slope: float,
+              *, served: list[int] | None = None, handles: list[int] | None = None
+              ) -> LaneGroup:
+        """Sort ``records`` by descending ``base``, then least recently served, then
+        handle. ``served``/``handles``: their ``last_served_ns`` and handles when the
+        caller already has them."""
         values = np.asarray(base, dtype=np.float64)
-        if not records:  # common for terminals: skip the sort machinery
+        n = len(records)
+        if not n:  # common for terminals: skip the sort machinery
             return LaneGroup((), values, slope, np.zeros(1, dtype=np.float64),
                              np.zeros(1, dtype=np.int64))
-        served_all = np.fromiter((r.last_served_ns for r in records), dtype=np.int64,
-                                 count=len(records))
-        handles = np.fromiter((r.handle for r in records), dtype=np.int64,
-                              count=len(records))
-        order = np.lexsort((handles, served_all, -values))
-        recs = tuple(records[i] for i in order.tolist())
+        served_all = np.array([r.last_served_ns for r in records] if served is None
+                              else served, dtype=np.int64)
+        handle_all = np.array([r.handle for r in records] if handles is None else handles,
+                              dtype=np.int64)
+        order = np.lexsort((handle_all, served_all, -values))
+        recs = tuple([records[i] for i in order.tolist()])
         b = values[order]
-        served = served_all[order]
-        lru = np.zeros(len(recs) + 1, dtype=np.int64)
-        if len(recs):
-            lru[1:] = np.minimum.accumulate(served)
-        return LaneGroup(recs, b, slope, prefix_sums(b), lru)
+        lru = np.zeros(n + 1, dtype=np.int64)
+        np.minimum.accumulate(served_all[order], out=lru[1:])
+        prefix = np.zeros(n + 1, dtype=np.float64)  # utility.prefix_sums
+        np.cumsum(b, out=prefix[1:])
+        return LaneGroup(recs, b, slope, prefix, lru)
 
     def __len__(self) -> int:
         return len(self.records)

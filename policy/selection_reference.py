@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.candidates import INT64_MAX, Candidate, dominated_by_smaller
-from policy.prerequisites import best_prerequisite
+from policy.prerequisites_reference import best_prerequisite_reference
 from policy.types import ScheduledPlan, SelectionReason
 from policy.utility import NS_PER_MS, FloatArray, value_rates
 
@@ -177,7 +177,7 @@ def select_reference(ctx: DecisionContext) -> ScheduledPlan | None:
     _prefill_candidates(table, ctx, cat.prefill, scored=False)
     _prefill_candidates(table, ctx, cat.scored_prefill, scored=True)
     _mixed_candidates(table, ctx)
-    pair = best_prerequisite(ctx)
+    pair = best_prerequisite_reference(ctx)
     if not table.shape:
         return _restore_plan(ctx, pair) if pair is not None else None
     cols = {name: table.cat(name) for name in _Table.__slots__}

@@ -8,7 +8,8 @@ shapes off the full grid, missing families, unmeasured shapes, durations that ar
 monotone in capacity so dominated shapes can be faster), identical prompts (exact ties),
 stale estimates with and without funded refresh, restorable rows and terminal
 snapshots. Covers SEL-24, SEL-25, SEL-31..33, SEL-36..43, DUR-20..24, REF-7, REF-8,
-MIX-18..21 by comparison with the specification.
+MIX-18..21 by comparison with the specification; the prerequisite lookahead (PRE-2..16,
+PRE-21..25, MIX-24, MIX-25) against ``prerequisites_reference`` the same way.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from policy import (
     Fence,
     GraphKind,
     GraphShape,
+    Phase,
     RestoreNeed,
     Scheduler,
     StateOp,
 )
 from policy.config import PolicyConfig
 from policy.decision import build_context
+from policy.prerequisites import best_prerequisite
+from policy.prerequisites_reference import best_prerequisite_reference
 from policy.selection import select
 from policy.selection_reference import select_reference
 
@@ -60,9 +64,13 @@ def random_catalog(rng: random.Random) -> tuple[GraphShape, ...]:
         shapes += [GraphShape(kind=GraphKind.STATE, batch_capacity=b, token_capacity=1,
                               state_op=StateOp.SNAPSHOT) for b in (1, 2, 4)
                    if rng.random() < 0.7]
-    if rng.random() < 0.5:
+    if rng.random() < 0.6:
         shapes += [GraphShape(kind=GraphKind.STATE, batch_capacity=b, token_capacity=1,
-                              state_op=StateOp.RESTORE) for b in (1, 2, 4)
+                              state_op=StateOp.RESTORE) for b in (1, 2, 4, 8)
+                   if rng.random() < 0.7]
+    if rng.random() < 0.3:
+        shapes += [GraphShape(kind=GraphKind.STATE, batch_capacity=b, token_capacity=1,
+                              state_op=StateOp.INITIALIZE) for b in (1, 2)
                    if rng.random() < 0.7]
     if shapes and not any(s.kind in (GraphKind.PREFILL, GraphKind.MIXED) for s in shapes):
         shapes.append(GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64))
@@ -90,18 +98,26 @@ def check_run(seed: int, frames: int) -> int:
     s.advance_to(2)
     position = {shape: i for i, shape in enumerate(catalog)}
     same_prompt = rng.randint(16, 900)
+    restore_rate = rng.choice((0.05, 0.3))
     compared = 0
     fence = 0
     for _ in range(frames):
         while len(s.handles()) < 10:
             twin = rng.random() < 0.4  # identical requests: exact value ties
             prompt = same_prompt if twin else rng.randint(16, 1500)
+            blocked = not twin and rng.random() < restore_rate
             s.admit(prompt_len=prompt, max_output_tokens=4 if twin else rng.randint(1, 12),
                     message_ends=() if twin else (rng.randint(1, prompt),),
                     system_end=None if twin or rng.random() < 0.8 else rng.randint(1, prompt),
                     scored_prompt=not twin and rng.random() < 0.2,
-                    restore=RestoreNeed.READY if not twin and rng.random() < 0.1
-                    else RestoreNeed.NONE)
+                    restore=RestoreNeed.READY if blocked else RestoreNeed.NONE,
+                    further_stages=(StateOp.INITIALIZE,) if blocked and rng.random() < 0.3
+                    else ())
+            rec = s.request(s.handles()[-1])
+            if rec.restore is RestoreNeed.READY and rng.random() < 0.5:
+                # A blocked decoder: its prompt is done, its state awaits a restore graph.
+                rec.phase, rec.prompt_cursor = Phase.DECODE, rec.prompt_len
+                rec.last_visible_ns = s.now_ns - rng.randint(0, 50) * MS
         ctx = build_context(records={h: s.request(h) for h in s.handles()},
                             catalog=s._catalog, times=s._shape_times(), config=s.config,
                             queue=s._queue, now_ns=s.now_ns, ttl_ns=s.estimates.ttl_ns,
@@ -110,6 +126,7 @@ def check_run(seed: int, frames: int) -> int:
             c = dataclasses.replace(ctx, refresh_funded=funded)
             assert serialise(select(c), position) == serialise(select_reference(c), position)
             compared += 1
+        assert repr(best_prerequisite(ctx)) == repr(best_prerequisite_reference(ctx))
         plan = s.plan()
         if plan is None:
             s.advance_to(s.now_ns + MS)
