@@ -66,10 +66,12 @@ class RuntimeConfig:
     max_queue: int = 64
     """Bounded admission queue: requests waiting beyond the resident ones."""
     state_operations: bool = False
-    """Prepare state-operation programs, so every normal completion ends with a
-    scheduled terminal SNAPSHOT frame (PRE-38..53). Off by default: on a
-    pure-attention model the terminal checkpoint is a host-side page move, and the
-    snapshot frame only adds a competing frame before ``Finished`` (docs/runtime.md)."""
+    """Prepare state-operation programs (measured at start-up), so a normal completion
+    whose checkpoint allowance pays for it ends with a scheduled terminal SNAPSHOT
+    capture (PRE-38..53, QUEUE-20..23). Off by default: on a pure-attention model the
+    terminal checkpoint is a host-side page move with the same reuse, and a capture
+    costs a window-draining frame per completion and delays the conversation's next
+    turn until it ran (docs/runtime.md, *Checkpoints*, measured figures)."""
     scheduler_policy: str = "balanced"
     """The seed's presets, or a baseline policy on the same prepared programs (issue 7;
     ``fixed-spec-K`` needs a speculative load of draft depth at least K)."""
