@@ -23,7 +23,9 @@ Owns three rules:
 - **Lane order is plan order.** Rows, samples and records line up lane by lane.
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
-  scratch row and its partial last page into the snapshot destination. The frame
+  scratch row and its partial last page into the snapshot destination (without an
+  obtainable destination the allocator's plan stops at the last full page and
+  nothing partial is copied, QUEUE-25). The frame
   first re-initialises the source row from the host's view (position = written
   extent, block table = the pages covering it), so the copy never depends on device
   state that a discarded decode behind the final token advanced.
