@@ -11,7 +11,8 @@ scenario needs that: ``flare bench serve`` alone has no periodic long prompts). 
 run is bounded in request count and time (``--time-limit``).
 
 ``--tabulate DIR`` prints the Markdown comparison table of the run files already in
-``DIR`` (``flare sim`` output directories too), without starting anything.
+``DIR`` (``flare sim`` output directories too, including the speculative policies and
+the ``acceptance`` scenario's per-client view), without starting anything.
 """
 
 from __future__ import annotations
@@ -215,6 +216,19 @@ def _fairness(s: dict[str, Any]) -> list[str]:
             f"{s['fairness']['jain_service_per_demand']:.3f}", f"{s['duration_s']:.1f}"]
 
 
+def _acceptance(s: dict[str, Any]) -> list[str]:
+    c = _clients(s)
+    code, chat = c.get("code", {}), c.get("chat", {})
+    spec = s.get("simulator", {}).get("speculation", {})
+    rate = spec.get("acceptance_rate")
+    return [f"{_ms(s['ttft_s'], 'median')} / {_ms(s['ttft_s'], 'p99')}",
+            f"{_ms(code.get('tpot_s'), 'median')} / {_ms(chat.get('tpot_s'), 'median')}",
+            f"{_s(code.get('e2e_s'), 'median')} / {_s(chat.get('e2e_s'), 'median')}",
+            f"{_s(s['e2e_s'], 'p99')}", f"{_ms(s['itl_s'], 'p99')}",
+            "-" if rate is None else f"{rate:.2f}",
+            f"{s['throughput']['output_tokens_per_s']:.0f}"]
+
+
 def _plain(s: dict[str, Any]) -> list[str]:
     return [f"{_ms(s['ttft_s'], 'median')} / {_ms(s['ttft_s'], 'p99')}",
             f"{_ms(s['tpot_s'], 'median')} / {_ms(s['tpot_s'], 'p99')}",
@@ -233,6 +247,9 @@ TABLES: dict[str, tuple[list[str], Row]] = {
                   "Jain per demand", "duration (s)"], _fairness),
     "plain": (["TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)", "ITL p99 / max (ms)",
                "E2E p50 / p99 (s)", "output tok/s", "ok/sent"], _plain),
+    "acceptance": (["TTFT p50 / p99 (ms)", "TPOT p50 code / chat (ms)",
+                    "E2E p50 code / chat (s)", "E2E p99 (s)", "ITL p99 (ms)",
+                    "drafts accepted", "output tok/s"], _acceptance),
 }
 
 
@@ -250,15 +267,18 @@ def _kind_of(clients: set[str]) -> str:
         return "interference"
     if {"heavy", "light"} <= clients:
         return "fairness"
+    if {"code", "chat"} <= clients:
+        return "acceptance"
     return "plain"
 
 
 def tabulate(directory: pathlib.Path) -> str:
     from ops.loadgen.report import read_run
     from ops.sim.runs import per_client_latency
+    from policy.baselines import POLICY_NAMES
 
     summaries = []
-    for name in POLICIES:
+    for name in POLICY_NAMES:
         path = directory / f"{name}.json"
         if path.exists():
             run = read_run(path)
@@ -280,13 +300,14 @@ def _sweep_row(s: dict[str, Any]) -> list[str]:
 def sweep_table(directories: Sequence[pathlib.Path]) -> str:
     """One row per (directory, policy): the capacity sweep's view."""
     from ops.loadgen.report import read_run
+    from policy.baselines import POLICY_NAMES
 
     headers = ["TTFT p50 / p99 (ms)", "TPOT p99 (ms)", "ITL max (ms)", "E2E p99 (s)",
                "output tok/s"]
     lines = ["| run | policy | " + " | ".join(headers) + " |",
              "|---" * (len(headers) + 2) + "|"]
     for directory in directories:
-        for name in POLICIES:
+        for name in POLICY_NAMES:
             path = directory / f"{name}.json"
             if path.exists():
                 s = read_run(path).summary
