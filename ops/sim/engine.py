@@ -118,6 +118,8 @@ class _Req:
     finished_s: float | None = None
     finish: FinishKind | None = None
     refused: bool = False
+    plain_record: CompletionRecord | None = None
+    """The reusable record of a one-token, non-final output lane."""
     accept_runs: np.ndarray | None = None
     """``accept_runs[j]``: consecutive accepted draft positions from output position j."""
 
@@ -341,6 +343,13 @@ class _Simulation:
                 emitted = max(1, min(emitted, q.plan.output_tokens - q.produced))
         q.produced += emitted
         eos = self.o.output_limit > 0 and q.produced == q.plan.output_tokens
+        if emitted == 1 and not prompt_tokens and not eos:
+            # The common case, one plain token: records are frozen, so reuse one.
+            plain = q.plain_record
+            if plain is None or plain.epoch != epoch:
+                plain = q.plain_record = CompletionRecord(handle=handle, epoch=epoch,
+                                                          token_ids=_TOKENS[1])
+            return plain
         return CompletionRecord(handle=handle, epoch=epoch, token_ids=_TOKENS[emitted],
                                 prompt_tokens=prompt_tokens, terminated=eos)
 
