@@ -1,8 +1,8 @@
-"""The ordinary candidates of one decision as vectorised families (seed: *Useful service
-and selection*, *Duration estimates*, *Mixed execution contract*).
+"""The ordinary candidates of one decision and their ranking (seed: *Useful service and
+selection*, *Duration estimates*, *Mixed execution contract*, *Funded timing refresh*).
 
-``selection.select`` ranks every ordinary candidate; this module builds them. A
-*family* is one block of the candidate table, in table order:
+``selection.select`` asks this module for the ordinary winner. The candidates form a
+table in families, in table order:
 
 0. decode shapes with their top-m decoder cohort (SEL-25);
 1. snapshot shapes with their top-m terminal cohort (PRE-44);
@@ -12,28 +12,30 @@ and selection*, *Duration estimates*, *Mixed execution contract*).
    capacity: larger ones repeat its logical work and are dominated, SEL-32);
 5. ordinary mixed shapes with the best prompt row plus the top B-1 decoders (MIX-18).
 
-Each family holds only what ranking needs for every row: the scaled base value, the
-F-SEL rate, the primary key (rate when measured, useful value when not, DUR-22/23) and
-an eligibility mask (dominated shapes, SEL-32/33, and DUR-20 exclusions removed). The
-remaining ranking columns (served requests, recency, padding: DUR-24) and the plan's
-lanes are derived for the few rows that need them, the winner and exact ties, by
-``Family.describe``. Per-catalog structure (cohort sizes per decoder count, the mixed
-grid) and per-estimate structure (durations per family) are cached between decisions;
-nothing that depends on request state is.
+A row is (family, flat): flat is ``prompt row * width + column`` for the prefill
+families and the column otherwise. Ranking: dominated rows (SEL-32, SEL-33) and DUR-20
+exclusions never win; unknown durations come first, by useful value (DUR-22, DUR-23);
+measured ones by the F-SEL rate; exact ties by ``Candidate.tie_key`` (DUR-24, OPEN-19).
+With full refresh credit the least recently touched stale alternative displaces a
+measured winner (REF-7, REF-8, OPEN-9; dominated rows included, SEL-37).
 
-The previous full-table builder is kept as the executable specification in
-``selection_reference.py``; both produce bit-identical decisions (tests).
+The table is small (tens of shapes, a few dozen requests), and the decision runs
+between device completions with cold caches, where each numpy call costs several
+microseconds. So the rows are walked as Python floats over lists cached per catalog
+(shapes, cohort sizes and dominance per request count, the mixed grid) and per
+estimate version (durations), skipping dominated rows by construction, with the same
+IEEE operations in the same order as the vectorised table in
+``selection_reference.py``, which is kept as the executable specification; the tests
+require bit-identical decisions from both.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, NamedTuple, cast
+import math
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-
-from policy.utility import FloatArray
 
 if TYPE_CHECKING:
     from policy.selection import CatalogIndex, DecisionContext, LaneGroup, ShapeTimes
@@ -41,33 +43,39 @@ if TYPE_CHECKING:
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 INT64_MAX = int(np.iinfo(np.int64).max)
+_NEG_INF = -math.inf
 
 DECODE, SNAPSHOT, PREFILL, SCORED_PREFILL, MIXED_DECODE, MIXED_PROMPT = range(6)
+_NAMES = ("decode", "snapshot", "prefill", "scored_prefill", "mixed_decode", "mixed")
+
+
+class FamilyShapes(NamedTuple):
+    """A family's shapes as Python lists (catalog constants): catalog positions, batch
+    capacities and prompt capacities (prefill token capacity, mixed prompt capacity)."""
+
+    shapes: list[int]
+    batch: list[int]
+    caps: list[int]
 
 
 class FamilyTimes(NamedTuple):
-    """Estimates of one family's shapes (cached until an estimate changes)."""
+    """A family's estimates (cached until an estimate changes): ``safe``/``half`` are
+    the duration in ms (1.0 when unknown) and half of it, as in ``utility.value_rates``."""
 
-    est_ns: IntArray
-    known: BoolArray
+    est: list[int]
+    known: list[bool]
     all_known: bool
-    safe_ms: FloatArray
-    """Duration in ms where known, 1.0 where not (``utility.value_rates``)."""
-    half_ms: FloatArray
-    """``safe_ms / 2.0``: the waiting cost factor of F-SEL."""
-    est_list: list[int]
+    safe: list[float]
+    half: list[float]
 
 
-def family_times(times: ShapeTimes, name: str, idx: IntArray) -> FamilyTimes:
-    cached = times.memo.get(name)
-    if cached is None:
-        est = times.estimate_ns[idx]
-        known = est > 0
-        ms = est / 1_000_000
-        safe = np.where(ms > 0, ms, 1.0)
-        cached = FamilyTimes(est, known, bool(known.all()), safe, safe / 2.0, est.tolist())
-        times.memo[name] = cached
-    return cached
+class CohortSizes(NamedTuple):
+    """Catalog constants of a cohort family for one request count: cohort size per
+    shape and whether the shape is eligible (for mixed prompt steps: whether its batch
+    bucket starts a run of equal cohorts)."""
+
+    m: list[int]
+    eligible: list[bool]
 
 
 class Candidate(NamedTuple):
@@ -97,131 +105,61 @@ class Candidate(NamedTuple):
                 self.pad_tokens, self.family, self.flat)
 
 
-class Family(ABC):
-    """One block of candidates: ``width`` shapes per row, ``rows`` rows (prompt rows for
-    prefill families, else one), arrays of shape (rows, width) flattened row-major."""
-
-    __slots__ = (
-        "base",
-        "eligible",
-        "kind",
-        "primary",
-        "rates",
-        "shapes",
-        "times",
-        "width",
-    )
-
-    def __init__(self, kind: int, shapes: IntArray, times: FamilyTimes, base: FloatArray,
-                 slope: FloatArray | None, waiting: float,
-                 eligible: BoolArray | None) -> None:
-        self.kind = kind
-        self.shapes = shapes
-        self.times = times
-        self.width = len(shapes)
-        self.base = base
-        # ``utility.value_rates`` with the same IEEE operations (slope 0: base + 0.0 is
-        # base for the positive values of prompt rows).
-        numerator = base if slope is None else base + slope * times.safe_ms
-        self.rates: FloatArray = numerator / times.safe_ms - times.half_ms * waiting
-        self.primary: FloatArray = self.rates if times.all_known else np.where(
-            times.known, self.rates, base)
-        self.eligible = eligible
-
-    @abstractmethod
-    def candidate(self, flat: int, ctx: DecisionContext) -> Candidate:
-        """Row ``flat`` with every ranking column and what its plan needs."""
-
-    def _row(self, flat: int, col: int, served: int, lru: int, pad_rows: int,
-             pad_tokens: int, prompt_pos: int, prompt_tokens: int, n_dec: int,
-             n_term: int) -> Candidate:
-        t = self.times
-        return Candidate(self.kind, flat, int(self.shapes[col]), float(self.base.flat[flat]),
-                         float(self.rates.flat[flat]), bool(t.known[col]), t.est_list[col],
-                         served, lru, pad_rows, pad_tokens, prompt_pos, prompt_tokens,
-                         n_dec, n_term)
+def family_shapes(catalog: CatalogIndex, kind: int) -> FamilyShapes:
+    cached = catalog.family_memo.get(kind)
+    if cached is None:
+        idx = (catalog.decode, catalog.snapshot, catalog.prefill, catalog.scored_prefill,
+               catalog.mixed_smallest_prompt, catalog.mixed)[kind]
+        column = 1 if kind in (PREFILL, SCORED_PREFILL) else 2
+        cached = FamilyShapes(idx.tolist(), catalog.batch[idx].tolist(),
+                              catalog.capacities[idx, column].tolist())
+        catalog.family_memo[kind] = cached
+    return cached
 
 
-class _CohortFamily(Family):
-    """Decode or snapshot shapes: the first min(B, n) lanes of the sorted group."""
-
-    __slots__ = ("caps", "group", "sizes")
-
-    def __init__(self, kind: int, shapes: IntArray, times: FamilyTimes, group: LaneGroup,
-                 sizes: IntArray, caps: IntArray, eligible: BoolArray,
-                 waiting: float) -> None:
-        slope = cast(FloatArray, sizes * group.slope)
-        super().__init__(kind, shapes, times, group.prefix[sizes], slope, waiting, eligible)
-        self.group, self.sizes, self.caps = group, sizes, caps
-
-    def candidate(self, flat: int, ctx: DecisionContext) -> Candidate:
-        m = int(self.sizes[flat])
-        terminal = self.kind == SNAPSHOT
-        return self._row(flat, flat, m, int(self.group.lru_prefix_min[m]),
-                         int(self.caps[flat]) - m, 0, -1, 0, 0 if terminal else m,
-                         m if terminal else 0)
+def family_times(times: ShapeTimes, kind: int, shapes: list[int]) -> FamilyTimes:
+    name = _NAMES[kind]
+    cached = times.memo.get(name)
+    if cached is None:
+        est = times.estimate_ns[shapes].tolist()
+        ms = [e / 1_000_000 for e in est]
+        safe = [m if m > 0 else 1.0 for m in ms]
+        known = [e > 0 for e in est]
+        cached = FamilyTimes(est, known, all(known), safe, [s / 2.0 for s in safe])
+        times.memo[name] = cached
+    return cached
 
 
-class _PrefillFamily(Family):
-    """Prefill shapes x prompt rows (row-major)."""
-
-    __slots__ = ("caps", "rows", "tokens")
-
-    def __init__(self, kind: int, shapes: IntArray, times: FamilyTimes, rows: IntArray,
-                 tokens: IntArray, value: FloatArray, caps: IntArray,
-                 eligible: BoolArray, waiting: float) -> None:
-        super().__init__(kind, shapes, times, value, None, waiting, eligible)
-        self.rows, self.tokens, self.caps = rows, tokens, caps
-
-    def candidate(self, flat: int, ctx: DecisionContext) -> Candidate:
-        r, col = divmod(flat, self.width)
-        pos = int(self.rows[r])
-        tokens = int(self.tokens[r, col])
-        return self._row(flat, col, 1, int(ctx.prompts.last_served[pos]), 0,
-                         int(self.caps[col]) - tokens, pos, tokens, 0, 0)
-
-
-class _MixedDecodeFamily(Family):
-    """Decode-only mixed steps at each batch bucket's smallest prompt capacity."""
-
-    __slots__ = ("batch", "prompt_caps", "sizes")
-
-    def __init__(self, shapes: IntArray, times: FamilyTimes, group: LaneGroup,
-                 sizes: IntArray, batch: IntArray, prompt_caps: IntArray,
-                 eligible: BoolArray, waiting: float) -> None:
-        slope = cast(FloatArray, sizes * group.slope)
-        super().__init__(MIXED_DECODE, shapes, times, group.prefix[sizes], slope, waiting,
-                         eligible)
-        self.sizes, self.batch, self.prompt_caps = sizes, batch, prompt_caps
-
-    def candidate(self, flat: int, ctx: DecisionContext) -> Candidate:
-        m = int(self.sizes[flat])
-        return self._row(flat, flat, m, int(ctx.decoders.lru_prefix_min[m]),
-                         int(self.batch[flat]) - m, int(self.prompt_caps[flat]), -1, 0, m, 0)
-
-
-class _MixedPromptFamily(Family):
-    """Mixed steps with the best prompt row and the top B-1 decoders (MIX-18)."""
-
-    __slots__ = ("batch", "best_pos", "best_tokens", "prompt_caps", "sizes")
-
-    def __init__(self, shapes: IntArray, times: FamilyTimes, base: FloatArray,
-                 slope: FloatArray, sizes: IntArray, batch: IntArray, prompt_caps: IntArray,
-                 best_pos: IntArray, best_tokens: IntArray, eligible: BoolArray,
-                 waiting: float) -> None:
-        super().__init__(MIXED_PROMPT, shapes, times, base, slope, waiting, eligible)
-        self.sizes, self.batch, self.prompt_caps = sizes, batch, prompt_caps
-        self.best_pos, self.best_tokens = best_pos, best_tokens
-
-    def candidate(self, flat: int, ctx: DecisionContext) -> Candidate:
-        m = int(self.sizes[flat])
-        pos = int(self.best_pos[flat])
-        tokens = int(self.best_tokens[flat])
-        lru = int(ctx.prompts.last_served[pos])
-        if m > 0:
-            lru = min(lru, int(ctx.decoders.lru_prefix_min[m]))
-        return self._row(flat, flat, m + 1, lru, int(self.batch[flat]) - m - 1,
-                         int(self.prompt_caps[flat]) - tokens, pos, tokens, m, 0)
+def cohort_sizes(catalog: CatalogIndex, kind: int, n: int) -> CohortSizes:
+    """Cohort sizes and dominance of a family for ``n`` requests (catalog constants).
+    Decode and snapshot: ``m = min(B, n)``; a larger B with the same cohort does the
+    same work on larger capacities (SEL-32). Decode-only mixed steps: the same with the
+    generic mixed dominance. Mixed prompt steps: ``m = min(B - 1, n)`` and whether the
+    batch bucket starts a run of equal cohorts."""
+    key = (kind, n)
+    cached = catalog.cohort_memo.get(key)
+    if cached is not None:
+        return cached
+    fam = family_shapes(catalog, kind)
+    if kind == MIXED_PROMPT:
+        grid = catalog.mixed_grid
+        m_b = [min(b - 1, n) for b in grid.batches.tolist()]
+        first_b = [i == 0 or m_b[i] != m_b[i - 1] for i in range(len(m_b))]
+        cached = CohortSizes([m_b[b] for b in grid.col_b.tolist()],
+                             [first_b[b] for b in grid.col_b.tolist()])
+    else:
+        m = [min(b, n) for b in fam.batch]
+        if kind == MIXED_DECODE:
+            batch = np.array(fam.batch, dtype=np.int64)
+            keys = np.stack([np.full(len(m), -1), np.zeros(len(m), dtype=np.int64),
+                             np.array(m, dtype=np.int64)], axis=1).astype(np.int64)
+            eligible = (~dominated_by_smaller(
+                keys, batch, np.array(fam.caps, dtype=np.int64))).tolist()
+        else:
+            eligible = [i == 0 or m[i] != m[i - 1] for i in range(len(m))]
+        cached = CohortSizes(m, eligible)
+    catalog.cohort_memo[key] = cached
+    return cached
 
 
 def dominated_by_smaller(keys: IntArray, batch: IntArray, prompt: IntArray) -> BoolArray:
@@ -253,218 +191,249 @@ def dominated_by_smaller(keys: IntArray, batch: IntArray, prompt: IntArray) -> B
     return result
 
 
-def _cohort_sizes(catalog: CatalogIndex, name: str, idx: IntArray, n: int
-                  ) -> tuple[IntArray, IntArray, BoolArray]:
-    """``(m = min(B, n), B, eligible)`` for a family sorted by B: a larger B with the
-    same cohort does the same work on larger capacities and is dominated (SEL-32)."""
-    key = (name, n)
-    cached = catalog.cohort_memo.get(key)
-    if cached is None:
-        cap = catalog.batch[idx]
-        m = np.minimum(cap, n)
-        eligible = np.ones(len(idx), dtype=np.bool_)
-        eligible[1:] = m[1:] != m[:-1]
-        cached = catalog.cohort_memo[key] = (m, cap, eligible)
-    return cached
+class _Tracker:
+    """The best primary key so far among measured rows (F-SEL rate) and among unknown
+    rows (useful value), with every row attaining it."""
+
+    __slots__ = ("known_best", "known_hits", "unknown_best", "unknown_hits")
+
+    def __init__(self) -> None:
+        self.known_best = _NEG_INF
+        self.known_hits: list[tuple[int, int]] = []
+        self.unknown_best = _NEG_INF
+        self.unknown_hits: list[tuple[int, int]] = []
+
+    def unknown(self, value: float, row: tuple[int, int]) -> None:
+        if value > self.unknown_best:
+            self.unknown_best, self.unknown_hits = value, [row]
+        elif value == self.unknown_best:
+            self.unknown_hits.append(row)
 
 
-def _mixed_decode_sizes(catalog: CatalogIndex, n: int) -> tuple[IntArray, BoolArray]:
-    """Decode-only mixed rows: cohort sizes and eligibility (their keys differ only by
-    the cohort size, so dominance depends on the decoder count alone)."""
-    key = ("mixed_decode", n)
-    cached = catalog.cohort_memo.get(key)
-    if cached is None:
-        only = catalog.mixed_smallest_prompt
-        batch = catalog.batch[only]
-        m = np.minimum(batch, n)
-        keys = np.stack([np.full(len(only), -1), np.zeros(len(only), dtype=np.int64), m],
-                        axis=1).astype(np.int64)
-        eligible = ~dominated_by_smaller(keys, batch, catalog.capacities[only, 2])
-        cached = catalog.cohort_memo[key] = (m, batch, eligible)
-    return cached[0], cached[2]
+class Candidates:
+    """The candidate table of one decision, walked row by row (see the module
+    docstring); ``best`` and ``refresh`` rank it, ``candidate`` describes a row."""
 
+    __slots__ = ("_best_pos", "_best_tokens", "_best_value", "_ctx", "_first_c", "_mixed",
+                 "families")
 
-def _mixed_prompt_sizes(catalog: CatalogIndex, n: int) -> tuple[IntArray, BoolArray]:
-    """``m2 = min(B - 1, n)`` per mixed column and whether its batch bucket starts a run
-    of equal cohorts (the grid dominance rule along B)."""
-    key = ("mixed_prompt", n)
-    cached = catalog.cohort_memo.get(key)
-    if cached is None:
-        grid = catalog.mixed_grid
-        m_b = np.minimum(grid.batches - 1, n)
-        first_b = np.ones(len(m_b), dtype=np.bool_)
-        first_b[1:] = m_b[1:] != m_b[:-1]
-        cached = catalog.cohort_memo[key] = (m_b[grid.col_b], grid.batches[grid.col_b],
-                                             first_b[grid.col_b])
-    return cached[0], cached[2]
+    def __init__(self, ctx: DecisionContext) -> None:
+        self._ctx = ctx
+        cat, p = ctx.catalog, ctx.prompts
+        n_dec, n_prompts = len(ctx.decoders), len(p.records)
+        present = [len(cat.decode) > 0 and n_dec > 0,
+                   len(cat.snapshot) > 0 and len(ctx.terminals) > 0,
+                   len(cat.prefill) > 0 and len(p.ordinary) > 0,
+                   len(cat.scored_prefill) > 0 and len(p.scored_list) > 0,
+                   len(cat.mixed) > 0 and n_dec > 0,
+                   len(cat.mixed) > 0 and n_prompts > 0 and len(p.ordinary) > 0]
+        self.families = [kind for kind in range(6) if present[kind]]
+        self._mixed = present[MIXED_PROMPT]
+        self._best_pos: list[int] = []
+        self._best_tokens: list[int] = []
+        self._best_value: list[float] = []
+        self._first_c: list[bool] = []
+        if self._mixed:
+            self._best_per_capacity()
 
+    # ---- the mixed prompt row per distinct prompt capacity ----------------------------
 
-def candidate_families(ctx: DecisionContext) -> list[Family]:
-    """Every ordinary candidate family of the decision, in table order."""
-    cat = ctx.catalog
-    times = ctx.times
-    waiting = ctx.waiting
-    dec, term, p = ctx.decoders, ctx.terminals, ctx.prompts
-    n_dec = len(dec)
-    out: list[Family] = []
-    for kind, name, idx, group in ((DECODE, "decode", cat.decode, dec),
-                                   (SNAPSHOT, "snapshot", cat.snapshot, term)):
-        if len(idx) and len(group):
-            sizes, caps, eligible = _cohort_sizes(cat, name, idx, len(group))
-            out.append(_CohortFamily(kind, idx, family_times(times, name, idx), group,
-                                     sizes, caps, eligible, waiting))
-    if not p.records:
-        if n_dec and len(cat.mixed):
-            out.append(_mixed_decode_family(ctx))
-        return out
-    # One value table for every prompt row at every distinct prompt capacity of the
-    # prefill, scored prefill and mixed families (SEL-39..41).
-    layout = cat.prompt_layout
-    rem = p.logical_remaining[:, None]
-    tokens_u = np.minimum(layout.caps[None, :], rem)
-    final_u = (tokens_u == rem) & p.reaches_prompt_end[:, None]
-    value_u = tokens_u * p.token_price[:, None] + final_u * p.finish_value[:, None]
-    n_scored = len(p.scored_rows)
-    ordinary_rows = p.ordinary_rows
-    for kind, name, idx, cols, rows in (
-            (PREFILL, "prefill", cat.prefill, layout.prefill_cols, ordinary_rows),
-            (SCORED_PREFILL, "scored_prefill", cat.scored_prefill, layout.scored_cols,
-             p.scored_rows)):
-        if not len(idx) or not len(rows):
-            continue
-        out.append(_prefill_family(ctx, kind, name, idx, cols, rows, tokens_u, value_u,
-                                   all_rows=len(rows) == len(p.records)))
-    if len(cat.mixed) and (n_dec or n_scored < len(p.records)):
-        if n_dec:
-            out.append(_mixed_decode_family(ctx))
-        if n_scored < len(p.records):
-            out.append(_mixed_prompt_family(ctx, tokens_u, value_u, ordinary_rows,
-                                            all_rows=n_scored == 0))
-    return out
+    def _best_per_capacity(self) -> None:
+        """The best ordinary prompt row at each distinct mixed prompt capacity; rows are
+        ordered least recently served first, so the first maximum is the DUR-24
+        tie-break (MIX-18). Equal work forms runs along C: ``_first_c``."""
+        p = self._ctx.prompts
+        rem, price, finish, reaches = p.remaining, p.price, p.finish, p.reaches
+        rows = p.ordinary
+        for c in self._ctx.catalog.mixed_grid.caps_list:
+            best_v, best_p, best_t = _NEG_INF, -1, 0
+            for pos in rows:
+                r = rem[pos]
+                if c < r:
+                    v = c * price[pos] + 0.0
+                    t = c
+                else:
+                    v = r * price[pos] + (finish[pos] if reaches[pos] else 0.0)
+                    t = r
+                if v > best_v:
+                    best_v, best_p, best_t = v, pos, t
+            self._best_value.append(best_v)
+            self._best_pos.append(best_p)
+            self._best_tokens.append(best_t)
+        bp, bt = self._best_pos, self._best_tokens
+        self._first_c = [c == 0 or bp[c] != bp[c - 1] or bt[c] != bt[c - 1]
+                         for c in range(len(bp))]
 
+    def _mixed_eligible(self, sizes: CohortSizes) -> list[bool]:
+        grid = self._ctx.catalog.mixed_grid
+        col_c = grid.col_c_list
+        if grid.full:
+            # On a complete grid a column is undominated exactly when it starts both
+            # its run along B (same cohort) and its run along C (same work): SEL-32/33.
+            first_c = self._first_c
+            return [fb and first_c[c] for fb, c in zip(sizes.eligible, col_c, strict=True)]
+        keys = np.array([[self._best_pos[c], self._best_tokens[c], m]
+                         for c, m in zip(col_c, sizes.m, strict=True)], dtype=np.int64)
+        keys = keys.reshape(len(col_c), 3)
+        eligible: list[bool] = (~dominated_by_smaller(keys, grid.batch,
+                                                       grid.prompt_caps)).tolist()
+        return eligible
 
-def _prefill_family(ctx: DecisionContext, kind: int, name: str, idx: IntArray,
-                    cols: IntArray | None, rows: IntArray, tokens_u: IntArray,
-                    value_u: FloatArray, *, all_rows: bool) -> Family:
-    p = ctx.prompts
-    t = family_times(ctx.times, name, idx)
-    tokens = tokens_u if all_rows else tokens_u[rows]
-    value = value_u if all_rows else value_u[rows]
-    if cols is not None:
-        tokens, value = tokens[:, cols], value[:, cols]
-    caps = ctx.catalog.capacities[idx, 1]
-    eligible = np.ones(tokens.shape, dtype=np.bool_)
-    # A larger capacity consuming the same tokens is dominated (SEL-32).
-    np.not_equal(tokens[:, 1:], tokens[:, :-1], out=eligible[:, 1:])
-    if not t.all_known:
-        # DUR-20: a smaller capacity already covers everything up to the next endpoint.
-        unknown = ~t.known
-        eligible[:, 1:] &= ~(unknown[None, 1:] & (
-            caps[None, :-1] >= p.endpoint_remaining[rows][:, None]))
-    return _PrefillFamily(kind, idx, t, rows, tokens, value, caps, eligible, ctx.waiting)
+    # ---- ranking ------------------------------------------------------------------------
 
+    def best(self) -> Candidate | None:
+        """The ordinary winner, or None when every row is dominated or excluded."""
+        ctx = self._ctx
+        w = ctx.waiting
+        track = _Tracker()
+        for kind in self.families:
+            fam = family_shapes(ctx.catalog, kind)
+            t = family_times(ctx.times, kind, fam.shapes)
+            if kind in (PREFILL, SCORED_PREFILL):
+                self._walk_prefill(kind, fam, t, w, track)
+                continue
+            group, base_of = self._cohort_source(kind)
+            sizes = cohort_sizes(ctx.catalog, kind, len(group))
+            eligible = self._mixed_eligible(sizes) if kind == MIXED_PROMPT else sizes.eligible
+            pre, gs = group.prefix_list, group.slope
+            known, safe, half = t.known, t.safe, t.half
+            best, hits = track.known_best, track.known_hits
+            for j, m in enumerate(sizes.m):
+                if not eligible[j]:
+                    continue
+                base = pre[m] if base_of is None else base_of[j] + pre[m]
+                if known[j]:
+                    s = safe[j]
+                    rate = (base + m * gs * s) / s - half[j] * w
+                    if rate > best:
+                        best, hits = rate, [(kind, j)]
+                    elif rate == best:
+                        hits.append((kind, j))
+                else:
+                    track.unknown(base, (kind, j))
+            track.known_best, track.known_hits = best, hits
+        hits = track.unknown_hits or track.known_hits
+        if not hits:
+            return None
+        if len(hits) == 1:
+            return self.candidate(*hits[0])
+        return min((self.candidate(*row) for row in hits), key=Candidate.tie_key)
 
-def _mixed_decode_family(ctx: DecisionContext) -> Family:
-    cat = ctx.catalog
-    only = cat.mixed_smallest_prompt
-    sizes, eligible = _mixed_decode_sizes(cat, len(ctx.decoders))
-    return _MixedDecodeFamily(only, family_times(ctx.times, "mixed_decode", only),
-                              ctx.decoders, sizes, cat.batch[only],
-                              cat.capacities[only, 2], eligible, ctx.waiting)
+    def _cohort_source(self, kind: int) -> tuple[LaneGroup, list[float] | None]:
+        """The lane group of a cohort family and, for mixed prompt steps, each column's
+        prompt row value (the cohort then adds to it)."""
+        ctx = self._ctx
+        if kind == SNAPSHOT:
+            return ctx.terminals, None
+        if kind == MIXED_PROMPT:
+            value = self._best_value
+            return ctx.decoders, [value[c] for c in ctx.catalog.mixed_grid.col_c_list]
+        return ctx.decoders, None
 
+    def _walk_prefill(self, kind: int, fam: FamilyShapes, t: FamilyTimes, w: float,
+                      track: _Tracker) -> None:
+        """Prefill rows: a capacity consuming the same tokens as the previous one is
+        dominated (SEL-32), so a row stops at the first capacity reaching its logical
+        end; DUR-20 excludes an unmeasured capacity when the previous one already
+        covers the next endpoint."""
+        p = self._ctx.prompts
+        rem_of, price_of, finish_of, reaches_of = p.remaining, p.price, p.finish, p.reaches
+        endpoint_of = p.endpoint
+        caps, known, safe, half = fam.caps, t.known, t.safe, t.half
+        width = len(caps)
+        best, hits = track.known_best, track.known_hits
+        for ri, pos in enumerate(p.ordinary if kind == PREFILL else p.scored_list):
+            rem, price = rem_of[pos], price_of[pos]
+            finish = finish_of[pos] if reaches_of[pos] else 0.0
+            previous = -1
+            for col in range(width):
+                c = caps[col]
+                tokens = c if c < rem else rem
+                if tokens == previous:
+                    continue  # dominated; only equal capacities repeat below the end
+                previous = tokens
+                if col and not known[col] and caps[col - 1] >= endpoint_of[pos]:
+                    continue  # DUR-20
+                value = tokens * price + (finish if tokens == rem else 0.0)
+                if known[col]:
+                    rate = value / safe[col] - half[col] * w
+                    if rate > best:
+                        best, hits = rate, [(kind, ri * width + col)]
+                    elif rate == best:
+                        hits.append((kind, ri * width + col))
+                else:
+                    track.unknown(value, (kind, ri * width + col))
+                if tokens == rem:
+                    break  # every larger capacity repeats this work
+        track.known_best, track.known_hits = best, hits
 
-def _mixed_prompt_family(ctx: DecisionContext, tokens_u: IntArray, value_u: FloatArray,
-                         rows: IntArray, *, all_rows: bool) -> Family:
-    cat = ctx.catalog
-    grid = cat.mixed_grid
-    dec = ctx.decoders
-    idx = cat.mixed
-    # Best ordinary prompt row per distinct prompt capacity; rows are ordered least
-    # recently served first, so argmax's first maximum is the DUR-24 tie-break.
-    value_c = (value_u if all_rows else value_u[rows])[:, grid.caps_u]
-    tokens_c = (tokens_u if all_rows else tokens_u[rows])[:, grid.caps_u]
-    best_c = np.argmax(value_c, axis=0)
-    cols_c = np.arange(len(best_c))
-    best_value_c = value_c[best_c, cols_c]
-    best_tokens_c = tokens_c[best_c, cols_c]
-    sizes, first_b = _mixed_prompt_sizes(cat, len(dec))
-    col_c = grid.col_c
-    base = best_value_c[col_c] + dec.prefix[sizes]
-    best_tokens = best_tokens_c[col_c]
-    best_pos = rows[best_c[col_c]]
-    if grid.full:
-        # Equal work forms runs along C (same best row, same tokens) and along B (same
-        # cohort); on a complete grid a column is undominated exactly when it starts
-        # both runs (SEL-32, SEL-33).
-        first_c = np.ones(len(best_c), dtype=np.bool_)
-        first_c[1:] = (best_c[1:] != best_c[:-1]) | (best_tokens_c[1:] != best_tokens_c[:-1])
-        eligible = first_b & first_c[col_c]
-    else:
-        keys = np.stack([best_pos, best_tokens, sizes], axis=1)
-        eligible = ~dominated_by_smaller(keys, cat.batch[idx], cat.capacities[idx, 2])
-    slope = cast(FloatArray, sizes * dec.slope)
-    return _MixedPromptFamily(idx, family_times(ctx.times, "mixed", idx), base, slope, sizes, cat.batch[idx],
-                              cat.capacities[idx, 2], best_pos, best_tokens, eligible,
-                              ctx.waiting)
+    def refresh(self, winner_shape: int) -> Candidate | None:
+        """The funded refresh alternative (REF-7, REF-8, OPEN-9, SEL-37): among rows of
+        stale shapes other than the winner's, dominated ones included, the least
+        recently touched first, then the ordinary ranking. Stale implies measured, and
+        only unmeasured prefill rows are DUR-20 exclusions, so none is excluded."""
+        ctx = self._ctx
+        stale, touched = ctx.stale, ctx.last_touched_ns
+        pool: list[tuple[int, float, int, int]] = []
+        for kind in self.families:
+            fam = family_shapes(ctx.catalog, kind)
+            cols = [j for j, s in enumerate(fam.shapes) if stale[s] and s != winner_shape]
+            if not cols:
+                continue
+            width = len(fam.shapes)
+            rows = range(1) if kind not in (PREFILL, SCORED_PREFILL) else range(
+                len(ctx.prompts.ordinary if kind == PREFILL else ctx.prompts.scored_list))
+            for r in rows:
+                for j in cols:
+                    flat = r * width + j
+                    cand = self.candidate(kind, flat)
+                    pool.append((int(touched[fam.shapes[j]]), -cand.rate, kind, flat))
+        if not pool:
+            return None
+        first = min((lt, neg) for lt, neg, _, _ in pool)
+        tied = [self.candidate(kind, flat) for lt, neg, kind, flat in pool
+                if (lt, neg) == first]
+        return min(tied, key=Candidate.tie_key)
 
+    # ---- one row ------------------------------------------------------------------------
 
-def best_candidate(ctx: DecisionContext, families: list[Family]) -> Candidate | None:
-    """The ordinary winner: unknown durations first by useful value (DUR-22, DUR-23),
-    else the highest F-SEL rate; exact ties by ``Candidate.tie_key``. None when every
-    row is dominated or excluded."""
-    unknown_pool = False
-    for f in families:
-        if not f.times.all_known:
-            unknown = ~f.times.known if f.eligible is None else f.eligible & ~f.times.known
-            if unknown.any():
-                unknown_pool = True
-                break
-    masks: list[BoolArray | None] = []
-    tops: list[float] = []
-    for f in families:
-        mask = f.eligible
-        if unknown_pool:
-            mask = ~np.broadcast_to(f.times.known, f.primary.shape) if mask is None \
-                else mask & ~f.times.known
-        masks.append(mask)
-        tops.append(float(f.primary.max(where=mask, initial=-np.inf)) if mask is not None
-                    else float(f.primary.max()))
-    best = max(tops)
-    if best == -np.inf:
-        return None
-    tied: list[Candidate] = []
-    for f, mask, top in zip(families, masks, tops, strict=True):
-        if top != best:
-            continue
-        hit = f.primary == best
-        if mask is not None:
-            hit &= mask
-        for flat in np.flatnonzero(hit).tolist():
-            tied.append(f.candidate(flat, ctx))
-    return tied[0] if len(tied) == 1 else min(tied, key=Candidate.tie_key)
-
-
-def refresh_candidate(ctx: DecisionContext, families: list[Family], winner_shape: int
-                      ) -> Candidate | None:
-    """The funded refresh alternative (REF-7, REF-8, OPEN-9, SEL-37): among rows of
-    stale shapes other than the winner's, dominated ones included, the least recently
-    touched first, then the ordinary ranking. None when there is none.
-
-    Stale implies measured, and only unmeasured prefill rows are DUR-20 exclusions, so
-    no excluded row can qualify."""
-    stale_all = ctx.stale
-    touched = ctx.last_touched_ns
-    pool: list[tuple[int, float, Family, int]] = []
-    for f in families:
-        cols = stale_all[f.shapes] & (f.shapes != winner_shape)
-        if not cols.any():
-            continue
-        hit = np.broadcast_to(cols, f.primary.shape)
-        for flat in np.flatnonzero(hit).tolist():
-            col = flat % f.width
-            pool.append((int(touched[f.shapes[col]]), -float(f.primary.flat[flat]), f, flat))
-    if not pool:
-        return None
-    first = min((lt, neg) for lt, neg, _, _ in pool)
-    tied = [f.candidate(flat, ctx) for lt, neg, f, flat in pool if (lt, neg) == first]
-    return min(tied, key=Candidate.tie_key)
+    def candidate(self, kind: int, flat: int) -> Candidate:
+        """Row ``flat`` of family ``kind`` with every ranking column and its plan."""
+        ctx = self._ctx
+        fam = family_shapes(ctx.catalog, kind)
+        t = family_times(ctx.times, kind, fam.shapes)
+        w = ctx.waiting
+        if kind in (PREFILL, SCORED_PREFILL):
+            p = ctx.prompts
+            width = len(fam.shapes)
+            r, col = divmod(flat, width)
+            pos = (p.ordinary if kind == PREFILL else p.scored_list)[r]
+            rem, cap = p.remaining[pos], fam.caps[col]
+            tokens = cap if cap < rem else rem
+            base = tokens * p.price[pos] + (
+                p.finish[pos] if tokens == rem and p.reaches[pos] else 0.0)
+            rate = base / t.safe[col] - t.half[col] * w
+            return Candidate(kind, flat, fam.shapes[col], base, rate, t.known[col],
+                             t.est[col], 1, p.last_served_list[pos], 0, cap - tokens, pos,
+                             tokens, 0, 0)
+        group, base_of = self._cohort_source(kind)
+        sizes = cohort_sizes(ctx.catalog, kind, len(group))
+        m = sizes.m[flat]
+        base = group.prefix_list[m] if base_of is None else base_of[flat] + group.prefix_list[m]
+        s = t.safe[flat]
+        rate = (base + m * group.slope * s) / s - t.half[flat] * w
+        lru = group.lru_list[m]
+        batch = fam.batch[flat]
+        if kind == MIXED_PROMPT:
+            c = ctx.catalog.mixed_grid.col_c_list[flat]
+            pos, tokens = self._best_pos[c], self._best_tokens[c]
+            last = ctx.prompts.last_served_list[pos]
+            lru = min(last, lru) if m > 0 else last
+            return Candidate(kind, flat, fam.shapes[flat], base, rate, t.known[flat],
+                             t.est[flat], m + 1, lru, batch - m - 1, fam.caps[flat] - tokens,
+                             pos, tokens, m, 0)
+        pad_tokens = fam.caps[flat] if kind == MIXED_DECODE else 0
+        terminal = kind == SNAPSHOT
+        return Candidate(kind, flat, fam.shapes[flat], base, rate, t.known[flat],
+                         t.est[flat], m, lru, batch - m, pad_tokens, -1, 0,
+                         0 if terminal else m, m if terminal else 0)

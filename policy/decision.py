@@ -17,6 +17,7 @@ This module owns the step between the scheduler's stored state and the selector:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -121,11 +122,20 @@ def build_context(
     histories = projected_histories(records, queue, config) if len(queue) else {}
 
     n_active = 0
+    n_pending_terminals = 0
     decoders: list[RequestRecord] = []
     terminals: list[RequestRecord] = []
     prompts: list[RequestRecord] = []
     restorable: list[RequestRecord] = []
-    n_pending_terminals = 0
+    # Per decoder: token rate x, delivery rate z (a missing z is priced at the admission
+    # fair share, service.delivery_price), output age (requests.output_age_ns: from the
+    # later of the last visible output and a queued expected delivery, QUEUE-43),
+    # last served time and handle (the group's tie-break order).
+    dec_x: list[float] = []
+    dec_z: list[float] = []
+    dec_age: list[int] = []
+    dec_served: list[int] = []
+    dec_handle: list[int] = []
     # One pass with the ``selectable`` / ``restorable`` rules inlined (requests.py):
     # this loop runs over every resident request on every decision.
     for r in records.values():
@@ -140,6 +150,18 @@ def build_context(
                 n_active += 1
                 if r.max_output_tokens - r.output_committed - r.queued_outputs > 0:
                     decoders.append(r)
+                    h = histories.get(r.handle, r.history) if histories else r.history
+                    dec_x.append(h.token_rate)
+                    z = h.delivery_rate
+                    dec_z.append(h.fair_delivery_rate if z is None else z)
+                    since = r.last_visible_ns
+                    queued = r.queued_delivery_end_ns
+                    if queued is not None and queued > since:
+                        since = queued
+                    age = start_ns - since
+                    dec_age.append(age if age > 0 else 0)
+                    dec_served.append(r.last_served_ns)
+                    dec_handle.append(r.handle)
             elif phase is _TERMINAL:
                 n_pending_terminals += 1
                 if not r.in_flight_fences:
@@ -154,30 +176,30 @@ def build_context(
             if phase is _DECODE:
                 n_active += 1
     prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
+    prompt_x: list[float] = []
+    prompt_z: list[float] = []
+    cursor: list[int] = []
+    remaining: list[int] = []
+    endpoint: list[int] = []
+    reaches: list[bool] = []
+    last_served: list[int] = []
+    scored_rows: list[int] = []
+    for i, r in enumerate(prompts):
+        h = histories.get(r.handle, r.history) if histories else r.history
+        prompt_x.append(h.token_rate)
+        z = h.delivery_rate
+        prompt_z.append(h.fair_delivery_rate if z is None else z)
+        at = r.prompt_cursor
+        end = r.logical_prompt_end()
+        cursor.append(at)
+        remaining.append(end - at)
+        endpoint.append(r.next_endpoint() - at)
+        reaches.append(end >= r.prompt_len)
+        last_served.append(r.last_served_ns)
+        if r.scored_prompt:
+            scored_rows.append(i)
 
-    n_dec, n_prompts = len(decoders), len(prompts)
-    dec_hist = [histories.get(r.handle, r.history) for r in decoders] if histories \
-        else [r.history for r in decoders]
-    prompt_hist = [histories.get(r.handle, r.history) for r in prompts] if histories \
-        else [r.history for r in prompts]
-    # SEL-5..7 as arrays (service.py's scalar functions, the same IEEE operations):
-    # f/x, output beta + f/x, prefill 1 + f/x, delivery g/z (a missing z priced at the
-    # admission fair share).
-    rates = np.array([h.token_rate for h in dec_hist] + [h.token_rate for h in prompt_hist]
-                     + [h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
-                        for h in dec_hist]
-                     + [h.fair_delivery_rate if h.delivery_rate is None else h.delivery_rate
-                        for h in prompt_hist], dtype=np.float64)
-    n_req = n_dec + n_prompts
-    fair = config.token_fairness / rates[:n_req]
-    delivery = config.delivery_fairness / rates[n_req:]
-    output_price = config.output_token_value + fair
-    prompt_token_price = 1.0 + fair[n_dec:]
-    largest = float(np.abs(np.concatenate((output_price, delivery, prompt_token_price)))
-                    .max(initial=0.0))
-    e = scale_exponent((config.decode_age_price, config.terminal_value,
-                        config.terminal_age_price, largest))
-
+    e = _price_exponent(config, dec_x, dec_z, prompt_x, prompt_z)
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
     sigma_term = _reference_ms(catalog, times, "snapshot", catalog.snapshot,
                                n_pending_terminals)
@@ -186,41 +208,23 @@ def build_context(
     dec_slope = c_dec * sigma_dec if sigma_dec is not None else 0.0
     term_slope = c_term * sigma_term if sigma_term is not None else 0.0
 
-    # output_age_ns (requests.py) for every decoder: from the later of the last visible
-    # output and a queued expected delivery (QUEUE-43), never negative.
-    ages_ms = np.array([max(start_ns - (r.last_visible_ns if r.queued_delivery_end_ns is None
-                                        else max(r.last_visible_ns, r.queued_delivery_end_ns)),
-                            0) for r in decoders], dtype=np.int64) / NS_PER_MS
-    finish = output_price + delivery  # output token price + delivery price, per request
-    dec_base = np.ldexp(finish[:n_dec], -e) + dec_slope * ages_ms
+    # SEL-5..7 (service.py's scalar price functions, the same IEEE operations): a
+    # decoder's base value is its output token price beta + f/x plus its delivery
+    # price g/z, scaled, plus the age term at the planning start; a prompt row's token
+    # price is 1 + f/x and its first output is worth beta + f/x + g/z.
+    tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
+    ldexp = math.ldexp
+    dec_base = [ldexp(beta + tf / x + g / z, -e) + dec_slope * (age / NS_PER_MS)
+                for x, z, age in zip(dec_x, dec_z, dec_age, strict=True)]
     term_value = scaled(config.terminal_value, e)
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
-
-    ints = np.array([(r.prompt_cursor, r.logical_prompt_end(), r.next_endpoint(),
-                      r.prompt_len, r.last_served_ns) for r in prompts],
-                    dtype=np.int64).reshape(n_prompts, 5)
-    cursor, logical_end, endpoint, prompt_len = ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3]
-    scored_rows = [i for i, r in enumerate(prompts) if r.scored_prompt]
-    scored = np.zeros(n_prompts, dtype=np.bool_)
-    if scored_rows:
-        scored[scored_rows] = True
-        ordinary_rows = np.flatnonzero(~scored)
-    else:
-        ordinary_rows = np.arange(n_prompts)
     prompt_group = PromptGroup(
-        records=tuple(prompts),
-        cursor=cursor,
-        logical_remaining=logical_end - cursor,
-        endpoint_remaining=endpoint - cursor,
-        reaches_prompt_end=logical_end >= prompt_len,
-        token_price=np.ldexp(prompt_token_price, -e),
-        finish_value=np.ldexp(finish[n_dec:], -e),
-        scored=scored,
-        last_served=ints[:, 4],
-        ordinary_rows=ordinary_rows,
-        scored_rows=np.array(scored_rows, dtype=np.int64),
-    )
+        tuple(prompts), cursor=cursor, remaining=remaining, endpoint=endpoint,
+        reaches=reaches, price=[ldexp(1.0 + tf / x, -e) for x in prompt_x],
+        finish=[ldexp(beta + tf / x + g / z, -e)
+                for x, z in zip(prompt_x, prompt_z, strict=True)],
+        last_served=last_served, scored=scored_rows)
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
                                    e=e, start_ns=start_ns, dec_slope=dec_slope,
                                    c_dec=c_dec, sigma_dec=sigma_dec)
@@ -230,7 +234,8 @@ def build_context(
         estimate_ns=times.estimate_ns,
         stale=times.stale_at(now_ns, ttl_ns),
         last_touched_ns=times.last_touched_ns,
-        decoders=LaneGroup.build(decoders, dec_base, dec_slope),
+        decoders=LaneGroup.build(decoders, dec_base, dec_slope, served=dec_served,
+                                 handles=dec_handle),
         terminals=LaneGroup.build(terminals, term_base, term_slope),
         prompts=prompt_group,
         restorable=restore_group,
@@ -241,6 +246,28 @@ def build_context(
         start_ns=start_ns,
         refresh_funded=refresh_funded,
     )
+
+
+def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float],
+                    prompt_x: list[float], prompt_z: list[float]) -> int:
+    """The decision's scaling exponent (SEL-20, OPEN-14): the binary exponent of the
+    largest price or coefficient. Prices are ``beta + f/x``, ``g/z`` and ``1 + f/x``
+    with non-negative coefficients (``PolicyConfig`` validates them) and positive
+    rates, and correctly rounded division and addition are monotone, so the largest
+    of each is the one at the smallest rate: ``max_i(beta + f/x_i) = beta + f/min_i x_i``
+    exactly."""
+    tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
+    x_all, z_all = dec_x + prompt_x, dec_z + prompt_z
+    largest = 0.0
+    if x_all:
+        x_min, z_min = min(x_all), min(z_all)
+        if not (x_min > 0 and z_min > 0):
+            raise ValueError(f"service rates must be positive, got {x_min!r}, {z_min!r}")
+        largest = max(beta + tf / x_min, g / z_min)
+        if prompt_x:
+            largest = max(largest, 1.0 + tf / min(prompt_x))
+    return scale_exponent((config.decode_age_price, config.terminal_value,
+                           config.terminal_age_price, largest))
 
 
 def _fastest_ms(times: ShapeTimes, family: IntArray) -> float:

@@ -29,21 +29,21 @@ Rules implemented here (seed: *Useful service and selection*, *Duration estimate
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from policy.candidates import (
     Candidate,
+    Candidates,
     CohortSizes,
+    FamilyShapes,
     FamilyTimes,
-    best_candidate,
-    candidate_families,
     dominated_by_smaller,
-    refresh_candidate,
 )
 from policy.descriptors import GraphKind, GraphShape, StateOp
 from policy.prerequisites import (
@@ -113,6 +113,9 @@ class MixedGrid(NamedTuple):
     """Each mixed shape's prompt capacity C."""
     cols_u: IntArray
     """``arange`` over the distinct prompt capacities."""
+    caps_list: list[int]
+    """The distinct prompt capacities."""
+    col_c_list: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,9 @@ class CatalogIndex:
     cohort_memo: dict[tuple[int, int], CohortSizes] = field(
         default_factory=dict, compare=False, repr=False)
     """Cohort sizes and dominance per (family, request count): catalog constants."""
+    family_memo: dict[int, FamilyShapes] = field(
+        default_factory=dict, compare=False, repr=False)
+    """Each candidate family's shapes and capacities as Python lists."""
     following_memo: dict[tuple[bool, bool, bool], FollowingTemplate] = field(
         default_factory=dict, compare=False, repr=False)
     """Prerequisite lookahead columns per MIX-25 case combination."""
@@ -234,6 +240,8 @@ def _prompt_structure(shapes: tuple[GraphShape, ...], prefill: IntArray, scored:
         batch=np.array([b for b, _ in mixed_bc], dtype=np.int64),
         prompt_caps=np.array([c for _, c in mixed_bc], dtype=np.int64),
         cols_u=np.arange(len(mixed_caps)),
+        caps_list=mixed_caps,
+        col_c_list=[mixed_caps.index(c) for _, c in mixed_bc],
     )
     layout = PromptLayout(np.array(caps, dtype=np.int64), columns(token_caps),
                           columns(scored_caps), np.array(token_caps, dtype=np.int64),
@@ -314,70 +322,152 @@ class ShapeTimes:
         self.stale_cache[0] = (ttl, lo, hi if boundary <= lo else min(hi, boundary), updated)
 
 
-@dataclass(frozen=True, slots=True)
 class LaneGroup:
     """Requests of one role sorted by descending base value (ties: least recently
-    served first). A cohort of size m is the first m; values are prefix sums."""
+    served first, then handle). A cohort of size m is the first m; its value is a prefix
+    sum. Kept as Python lists (the selector walks them as floats); the numpy views
+    ``base``/``prefix``/``lru_prefix_min`` are built on first use."""
 
-    records: tuple[RequestRecord, ...]
-    base: FloatArray
-    slope: float
-    """Per-lane age slope ``c*sigma`` (scaled); uniform within a group."""
-    prefix: FloatArray
-    lru_prefix_min: IntArray
-    """``lru_prefix_min[m]`` = least last-served time among the first m (m >= 1)."""
+    __slots__ = ("_arrays", "base_list", "lru_list", "prefix_list", "records", "slope")
+
+    def __init__(self, records: tuple[RequestRecord, ...], base: list[float], slope: float,
+                 prefix: list[float], lru: list[int]) -> None:
+        self.records = records
+        self.base_list = base
+        self.slope = slope
+        """Per-lane age slope ``c*sigma`` (scaled); uniform within a group."""
+        self.prefix_list = prefix
+        """``prefix_list[m]``: the summed base values of the first m lanes."""
+        self.lru_list = lru
+        """``lru_list[m]`` = least last-served time among the first m (m >= 1)."""
+        self._arrays: dict[str, npt.NDArray[np.generic]] = {}
 
     @staticmethod
-    def build(records: list[RequestRecord], base: list[float] | FloatArray, slope: float,
+    def build(records: list[RequestRecord], base: list[float], slope: float,
               *, served: list[int] | None = None, handles: list[int] | None = None
               ) -> LaneGroup:
         """Sort ``records`` by descending ``base``, then least recently served, then
         handle. ``served``/``handles``: their ``last_served_ns`` and handles when the
-        caller already has them."""
-        values = np.asarray(base, dtype=np.float64)
+        caller already has them. Prefix sums add in order, as ``utility.prefix_sums``."""
         n = len(records)
-        if not n:  # common for terminals: skip the sort machinery
-            return LaneGroup((), values, slope, np.zeros(1, dtype=np.float64),
-                             np.zeros(1, dtype=np.int64))
-        served_all = np.array([r.last_served_ns for r in records] if served is None
-                              else served, dtype=np.int64)
-        handle_all = np.array([r.handle for r in records] if handles is None else handles,
-                              dtype=np.int64)
-        order = np.lexsort((handle_all, served_all, -values))
-        recs = tuple([records[i] for i in order.tolist()])
-        b = values[order]
-        lru = np.zeros(n + 1, dtype=np.int64)
-        np.minimum.accumulate(served_all[order], out=lru[1:])
-        prefix = np.zeros(n + 1, dtype=np.float64)  # utility.prefix_sums
-        np.cumsum(b, out=prefix[1:])
-        return LaneGroup(recs, b, slope, prefix, lru)
+        if not n:  # common for terminals
+            return LaneGroup((), [], slope, [0.0], [0])
+        if served is None:
+            served = [r.last_served_ns for r in records]
+        if handles is None:
+            handles = [r.handle for r in records]
+        order = [i for _, _, _, i in sorted(zip([-v for v in base], served, handles,
+                                                 range(n)))]
+        values = [base[i] for i in order]
+        return LaneGroup(tuple([records[i] for i in order]), values, slope,
+                         [0.0, *itertools.accumulate(values)],
+                         [0, *itertools.accumulate([served[i] for i in order], min)])
 
     def __len__(self) -> int:
         return len(self.records)
 
+    def _array(self, name: str, values: list[float] | list[int],
+               dtype: type[np.generic]) -> npt.NDArray[np.generic]:
+        cached = self._arrays.get(name)
+        if cached is None:
+            cached = self._arrays[name] = np.array(values, dtype=dtype)
+        return cached
 
-@dataclass(frozen=True, slots=True)
+    @property
+    def base(self) -> FloatArray:
+        return cast(FloatArray, self._array("base", self.base_list, np.float64))
+
+    @property
+    def prefix(self) -> FloatArray:
+        return cast(FloatArray, self._array("prefix", self.prefix_list, np.float64))
+
+    @property
+    def lru_prefix_min(self) -> IntArray:
+        return cast(IntArray, self._array("lru", self.lru_list, np.int64))
+
+
 class PromptGroup:
-    """Requests with prompt work, as arrays (one entry per request)."""
+    """Requests with prompt work, least recently served first (one entry per request),
+    as Python lists; the numpy views (``logical_remaining`` ...) are built on first use.
 
-    records: tuple[RequestRecord, ...]
-    cursor: IntArray
-    logical_remaining: IntArray
-    """Tokens up to the logical end (system boundary or prompt end, SEL-40)."""
-    endpoint_remaining: IntArray
-    """Tokens up to the next message or prompt endpoint (DUR-20)."""
-    reaches_prompt_end: BoolArray
-    """Whether consuming all ``logical_remaining`` finishes the prompt."""
-    token_price: FloatArray
-    """Scaled prefill token price ``1 + f/x``."""
-    finish_value: FloatArray
-    """Scaled value of the first output: output token price + delivery price."""
-    scored: BoolArray
-    last_served: IntArray
-    ordinary_rows: IntArray
-    """Positions of the rows without scoring (prefill and mixed candidates)."""
-    scored_rows: IntArray
-    """Positions of the scored rows (scored prefill candidates)."""
+    ``remaining``: tokens up to the logical end (system boundary or prompt end,
+    SEL-40); ``endpoint``: up to the next message or prompt endpoint (DUR-20);
+    ``reaches``: consuming all of ``remaining`` finishes the prompt; ``price``: the
+    scaled prefill token price ``1 + f/x``; ``finish``: the scaled value of the first
+    output (output token price + delivery price); ``ordinary``/``scored_list``: the
+    positions of the rows without and with scoring."""
+
+    __slots__ = ("_arrays", "cursor_list", "endpoint", "finish", "last_served_list",
+                 "ordinary", "price", "reaches", "records", "remaining", "scored_list")
+
+    def __init__(self, records: tuple[RequestRecord, ...], *, cursor: list[int],
+                 remaining: list[int], endpoint: list[int], reaches: list[bool],
+                 price: list[float], finish: list[float], last_served: list[int],
+                 scored: list[int]) -> None:
+        self.records = records
+        self.cursor_list = cursor
+        self.remaining = remaining
+        self.endpoint = endpoint
+        self.reaches = reaches
+        self.price = price
+        self.finish = finish
+        self.last_served_list = last_served
+        self.scored_list = scored
+        self.ordinary = [i for i in range(len(records)) if i not in scored] if scored \
+            else list(range(len(records)))
+        self._arrays: dict[str, npt.NDArray[np.generic]] = {}
+
+    def _array(self, name: str, values: list[float] | list[int] | list[bool],
+               dtype: type[np.generic]) -> npt.NDArray[np.generic]:
+        cached = self._arrays.get(name)
+        if cached is None:
+            cached = self._arrays[name] = np.array(values, dtype=dtype)
+        return cached
+
+    @property
+    def cursor(self) -> IntArray:
+        return cast(IntArray, self._array("cursor", self.cursor_list, np.int64))
+
+    @property
+    def logical_remaining(self) -> IntArray:
+        return cast(IntArray, self._array("remaining", self.remaining, np.int64))
+
+    @property
+    def endpoint_remaining(self) -> IntArray:
+        return cast(IntArray, self._array("endpoint", self.endpoint, np.int64))
+
+    @property
+    def reaches_prompt_end(self) -> BoolArray:
+        return cast(BoolArray, self._array("reaches", self.reaches, np.bool_))
+
+    @property
+    def token_price(self) -> FloatArray:
+        return cast(FloatArray, self._array("price", self.price, np.float64))
+
+    @property
+    def finish_value(self) -> FloatArray:
+        return cast(FloatArray, self._array("finish", self.finish, np.float64))
+
+    @property
+    def last_served(self) -> IntArray:
+        return cast(IntArray, self._array("last_served", self.last_served_list, np.int64))
+
+    @property
+    def scored(self) -> BoolArray:
+        cached = self._arrays.get("scored")
+        if cached is None:
+            cached = np.zeros(len(self.records), dtype=np.bool_)
+            cached[self.scored_list] = True
+            self._arrays["scored"] = cached
+        return cast(BoolArray, cached)
+
+    @property
+    def ordinary_rows(self) -> IntArray:
+        return cast(IntArray, self._array("ordinary", self.ordinary, np.int64))
+
+    @property
+    def scored_rows(self) -> IntArray:
+        return cast(IntArray, self._array("scored_rows", self.scored_list, np.int64))
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,9 +534,9 @@ class DecisionContext:
 
 def select(ctx: DecisionContext) -> ScheduledPlan | None:
     """The winning plan of this decision, or None when nothing is runnable."""
-    families = candidate_families(ctx)
+    table = Candidates(ctx)
     pair = best_prerequisite(ctx)
-    win = best_candidate(ctx, families) if families else None
+    win = table.best() if table.families else None
     if win is None:
         return _restore_plan(ctx, pair) if pair is not None else None
     if pair is not None:
@@ -457,7 +547,7 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
             return _restore_plan(ctx, pair)
     reason = SelectionReason.ORDINARY if win.known else SelectionReason.DISCOVERY
     if ctx.refresh_funded and win.known:
-        alternative = refresh_candidate(ctx, families, win.shape)
+        alternative = table.refresh(win.shape)
         if alternative is not None:
             win, reason = alternative, SelectionReason.TIMING_REFRESH
     return _build_plan(ctx, win, reason)
@@ -477,7 +567,7 @@ def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPl
         [Lane(handle=group.records[i].handle, epoch=group.records[i].epoch, role=role)
          for i in pair.rows]
         + [Lane(handle=term.records[j].handle, epoch=term.records[j].epoch,
-                role=LaneRole.TERMINAL, value=float(term.base[j]) + term.slope * t_ms)
+                role=LaneRole.TERMINAL, value=term.base_list[j] + term.slope * t_ms)
            for j in range(pair.terminals)])
     known = est > 0
     return ScheduledPlan(
@@ -507,28 +597,27 @@ def _build_plan(ctx: DecisionContext, win: Candidate, reason: SelectionReason
     if prompt_pos >= 0:
         p = ctx.prompts
         rec = p.records[prompt_pos]
-        final = bool(prompt_tokens == p.logical_remaining[prompt_pos]
-                     and p.reaches_prompt_end[prompt_pos])
-        value = prompt_tokens * float(p.token_price[prompt_pos]) + (
-            float(p.finish_value[prompt_pos]) if final else 0.0)
+        final = prompt_tokens == p.remaining[prompt_pos] and p.reaches[prompt_pos]
+        value = prompt_tokens * p.price[prompt_pos] + (p.finish[prompt_pos] if final else 0.0)
         lanes.append(Lane(
             handle=rec.handle, epoch=rec.epoch, role=LaneRole.PROMPT,
             prompt_start=rec.prompt_cursor, prompt_tokens=prompt_tokens,
             token_ceiling=1 if final else 0, expected_tokens=1.0 if final else 0.0,
             expected_deliveries=1.0 if final else 0.0, value=value,
         ))
-    # Lane values through one array step and ``tolist`` (no numpy scalar per lane);
-    # ``base[i] + slope * t_ms`` is the same IEEE operation either way. Lanes are
-    # NamedTuples built positionally (fields as in ``types.Lane``).
+    # Lane values ``base[i] + slope * T``; Lanes are NamedTuples built positionally
+    # (fields as in ``types.Lane``).
     dec = ctx.decoders
     if n_dec:
-        dec_values = (dec.base[:n_dec] + dec.slope * t_ms).tolist()
+        aged = dec.slope * t_ms
+        dec_values = [b + aged for b in dec.base_list[:n_dec]]
         decode = LaneRole.DECODE
         lanes.extend([Lane(rec.handle, rec.epoch, decode, 0, 0, 1, 1.0, 1.0, value)
                       for rec, value in zip(dec.records[:n_dec], dec_values, strict=True)])
     term = ctx.terminals
     if n_term:
-        term_values = (term.base[:n_term] + term.slope * t_ms).tolist()
+        aged = term.slope * t_ms
+        term_values = [b + aged for b in term.base_list[:n_term]]
         terminal = LaneRole.TERMINAL
         lanes.extend([Lane(rec.handle, rec.epoch, terminal, 0, 0, 0, 0.0, 0.0, value)
                       for rec, value in zip(term.records[:n_term], term_values, strict=True)])
