@@ -357,7 +357,7 @@ class LaneGroup:
         if handles is None:
             handles = [r.handle for r in records]
         order = [i for _, _, _, i in sorted(zip([-v for v in base], served, handles,
-                                                 range(n)))]
+                                                 range(n), strict=True))]
         values = [base[i] for i in order]
         return LaneGroup(tuple([records[i] for i in order]), values, slope,
                          [0.0, *itertools.accumulate(values)],
