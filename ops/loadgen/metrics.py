@@ -58,9 +58,10 @@ class MetricOptions:
     service_output_weight: float = 2.0
 
 
-def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
+def distribution(values: Iterable[float] | FloatArray) -> dict[str, float | int | None]:
     """Count, mean, median, p90, p99, min, max (``None`` statistics when empty)."""
-    data = np.asarray(list(values), dtype=float)
+    data = (values.astype(float, copy=False) if isinstance(values, np.ndarray)
+            else np.asarray(list(values), dtype=float))
     if data.size == 0:
         return {
             "count": 0,
@@ -83,52 +84,77 @@ def distribution(values: Iterable[float]) -> dict[str, float | int | None]:
     }
 
 
-def weighted_quantile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
-    """Smallest value whose cumulative weight reaches ``q`` of the total (inverted CDF)."""
-    if not 0.0 <= q <= 1.0:
-        raise ValueError("q must be in [0, 1]")
-    order = np.argsort(np.asarray(values, dtype=float), kind="stable")
-    v = np.asarray(values, dtype=float)[order]
-    w = np.asarray(weights, dtype=float)[order]
+def _weighted_quantiles(values: FloatArray, weights: FloatArray,
+                        qs: Sequence[float]) -> list[float]:
+    """``weighted_quantile`` for several ``qs`` from one sort."""
+    for q in qs:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError("q must be in [0, 1]")
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
     if v.size == 0 or w.sum() <= 0:
         raise ValueError("need at least one positive weight")
     cumulative = np.cumsum(w)
     # A small tolerance so that float rounding in the cumulative sum never skips a value.
-    target = q * cumulative[-1] * (1 - 1e-12)
-    return float(v[int(np.searchsorted(cumulative, target, side="left"))])
+    targets = np.asarray(qs, dtype=float) * cumulative[-1] * (1 - 1e-12)
+    return [float(x) for x in v[np.searchsorted(cumulative, targets, side="left")]]
+
+
+def weighted_quantile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
+    """Smallest value whose cumulative weight reaches ``q`` of the total (inverted CDF)."""
+    return _weighted_quantiles(np.asarray(values, dtype=float),
+                               np.asarray(weights, dtype=float), [q])[0]
 
 
 def weighted_distribution(
-    values: Sequence[float], weights: Sequence[float]
+    values: Sequence[float] | FloatArray, weights: Sequence[float] | FloatArray
 ) -> dict[str, float | int | None]:
     """Like ``distribution`` but each value counts with its weight (``count`` = total weight)."""
-    pairs = [(v, w) for v, w in zip(values, weights, strict=True) if w > 0]
-    if not pairs:
+    vals = np.asarray(values, dtype=float)
+    wts = np.asarray(weights, dtype=float)
+    if vals.shape != wts.shape:
+        raise ValueError("values and weights differ in length")
+    keep = wts > 0
+    vals, wts = vals[keep], wts[keep]
+    if not vals.size:
         return distribution(())
-    vals = [v for v, _ in pairs]
-    wts = [w for _, w in pairs]
-    total = float(sum(wts))
+    total = float(wts.sum())
+    median, p90, p99 = _weighted_quantiles(vals, wts, (0.5, 0.9, 0.99))
     return {
         "count": total,
         "mean": float(np.dot(vals, wts) / total),
-        "median": weighted_quantile(vals, wts, 0.5),
-        "p90": weighted_quantile(vals, wts, 0.9),
-        "p99": weighted_quantile(vals, wts, 0.99),
-        "min": float(min(vals)),
-        "max": float(max(vals)),
+        "median": median,
+        "p90": p90,
+        "p99": p99,
+        "min": float(vals.min()),
+        "max": float(vals.max()),
     }
+
+
+def _chunk_arrays(records: Iterable[RequestRecord]
+                  ) -> list[tuple[FloatArray, FloatArray]]:
+    """Per record: (gaps between text chunks, tokens of every chunk after the first)."""
+    out = []
+    for r in records:
+        times = np.asarray(r.chunk_times_s, dtype=float)
+        out.append((np.diff(times), np.asarray(r.chunk_tokens[1:], dtype=float)))
+    return out
+
+
+def _token_weighted(arrays: Sequence[tuple[FloatArray, FloatArray]]
+                    ) -> tuple[FloatArray, FloatArray]:
+    if not arrays:
+        return np.zeros(0), np.zeros(0)
+    gaps = np.concatenate([g for g, _ in arrays])
+    tokens = np.concatenate([k for _, k in arrays])
+    keep = tokens > 0
+    return gaps[keep] / tokens[keep], tokens[keep]
 
 
 def token_weighted_itl(records: Iterable[RequestRecord]) -> tuple[list[float], list[float]]:
     """(per-token latency ``g / k``, weight ``k``) for every chunk after a request's first."""
-    values: list[float] = []
-    weights: list[float] = []
-    for r in records:
-        for gap, tokens in zip(r.chunk_gaps_s(), r.chunk_tokens[1:], strict=True):
-            if tokens > 0:
-                values.append(gap / tokens)
-                weights.append(tokens)
-    return values, weights
+    values, weights = _token_weighted(_chunk_arrays(records))
+    return values.tolist(), weights.tolist()
 
 
 def jain_index(values: Sequence[float]) -> float:
@@ -259,8 +285,9 @@ def summarize(
     per_second = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: math.nan)
     output_tokens = sum(r.output_tokens for r in records)
     prompt_tokens = sum(r.prompt_tokens for r in ok)
-    gaps = [g for r in ok for g in r.chunk_gaps_s()]
-    itl_values, itl_weights = token_weighted_itl(ok)
+    chunks = _chunk_arrays(ok)
+    gaps = np.concatenate([g for g, _ in chunks]) if chunks else np.zeros(0)
+    itl_values, itl_weights = _token_weighted(chunks)
     good = [r for r in records if _is_good(r, options)]
     clients = client_service(records, options)
     qoe_each = [
@@ -289,7 +316,7 @@ def summarize(
         "itl_s": distribution(gaps),
         "itl_token_weighted_s": weighted_distribution(itl_values, itl_weights),
         "e2e_s": distribution(e for r in ok if (e := r.e2e_s) is not None),
-        "longest_stall_s": distribution(max(g) for r in ok if (g := r.chunk_gaps_s())),
+        "longest_stall_s": distribution(float(g.max()) for g, _ in chunks if g.size),
         "per_client": _per_client_latency(records, qoe_each),
         "goodput": {
             "ttft_slo_s": options.ttft_slo_s,
