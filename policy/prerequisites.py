@@ -28,6 +28,7 @@ never reaches cost learning (PRE-18). All values here are in the decision's scal
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -36,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.descriptors import StateOp
-from policy.utility import FloatArray, prefix_sums
+from policy.utility import prefix_sums
 
 if TYPE_CHECKING:
     from policy.selection import DecisionContext
@@ -162,50 +163,6 @@ class PrerequisiteChoice:
         return (1, -self.rate, -(len(self.rows) + self.terminals))
 
 
-@dataclass(frozen=True, slots=True)
-class _Following:
-    """The following inference columns of one prerequisite op, as arrays.
-
-    Per column: the shape, rows left for newly ready and ready decoders, prerequisite
-    rows taken by a fixed prompt row (1 when a newly ready prompt is enabled by the
-    prerequisite), the least number of newly ready decoders (PRE-10: 1 unless a newly
-    ready prompt already takes part), the fixed prompt row's value and its position
-    (in ``ctx.restorable`` when newly ready, -1 otherwise).
-    """
-
-    shape: IntArray
-    follow_cap: IntArray
-    fixed_pre: IntArray
-    min_new: IntArray
-    extra: FloatArray
-    new_prompt: IntArray
-
-
-def _prompt_values(token_price: FloatArray, finish: FloatArray, remaining: IntArray,
-                   caps: IntArray) -> FloatArray:
-    """Value of one prompt row (rows) at each prompt capacity (columns): priced tokens
-    up to the logical end, plus the first output when the chunk reaches it."""
-    rem = remaining[:, None]
-    out: FloatArray = token_price[:, None] * np.minimum(caps[None, :], rem) + np.where(
-        caps[None, :] >= rem, finish[:, None], 0.0)
-    return out
-
-
-def _undominated(ctx: DecisionContext, values: FloatArray, remaining: IntArray,
-                 caps: IntArray, shapes: IntArray | None = None) -> npt.NDArray[np.bool_]:
-    """Columns (sorted by batch, then capacity) whose best prompt row does different
-    work from the previous column of the same batch bucket; a repeat is a larger
-    capacity doing identical logical work and is dominated (SEL-32)."""
-    idx = ctx.catalog.mixed if shapes is None else shapes
-    best = values.argmax(axis=0)
-    tokens = np.minimum(caps, remaining[best])
-    batch = ctx.catalog.batch[idx]
-    keep = np.ones(len(idx), dtype=np.bool_)
-    keep[1:] = ~((batch[1:] == batch[:-1]) & (best[1:] == best[:-1])
-                 & (tokens[1:] == tokens[:-1]))
-    return keep
-
-
 class FollowingTemplate(NamedTuple):
     """Every following inference column one prerequisite op can pair with, for one
     combination of MIX-25 cases (catalog constants, ``CatalogIndex.following_memo``).
@@ -227,8 +184,15 @@ class FollowingTemplate(NamedTuple):
     """The prefill then mixed columns of a newly ready prompt row."""
     new_split: int
     """Where the mixed part starts inside ``new``."""
-    new_caps: IntArray
-    new_batch: IntArray
+    shape_list: list[int]
+    follow_cap_list: list[int]
+    fixed_pre_list: list[int]
+    min_new_list: list[int]
+    new_caps_list: list[int]
+    new_batch_list: list[int]
+    mixed_caps_list: list[int]
+    """Each ordinary mixed shape's prompt capacity (the ready-prompt columns)."""
+    mixed_batch_list: list[int]
 
 
 def _template(ctx: DecisionContext, new_dec: bool, ready: bool, new_prompt: bool
@@ -256,147 +220,152 @@ def _template(ctx: DecisionContext, new_dec: bool, ready: bool, new_prompt: bool
         parts += [(cat.prefill, np.zeros(len(cat.prefill), dtype=np.int64), 1, 0),
                   (cat.mixed, mixed_b - 1, 1, 0)]
         new_part = slice(start, start + len(cat.prefill) + len(cat.mixed))
+    shape = np.concatenate([p[0] for p in parts] or [_EMPTY]).astype(np.int64)
+    follow_cap = np.concatenate([p[1] for p in parts] or [_EMPTY]).astype(np.int64)
+    fixed_pre = np.concatenate([np.full(len(p[0]), p[2]) for p in parts]
+                               or [np.zeros(0)]).astype(np.int64)
+    min_new = np.concatenate([np.full(len(p[0]), p[3]) for p in parts]
+                             or [np.zeros(0)]).astype(np.int64)
     cached = FollowingTemplate(
-        shape=np.concatenate([p[0] for p in parts] or [_EMPTY]).astype(np.int64),
-        follow_cap=np.concatenate([p[1] for p in parts] or [_EMPTY]).astype(np.int64),
-        fixed_pre=np.concatenate([np.full(len(p[0]), p[2]) for p in parts]
-                                 or [np.zeros(0)]).astype(np.int64),
-        min_new=np.concatenate([np.full(len(p[0]), p[3]) for p in parts]
-                               or [np.zeros(0)]).astype(np.int64),
-        ready=ready_part, new=new_part, new_split=len(cat.prefill), new_caps=new_caps,
-        new_batch=new_batch)
+        shape=shape, follow_cap=follow_cap, fixed_pre=fixed_pre, min_new=min_new,
+        ready=ready_part, new=new_part, new_split=len(cat.prefill),
+        shape_list=shape.tolist(), follow_cap_list=follow_cap.tolist(),
+        fixed_pre_list=fixed_pre.tolist(), min_new_list=min_new.tolist(),
+        new_caps_list=new_caps.tolist(), new_batch_list=new_batch.tolist(),
+        mixed_caps_list=cat.capacities[cat.mixed, 2].tolist(),
+        mixed_batch_list=mixed_b.tolist())
     cat.following_memo[key] = cached
     return cached
 
 
-def _keep_runs(best: IntArray, tokens: IntArray, batch: IntArray) -> npt.NDArray[np.bool_]:
-    """``_undominated`` from a column's best row and tokens: a column repeating the
-    previous column's work in the same batch bucket is dominated (SEL-32)."""
-    keep = np.ones(len(batch), dtype=np.bool_)
-    keep[1:] = ~((batch[1:] == batch[:-1]) & (best[1:] == best[:-1])
-                 & (tokens[1:] == tokens[:-1]))
-    return keep
+class PairLists(NamedTuple):
+    """The estimate-dependent constants of one (prerequisite op, template) table as
+    Python lists: per prerequisite shape its duration T (ms), batch capacity and
+    whether T is known; per (shape, column) the sequence span T + F, half the span
+    used for the waiting cost (1.0 when T is unknown, as the reference) and
+    ``span * span - T * T`` (a stage-1 terminal's saved waiting before its factor)."""
+
+    t_ms: list[float]
+    caps: list[int]
+    known: list[bool]
+    span: list[list[float]]
+    half: list[list[float]]
+    gain: list[list[float]]
 
 
-def _single_prompt(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
-                   ) -> tuple[IntArray, npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
-    """For one newly ready prompt row with ``remaining`` tokens: the tokens each new
-    column consumes, whether it reaches the logical end, and which columns are not
-    dominated (they depend on ``remaining`` alone: catalog constants)."""
-    key = (remaining, tpl.new_split, len(tpl.new_caps))
-    cached = ctx.catalog.single_prompt_memo.get(key)
+def _pair_lists(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
+                key: tuple[int, ...]) -> PairLists:
+    memo = ctx.times.pair_lists_memo
+    cached = memo.get(key)
     if cached is None:
-        caps, batch, split = tpl.new_caps, tpl.new_batch, tpl.new_split
-        tokens = np.minimum(caps, remaining)
-        zero = np.zeros(len(caps), dtype=np.int64)
-        keep = np.concatenate([_keep_runs(zero[:split], tokens[:split], batch[:split]),
-                               _keep_runs(zero[split:], tokens[split:], batch[split:])])
-        cached = (tokens, caps >= remaining, keep)
-        ctx.catalog.single_prompt_memo[key] = cached
+        est = ctx.estimate_ns
+        t_ms = [e / 1e6 for e in est[shapes].tolist()]
+        f_ms = [e / 1e6 for e in est[tpl.shape].tolist()]
+        span = [[t + f for f in f_ms] for t in t_ms]
+        half = [[(x if t > 0 else 1.0) / 2.0 for x in row] for t, row in zip(t_ms, span,
+                                                                            strict=True)]
+        gain = [[x * x - t * t for x in row] for t, row in zip(t_ms, span, strict=True)]
+        cached = PairLists(t_ms, ctx.catalog.batch[shapes].tolist(), [t > 0 for t in t_ms],
+                           span, half, gain)
+        memo[key] = cached
     return cached
 
 
-def _following_values(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[int]
-                      ) -> tuple[FloatArray, npt.NDArray[np.bool_] | None, IntArray | None]:
+def _runs(best: list[int], tokens: list[int], batch: list[int]) -> list[bool]:
+    """Columns (sorted by batch, then capacity) whose best prompt row does different
+    work from the previous column of the same batch bucket; a repeat is a larger
+    capacity doing identical logical work and is dominated (SEL-32)."""
+    return [j == 0 or not (batch[j] == batch[j - 1] and best[j] == best[j - 1]
+                           and tokens[j] == tokens[j - 1]) for j in range(len(batch))]
+
+
+def _best_rows(caps: list[int], price: list[float], finish: list[float],
+               remaining: list[int], rows: list[int]
+               ) -> tuple[list[int], list[float], list[int]]:
+    """A prompt row's value at each capacity (priced tokens up to the logical end, plus
+    the first output when the chunk reaches it), over ``rows``; per capacity the first
+    best row, its value and its tokens."""
+    best_row, best_value, best_tokens = [], [], []
+    for c in caps:
+        top, at, tokens = -np.inf, -1, 0
+        for i in rows:
+            r = remaining[i]
+            v = price[i] * (c if c < r else r) + (finish[i] if c >= r else 0.0)
+            if v > top:
+                top, at, tokens = v, i, (c if c < r else r)
+        best_row.append(at)
+        best_value.append(top)
+        best_tokens.append(tokens)
+    return best_row, best_value, best_tokens
+
+
+def _following(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[int]
+                     ) -> tuple[list[float], list[bool] | None, list[int] | None]:
     """Per template column: the fixed prompt row's value (0 without one), whether the
     column is not dominated (None: all are kept) and the newly ready prompt row's
     position (None: no column has one) -- the per-decision part of
     ``prerequisites_reference._following_columns``."""
-    n = len(tpl.shape)
-    extra = np.zeros(n, dtype=np.float64)
-    keep: npt.NDArray[np.bool_] | None = None
-    new_pos: IntArray | None = None
-    cat, group = ctx.catalog, ctx.restorable
+    n = len(tpl.shape_list)
+    extra = [0.0] * n
+    keep: list[bool] | None = None
+    new_pos: list[int] | None = None
+    group = ctx.restorable
     if tpl.ready is not None:
         # MIX-25 prompt already ready: the best ready prompt row per capacity.
         p = ctx.prompts
-        ready = p.ordinary_rows
-        caps = cat.capacities[cat.mixed, 2]
-        rem = p.logical_remaining[ready]
-        values = _prompt_values(p.token_price[ready], p.finish_value[ready], rem, caps)
-        best = values.argmax(axis=0)
-        keep = np.ones(n, dtype=np.bool_)
-        keep[tpl.ready] = _keep_runs(best, np.minimum(caps, rem[best]), cat.batch[cat.mixed])
-        extra[tpl.ready] = values.max(axis=0)
+        grid = ctx.catalog.mixed_grid
+        rows, values, tokens = _best_rows(grid.caps_list, p.price, p.finish, p.remaining,
+                                          p.ordinary)
+        col_c = grid.col_c_list
+        start = tpl.ready.start
+        keep = [True] * n
+        keep[start:start + len(col_c)] = _runs([rows[c] for c in col_c],
+                                               [tokens[c] for c in col_c],
+                                               tpl.mixed_batch_list)
+        extra[start:start + len(col_c)] = [values[c] for c in col_c]
     if tpl.new is not None:
         # A newly ready prompt row: following prefill, or MIX-25 prompt enabled by the
         # prerequisite (newly ready decoders may join it, k >= 0).
         if keep is None:
-            keep = np.ones(n, dtype=np.bool_)
-        new_pos = np.full(n, -1, dtype=np.int64)
+            keep = [True] * n
+        new_pos = [-1] * n
+        start, stop = tpl.new.start, tpl.new.stop
         if len(new_prompts) == 1:
             i = new_prompts[0]
-            tokens, reaches, kept = _single_prompt(ctx, tpl, group.remaining[i])
-            extra[tpl.new] = group.token_price[i] * tokens + np.where(
-                reaches, group.finish_value[i], 0.0)
-            keep[tpl.new] = kept
-            new_pos[tpl.new] = i
+            price, finish = group.token_price[i], group.finish_value[i]
+            toks, reaches, kept = _single_prompt(ctx, tpl, group.remaining[i])
+            extra[start:stop] = [price * t + (finish if r else 0.0)
+                                 for t, r in zip(toks, reaches, strict=True)]
+            keep[start:stop] = kept
+            new_pos[start:stop] = [i] * (stop - start)
         else:
-            rows = np.array(new_prompts, dtype=np.int64)
-            tp = np.array(group.token_price, dtype=np.float64)[rows]
-            fin = np.array(group.finish_value, dtype=np.float64)[rows]
-            rem = np.array(group.remaining, dtype=np.int64)[rows]
-            split, start = tpl.new_split, tpl.new.start
-            for lo, hi in ((0, split), (split, len(tpl.new_caps))):
-                caps, batch = tpl.new_caps[lo:hi], tpl.new_batch[lo:hi]
-                values = _prompt_values(tp, fin, rem, caps)
-                best = values.argmax(axis=0)
-                part = slice(start + lo, start + hi)
-                keep[part] = _keep_runs(best, np.minimum(caps, rem[best]), batch)
-                extra[part] = values.max(axis=0)
-                new_pos[part] = rows[best]
+            split = tpl.new_split
+            for lo, hi in ((0, split), (split, len(tpl.new_caps_list))):
+                caps = tpl.new_caps_list[lo:hi]
+                rows, values, tokens = _best_rows(caps, list(group.token_price),
+                                                  list(group.finish_value),
+                                                  list(group.remaining), new_prompts)
+                keep[start + lo:start + hi] = _runs(rows, tokens, tpl.new_batch_list[lo:hi])
+                extra[start + lo:start + hi] = values
+                new_pos[start + lo:start + hi] = rows
     return extra, keep, new_pos
 
 
-class PairLayout(NamedTuple):
-    """The estimate- and count-dependent structure of one (prerequisite op, template)
-    pair table: everything in ``prerequisites_reference._pair_choices`` that does not
-    depend on lane values (cached in ``ShapeTimes.pair_memo`` until an estimate
-    changes). Arrays are (prerequisite shape, following column, k newly ready)."""
-
-    t_ms: FloatArray
-    span: FloatArray
-    safe_span: FloatArray
-    half_span: FloatArray
-    known: npt.NDArray[np.bool_]
-    all_known: bool
-    span_gain: FloatArray
-    """``span * span - t * t``: a stage-1 terminal's saved waiting, before its factor."""
-    k: IntArray
-    valid: npt.NDArray[np.bool_]
-    ready: IntArray
-    term_n: IntArray
-    advanced: IntArray
-    known_list: list[bool]
-    caps_list: list[int]
-
-
-def _pair_layout(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
-                 key: tuple[int, ...], n_new: int, n_dec: int, n_term: int) -> PairLayout:
-    memo = ctx.times.pair_memo
-    cached = memo.get(key)
-    if cached is not None:
-        return cached
-    t_ms = (ctx.estimate_ns[shapes] / 1e6)[:, None, None]
-    b_r = ctx.catalog.batch[shapes][:, None, None]
-    k = np.arange(0, min(n_new, int(b_r.max())) + 1)[None, None, :]
-    span = t_ms + (ctx.estimate_ns[tpl.shape] / 1e6)[None, :, None]
-    pre_left = b_r - tpl.fixed_pre[None, :, None] - k
-    follow_left = tpl.follow_cap[None, :, None] - k
-    valid = (k >= tpl.min_new[None, :, None]) & (pre_left >= 0) & (follow_left >= 0)
-    ready = np.clip(np.minimum(follow_left, n_dec), 0, None)
-    term_n = np.clip(np.minimum(pre_left, n_term), 0, None)
-    known = t_ms > 0
-    # Known rows have span >= T > 0; unknown ones rank by value (no division by zero).
-    safe_span = np.where(known, span, 1.0)
-    full = valid.shape
-    cached = PairLayout(
-        t_ms=t_ms, span=span, safe_span=safe_span, half_span=safe_span / 2.0, known=known,
-        all_known=bool(known.all()), span_gain=span * span - t_ms * t_ms, k=k,
-        valid=valid, ready=np.broadcast_to(ready, full), term_n=np.broadcast_to(term_n, full),
-        advanced=np.broadcast_to(k + ready + term_n + tpl.fixed_pre[None, :, None], full),
-        known_list=known.ravel().tolist(), caps_list=b_r.ravel().tolist())
-    memo[key] = cached
+def _single_prompt(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
+                   ) -> tuple[list[int], list[bool], list[bool]]:
+    """For one newly ready prompt row with ``remaining`` tokens: the tokens each new
+    column consumes, whether it reaches the logical end, and which columns are not
+    dominated (they depend on ``remaining`` alone: catalog constants)."""
+    key = (remaining, tpl.new_split, len(tpl.new_caps_list))
+    cached = ctx.catalog.single_prompt_memo.get(key)
+    if cached is None:
+        caps, batch, split = tpl.new_caps_list, tpl.new_batch_list, tpl.new_split
+        tokens = [c if c < remaining else remaining for c in caps]
+        zero = [0] * len(caps)
+        keep = (_runs(zero[:split], tokens[:split], batch[:split])
+                + _runs(zero[split:], tokens[split:], batch[split:]))
+        cached = (tokens, [c >= remaining for c in caps], keep)
+        ctx.catalog.single_prompt_memo[key] = cached
     return cached
 
 
@@ -404,69 +373,82 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
                   tpl: FollowingTemplate, new_order: list[int], new_prompts: list[int],
                   terminals_allowed: bool) -> list[PrerequisiteChoice]:
     """The exact two-stage choice for each prerequisite shape over every following
-    column (PRE-7..13, PRE-46, MIX-25), as one (prerequisite x column x k) table of
-    sequence values: k newly ready decoders take the k largest values, ready decoders
-    fill the following graph's remaining rows and terminal rows the prerequisite's.
-
-    The same IEEE operations in the same order as the reference; terms that are zero
-    by construction (no newly ready decoder, no ready decoder, no terminal row) are
-    left out, which is exact because every term is a non-negative value."""
+    column (PRE-7..13, PRE-46, MIX-25): k newly ready decoders take the k largest
+    values, ready decoders fill the following graph's remaining rows and terminal rows
+    the prerequisite's; the sequence value and score of each (column, k) in table order,
+    the first maximum winning, ties to more advanced rows (PRE-16). The same IEEE
+    operations as the vectorised table in ``prerequisites_reference``, walked as Python
+    floats: the table is a few hundred cells and each numpy call costs more."""
     group = ctx.restorable
     dec, term = ctx.decoders, ctx.terminals
     n_term = len(term) if terminals_allowed else 0
-    n_new, n_dec = len(new_order), len(dec)
-    key = (op, tpl.ready is not None, tpl.new is not None, n_new, n_dec, n_term,
-           len(tpl.shape))
-    lay = _pair_layout(ctx, shapes, tpl, key, n_new, n_dec, n_term)
-    extra, keep, new_pos = _following_values(ctx, tpl, new_prompts)
-    span = lay.span
-    terms: list[FloatArray] = []
-    if n_new:
-        new_prefix = prefix_sums([group.base[i] for i in new_order])
-        terms += [new_prefix[lay.k], lay.k * group.slope * span]
-    if n_dec:
-        terms += [dec.prefix[lay.ready], lay.ready * dec.slope * span]
-    if n_term:
-        # A stage-1 terminal stops ageing at T and saves its waiting cost over the rest
-        # of the sequence (PRE-13, PRE-46); folded into its value so the rate stays
-        # additive.
-        saved = ctx.terminal_coefficient * lay.span_gain / 2.0
-        terms += [term.prefix[lay.term_n], lay.term_n * (term.slope * lay.t_ms + saved)]
-    terms.append(extra[None, :, None])
-    value = terms[0]
-    for t in terms[1:]:
-        value = value + t
-    valid = lay.valid if keep is None else lay.valid & keep[None, :, None]
-    if lay.all_known:
-        score = value / span - lay.half_span * ctx.waiting
-    else:
-        score = np.where(lay.known, value / lay.safe_span - lay.half_span * ctx.waiting,
-                         value)
-    n_shapes = len(shapes)
-    score = np.where(valid, score, -np.inf).reshape(n_shapes, -1)
-    rows_adv = np.where(valid, lay.advanced, -1).reshape(n_shapes, -1)
-    best = score.max(axis=1)
-    flat_best = np.argmax(np.where(score == best[:, None], rows_adv, -2), axis=1)
-    width = valid.shape[2]
-    pick = (np.arange(n_shapes), flat_best)
-    picked_value = np.broadcast_to(value, valid.shape).reshape(n_shapes, -1)[pick].tolist()
-    picked_term = lay.term_n.reshape(n_shapes, -1)[pick].tolist()
+    n_dec = len(dec)
+    lay = _pair_lists(ctx, shapes, tpl, (op, tpl.ready is not None, tpl.new is not None,
+                                         len(tpl.shape_list)))
+    extra, keep, new_pos = _following(ctx, tpl, new_prompts)
+    new_prefix = [0.0, *itertools.accumulate([group.base[i] for i in new_order])]
+    gs, ds, ts = group.slope, dec.slope, term.slope
+    d_pre, t_pre = dec.prefix_list, term.prefix_list if n_term else [0.0]
+    tc, w = ctx.terminal_coefficient, ctx.waiting
+    k_top = min(len(new_order), max(lay.caps))
+    fixed_pre, follow_cap, min_new = tpl.fixed_pre_list, tpl.follow_cap_list, tpl.min_new_list
+    cols = range(len(extra)) if keep is None else [c for c, kept in enumerate(keep) if kept]
+    if k_top == 0:
+        # No newly ready decoder (k = 0 only): the first two terms are exactly zero and
+        # a column's ready cohort does not depend on the prerequisite shape.
+        cols = [c for c in cols if min_new[c] == 0]
+        ready_of = [min(follow_cap[c], n_dec) for c in range(len(extra))]
     out: list[PrerequisiteChoice] = []
-    for i, (r, top, flat) in enumerate(zip(shapes.tolist(), best.tolist(),
-                                           flat_best.tolist(), strict=True)):
+    for i, r in enumerate(shapes.tolist()):
+        t, b_r, known = lay.t_ms[i], lay.caps[i], lay.known[i]
+        span_row, half_row, gain_row = lay.span[i], lay.half[i], lay.gain[i]
+        aged_t = ts * t
+        top, top_adv = -np.inf, -2
+        top_col = top_k = top_tn = 0
+        top_value = 0.0
+        if k_top == 0:
+            for c in cols:
+                fixed = fixed_pre[c]
+                pre_left = b_r - fixed
+                if pre_left < 0:
+                    continue
+                ready = ready_of[c]
+                tn = pre_left if pre_left < n_term else n_term
+                span = span_row[c]
+                value = (d_pre[ready] + ready * ds * span + t_pre[tn]
+                         + tn * (aged_t + tc * gain_row[c] / 2.0) + extra[c])
+                score = value / span - half_row[c] * w if known else value
+                adv = ready + tn + fixed
+                if score > top or (score == top and adv > top_adv):
+                    top, top_adv, top_col, top_tn, top_value = score, adv, c, tn, value
+        for c in cols if k_top else ():
+            fixed = fixed_pre[c]
+            span = span_row[c]
+            saved = tc * gain_row[c] / 2.0
+            for k in range(min_new[c], k_top + 1):
+                pre_left = b_r - fixed - k
+                follow_left = follow_cap[c] - k
+                if pre_left < 0 or follow_left < 0:
+                    break
+                ready = follow_left if follow_left < n_dec else n_dec
+                tn = pre_left if pre_left < n_term else n_term
+                value = (new_prefix[k] + k * gs * span + d_pre[ready] + ready * ds * span
+                         + t_pre[tn] + tn * (aged_t + saved) + extra[c])
+                score = value / span - half_row[c] * w if known else value
+                adv = k + ready + tn + fixed
+                if score > top or (score == top and adv > top_adv):
+                    top, top_adv, top_col, top_k, top_tn, top_value = (
+                        score, adv, c, k, tn, value)
         if top == -np.inf:
             continue
-        col, kk = divmod(flat, width)
         chosen: list[int] = []
-        if new_pos is not None and new_pos[col] >= 0:
-            chosen.append(int(new_pos[col]))
-        chosen += new_order[:kk]
-        t_n = int(picked_term[i])
+        if new_pos is not None and new_pos[top_col] >= 0:
+            chosen.append(new_pos[top_col])
+        chosen += new_order[:top_k]
         out.append(PrerequisiteChoice(
-            shape=r, following_shape=int(tpl.shape[col]),
-            rows=_fill_spare(chosen, rows, int(lay.caps_list[i]) - t_n), terminals=t_n,
-            value=float(picked_value[i]), rate=float(top) if lay.known_list[i] else None,
-            basis="pair"))
+            shape=r, following_shape=tpl.shape_list[top_col],
+            rows=_fill_spare(chosen, rows, b_r - top_tn), terminals=top_tn,
+            value=top_value, rate=top if known else None, basis="pair"))
     return out
 
 
@@ -480,13 +462,13 @@ def _prefix_choice(ctx: DecisionContext, r: int, rows: list[int], first: int
                    ) -> PrerequisiteChoice | None:
     """The productive first-stage prefix alone (PRE-14): the prerequisite finishing
     terminal rows in its spare capacity, scored over T by what completes at T."""
-    t_ms = float(ctx.estimate_ns[r]) / 1e6
-    b_r = int(ctx.catalog.batch[r])
     term = ctx.terminals
+    b_r = int(ctx.catalog.batch[r])
     t_n = min(b_r - 1, len(term))
     if t_n <= 0:
         return None
-    value = float(term.prefix[t_n]) + t_n * term.slope * t_ms
+    t_ms = float(ctx.estimate_ns[r]) / 1e6
+    value = term.prefix_list[t_n] + t_n * term.slope * t_ms
     rate = value / t_ms - t_ms / 2.0 * ctx.waiting if t_ms > 0 else None
     return PrerequisiteChoice(shape=r, following_shape=None,
                               rows=_fill_spare([first], rows, b_r - t_n), terminals=t_n,
@@ -510,7 +492,8 @@ def _multistage_choice(ctx: DecisionContext, r: int, rows: list[int], multi: lis
                               if t_ms > 0 else value, i))
     contributions.sort(key=lambda c: -c[0])
     term = ctx.terminals
-    term_values = (term.base + term.slope * t_ms).tolist() if terminals_allowed else []
+    aged = term.slope * t_ms
+    term_values = [b + aged for b in term.base_list] if terminals_allowed else []
     merged = sorted([(v, i) for v, i in contributions] + [(v, -1 - j)
                     for j, v in enumerate(term_values)], key=lambda c: -c[0])[:b_r]
     if all(i < 0 for _, i in merged):

@@ -9,25 +9,68 @@ The tests compare the two. Production never calls this module.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from policy.descriptors import StateOp
 from policy.prerequisites import (
     IntArray,
     PrerequisiteChoice,
     _fill_spare,
-    _Following,
     _multistage_choice,
     _prefix_choice,
-    _prompt_values,
-    _undominated,
 )
 from policy.utility import FloatArray, prefix_sums
 
 if TYPE_CHECKING:
     from policy.selection import DecisionContext
+
+
+@dataclass(frozen=True, slots=True)
+class _Following:
+    """The following inference columns of one prerequisite op, as arrays.
+
+    Per column: the shape, rows left for newly ready and ready decoders, prerequisite
+    rows taken by a fixed prompt row (1 when a newly ready prompt is enabled by the
+    prerequisite), the least number of newly ready decoders (PRE-10: 1 unless a newly
+    ready prompt already takes part), the fixed prompt row's value and its position
+    (in ``ctx.restorable`` when newly ready, -1 otherwise).
+    """
+
+    shape: IntArray
+    follow_cap: IntArray
+    fixed_pre: IntArray
+    min_new: IntArray
+    extra: FloatArray
+    new_prompt: IntArray
+
+
+def _prompt_values(token_price: FloatArray, finish: FloatArray, remaining: IntArray,
+                   caps: IntArray) -> FloatArray:
+    """Value of one prompt row (rows) at each prompt capacity (columns): priced tokens
+    up to the logical end, plus the first output when the chunk reaches it."""
+    rem = remaining[:, None]
+    out: FloatArray = token_price[:, None] * np.minimum(caps[None, :], rem) + np.where(
+        caps[None, :] >= rem, finish[:, None], 0.0)
+    return out
+
+
+def _undominated(ctx: DecisionContext, values: FloatArray, remaining: IntArray,
+                 caps: IntArray, shapes: IntArray | None = None) -> npt.NDArray[np.bool_]:
+    """Columns (sorted by batch, then capacity) whose best prompt row does different
+    work from the previous column of the same batch bucket; a repeat is a larger
+    capacity doing identical logical work and is dominated (SEL-32)."""
+    idx = ctx.catalog.mixed if shapes is None else shapes
+    best = values.argmax(axis=0)
+    tokens = np.minimum(caps, remaining[best])
+    batch = ctx.catalog.batch[idx]
+    keep = np.ones(len(idx), dtype=np.bool_)
+    keep[1:] = ~((batch[1:] == batch[:-1]) & (best[1:] == best[:-1])
+                 & (tokens[1:] == tokens[:-1]))
+    return keep
 
 
 def _following_columns(ctx: DecisionContext, new_dec: int, new_prompts: IntArray

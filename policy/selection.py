@@ -48,7 +48,7 @@ from policy.candidates import (
 from policy.descriptors import GraphKind, GraphShape, StateOp
 from policy.prerequisites import (
     FollowingTemplate,
-    PairLayout,
+    PairLists,
     PrerequisiteChoice,
     best_prerequisite,
 )
@@ -153,7 +153,7 @@ class CatalogIndex:
     following_memo: dict[tuple[bool, bool, bool], FollowingTemplate] = field(
         default_factory=dict, compare=False, repr=False)
     """Prerequisite lookahead columns per MIX-25 case combination."""
-    single_prompt_memo: dict[tuple[int, int, int], tuple[IntArray, BoolArray, BoolArray]] \
+    single_prompt_memo: dict[tuple[int, int, int], tuple[list[int], list[bool], list[bool]]] \
         = field(default_factory=dict, compare=False, repr=False)
     """A newly ready prompt row's tokens per lookahead column, by remaining tokens."""
 
@@ -263,7 +263,7 @@ class ShapeTimes:
     memo: dict[str, FamilyTimes] = field(default_factory=dict, compare=False, repr=False)
     sigma_memo: dict[tuple[str, int], float | None] = field(
         default_factory=dict, compare=False, repr=False)
-    pair_memo: dict[tuple[int, ...], PairLayout] = field(
+    pair_lists_memo: dict[tuple[int, ...], PairLists] = field(
         default_factory=dict, compare=False, repr=False)
     stale_cache: list[tuple[int, int, int, BoolArray]] = field(
         default_factory=list, compare=False, repr=False)
@@ -299,7 +299,7 @@ class ShapeTimes:
             self.estimate_ns[i] = estimate_ns
             self.memo.clear()
             self.sigma_memo.clear()
-            self.pair_memo.clear()
+            self.pair_lists_memo.clear()
             self._restage(i)
         if int(self.last_valid_ns[i]) != last_valid_ns:
             self.last_valid_ns[i] = last_valid_ns
