@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from policy.candidates import PREFILL, family_shapes, family_times
 from policy.config import PolicyConfig
 from policy.descriptors import StateOp
 from policy.frame_queue import FrameQueue
@@ -270,12 +271,16 @@ def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float]
                            config.terminal_age_price, largest))
 
 
-def _fastest_ms(times: ShapeTimes, family: IntArray) -> float:
+def _fastest_ms(times: ShapeTimes, name: str, family: IntArray) -> float:
     """The fastest measured duration of a family (0 when none is measured: unknown
-    stages count optimistically, PRE-24)."""
-    est = times.estimate_ns[family]
-    known = est[est > 0]
-    return float(known.min()) / NS_PER_MS if len(known) else 0.0
+    stages count optimistically, PRE-24); remembered until an estimate changes."""
+    key = ("fastest " + name, 0)
+    cached = times.sigma_memo.get(key)
+    if cached is None:
+        est = times.estimate_ns[family]
+        known = est[est > 0]
+        cached = times.sigma_memo[key] = float(known.min()) / NS_PER_MS if len(known) else 0.0
+    return cached
 
 
 def _first_chunk(times: ShapeTimes, catalog: CatalogIndex, token_price: float,
@@ -283,11 +288,12 @@ def _first_chunk(times: ShapeTimes, catalog: CatalogIndex, token_price: float,
     """A multistage prompt row's first chunk: the measured prefill shape with the best
     value per millisecond (the largest capacity when none is measured), as
     ``(value, duration_ms)``."""
+    fam = family_shapes(catalog, PREFILL)
+    est = family_times(times, PREFILL, fam.shapes).est
     best: tuple[float, float] | None = None
-    for i in catalog.prefill.tolist():
-        cap = int(catalog.capacities[i, 1])
+    for cap, e in zip(fam.caps, est, strict=True):
         value = token_price * min(cap, remaining) + (finish if cap >= remaining else 0.0)
-        ms = float(times.estimate_ns[i]) / NS_PER_MS
+        ms = e / NS_PER_MS
         if ms > 0 and (best is None or value / ms > best[0] / best[1]):
             best = (value, ms)
     if best is None:
@@ -313,9 +319,9 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     if not restorable:
         return RestoreGroup(records=(), decoding=(), base=(), slope=dec_slope,
                             token_price=(), finish_value=(), remaining=())
-    stage_ms = {StateOp.RESTORE: _fastest_ms(times, catalog.restore),
-                StateOp.INITIALIZE: _fastest_ms(times, catalog.initialize)}
-    decode_ms = _fastest_ms(times, catalog.decode)
+    stage_ms = {StateOp.RESTORE: _fastest_ms(times, "restore", catalog.restore),
+                StateOp.INITIALIZE: _fastest_ms(times, "initialize", catalog.initialize)}
+    decode_ms = _fastest_ms(times, "decode", catalog.decode)
     decoding, base, slopes, further, cont = [], [], [], [], []
     token_price, finish_value, remaining = [], [], []
     for r in restorable:
