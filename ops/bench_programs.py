@@ -9,7 +9,18 @@ processes per device second). Prints a table and, with ``--json PATH``, writes t
 figures with the planning and preparation reports.
 
 Frames reset their rows (``RowInit`` + ``PageAppend``) in ``bind``, outside the timed
-device interval, so every repetition runs the same work.
+device interval, so every repetition runs the same work. Shapes are timed round-robin
+(one run of every shape per repetition), so load that drifts while the benchmark runs
+(a shared machine) hits every shape alike and side-by-side ratios stay fair.
+
+With ``--speculation draft|copy`` the catalog is a speculative load's (draft depth
+``--draft-depth``; ``--speculative-allocation device`` adds the ragged device-allocated
+programs): complete speculative rounds (every lane at full width, context ``--context``)
+are timed beside decode, and a second table prints, per request bucket, the plain
+decode step (what ``--speculation off`` runs), the draft-maintaining decode step (what a
+speculative load runs between rounds) and every round's time with its ratio to the
+plain decode step. ``--sampled`` makes every lane sample at temperature 1 (default:
+greedy, which takes the argmax verification path on the CPU).
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from actors.config import DEFAULT_MODEL_DIR
+from actors.config import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
 
 WAIT_S = 600.0
 
@@ -80,6 +91,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of the eager ones that read only the needed context")
     parser.add_argument("--json", type=pathlib.Path, default=None, dest="json_path",
                         help="also write the results as JSON here")
+    spec = parser.add_argument_group("speculation")
+    spec.add_argument("--speculation", choices=("off", "draft", "copy"), default="off",
+                      help="also time complete speculative rounds with this proposal source "
+                           "and print them beside decode")
+    spec.add_argument("--draft-model", type=pathlib.Path, default=DEFAULT_DRAFT_DIR,
+                      help="draft checkpoint for --speculation draft (default: the embedded "
+                           "draft)")
+    spec.add_argument("--draft-depth", type=int, default=4,
+                      help="proposal depth D: rounds of widths 1..D+1 are timed")
+    spec.add_argument("--speculative-allocation", choices=("host", "device"), default="host",
+                      help="device: also time the ragged device-allocated programs")
+    spec.add_argument("--sampled", action="store_true",
+                      help="lanes sample at temperature 1 (default: greedy)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,17 +142,59 @@ class Layout:
         return base, base + 1
 
 
-def _reset(row: int, position: int, extent: int, layout: Layout) -> tuple[Any, ...]:
+def _reset(row: int, position: int, extent: int, layout: Layout,
+           sampling: Any = None) -> tuple[Any, ...]:
     """Updates that give ``row`` a fresh context of ``position`` cached tokens with pages
-    for ``extent`` tokens."""
-    from gpu.frames import PageAppend, RowInit
+    for ``extent`` tokens (greedy unless ``sampling`` is given)."""
+    from gpu.frames import GREEDY, PageAppend, RowInit
 
     pages = layout.pages_of(row, max(extent, 1))
-    return (RowInit(row=row, position=position, pending_token=5),
+    return (RowInit(row=row, position=position, pending_token=5,
+                    sampling=sampling or GREEDY),
             PageAppend(row=row, first_block=0, page_ids=pages))
 
 
-def benchmark_frame(shape: Any, layout: Layout, vocab: int) -> tuple[Any, int]:
+def query_lengths(batch: int, width: int, rows: int) -> tuple[int, ...]:
+    """Host lengths filling ``rows`` target rows over ``batch`` lanes of width ``width``:
+    one row each, the rest spread over the lanes in slot order."""
+    lengths = [1] * batch
+    extra = rows - batch
+    for lane in range(batch):
+        grow = min(width - 1, max(extra, 0))
+        lengths[lane] += grow
+        extra -= grow
+    return tuple(lengths)
+
+
+def speculative_frame(shape: Any, layout: Layout, sampling: Any = None,
+                      prompt: tuple[int, ...] = ()) -> tuple[Any, int]:
+    """A complete speculative round (or a wider speculative mixed frame, whose lane 0
+    carries the ``prompt`` chunk) over every lane at full width, and the target rows
+    it verifies (plus the chunk)."""
+    from gpu.programs.speculative import SpeculativeFrame
+    from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+    from policy.descriptors import GraphKind, TargetBinding
+
+    b, w, ctx = shape.batch_capacity, shape.token_capacity, layout.context
+    if shape.kind is GraphKind.MIXED:
+        updates = _reset(0, 0, len(prompt), layout, sampling) + tuple(
+            u for r in range(1, b) for u in _reset(r, ctx, ctx + w, layout, sampling))
+        mixed = SpeculativeMixedFrame(
+            rows=tuple(range(b)), limits=(0,) + (w,) * (b - 1), prefill_row=0,
+            prompt_tokens=prompt, prompt_start=0, prompt_ends=True, updates=updates)
+        return mixed, len(prompt) + (b - 1) * w
+    rows = tuple(range(b))
+    if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
+        limits, verified = (w,) * b, shape.max_packed_extent  # ceilings; P rows run
+    else:
+        limits = query_lengths(b, w, shape.max_packed_extent)
+        verified = sum(limits)
+    updates = tuple(u for r in rows for u in _reset(r, ctx, ctx + w, layout, sampling))
+    return SpeculativeFrame(rows=rows, limits=limits, updates=updates), verified
+
+
+def benchmark_frame(shape: Any, layout: Layout, vocab: int,
+                    sampling: Any = None) -> tuple[Any, int]:
     """A frame that fills ``shape`` and the number of tokens it processes."""
     from gpu import frames as f
     from policy.descriptors import GraphKind, StateOp
@@ -137,6 +203,8 @@ def benchmark_frame(shape: Any, layout: Layout, vocab: int) -> tuple[Any, int]:
         return tuple(3 + (i * 7919) % max(vocab - 3, 1) for i in range(n))
 
     kind, ctx = shape.kind, layout.context
+    if kind is GraphKind.SPECULATIVE or (kind is GraphKind.MIXED and shape.token_capacity > 1):
+        return speculative_frame(shape, layout, sampling, prompt(shape.prefill_capacity))
     if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
         c = shape.token_capacity
         frame = f.PrefillFrame(row=0, tokens=prompt(c), start_position=0, ends_prompt=True,
@@ -144,13 +212,13 @@ def benchmark_frame(shape: Any, layout: Layout, vocab: int) -> tuple[Any, int]:
         return frame, c
     if kind is GraphKind.DECODE:
         rows = tuple(range(shape.batch_capacity))
-        updates = tuple(u for r in rows for u in _reset(r, ctx, ctx + 1, layout))
+        updates = tuple(u for r in rows for u in _reset(r, ctx, ctx + 1, layout, sampling))
         return f.DecodeFrame(rows=rows, updates=updates), len(rows)
     if kind is GraphKind.MIXED:
         rows = tuple(range(shape.batch_capacity))
         p = shape.prefill_capacity
-        updates = _reset(0, 0, p, layout) + tuple(
-            u for r in rows[1:] for u in _reset(r, ctx, ctx + 1, layout))
+        updates = _reset(0, 0, p, layout, sampling) + tuple(
+            u for r in rows[1:] for u in _reset(r, ctx, ctx + 1, layout, sampling))
         mixed = f.MixedFrame(rows=rows, prefill_row=0, prompt_tokens=prompt(p), prompt_start=0,
                              prompt_ends=True, updates=updates)
         return mixed, p + len(rows) - 1
@@ -174,24 +242,81 @@ def benchmark_frame(shape: Any, layout: Layout, vocab: int) -> tuple[Any, int]:
 def time_shape(backend: Any, program: Any, inputs: dict[str, Any], *, warmup: int,
                repeats: int) -> tuple[float, float]:
     """Median device and wall milliseconds of ``repeats`` runs after ``warmup`` runs."""
-    device, wall = [], []
+    (device, wall), = time_round_robin(backend, [(program, inputs)], warmup=warmup,
+                                       repeats=repeats)
+    return device, wall
+
+
+def time_round_robin(backend: Any, jobs: list[tuple[Any, dict[str, Any]]], *, warmup: int,
+                     repeats: int) -> list[tuple[float, float]]:
+    """Median device and wall milliseconds per ``(program, inputs)`` job: ``warmup``
+    untimed rounds, then ``repeats`` timed rounds of one run of every job in turn."""
+    device: list[list[float]] = [[] for _ in jobs]
+    wall: list[list[float]] = [[] for _ in jobs]
     for i in range(warmup + repeats):
-        handle = backend.launch(program, inputs)
-        if not handle.wait(WAIT_S):
-            raise TimeoutError(f"{program.shape.label()} did not finish in {WAIT_S}s")
-        timing = handle.result().timing
-        if i >= warmup:
-            device.append(timing.device_ns / 1e6)
-            wall.append(timing.wall_ns / 1e6)
-    return statistics.median(device), statistics.median(wall)
+        for j, (program, inputs) in enumerate(jobs):
+            handle = backend.launch(program, inputs)
+            if not handle.wait(WAIT_S):
+                raise TimeoutError(f"{program.shape.label()} did not finish in {WAIT_S}s")
+            timing = handle.result().timing
+            if i >= warmup:
+                device[j].append(timing.device_ns / 1e6)
+                wall[j].append(timing.wall_ns / 1e6)
+    return [(statistics.median(d), statistics.median(w)) for d, w in zip(device, wall,
+                                                                       strict=True)]
+
+
+def speculative_comparison(catalog: Any, results: list[ShapeTiming],
+                           plain: list[ShapeTiming]) -> list[dict[str, Any]]:
+    """Per request bucket: the plain decode step, the draft-maintaining decode step and
+    every separate speculative round (by width, host then device allocation), each
+    with its ratio to the plain decode step."""
+    from policy.descriptors import GraphKind
+
+    by_label = {r.label: r for r in results}
+    plain_by_label = {r.label: r for r in plain}
+    buckets = []
+    for decode in catalog.of_kind(GraphKind.DECODE):
+        b = decode.batch_capacity
+        base = plain_by_label.get(decode.label(), by_label[decode.label()]).device_ms
+        rounds = [
+            {"shape": s.label(), "width": s.token_capacity, "rows": s.max_packed_extent,
+             "binding": s.binding.value if s.binding else "",
+             "device_ms": round(by_label[s.label()].device_ms, 4),
+             "ratio": round(by_label[s.label()].device_ms / base, 3)}
+            for s in sorted(catalog.of_kind(GraphKind.SPECULATIVE),
+                            key=lambda s: (s.binding.value if s.binding else "",
+                                           s.token_capacity, s.max_packed_extent))
+            if s.batch_capacity == b]
+        if rounds:
+            buckets.append({"batch": b, "decode_ms": round(base, 4),
+                            "maintaining_decode_ms": round(by_label[decode.label()].device_ms, 4),
+                            "rounds": rounds})
+    return buckets
+
+
+def format_comparison(buckets: list[dict[str, Any]]) -> str:
+    lines = []
+    for bucket in buckets:
+        head = (f"B={bucket['batch']}: decode {bucket['decode_ms']:.2f}  "
+                f"(draft-maintaining {bucket['maintaining_decode_ms']:.2f})")
+        cells = []
+        for r in bucket["rounds"]:
+            ragged = f",P={r['rows']}" if r["rows"] != bucket["batch"] * r["width"] else ""
+            tag = " device" if r["binding"] == "SpeculativePrefixLimit" else ""
+            cells.append(f"W={r['width']}{ragged}{tag} {r['device_ms']:.2f} ({r['ratio']:.2f}x)")
+        lines.append(head)
+        lines.append("    " + "  ".join(cells))
+    return "\n".join(lines)
 
 
 def format_table(rows: list[ShapeTiming]) -> str:
-    head = f"{'shape':<34} {'device ms':>10} {'wall ms':>10} {'tokens/s':>12}"
+    width = max([34, *(len(r.label) for r in rows)])
+    head = f"{'shape':<{width}} {'device ms':>10} {'wall ms':>10} {'tokens/s':>12}"
     lines = [head, "-" * len(head)]
     for r in rows:
         tps = f"{r.tokens_per_second:,.0f}" if r.tokens_per_second is not None else "-"
-        lines.append(f"{r.label:<34} {r.device_ms:>10.3f} {r.wall_ms:>10.3f} {tps:>12}")
+        lines.append(f"{r.label:<{width}} {r.device_ms:>10.3f} {r.wall_ms:>10.3f} {tps:>12}")
     return "\n".join(lines)
 
 
@@ -201,10 +326,11 @@ def main(args: argparse.Namespace) -> int:
     from gpu.backend import BackendUnavailable, open_backend
     from gpu.catalog import CatalogError, CatalogFlags, ModelDims, plan_catalog
     from gpu.engine import ModelEngine, resolve_dtype
-    from gpu.frames import as_inputs
+    from gpu.frames import SamplingParams, as_inputs
     from gpu.model_config import load_model_config
     from gpu.preparation import prepare_catalog
     from gpu.programs.execution import ExecutionOptions
+    from policy.descriptors import GraphKind
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -215,11 +341,23 @@ def main(args: argparse.Namespace) -> int:
         return 2
     config = load_model_config(model_dir)
     family_mixed = config.mixed_capture  # the family's declaration (CAT-13, OPEN-25)
+    speculative = args.speculation != "off"
+    if speculative and args.speculation == "draft" and not (
+            args.draft_model / "config.json").is_file():
+        print(f"flare bench programs: no draft checkpoint in {args.draft_model}",
+              file=sys.stderr)
+        return 2
+    if speculative and not 1 <= args.draft_depth <= 7:
+        print("flare bench programs: --draft-depth must be 1..7", file=sys.stderr)
+        return 2
     flags = CatalogFlags(
         max_batch=args.max_batch, prefill_capacities=tuple(args.prefill_capacities),
         mixed_prefill=args.mixed_prefill, family_supports_mixed=family_mixed,
         speculative_token_capacity=args.speculative_token_capacity,
+        draft_depth=args.draft_depth if speculative else 0,
+        device_allocation=speculative and args.speculative_allocation == "device",
     )
+    sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
         # cpu: --threads, else the backend's default (gpu.cpu_backend.default_cpu_threads)
         options = {"num_threads": args.threads} if args.backend == "cpu" else {}
@@ -254,21 +392,43 @@ def main(args: argparse.Namespace) -> int:
             page_size=layout.page_size, num_pages=layout.num_pages,
             state_rows=layout.state_rows, max_context=max_context, require_tokenizer=False,
             execution=ExecutionOptions.static() if args.static_context else None,
+            speculation_source=args.speculation if speculative else None,
+            draft_model_dir=args.draft_model if args.speculation == "draft" else None,
         )
         programs = [engine.programs[s] for s in plan.catalog]
         report = prepare_catalog(backend, programs)  # its progress sink prints the summary
-        results = []
+        jobs = []
         for shape in plan.catalog:
-            frame, tokens = benchmark_frame(shape, layout, config.vocab_size)
-            device_ms, wall_ms = time_shape(backend, engine.programs[shape], as_inputs(frame),
-                                            warmup=args.warmup, repeats=args.repeats)
-            results.append(ShapeTiming(shape.label(), shape.kind.value, tokens, device_ms,
-                                       wall_ms, args.repeats))
+            frame, tokens = benchmark_frame(shape, layout, config.vocab_size, sampling)
+            jobs.append((engine.programs[shape], as_inputs(frame), tokens))
+        # a speculative load wraps decode to keep the draft context: also time the plain
+        # decode step inside (what --speculation off runs)
+        plain = {s: getattr(engine.programs[s], "inner", None)
+                 for s in plan.catalog.of_kind(GraphKind.DECODE)} if speculative else {}
+        plain = {s: p for s, p in plain.items() if p is not None}
+        if plain:
+            backend.prepare(list(plain.values()))
+        for shape, program in plain.items():
+            frame, tokens = benchmark_frame(shape, layout, config.vocab_size, sampling)
+            jobs.append((program, as_inputs(frame), tokens))
+        timings = time_round_robin(backend, [(p, i) for p, i, _ in jobs],
+                                   warmup=args.warmup, repeats=args.repeats)
+        results = [ShapeTiming(p.shape.label(), p.shape.kind.value, tokens, device_ms,
+                               wall_ms, args.repeats)
+                   for (p, _, tokens), (device_ms, wall_ms) in zip(jobs, timings, strict=True)]
+        plain_results = results[len(plan.catalog):]
+        results = results[:len(plan.catalog)]
     finally:
         backend.close()
     mode = "eager (dynamic context)" if engine.execution.host_bounds else "static"
     print(f"execution: {mode}; torch threads: {torch.get_num_threads()}")
     print(format_table(results))
+    comparison = speculative_comparison(plan.catalog, results, plain_results)
+    if speculative:
+        print(f"\nspeculative rounds vs decode ({args.speculation} proposals, "
+              f"{'sampled' if args.sampled else 'greedy'} lanes, context {args.context}; "
+              "median device ms per round, x = round / plain decode step)")
+        print(format_comparison(comparison))
     if args.json_path is not None:
         payload = {
             "model": str(model_dir), "backend": args.backend,
@@ -278,6 +438,10 @@ def main(args: argparse.Namespace) -> int:
             "plan": plan.to_json(), "preparation": report.to_json(),
             "results": [r.to_json() for r in results],
         }
+        if speculative:
+            payload["speculation"] = {
+                "source": args.speculation, "draft_depth": args.draft_depth,
+                "sampled": args.sampled, "buckets": comparison}
         args.json_path.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json_path}")
     return 0

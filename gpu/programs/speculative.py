@@ -337,12 +337,16 @@ class SpeculativeProgram:
             drafts, draft_probs, confidence = self._learned(rows, n, pending, limit, params, seed)
             proposed = torch.where(active, d, 0)
             ceilings = limit
+        elif d == 0:  # width one: nothing to propose
+            drafts = torch.zeros((b, 0), dtype=torch.int64, device=rows.device)
+            draft_probs, proposed, ceilings = None, torch.zeros_like(limit), limit
+            confidence = drafts.float()
         else:
             # the history past every lane's context (n + 1 < context_blocks pages) can
             # never match or be proposed: the search reads only the attended columns
             columns = self.context_blocks * self._cache.geometry.page_size
-            copy = propose_copy(ds.history[rows, :columns], torch.where(active, n + 1, 0), depth=d,
-                                max_ngram=self.copy_max_ngram)
+            copy = propose_copy(ds.history[rows, :columns], torch.where(active, n + 1, 0),
+                                depth=d, max_ngram=self.copy_max_ngram)
             proposed = torch.where(active, copy.proposed, 0)
             drafts = torch.where(active[:, None], copy.tokens, PAD_TOKEN)
             draft_probs = None
