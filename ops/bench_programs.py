@@ -403,9 +403,11 @@ def main(args: argparse.Namespace) -> int:
             jobs.append((engine.programs[shape], as_inputs(frame), tokens))
         # a speculative load wraps decode to keep the draft context: also time the plain
         # decode step inside (what --speculation off runs)
-        plain = {s: getattr(engine.programs[s], "inner", None)
-                 for s in plan.catalog.of_kind(GraphKind.DECODE)} if speculative else {}
-        plain = {s: p for s, p in plain.items() if p is not None}
+        plain: dict[Any, Any] = {}
+        for shape in plan.catalog.of_kind(GraphKind.DECODE) if speculative else ():
+            inner = getattr(engine.programs[shape], "inner", None)
+            if inner is not None:
+                plain[shape] = inner
         if plain:
             backend.prepare(list(plain.values()))
         for shape, program in plain.items():

@@ -287,17 +287,25 @@ class SpeculativeProgram:
         draft = self._draft.draft
         assert draft is not None
         greedy = not self.any_sampled
+        b, steps = self.batch, self.depth + (1 if self.caches_last_draft else 0)
         tables = self._state.block_table[rows]
         attended = tables[:, :self.context_blocks]
-        lane = torch.arange(self.batch, device=rows.device)
+        lane = torch.arange(b, device=rows.device)
+        # every step's KV slots and positions at once (step j feeds position n + j)
+        step = torch.arange(steps, device=rows.device)[None, :]
+        step_pos = (n[:, None] + step).reshape(-1)
+        step_slots, step_safe = self._slots(
+            tables.repeat_interleave(steps, dim=0), step_pos,
+            (step < limit[:, None]).reshape(-1))
+        step_slots = step_slots.view(b, steps)
+        step_pos = torch.where((limit > 0)[:, None], step_pos.view(b, steps),
+                               step_safe.view(b, steps))
         token = pending
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
-        for j in range(self.depth + (1 if self.caches_last_draft else 0)):
-            pos = n + j
-            slots, safe = self._slots(tables, pos, j < limit)
+        for j in range(steps):
             hidden = draft.decoder.forward(PackedBatch(
-                token_ids=token, positions=torch.where(limit > 0, pos, safe), write_slots=slots,
+                token_ids=token, positions=step_pos[:, j], write_slots=step_slots[:, j],
                 token_lane=lane, lane_block_tables=attended, lane_major_width=1,
             ), draft.cache)
             if j == self.depth:
