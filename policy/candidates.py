@@ -296,21 +296,33 @@ class Candidates:
             sizes = cohort_sizes(ctx.catalog, kind, len(group))
             eligible = self._mixed_eligible(sizes) if kind == MIXED_PROMPT else sizes.eligible
             pre, gs = group.prefix_list, group.slope
-            known, safe, half = t.known, t.safe, t.half
             best, hits = track.known_best, track.known_hits
-            for j, m in enumerate(sizes.m):
-                if not eligible[j]:
-                    continue
-                base = pre[m] if base_of is None else base_of[j] + pre[m]
-                if known[j]:
-                    s = safe[j]
-                    rate = (base + m * gs * s) / s - half[j] * w
-                    if rate > best:
-                        best, hits = rate, [(kind, j)]
-                    elif rate == best:
-                        hits.append((kind, j))
-                else:
-                    track.unknown(base, (kind, j))
+            if t.all_known:
+                for j, (m, ok, s, h) in enumerate(zip(sizes.m, eligible, t.safe, t.half,
+                                                      strict=True)):
+                    if ok:
+                        base = pre[m] if base_of is None else base_of[j] + pre[m]
+                        rate = (base + m * gs * s) / s - h * w
+                        if rate >= best:
+                            if rate > best:
+                                best, hits = rate, [(kind, j)]
+                            else:
+                                hits.append((kind, j))
+            else:
+                known, safe, half = t.known, t.safe, t.half
+                for j, m in enumerate(sizes.m):
+                    if not eligible[j]:
+                        continue
+                    base = pre[m] if base_of is None else base_of[j] + pre[m]
+                    if known[j]:
+                        s = safe[j]
+                        rate = (base + m * gs * s) / s - half[j] * w
+                        if rate > best:
+                            best, hits = rate, [(kind, j)]
+                        elif rate == best:
+                            hits.append((kind, j))
+                    else:
+                        track.unknown(base, (kind, j))
             track.known_best, track.known_hits = best, hits
         hits = track.unknown_hits or track.known_hits
         if not hits:
@@ -342,7 +354,40 @@ class Candidates:
         caps, known, safe, half = fam.caps, t.known, t.safe, t.half
         width = len(caps)
         best, hits = track.known_best, track.known_hits
-        for ri, pos in enumerate(p.ordinary if kind == PREFILL else p.scored_list):
+        rows = p.ordinary if kind == PREFILL else p.scored_list
+        if t.all_known:
+            # Measured: no DUR-20 exclusion; the loop stops at the first capacity that
+            # reaches the row's logical end (every later one repeats its tokens).
+            waits = [h * w for h in half]
+            for ri, pos in enumerate(rows):
+                rem, price = rem_of[pos], price_of[pos]
+                previous = -1
+                flat = ri * width
+                for c, s, hw in zip(caps, safe, waits, strict=True):
+                    if c < rem:
+                        if c != previous:
+                            previous = c
+                            rate = (c * price + 0.0) / s - hw
+                            if rate >= best:
+                                if rate > best:
+                                    best, hits = rate, [(kind, flat)]
+                                else:
+                                    hits.append((kind, flat))
+                    else:
+                        if rem != previous:
+                            value = rem * price + (finish_of[pos] if reaches_of[pos]
+                                                   else 0.0)
+                            rate = value / s - hw
+                            if rate >= best:
+                                if rate > best:
+                                    best, hits = rate, [(kind, flat)]
+                                else:
+                                    hits.append((kind, flat))
+                        break
+                    flat += 1
+            track.known_best, track.known_hits = best, hits
+            return
+        for ri, pos in enumerate(rows):
             rem, price = rem_of[pos], price_of[pos]
             finish = finish_of[pos] if reaches_of[pos] else 0.0
             previous = -1

@@ -251,6 +251,8 @@ class PairLists(NamedTuple):
     span: list[list[float]]
     half: list[list[float]]
     gain: list[list[float]]
+    cells: list[list[tuple[float, float, float]]]
+    """Per shape, each column's ``(span, half, gain)``."""
 
 
 def _pair_lists(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
@@ -265,8 +267,9 @@ def _pair_lists(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
         half = [[(x if t > 0 else 1.0) / 2.0 for x in row] for t, row in zip(t_ms, span,
                                                                             strict=True)]
         gain = [[x * x - t * t for x in row] for t, row in zip(t_ms, span, strict=True)]
+        cells = [list(zip(*row, strict=True)) for row in zip(span, half, gain, strict=True)]
         cached = PairLists(t_ms, ctx.catalog.batch[shapes].tolist(), [t > 0 for t in t_ms],
-                           span, half, gain)
+                           span, half, gain, cells)
         memo[key] = cached
     return cached
 
@@ -396,8 +399,11 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
     if k_top == 0:
         # No newly ready decoder (k = 0 only): the first two terms are exactly zero and
         # a column's ready cohort does not depend on the prerequisite shape.
-        cols = [c for c in cols if min_new[c] == 0]
-        ready_of = [min(follow_cap[c], n_dec) for c in range(len(extra))]
+        info = []
+        for c in cols:
+            if min_new[c] == 0:
+                ready = min(follow_cap[c], n_dec)
+                info.append((c, ready, d_pre[ready], ready * ds, extra[c], fixed_pre[c]))
     out: list[PrerequisiteChoice] = []
     for i, r in enumerate(shapes.tolist()):
         t, b_r, known = lay.t_ms[i], lay.caps[i], lay.known[i]
@@ -407,20 +413,19 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
         top_col = top_k = top_tn = 0
         top_value = 0.0
         if k_top == 0:
-            for c in cols:
-                fixed = fixed_pre[c]
-                pre_left = b_r - fixed
-                if pre_left < 0:
-                    continue
-                ready = ready_of[c]
-                tn = pre_left if pre_left < n_term else n_term
-                span = span_row[c]
-                value = (d_pre[ready] + ready * ds * span + t_pre[tn]
-                         + tn * (aged_t + tc * gain_row[c] / 2.0) + extra[c])
-                score = value / span - half_row[c] * w if known else value
-                adv = ready + tn + fixed
-                if score > top or (score == top and adv > top_adv):
-                    top, top_adv, top_col, top_tn, top_value = score, adv, c, tn, value
+            cells = lay.cells[i]
+            # pre_left = B - fixed (fixed is 0 or 1, B >= 1): never negative.
+            tns = (min(b_r, n_term), min(b_r - 1, n_term))
+            pres = (t_pre[tns[0]], t_pre[tns[1]])
+            for c, ready, d, rds, ex, fixed in info:
+                span, half, gain = cells[c]
+                tn = tns[fixed]
+                value = d + rds * span + pres[fixed] + tn * (aged_t + tc * gain / 2.0) + ex
+                score = value / span - half * w if known else value
+                if score >= top:
+                    adv = ready + tn + fixed
+                    if score > top or adv > top_adv:
+                        top, top_adv, top_col, top_tn, top_value = score, adv, c, tn, value
         for c in cols if k_top else ():
             fixed = fixed_pre[c]
             span = span_row[c]

@@ -356,8 +356,12 @@ class LaneGroup:
             served = [r.last_served_ns for r in records]
         if handles is None:
             handles = [r.handle for r in records]
-        order = [i for _, _, _, i in sorted(zip([-v for v in base], served, handles,
-                                                 range(n), strict=True))]
+        negated = [-v for v in base]
+        order = sorted(range(n), key=negated.__getitem__)
+        if any(negated[a] == negated[b] for a, b in itertools.pairwise(order)):
+            # Equal values: least recently served first, then handle (DUR-24).
+            order = [i for _, _, _, i in sorted(zip(negated, served, handles, range(n),
+                                                     strict=True))]
         values = [base[i] for i in order]
         return LaneGroup(tuple([records[i] for i in order]), values, slope,
                          [0.0, *itertools.accumulate(values)],
@@ -606,21 +610,22 @@ def _build_plan(ctx: DecisionContext, win: Candidate, reason: SelectionReason
             expected_deliveries=1.0 if final else 0.0, value=value,
         ))
     # Lane values ``base[i] + slope * T``; Lanes are NamedTuples built positionally
-    # (fields as in ``types.Lane``).
+    # (fields as in ``types.Lane``);
+    # ``tuple.__new__`` skips the NamedTuple's Python-level constructor.
     dec = ctx.decoders
+    new = tuple.__new__
     if n_dec:
         aged = dec.slope * t_ms
-        dec_values = [b + aged for b in dec.base_list[:n_dec]]
         decode = LaneRole.DECODE
-        lanes.extend([Lane(rec.handle, rec.epoch, decode, 0, 0, 1, 1.0, 1.0, value)
-                      for rec, value in zip(dec.records[:n_dec], dec_values, strict=True)])
+        lanes.extend([new(Lane, (rec.handle, rec.epoch, decode, 0, 0, 1, 1.0, 1.0, b + aged))
+                      for rec, b in zip(dec.records[:n_dec], dec.base_list, strict=False)])
     term = ctx.terminals
     if n_term:
         aged = term.slope * t_ms
-        term_values = [b + aged for b in term.base_list[:n_term]]
         terminal = LaneRole.TERMINAL
-        lanes.extend([Lane(rec.handle, rec.epoch, terminal, 0, 0, 0, 0.0, 0.0, value)
-                      for rec, value in zip(term.records[:n_term], term_values, strict=True)])
+        lanes.extend([new(Lane, (rec.handle, rec.epoch, terminal, 0, 0, 0, 0.0, 0.0,
+                                 b + aged))
+                      for rec, b in zip(term.records[:n_term], term.base_list, strict=False)])
     mixed = None
     if shape.kind is GraphKind.MIXED:
         mixed = MixedRole(prefill_row=0 if prompt_pos >= 0 else -1,
