@@ -16,18 +16,9 @@ from actors.system import open_runtime
 from policy.baselines import FixedSpecPolicy
 from tests.actors.test_runtime_cpu import config_for, wait_until_idle
 from tests.actors.test_runtime_speculative import _serve_all
+from tests.actors.test_runtime_speculative import plain_outputs as plain_outputs
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(tiny_llama: Path) -> list[list[int]]:
-    async def serve() -> list[list[int]]:
-        with trio.fail_after(120):
-            async with open_runtime(config_for(tiny_llama)) as rt:
-                return [tokens for tokens, _ in await _serve_all(rt)]
-
-    return trio.run(serve)
 
 
 @pytest.mark.parametrize(("policy", "source", "perfect"), [
