@@ -5,8 +5,12 @@ bucket, an ordinary mixed grid, snapshot/restore state operations and a speculat
 grid that ordinary selection skips: well over 100 shapes), keeps a steady population of
 resident requests in mixed phases (long and short prompts, decoders, pending terminal
 snapshots), and drives the production ``policy.Scheduler`` frame by frame with a
-synthetic clock. Prints p50/p99/max of ``plan()`` and ``complete()`` wall time and
-thread CPU time (the CPU figure is the fairer one on a shared, oversubscribed machine).
+synthetic clock. Prints p50/p90/p99/max of ``plan()`` and ``complete()`` wall time and
+thread CPU time (the CPU figure is the fairer one on a shared, oversubscribed machine),
+the ``plan()`` CPU split between decisions with and without prerequisite-ready rows
+(those also run the restore lookahead), and a calibration figure: the thread CPU time
+of a fixed pure-Python loop, measured before and after the run, so runs on machines
+or moments of different speed can be compared (scale by the calibration ratio).
 
 The durations are synthetic (a fixed launch cost plus per-token and per-row costs);
 they shape the decisions, not the timings measured here (VER-36: no throughput claim).
@@ -81,7 +85,25 @@ def admit_random(s: Scheduler, rng: random.Random) -> None:
             restore=RestoreNeed.READY if rng.random() < 0.05 else RestoreNeed.NONE)
 
 
+CALIBRATION_ADDS = 2_000_000
+
+
+def calibration_ms(repeats: int = 3) -> float:
+    """Thread CPU milliseconds of 2 M pure-Python integer additions (best of
+    ``repeats``): the machine's current speed for interpreter-bound work."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time_ns()
+        total = 0
+        for i in range(CALIBRATION_ADDS):
+            total += i
+        best = min(best, (time.thread_time_ns() - start) / 1e6)
+    return best
+
+
 def percentile(samples: list[int], q: float) -> float:
+    if not samples:
+        return float("nan")
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000.0
 
@@ -99,15 +121,19 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int]]:
     complete_ns: list[int] = []
     plan_cpu: list[int] = []
     complete_cpu: list[int] = []
+    restore_cpu: list[int] = []
+    other_cpu: list[int] = []
     lanes: list[int] = []
     fence = 0
     for _ in range(iterations):
         while len(s.handles()) < population:
             admit_random(s, rng)
+        restorable = any(s.request(h).restorable for h in s.handles())
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         plan = s.plan()
         plan_cpu.append(time.thread_time_ns() - c0)
         plan_ns.append(time.perf_counter_ns() - t0)
+        (restore_cpu if restorable else other_cpu).append(plan_cpu[-1])
         if plan is None:
             s.advance_to(s.now_ns + MS)
             continue
@@ -132,6 +158,8 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int]]:
         s.take_released()
     return {"plan": plan_ns, "complete": complete_ns, "plan cpu": plan_cpu,
             "complete cpu": complete_cpu, "lanes": lanes,
+            "plan cpu, prerequisite-ready rows": restore_cpu,
+            "plan cpu, no prerequisite-ready rows": other_cpu,
             "shapes": [len(catalog)]}
 
 
@@ -144,13 +172,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    before = calibration_ms()
     result = run(args.iterations, args.requests, args.seed)
+    after = calibration_ms()
     print(f"catalog shapes: {result['shapes'][0]}, resident requests: {args.requests}, "
           f"frames: {len(result['complete'])}, mean lanes per frame: "
           f"{statistics.fmean(result['lanes']):.1f}")
-    for name in ("plan", "complete", "plan cpu", "complete cpu"):
+    rows = [("plan() wall", "plan"), ("complete() wall", "complete"),
+            ("plan() cpu", "plan cpu"), ("complete() cpu", "complete cpu"),
+            ("plan() cpu, prerequisite-ready", "plan cpu, prerequisite-ready rows"),
+            ("plan() cpu, others", "plan cpu, no prerequisite-ready rows")]
+    for label, name in rows:
         samples = result[name]
-        label = name.replace(" cpu", "() cpu") if " cpu" in name else f"{name}() wall"
-        print(f"{label:>15}: p50 {percentile(samples, 0.50):8.1f} us   "
-              f"p99 {percentile(samples, 0.99):8.1f} us   max {max(samples) / 1000:8.1f} us")
+        print(f"{label:>31}: p50 {percentile(samples, 0.50):7.1f} us  "
+              f"p90 {percentile(samples, 0.90):7.1f} us  p99 {percentile(samples, 0.99):7.1f} us"
+              f"  max {max(samples, default=0) / 1000:7.1f} us  (n={len(samples)})")
+    print(f"calibration (2 M Python integer additions, thread CPU): {before:.0f} ms before, "
+          f"{after:.0f} ms after")
     return 0

@@ -244,19 +244,16 @@ class Candidates:
         tie-break (MIX-18). Equal work forms runs along C: ``_first_c``."""
         p = self._ctx.prompts
         rem, price, finish, reaches = p.remaining, p.price, p.finish, p.reaches
-        rows = p.ordinary
+        # Per row: remaining tokens, token price, and its value at the logical end.
+        rows = [(pos, rem[pos], price[pos],
+                 rem[pos] * price[pos] + (finish[pos] if reaches[pos] else 0.0))
+                for pos in p.ordinary]
         for c in self._ctx.catalog.mixed_grid.caps_list:
             best_v, best_p, best_t = _NEG_INF, -1, 0
-            for pos in rows:
-                r = rem[pos]
-                if c < r:
-                    v = c * price[pos] + 0.0
-                    t = c
-                else:
-                    v = r * price[pos] + (finish[pos] if reaches[pos] else 0.0)
-                    t = r
+            for pos, r, pr, at_end in rows:
+                v = c * pr + 0.0 if c < r else at_end
                 if v > best_v:
-                    best_v, best_p, best_t = v, pos, t
+                    best_v, best_p, best_t = v, pos, (c if c < r else r)
             self._best_value.append(best_v)
             self._best_pos.append(best_p)
             self._best_tokens.append(best_t)

@@ -191,10 +191,10 @@ def build_context(
         z = h.delivery_rate
         prompt_z.append(h.fair_delivery_rate if z is None else z)
         at = r.prompt_cursor
-        end = r.logical_prompt_end()
+        end, next_end = r.prompt_ends()
         cursor.append(at)
         remaining.append(end - at)
-        endpoint.append(r.next_endpoint() - at)
+        endpoint.append(next_end - at)
         reaches.append(end >= r.prompt_len)
         last_served.append(r.last_served_ns)
         if r.scored_prompt:

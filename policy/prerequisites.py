@@ -252,7 +252,8 @@ class PairLists(NamedTuple):
     half: list[list[float]]
     gain: list[list[float]]
     cells: list[list[tuple[float, float, float]]]
-    """Per shape, each column's ``(span, half, gain)``."""
+    """Per shape, each column's ``(span, half, gain / 2)`` (halving is exact, so
+    ``tc * (gain / 2) == tc * gain / 2``)."""
 
 
 def _pair_lists(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
@@ -267,7 +268,8 @@ def _pair_lists(ctx: DecisionContext, shapes: IntArray, tpl: FollowingTemplate,
         half = [[(x if t > 0 else 1.0) / 2.0 for x in row] for t, row in zip(t_ms, span,
                                                                             strict=True)]
         gain = [[x * x - t * t for x in row] for t, row in zip(t_ms, span, strict=True)]
-        cells = [list(zip(*row, strict=True)) for row in zip(span, half, gain, strict=True)]
+        cells = [list(zip(s_row, h_row, [x / 2.0 for x in g_row], strict=True))
+                 for s_row, h_row, g_row in zip(span, half, gain, strict=True)]
         cached = PairLists(t_ms, ctx.catalog.batch[shapes].tolist(), [t > 0 for t in t_ms],
                            span, half, gain, cells)
         memo[key] = cached
@@ -397,13 +399,15 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
     fixed_pre, follow_cap, min_new = tpl.fixed_pre_list, tpl.follow_cap_list, tpl.min_new_list
     cols = range(len(extra)) if keep is None else [c for c, kept in enumerate(keep) if kept]
     if k_top == 0:
-        # No newly ready decoder (k = 0 only): the first two terms are exactly zero and
-        # a column's ready cohort does not depend on the prerequisite shape.
+        # No newly ready decoder (k = 0 only): every column is a newly ready prompt's
+        # (one prerequisite row), the first two terms are exactly zero and a column's
+        # ready cohort does not depend on the prerequisite shape.
         info = []
         for c in cols:
             if min_new[c] == 0:
-                ready = min(follow_cap[c], n_dec)
-                info.append((c, ready, d_pre[ready], ready * ds, extra[c], fixed_pre[c]))
+                fc = follow_cap[c]
+                ready = fc if fc < n_dec else n_dec
+                info.append((c, ready, d_pre[ready], ready * ds, extra[c]))
     out: list[PrerequisiteChoice] = []
     for i, r in enumerate(shapes.tolist()):
         t, b_r, known = lay.t_ms[i], lay.caps[i], lay.known[i]
@@ -414,16 +418,17 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
         top_value = 0.0
         if k_top == 0:
             cells = lay.cells[i]
-            # pre_left = B - fixed (fixed is 0 or 1, B >= 1): never negative.
-            tns = (min(b_r, n_term), min(b_r - 1, n_term))
-            pres = (t_pre[tns[0]], t_pre[tns[1]])
-            for c, ready, d, rds, ex, fixed in info:
-                span, half, gain = cells[c]
-                tn = tns[fixed]
-                value = d + rds * span + pres[fixed] + tn * (aged_t + tc * gain / 2.0) + ex
+            tn = b_r - 1 if b_r - 1 < n_term else n_term  # pre_left = B - 1 >= 0
+            tp = t_pre[tn]
+            for c, ready, d, rds, ex in info:
+                span, half, gain_half = cells[c]
+                if tn:
+                    value = d + rds * span + tp + tn * (aged_t + tc * gain_half) + ex
+                else:  # both terminal terms are +0.0 and the sum is non-negative
+                    value = d + rds * span + ex
                 score = value / span - half * w if known else value
                 if score >= top:
-                    adv = ready + tn + fixed
+                    adv = ready + tn + 1
                     if score > top or adv > top_adv:
                         top, top_adv, top_col, top_tn, top_value = score, adv, c, tn, value
         for c in cols if k_top else ():

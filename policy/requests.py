@@ -77,6 +77,8 @@ class RequestRecord:
     prerequisite completion pops the next stage."""
     restored: bool = False
     """The restore stage has run (later stages of the chain remain)."""
+    ends_at: tuple[int, int, int] = field(default=(-1, 0, 0), repr=False, compare=False)
+    """``(cursor, logical end, next endpoint)`` as last computed by ``prompt_ends``."""
 
     @property
     def next_stage(self) -> StateOp:
@@ -107,6 +109,15 @@ class RequestRecord:
         if self.system_end is not None and self.prompt_cursor < self.system_end:
             return min(self.system_end, self.prompt_len)
         return self.prompt_len
+
+    def prompt_ends(self) -> tuple[int, int]:
+        """``(logical_prompt_end(), next_endpoint())``, recomputed only when the cursor
+        moved (the prompt's boundaries are fixed at admission)."""
+        cursor, end, endpoint = self.ends_at
+        if cursor != self.prompt_cursor:
+            end, endpoint = self.logical_prompt_end(), self.next_endpoint()
+            self.ends_at = (self.prompt_cursor, end, endpoint)
+        return end, endpoint
 
     def next_endpoint(self) -> int:
         """The next message or prompt endpoint after the cursor (DUR-20's limit)."""
