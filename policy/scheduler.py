@@ -50,10 +50,10 @@ from policy.requests import PendingDelivery, RequestRecord
 from policy.selection import CatalogIndex, ShapeTimes, select
 from policy.service import (
     Normalizers,
+    ServiceHistory,
     new_history,
     normalizers_from_catalog,
-    observe_delivery,
-    observe_service,
+    observe_participants,
     redo_delivery,
     service_interval_ns,
 )
@@ -442,15 +442,20 @@ class Scheduler:
         self._failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
         # ---- nothing has changed before this point ----
         self._queue.pop(fence)
+        # Expected ends of the frames still queued, per handle they carry (QUEUE-43).
+        queued_ends: dict[RequestHandle, set[int]] = {}
+        for frame in self._queue:
+            for queued in frame.plan.lanes:
+                queued_ends.setdefault(queued.handle, set()).add(frame.expected_end_ns)
+        decode = LaneRole.DECODE
         for lane in head.plan.lanes:
             rec = self._records.get(lane.handle)
             if rec is None or rec.epoch != lane.epoch:
                 continue
             rec.in_flight_fences.remove(fence)
-            if lane.role is LaneRole.DECODE:
+            if lane.role is decode:
                 rec.queued_outputs -= lane.token_ceiling
-                if not any(f.expected_end_ns == rec.queued_delivery_end_ns
-                           for f in self._queue.frames_for(rec.handle)):
+                if rec.queued_delivery_end_ns not in queued_ends.get(rec.handle, ()):
                     rec.queued_delivery_end_ns = None
         self._account_execution(head, timing)
         interval_ns = service_interval_ns(timing, isolated=head.isolated)
@@ -561,16 +566,20 @@ class Scheduler:
     def _account_service(self, frame: QueuedFrame, served: dict[RequestHandle, int],
                          out: list[GeneratedToken], fence: Fence, interval_ms: float) -> None:
         delivered = {t.handle for t in out if t.token_ids}
+        live: list[tuple[ServiceHistory, int]] = []
+        records = self._records
         for handle, epoch in frame.participants:
-            rec = self._records.get(handle)
+            rec = records.get(handle)
             if rec is None or rec.epoch != epoch or rec.cancelled or rec.failed:
                 continue
             h = rec.history
-            observe_service(h, tokens=served.get(handle, 0), interval_ms=interval_ms,
-                            config=self._config)
+            live.append((h, served.get(handle, 0)))
             if handle in delivered:
+                # The delivery rate before this interval's zero-delivery update (the
+                # token update does not touch it).
                 rec.pending_delivery = PendingDelivery(fence, h.delivery_rate, interval_ms)
-            observe_delivery(h, deliveries=0, interval_ms=interval_ms, config=self._config)
+        # observe_service(tokens) then observe_delivery(0) per participant (ACCT-8..13).
+        observe_participants(live, interval_ms=interval_ms, config=self._config)
 
     # ---- publication -------------------------------------------------------------------
 

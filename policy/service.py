@@ -22,7 +22,7 @@ Pure: no clocks, no I/O. Intervals come from ``service_interval_ns`` (ACCT-8..10
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policy.config import PolicyConfig
@@ -37,6 +37,7 @@ __all__ = [
     "new_history",
     "normalizers_from_catalog",
     "observe_delivery",
+    "observe_participants",
     "observe_service",
     "output_token_price",
     "prefill_token_price",
@@ -175,6 +176,28 @@ def observe_delivery(
             h.delivery_rate = max(deliveries / interval_ms, RATE_FLOOR_PER_MS)
         return
     h.delivery_rate = _smoothed(h.delivery_rate, deliveries, interval_ms, config)
+
+
+def observe_participants(served: Sequence[tuple[ServiceHistory, int]], *,
+                         interval_ms: float, config: PolicyConfig) -> None:
+    """``observe_service(h, tokens)`` then ``observe_delivery(h, 0)`` for every
+    ``(history, tokens)`` of one completed frame's participants (ACCT-8..13): the same
+    arithmetic with the interval's decay computed once."""
+    if not _valid_interval(interval_ms):
+        return
+    decay = smoothing_decay(interval_ms, config)
+    gain = 1.0 - decay
+    idle = (0 / interval_ms) * gain
+    floor = RATE_FLOOR_PER_MS
+    for h, tokens in served:
+        if tokens < 0:
+            raise ValueError(f"service tokens must be non-negative, got {tokens}")
+        x = h.token_rate * decay + (tokens / interval_ms) * gain
+        h.token_rate = x if x > floor else floor
+        z = h.delivery_rate
+        if z is not None:  # a missing delivery history stays missing (ACCT-19)
+            z = z * decay + idle
+            h.delivery_rate = z if z > floor else floor
 
 
 def redo_delivery(
