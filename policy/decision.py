@@ -258,15 +258,16 @@ def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float]
     of each is the one at the smallest rate: ``max_i(beta + f/x_i) = beta + f/min_i x_i``
     exactly."""
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
-    x_all, z_all = dec_x + prompt_x, dec_z + prompt_z
     largest = 0.0
-    if x_all:
-        x_min, z_min = min(x_all), min(z_all)
+    if dec_x or prompt_x:
+        p_min = min(prompt_x) if prompt_x else math.inf
+        x_min = min(min(dec_x), p_min) if dec_x else p_min
+        z_min = min(min(dec_z, default=math.inf), min(prompt_z, default=math.inf))
         if not (x_min > 0 and z_min > 0):
             raise ValueError(f"service rates must be positive, got {x_min!r}, {z_min!r}")
         largest = max(beta + tf / x_min, g / z_min)
         if prompt_x:
-            largest = max(largest, 1.0 + tf / min(prompt_x))
+            largest = max(largest, 1.0 + tf / p_min)
     return scale_exponent((config.decode_age_price, config.terminal_value,
                            config.terminal_age_price, largest))
 

@@ -358,7 +358,7 @@ class LaneGroup:
             handles = [r.handle for r in records]
         negated = [-v for v in base]
         order = sorted(range(n), key=negated.__getitem__)
-        if any(negated[a] == negated[b] for a, b in itertools.pairwise(order)):
+        if len(set(negated)) < n:
             # Equal values: least recently served first, then handle (DUR-24).
             order = [i for _, _, _, i in sorted(zip(negated, served, handles, range(n),
                                                      strict=True))]
@@ -513,9 +513,10 @@ class RestoreGroup:
         return self.continuation_value[i], further
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecisionContext:
-    """Everything one decision needs, already projected and scaled."""
+    """Everything one decision needs, already projected and scaled (read-only by
+    convention; not frozen because it is built on every decision)."""
 
     catalog: CatalogIndex
     times: ShapeTimes
