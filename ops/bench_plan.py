@@ -23,6 +23,7 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Sequence
 
 from policy import (
     CompletionRecord,
@@ -86,29 +87,32 @@ def admit_random(s: Scheduler, rng: random.Random) -> None:
 
 
 CALIBRATION_ADDS = 2_000_000
+CALIBRATION_EVERY = 200
+"""Frames between the short calibration samples taken during a run."""
 
 
-def calibration_ms(repeats: int = 3) -> float:
+def calibration_ms(repeats: int = 3, adds: int = CALIBRATION_ADDS) -> float:
     """Thread CPU milliseconds of 2 M pure-Python integer additions (best of
-    ``repeats``): the machine's current speed for interpreter-bound work."""
+    ``repeats``; ``adds`` smaller for a quick sample, scaled to 2 M): the machine's
+    current speed for interpreter-bound work."""
     best = float("inf")
     for _ in range(repeats):
         start = time.thread_time_ns()
         total = 0
-        for i in range(CALIBRATION_ADDS):
+        for i in range(adds):
             total += i
         best = min(best, (time.thread_time_ns() - start) / 1e6)
-    return best
+    return best * CALIBRATION_ADDS / adds
 
 
-def percentile(samples: list[int], q: float) -> float:
+def percentile(samples: Sequence[float], q: float) -> float:
     if not samples:
         return float("nan")
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000.0
 
 
-def run(iterations: int, population: int, seed: int) -> dict[str, list[int]]:
+def run(iterations: int, population: int, seed: int) -> dict[str, list[int] | list[float]]:
     rng = random.Random(seed)
     catalog = realistic_catalog()
     s = Scheduler(catalog=catalog)
@@ -124,8 +128,11 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int]]:
     restore_cpu: list[int] = []
     other_cpu: list[int] = []
     lanes: list[int] = []
+    calibration: list[float] = []
     fence = 0
-    for _ in range(iterations):
+    for frame in range(iterations):
+        if frame % CALIBRATION_EVERY == CALIBRATION_EVERY // 2:
+            calibration.append(calibration_ms(repeats=1, adds=CALIBRATION_ADDS // 10))
         while len(s.handles()) < population:
             admit_random(s, rng)
         restorable = any(s.request(h).restorable for h in s.handles())
@@ -160,7 +167,7 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int]]:
             "complete cpu": complete_cpu, "lanes": lanes,
             "plan cpu, prerequisite-ready rows": restore_cpu,
             "plan cpu, no prerequisite-ready rows": other_cpu,
-            "shapes": [len(catalog)]}
+            "calibration": calibration, "shapes": [len(catalog)]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +194,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"{label:>31}: p50 {percentile(samples, 0.50):7.1f} us  "
               f"p90 {percentile(samples, 0.90):7.1f} us  p99 {percentile(samples, 0.99):7.1f} us"
               f"  max {max(samples, default=0) / 1000:7.1f} us  (n={len(samples)})")
-    print(f"calibration (2 M Python integer additions, thread CPU): {before:.0f} ms before, "
-          f"{after:.0f} ms after")
+    during = result["calibration"]
+    middle = f", median {statistics.median(during):.0f} ms over {len(during)} samples " \
+        "during the run" if during else ""
+    print(f"calibration (2 M Python integer additions, thread CPU): {before:.0f} ms before"
+          f"{middle}, {after:.0f} ms after")
     return 0
