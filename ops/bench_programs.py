@@ -16,7 +16,9 @@ device interval, so every repetition runs the same work. Shapes are timed round-
 With ``--speculation draft|copy`` the catalog is a speculative load's (draft depth
 ``--draft-depth``; ``--speculative-allocation device`` adds the ragged device-allocated
 programs): complete speculative rounds (every lane at full width, context ``--context``)
-are timed beside decode, and a second table prints, per request bucket, the plain
+are timed beside decode, and a second table prints, per request bucket (in the
+executing thread's CPU time on the cpu backend, which other processes' load disturbs
+far less than the device interval), the plain
 decode step (what ``--speculation off`` runs), the draft-maintaining decode step (what a
 speculative load runs between rounds) and every round's time with its ratio to the
 plain decode step. ``--sampled`` makes every lane sample at temperature 1 (default:
@@ -31,6 +33,7 @@ import logging
 import pathlib
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,10 @@ class ShapeTiming:
     device_ms: float
     wall_ms: float
     runs: int
+    cpu_ms: float | None = None
+    """Median CPU time of the executing thread (cpu backend): unlike the device
+    interval it leaves out time the thread waited for a core, so it stays comparable
+    on a machine other processes load."""
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -59,10 +66,39 @@ class ShapeTiming:
             "shape": self.label, "kind": self.kind, "tokens": self.tokens,
             "median_device_ms": round(self.device_ms, 4),
             "median_wall_ms": round(self.wall_ms, 4),
+            "median_cpu_ms": round(self.cpu_ms, 4) if self.cpu_ms is not None else None,
             "tokens_per_second": (round(self.tokens_per_second, 1)
                                   if self.tokens_per_second is not None else None),
             "runs": self.runs,
         }
+
+
+class ThreadTimed:
+    """A prepared program that records its executing thread's CPU time per ``execute``
+    (cpu backend only: there ``execute`` runs eagerly on the stream's worker thread)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.cpu_ns: list[int] = []
+
+    @property
+    def shape(self) -> Any:
+        return self.inner.shape
+
+    def bind(self, inputs: Any) -> None:
+        self.inner.bind(inputs)
+
+    def execute(self) -> None:
+        start = time.thread_time_ns()
+        self.inner.execute()
+        self.cpu_ns.append(time.thread_time_ns() - start)
+
+    def read_outputs(self) -> Any:
+        return self.inner.read_outputs()
+
+    def median_ms(self, skip: int) -> float | None:
+        samples = self.cpu_ns[skip:]
+        return statistics.median(samples) / 1e6 if samples else None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,27 +306,33 @@ def speculative_comparison(catalog: Any, results: list[ShapeTiming],
                            plain: list[ShapeTiming]) -> list[dict[str, Any]]:
     """Per request bucket: the plain decode step, the draft-maintaining decode step and
     every separate speculative round (by width, host then device allocation), each
-    with its ratio to the plain decode step."""
+    with its ratio to the plain decode step. Times (``ms``) are the executing thread's
+    CPU time where the backend gives it (cpu), else the device interval."""
     from policy.descriptors import GraphKind
 
     by_label = {r.label: r for r in results}
     plain_by_label = {r.label: r for r in plain}
+
+    def ms(r: ShapeTiming) -> float:
+        return r.cpu_ms if r.cpu_ms is not None else r.device_ms
+
     buckets = []
     for decode in catalog.of_kind(GraphKind.DECODE):
         b = decode.batch_capacity
-        base = plain_by_label.get(decode.label(), by_label[decode.label()]).device_ms
+        base = ms(plain_by_label.get(decode.label(), by_label[decode.label()]))
         rounds = [
             {"shape": s.label(), "width": s.token_capacity, "rows": s.max_packed_extent,
              "binding": s.binding.value if s.binding else "",
+             "ms": round(ms(by_label[s.label()]), 4),
              "device_ms": round(by_label[s.label()].device_ms, 4),
-             "ratio": round(by_label[s.label()].device_ms / base, 3)}
+             "ratio": round(ms(by_label[s.label()]) / base, 3)}
             for s in sorted(catalog.of_kind(GraphKind.SPECULATIVE),
                             key=lambda s: (s.binding.value if s.binding else "",
                                            s.token_capacity, s.max_packed_extent))
             if s.batch_capacity == b]
         if rounds:
             buckets.append({"batch": b, "decode_ms": round(base, 4),
-                            "maintaining_decode_ms": round(by_label[decode.label()].device_ms, 4),
+                            "maintaining_decode_ms": round(ms(by_label[decode.label()]), 4),
                             "rounds": rounds})
     return buckets
 
@@ -304,7 +346,7 @@ def format_comparison(buckets: list[dict[str, Any]]) -> str:
         for r in bucket["rounds"]:
             ragged = f",P={r['rows']}" if r["rows"] != bucket["batch"] * r["width"] else ""
             tag = " device" if r["binding"] == "SpeculativePrefixLimit" else ""
-            cells.append(f"W={r['width']}{ragged}{tag} {r['device_ms']:.2f} ({r['ratio']:.2f}x)")
+            cells.append(f"W={r['width']}{ragged}{tag} {r['ms']:.2f} ({r['ratio']:.2f}x)")
         lines.append(head)
         lines.append("    " + "  ".join(cells))
     return "\n".join(lines)
@@ -395,19 +437,22 @@ def main(args: argparse.Namespace) -> int:
             speculation_source=args.speculation if speculative else None,
             draft_model_dir=args.draft_model if args.speculation == "draft" else None,
         )
-        programs = [engine.programs[s] for s in plan.catalog]
-        report = prepare_catalog(backend, programs)  # its progress sink prints the summary
+        timed = args.backend == "cpu"
+        programs = {s: ThreadTimed(engine.programs[s]) if timed else engine.programs[s]
+                    for s in plan.catalog}
+        # its progress sink prints the summary
+        report = prepare_catalog(backend, list(programs.values()))
         jobs = []
         for shape in plan.catalog:
             frame, tokens = benchmark_frame(shape, layout, config.vocab_size, sampling)
-            jobs.append((engine.programs[shape], as_inputs(frame), tokens))
+            jobs.append((programs[shape], as_inputs(frame), tokens))
         # a speculative load wraps decode to keep the draft context: also time the plain
         # decode step inside (what --speculation off runs)
         plain: dict[Any, Any] = {}
         for shape in plan.catalog.of_kind(GraphKind.DECODE) if speculative else ():
             inner = getattr(engine.programs[shape], "inner", None)
             if inner is not None:
-                plain[shape] = inner
+                plain[shape] = ThreadTimed(inner) if timed else inner
         if plain:
             backend.prepare(list(plain.values()))
         for shape, program in plain.items():
@@ -416,7 +461,8 @@ def main(args: argparse.Namespace) -> int:
         timings = time_round_robin(backend, [(p, i) for p, i, _ in jobs],
                                    warmup=args.warmup, repeats=args.repeats)
         results = [ShapeTiming(p.shape.label(), p.shape.kind.value, tokens, device_ms,
-                               wall_ms, args.repeats)
+                               wall_ms, args.repeats,
+                               p.median_ms(args.warmup) if isinstance(p, ThreadTimed) else None)
                    for (p, _, tokens), (device_ms, wall_ms) in zip(jobs, timings, strict=True)]
         plain_results = results[len(plan.catalog):]
         results = results[:len(plan.catalog)]
@@ -427,9 +473,10 @@ def main(args: argparse.Namespace) -> int:
     print(format_table(results))
     comparison = speculative_comparison(plan.catalog, results, plain_results)
     if speculative:
+        clock = "thread CPU" if timed else "device"
         print(f"\nspeculative rounds vs decode ({args.speculation} proposals, "
               f"{'sampled' if args.sampled else 'greedy'} lanes, context {args.context}; "
-              "median device ms per round, x = round / plain decode step)")
+              f"median {clock} ms per round, x = round / plain decode step)")
         print(format_comparison(comparison))
     if args.json_path is not None:
         payload = {
