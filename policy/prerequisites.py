@@ -133,8 +133,7 @@ def terminal_lane_value(*, terminal_value: float, terminal_age_price: float,
     return terminal_value + terminal_age_price * sigma_ms * (age_ms + duration_ms)
 
 
-@dataclass(frozen=True, slots=True)
-class PrerequisiteChoice:
+class PrerequisiteChoice(NamedTuple):
     """The best prerequisite candidate of one decision (PRE-1, PRE-2).
 
     ``shape``: the prerequisite graph (catalog index); ``following_shape``: the
@@ -356,6 +355,21 @@ def _following(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[i
     return extra, keep, new_pos
 
 
+def _single_prompt_columns(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
+                           ) -> list[tuple[int, int, int, bool]]:
+    """The kept columns of one newly ready prompt row with ``remaining`` tokens, as
+    ``(column, following rows, tokens, reaches the logical end)`` (catalog constants)."""
+    start = tpl.new.start if tpl.new is not None else 0
+    key = (remaining, tpl.new_split, len(tpl.shape_list), start)
+    cached = ctx.catalog.single_columns_memo.get(key)
+    if cached is None:
+        tokens, reaches, keep = _single_prompt(ctx, tpl, remaining)
+        cached = [(start + j, tpl.follow_cap_list[start + j], tokens[j], reaches[j])
+                  for j in range(len(keep)) if keep[j]]
+        ctx.catalog.single_columns_memo[key] = cached
+    return cached
+
+
 def _single_prompt(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
                    ) -> tuple[list[int], list[bool], list[bool]]:
     """For one newly ready prompt row with ``remaining`` tokens: the tokens each new
@@ -390,24 +404,40 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
     n_dec = len(dec)
     lay = _pair_lists(ctx, shapes, tpl, (op, tpl.ready is not None, tpl.new is not None,
                                          len(tpl.shape_list)))
-    extra, keep, new_pos = _following(ctx, tpl, new_prompts)
-    new_prefix = [0.0, *itertools.accumulate([group.base[i] for i in new_order])]
     gs, ds, ts = group.slope, dec.slope, term.slope
     d_pre, t_pre = dec.prefix_list, term.prefix_list if n_term else [0.0]
     tc, w = ctx.terminal_coefficient, ctx.waiting
     k_top = min(len(new_order), max(lay.caps))
     fixed_pre, follow_cap, min_new = tpl.fixed_pre_list, tpl.follow_cap_list, tpl.min_new_list
-    cols = range(len(extra)) if keep is None else [c for c, kept in enumerate(keep) if kept]
-    if k_top == 0:
-        # No newly ready decoder (k = 0 only): every column is a newly ready prompt's
-        # (one prerequisite row), the first two terms are exactly zero and a column's
-        # ready cohort does not depend on the prerequisite shape.
+    new_pos: list[int] | None
+    if k_top == 0 and len(new_prompts) == 1:
+        # The common case: one newly ready prompt row and no newly ready decoder, so
+        # k = 0 only; every column is the prompt row's (one prerequisite row), the first
+        # two terms are exactly zero and a column's ready cohort does not depend on the
+        # prerequisite shape. Its kept columns and tokens depend on its remaining
+        # tokens alone (``_single_prompt``).
+        i = new_prompts[0]
+        price, finish = group.token_price[i], group.finish_value[i]
         info = []
-        for c in cols:
-            if min_new[c] == 0:
-                fc = follow_cap[c]
-                ready = fc if fc < n_dec else n_dec
-                info.append((c, ready, d_pre[ready], ready * ds, extra[c]))
+        for c, fc, tokens, reaches in _single_prompt_columns(ctx, tpl, group.remaining[i]):
+            ready = fc if fc < n_dec else n_dec
+            info.append((c, ready, d_pre[ready], ready * ds,
+                         price * tokens + (finish if reaches else 0.0)))
+        new_pos, cols = None, []
+        single = i
+    else:
+        extra, keep, new_pos = _following(ctx, tpl, new_prompts)
+        new_prefix = [0.0, *itertools.accumulate([group.base[i] for i in new_order])]
+        cols = list(range(len(extra))) if keep is None else [
+            c for c, kept in enumerate(keep) if kept]
+        single = -1
+        if k_top == 0:  # as above, with several newly ready prompt rows
+            info = []
+            for c in cols:
+                if min_new[c] == 0:
+                    fc = follow_cap[c]
+                    ready = fc if fc < n_dec else n_dec
+                    info.append((c, ready, d_pre[ready], ready * ds, extra[c]))
     out: list[PrerequisiteChoice] = []
     for i, r in enumerate(shapes.tolist()):
         t, b_r, known = lay.t_ms[i], lay.caps[i], lay.known[i]
@@ -452,7 +482,9 @@ def _pair_choices(ctx: DecisionContext, shapes: IntArray, op: int, rows: list[in
         if top == -np.inf:
             continue
         chosen: list[int] = []
-        if new_pos is not None and new_pos[top_col] >= 0:
+        if single >= 0:
+            chosen.append(single)
+        elif new_pos is not None and new_pos[top_col] >= 0:
             chosen.append(new_pos[top_col])
         chosen += new_order[:top_k]
         out.append(PrerequisiteChoice(
@@ -468,16 +500,15 @@ def _fill_spare(chosen: list[int], rows: list[int], capacity: int) -> tuple[int,
     return tuple([*chosen, *(i for i in rows if i not in taken)][:max(capacity, len(chosen))])
 
 
-def _prefix_choice(ctx: DecisionContext, r: int, rows: list[int], first: int
-                   ) -> PrerequisiteChoice | None:
-    """The productive first-stage prefix alone (PRE-14): the prerequisite finishing
-    terminal rows in its spare capacity, scored over T by what completes at T."""
+def _prefix_choice(ctx: DecisionContext, r: int, rows: list[int], first: int, t_ms: float,
+                   b_r: int) -> PrerequisiteChoice | None:
+    """The productive first-stage prefix alone (PRE-14): the prerequisite ``r`` (duration
+    ``t_ms``, ``b_r`` rows) finishing terminal rows in its spare capacity, scored over T
+    by what completes at T."""
     term = ctx.terminals
-    b_r = int(ctx.catalog.batch[r])
     t_n = min(b_r - 1, len(term))
     if t_n <= 0:
         return None
-    t_ms = float(ctx.estimate_ns[r]) / 1e6
     value = term.prefix_list[t_n] + t_n * term.slope * t_ms
     rate = value / t_ms - t_ms / 2.0 * ctx.waiting if t_ms > 0 else None
     return PrerequisiteChoice(shape=r, following_shape=None,
@@ -532,8 +563,9 @@ def best_prerequisite(ctx: DecisionContext) -> PrerequisiteChoice | None:
     if not group.records:
         return None
     best: PrerequisiteChoice | None = None
+    best_key: tuple[int, float, int] = (0, 0.0, 0)
     cat = ctx.catalog
-    has_ready = bool(len(ctx.prompts.ordinary_rows)) and bool(len(cat.mixed))
+    has_ready = bool(ctx.prompts.ordinary) and bool(len(cat.mixed))
     for op, shapes in ((StateOp.RESTORE, cat.restore), (StateOp.INITIALIZE, cat.initialize)):
         rows = [i for i, o in enumerate(group.next_op) if o is op]
         if not rows or not len(shapes):
@@ -548,16 +580,23 @@ def best_prerequisite(ctx: DecisionContext) -> PrerequisiteChoice | None:
                         bool(new_prompts))
         terminals_allowed = op is StateOp.RESTORE
         options: list[PrerequisiteChoice | None] = []
-        if len(tpl.shape):
+        if len(tpl.shape_list):
             options += _pair_choices(ctx, shapes, 0 if terminals_allowed else 1, rows, tpl,
                                      new_order, new_prompts, terminals_allowed)
-        for r in shapes.tolist():
-            if multi:
-                options.append(_multistage_choice(ctx, r, rows, multi, terminals_allowed))
-            if len(tpl.shape) and terminals_allowed and len(ctx.terminals):
-                first = new_order[0] if new_order else new_prompts[0]
-                options.append(_prefix_choice(ctx, r, rows, first))
+        prefix = bool(len(tpl.shape_list)) and terminals_allowed and bool(len(ctx.terminals))
+        if multi or prefix:
+            est = ctx.estimate_ns
+            for r, b_r in zip(shapes.tolist(), cat.batch[shapes].tolist(), strict=True):
+                if multi:
+                    options.append(_multistage_choice(ctx, r, rows, multi,
+                                                      terminals_allowed))
+                if prefix:
+                    first = new_order[0] if new_order else new_prompts[0]
+                    options.append(_prefix_choice(ctx, r, rows, first, int(est[r]) / 1e6,
+                                                  b_r))
         for option in options:
-            if option is not None and (best is None or option.key() < best.key()):
-                best = option
+            if option is not None:
+                key = option.key()
+                if best is None or key < best_key:
+                    best, best_key = option, key
     return best

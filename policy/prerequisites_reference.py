@@ -21,7 +21,6 @@ from policy.prerequisites import (
     PrerequisiteChoice,
     _fill_spare,
     _multistage_choice,
-    _prefix_choice,
 )
 from policy.utility import FloatArray, prefix_sums
 
@@ -192,6 +191,23 @@ def _pair_choices(ctx: DecisionContext, shapes: list[int], rows: list[int],
             value=float(picked_value[i]), rate=float(top) if known_r[i] else None,
             basis="pair"))
     return out
+
+
+def _prefix_choice(ctx: DecisionContext, r: int, rows: list[int], first: int
+                   ) -> PrerequisiteChoice | None:
+    """The productive first-stage prefix alone (PRE-14): the prerequisite finishing
+    terminal rows in its spare capacity, scored over T by what completes at T."""
+    t_ms = float(ctx.estimate_ns[r]) / 1e6
+    b_r = int(ctx.catalog.batch[r])
+    term = ctx.terminals
+    t_n = min(b_r - 1, len(term))
+    if t_n <= 0:
+        return None
+    value = float(term.prefix[t_n]) + t_n * term.slope * t_ms
+    rate = value / t_ms - t_ms / 2.0 * ctx.waiting if t_ms > 0 else None
+    return PrerequisiteChoice(shape=r, following_shape=None,
+                              rows=_fill_spare([first], rows, b_r - t_n), terminals=t_n,
+                              value=value, rate=rate, basis="prefix")
 
 
 def best_prerequisite_reference(ctx: DecisionContext) -> PrerequisiteChoice | None:

@@ -156,6 +156,9 @@ class CatalogIndex:
     single_prompt_memo: dict[tuple[int, int, int], tuple[list[int], list[bool], list[bool]]] \
         = field(default_factory=dict, compare=False, repr=False)
     """A newly ready prompt row's tokens per lookahead column, by remaining tokens."""
+    single_columns_memo: dict[tuple[int, int, int, int], list[tuple[int, int, int, bool]]] \
+        = field(default_factory=dict, compare=False, repr=False)
+    """Its kept lookahead columns, by remaining tokens and template."""
 
     @staticmethod
     def build(shapes: tuple[GraphShape, ...]) -> CatalogIndex:
