@@ -38,11 +38,8 @@ from policy.selection import (
 )
 from policy.service import (
     ServiceHistory,
-    delivery_price,
     observe_delivery,
     observe_service,
-    output_token_price,
-    prefill_token_price,
 )
 from policy.types import Phase, RequestHandle, RestoreNeed
 from policy.utility import NS_PER_MS, scale_exponent, scaled
@@ -325,6 +322,8 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     decode_ms = _fastest_ms(times, "decode", catalog.decode)
     decoding, base, slopes, further, cont = [], [], [], [], []
     token_price, finish_value, remaining = [], [], []
+    next_op, multistages = [], []
+    tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     for r in restorable:
         stages = r.remaining_stages
         chain_ms = sum(stage_ms.get(op, 0.0) for op in stages)
@@ -334,16 +333,22 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
         if multistage:
             slope = c_dec * (chain_ms + sigma_dec) if sigma_dec is not None else 0.0
         is_decoding = r.phase is Phase.DECODE
-        price = scaled(prefill_token_price(r.history, config), e)
-        finish = scaled(output_token_price(r.history, config)
-                        + delivery_price(r.history, config), e)
-        left = r.logical_prompt_end() - r.prompt_cursor if not is_decoding else 0
-        finish_here = 0.0 if r.logical_prompt_end() < r.prompt_len else finish
+        # service.prefill_token_price, output_token_price + delivery_price, scaled.
+        h = r.history
+        fair = tf / h.token_rate
+        z = h.delivery_rate if h.delivery_rate is not None else h.fair_delivery_rate
+        price = math.ldexp(1.0 + fair, -e)
+        finish = math.ldexp(beta + fair + g / z, -e)
+        end = r.prompt_ends()[0]
+        left = end - r.prompt_cursor if not is_decoding else 0
+        finish_here = 0.0 if end < r.prompt_len else finish
         decoding.append(is_decoding)
         slopes.append(slope)
         token_price.append(price)
         finish_value.append(finish_here)
         remaining.append(left)
+        next_op.append(stages[0])
+        multistages.append(multistage)
         if is_decoding:
             base.append(finish + slope * (r.output_age_ns(start_ns) / NS_PER_MS))
             further.append(after_next_ms + decode_ms)
@@ -356,7 +361,6 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     return RestoreGroup(
         records=tuple(restorable), decoding=tuple(decoding), base=tuple(base),
         slope=dec_slope, token_price=tuple(token_price), finish_value=tuple(finish_value),
-        remaining=tuple(remaining), next_op=tuple(r.next_stage for r in restorable),
-        multistage=tuple(len(r.remaining_stages) > 1 for r in restorable),
+        remaining=tuple(remaining), next_op=tuple(next_op), multistage=tuple(multistages),
         slopes=tuple(slopes), further_ms=tuple(further), continuation_value=tuple(cont),
     )
