@@ -24,6 +24,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "run flare run per scheduling policy on one fixed workload and tabulate side by side"),
     (("bench", "speculation"), "ops.bench_speculation",
      "compare speculation off / fixed depths / adaptive at several loads"),
+    (("bench", "checkpoints"), "ops.bench_checkpoints",
+     "finish lag and next-turn prefix reuse with terminal captures on and off"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
