@@ -31,6 +31,7 @@ require bit-identical decisions from both.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -353,36 +354,8 @@ class Candidates:
         best, hits = track.known_best, track.known_hits
         rows = p.ordinary if kind == PREFILL else p.scored_list
         if t.all_known:
-            # Measured: no DUR-20 exclusion; the loop stops at the first capacity that
-            # reaches the row's logical end (every later one repeats its tokens).
-            waits = [h * w for h in half]
-            for ri, pos in enumerate(rows):
-                rem, price = rem_of[pos], price_of[pos]
-                previous = -1
-                flat = ri * width
-                for c, s, hw in zip(caps, safe, waits, strict=True):
-                    if c < rem:
-                        if c != previous:
-                            previous = c
-                            rate = (c * price + 0.0) / s - hw
-                            if rate >= best:
-                                if rate > best:
-                                    best, hits = rate, [(kind, flat)]
-                                else:
-                                    hits.append((kind, flat))
-                    else:
-                        if rem != previous:
-                            value = rem * price + (finish_of[pos] if reaches_of[pos]
-                                                   else 0.0)
-                            rate = value / s - hw
-                            if rate >= best:
-                                if rate > best:
-                                    best, hits = rate, [(kind, flat)]
-                                else:
-                                    hits.append((kind, flat))
-                        break
-                    flat += 1
-            track.known_best, track.known_hits = best, hits
+            self._walk_measured_prefill(kind, caps, safe, [h * w for h in half], rows,
+                                        track)
             return
         for ri, pos in enumerate(rows):
             rem, price = rem_of[pos], price_of[pos]
@@ -407,6 +380,72 @@ class Candidates:
                     track.unknown(value, (kind, ri * width + col))
                 if tokens == rem:
                     break  # every larger capacity repeats this work
+        track.known_best, track.known_hits = best, hits
+
+    def _walk_measured_prefill(self, kind: int, caps: list[int], safe: list[float],
+                               waits: list[float], rows: list[int], track: _Tracker) -> None:
+        """The measured prefill family without visiting every (row, capacity) cell.
+
+        No DUR-20 exclusion applies. A row's cells below its logical end consume the
+        capacity's tokens (value ``C * price``), so at one capacity the rows still
+        short of their end differ only in price, and the F-SEL rate is non-decreasing
+        in the price (each rounded step is monotone): the highest price among them
+        attains the column's maximum. Each row's first capacity reaching its end is its
+        own cell (later ones repeat its work and are dominated, SEL-32), and so is a
+        repeated capacity. A column whose maximum ties the best is expanded into every
+        cell attaining it (rows with lower prices may round to the same rate), so ties
+        are broken exactly as over the whole table (DUR-24)."""
+        p = self._ctx.prompts
+        rem_of, price_of = p.remaining, p.price
+        width = len(caps)
+        best, hits = track.known_best, track.known_hits
+        # Rows by remaining tokens; top_price[j]: the highest price among the rows from
+        # position j on (the ones with the most remaining tokens).
+        by_rem = sorted(range(len(rows)), key=lambda ri: rem_of[rows[ri]])
+        rems = [rem_of[rows[ri]] for ri in by_rem]
+        top_price = [0.0] * (len(rows) + 1)
+        top = -math.inf
+        for j in range(len(rows) - 1, -1, -1):
+            price = price_of[rows[by_rem[j]]]
+            if price > top:
+                top = price
+            top_price[j] = top
+        lazy: list[tuple[int, float]] = []  # (column, its maximum rate) to expand
+        previous = -1
+        for col in range(width):
+            c = caps[col]
+            if c == previous:
+                continue  # the same tokens as the previous capacity for every row here
+            previous = c
+            j = bisect.bisect_right(rems, c)
+            if j == len(rows):
+                break  # every row ends at or below c (and below every larger capacity)
+            rate = (c * top_price[j] + 0.0) / safe[col] - waits[col]
+            if rate >= best:
+                if rate > best:
+                    best, hits, lazy = rate, [], [(col, rate)]
+                else:
+                    lazy.append((col, rate))
+        finish_of, reaches_of = p.finish, p.reaches
+        for ri, pos in enumerate(rows):
+            rem = rem_of[pos]
+            col = bisect.bisect_left(caps, rem)
+            if col == width:
+                continue  # no capacity reaches the end: only unfinished cells
+            value = rem * price_of[pos] + (finish_of[pos] if reaches_of[pos] else 0.0)
+            rate = value / safe[col] - waits[col]
+            if rate >= best:
+                if rate > best:
+                    best, hits, lazy = rate, [(kind, ri * width + col)], []
+                else:
+                    hits.append((kind, ri * width + col))
+        for col, rate in lazy:
+            if rate != best:
+                continue
+            c, s, hw = caps[col], safe[col], waits[col]
+            for ri, pos in enumerate(rows):
+                if rem_of[pos] > c and (c * price_of[pos] + 0.0) / s - hw == best:
+                    hits.append((kind, ri * width + col))
         track.known_best, track.known_hits = best, hits
 
     def refresh(self, winner_shape: int) -> Candidate | None:
