@@ -272,7 +272,7 @@ def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float]
 def _fastest_ms(times: ShapeTimes, name: str, family: IntArray) -> float:
     """The fastest measured duration of a family (0 when none is measured: unknown
     stages count optimistically, PRE-24); remembered until an estimate changes."""
-    key = ("fastest " + name, 0)
+    key = (name, -1)
     cached = times.sigma_memo.get(key)
     if cached is None:
         est = times.estimate_ns[family]
@@ -326,7 +326,9 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     for r in restorable:
         stages = r.remaining_stages
-        chain_ms = sum(stage_ms.get(op, 0.0) for op in stages)
+        chain_ms: float = 0
+        for op in stages:  # sum() of the stage durations, in order
+            chain_ms += stage_ms.get(op, 0.0)
         after_next_ms = chain_ms - stage_ms.get(stages[0], 0.0)
         multistage = len(stages) > 1
         slope = dec_slope

@@ -567,8 +567,10 @@ def best_prerequisite(ctx: DecisionContext) -> PrerequisiteChoice | None:
     cat = ctx.catalog
     has_ready = bool(ctx.prompts.ordinary) and bool(len(cat.mixed))
     for op, shapes in ((StateOp.RESTORE, cat.restore), (StateOp.INITIALIZE, cat.initialize)):
+        if not len(shapes):
+            continue
         rows = [i for i, o in enumerate(group.next_op) if o is op]
-        if not rows or not len(shapes):
+        if not rows:
             continue
         single = [i for i in rows if not group.multistage[i]]
         multi = [i for i in rows if group.multistage[i]]

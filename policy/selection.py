@@ -477,7 +477,7 @@ class PromptGroup:
         return cast(IntArray, self._array("scored_rows", self.scored_list, np.int64))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RestoreGroup:
     """Prerequisite-ready requests (newly ready rows of a prerequisite pair, PRE-7, or
     continuations of a longer chain, PRE-21), with their scaled lane values as decoders
