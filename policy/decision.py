@@ -42,7 +42,7 @@ from policy.service import (
     observe_service,
 )
 from policy.types import Phase, RequestHandle, RestoreNeed
-from policy.utility import NS_PER_MS, scale_exponent, scaled
+from policy.utility import NS_PER_MS, scaled
 
 _RETIRED, _DECODE = Phase.RETIRED, Phase.DECODE
 _TERMINAL, _PREFILL = Phase.TERMINAL, Phase.PREFILL
@@ -211,16 +211,18 @@ def build_context(
     # price g/z, scaled, plus the age term at the planning start; a prompt row's token
     # price is 1 + f/x and its first output is worth beta + f/x + g/z.
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
-    ldexp = math.ldexp
-    dec_base = [ldexp(beta + tf / x + g / z, -e) + dec_slope * (age / NS_PER_MS)
+    # Scaling by the power of two 2**-e: exact, the same as ldexp (prices are at most
+    # 2**e, so nothing overflows).
+    unit = 2.0 ** -e
+    dec_base = [(beta + tf / x + g / z) * unit + dec_slope * (age / NS_PER_MS)
                 for x, z, age in zip(dec_x, dec_z, dec_age, strict=True)]
     term_value = scaled(config.terminal_value, e)
     term_base = [term_value + term_slope * (r.terminal_age_ns(start_ns) / NS_PER_MS)
                  for r in terminals]
     prompt_group = PromptGroup(
         tuple(prompts), cursor=cursor, remaining=remaining, endpoint=endpoint,
-        reaches=reaches, price=[ldexp(1.0 + tf / x, -e) for x in prompt_x],
-        finish=[ldexp(beta + tf / x + g / z, -e)
+        reaches=reaches, price=[(1.0 + tf / x) * unit for x in prompt_x],
+        finish=[(beta + tf / x + g / z) * unit
                 for x, z in zip(prompt_x, prompt_z, strict=True)],
         last_served=last_served, scored=scored_rows)
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
@@ -255,18 +257,20 @@ def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float]
     of each is the one at the smallest rate: ``max_i(beta + f/x_i) = beta + f/min_i x_i``
     exactly."""
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
-    largest = 0.0
+    largest = max(config.decode_age_price, config.terminal_value, config.terminal_age_price)
     if dec_x or prompt_x:
         p_min = min(prompt_x) if prompt_x else math.inf
         x_min = min(min(dec_x), p_min) if dec_x else p_min
         z_min = min(min(dec_z, default=math.inf), min(prompt_z, default=math.inf))
         if not (x_min > 0 and z_min > 0):
             raise ValueError(f"service rates must be positive, got {x_min!r}, {z_min!r}")
-        largest = max(beta + tf / x_min, g / z_min)
+        largest = max(largest, beta + tf / x_min, g / z_min)
         if prompt_x:
             largest = max(largest, 1.0 + tf / p_min)
-    return scale_exponent((config.decode_age_price, config.terminal_value,
-                           config.terminal_age_price, largest))
+    # utility.scale_exponent of these magnitudes (all non-negative).
+    if not math.isfinite(largest):
+        raise ValueError(f"non-finite price or coefficient {largest!r}")
+    return math.frexp(largest)[1] if largest else 0
 
 
 def _fastest_ms(times: ShapeTimes, name: str, family: IntArray) -> float:

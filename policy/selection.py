@@ -30,6 +30,7 @@ Rules implemented here (seed: *Useful service and selection*, *Duration estimate
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, cast
@@ -365,10 +366,12 @@ class LaneGroup:
             # Equal values: least recently served first, then handle (DUR-24).
             order = [i for _, _, _, i in sorted(zip(negated, served, handles, range(n),
                                                      strict=True))]
-        values = [base[i] for i in order]
-        return LaneGroup(tuple([records[i] for i in order]), values, slope,
-                         [0.0, *itertools.accumulate(values)],
-                         [0, *itertools.accumulate([served[i] for i in order], min)])
+        if n == 1:
+            return LaneGroup((records[0],), [base[0]], slope, [0.0, base[0]], [0, served[0]])
+        pick = operator.itemgetter(*order)
+        values = list(pick(base))
+        return LaneGroup(pick(records), values, slope, [0.0, *itertools.accumulate(values)],
+                         [0, *itertools.accumulate(pick(served), min)])
 
     def __len__(self) -> int:
         return len(self.records)
