@@ -283,24 +283,23 @@ def _runs(best: list[int], tokens: list[int], batch: list[int]) -> list[bool]:
                            and tokens[j] == tokens[j - 1]) for j in range(len(batch))]
 
 
-def _best_rows(caps: list[int], price: list[float], finish: list[float],
-               remaining: list[int], rows: list[int]
+def _best_rows(caps: list[int], price: Sequence[float], finish: Sequence[float],
+               remaining: Sequence[int], rows: list[int]
                ) -> tuple[list[int], list[float], list[int]]:
     """A prompt row's value at each capacity (priced tokens up to the logical end, plus
     the first output when the chunk reaches it), over ``rows``; per capacity the first
     best row, its value and its tokens."""
-    best_row, best_value, best_tokens = [], [], []
-    for c in caps:
+    per_cap: dict[int, tuple[int, float, int]] = {}  # equal capacities: one search
+    for c in set(caps):
         top, at, tokens = -np.inf, -1, 0
         for i in rows:
             r = remaining[i]
             v = price[i] * (c if c < r else r) + (finish[i] if c >= r else 0.0)
             if v > top:
                 top, at, tokens = v, i, (c if c < r else r)
-        best_row.append(at)
-        best_value.append(top)
-        best_tokens.append(tokens)
-    return best_row, best_value, best_tokens
+        per_cap[c] = (at, top, tokens)
+    found = [per_cap[c] for c in caps]
+    return [f[0] for f in found], [f[1] for f in found], [f[2] for f in found]
 
 
 def _following(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[int]
@@ -346,9 +345,9 @@ def _following(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[i
             split = tpl.new_split
             for lo, hi in ((0, split), (split, len(tpl.new_caps_list))):
                 caps = tpl.new_caps_list[lo:hi]
-                rows, values, tokens = _best_rows(caps, list(group.token_price),
-                                                  list(group.finish_value),
-                                                  list(group.remaining), new_prompts)
+                rows, values, tokens = _best_rows(caps, group.token_price,
+                                                  group.finish_value, group.remaining,
+                                                  new_prompts)
                 keep[start + lo:start + hi] = _runs(rows, tokens, tpl.new_batch_list[lo:hi])
                 extra[start + lo:start + hi] = values
                 new_pos[start + lo:start + hi] = rows
