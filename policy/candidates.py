@@ -245,16 +245,46 @@ class Candidates:
         tie-break (MIX-18). Equal work forms runs along C: ``_first_c``."""
         p = self._ctx.prompts
         rem, price, finish, reaches = p.remaining, p.price, p.finish, p.reaches
-        # Per row: remaining tokens, token price, and its value at the logical end.
-        rows = [(pos, rem[pos], price[pos],
-                 rem[pos] * price[pos] + (finish[pos] if reaches[pos] else 0.0))
-                for pos in p.ordinary]
+        # A row's value at capacity C is C * price below its logical end (rem > C) and
+        # its end value from there on. Rows by remaining tokens: below position j of
+        # ``by_rem`` they have ended at C = rems[j - 1]... The best ended row over each
+        # prefix and the highest price over each suffix give every capacity's first
+        # maximum without visiting every (row, capacity) pair.
+        by_rem = sorted(p.ordinary, key=rem.__getitem__)
+        rems = [rem[pos] for pos in by_rem]
+        n = len(by_rem)
+        ended = [(_NEG_INF, -1)]  # (best end value, first row attaining it) per prefix
+        top_v, top_p = _NEG_INF, -1
+        for pos in by_rem:
+            v = rem[pos] * price[pos] + (finish[pos] if reaches[pos] else 0.0)
+            if v > top_v or (v == top_v and pos < top_p):
+                top_v, top_p = v, pos
+            ended.append((top_v, top_p))
+        # (highest price, first row with it, next lower price) per suffix.
+        running: list[tuple[float, int, float]] = [(_NEG_INF, -1, _NEG_INF)] * (n + 1)
+        p1, q1, p2 = _NEG_INF, -1, _NEG_INF
+        for j in range(n - 1, -1, -1):
+            pos = by_rem[j]
+            pr = price[pos]
+            if pr > p1:
+                p1, q1, p2 = pr, pos, p1
+            elif pr == p1:
+                q1 = min(q1, pos)
+            elif pr > p2:
+                p2 = pr
+            running[j] = (p1, q1, p2)
         for c in self._ctx.catalog.mixed_grid.caps_list:
-            best_v, best_p, best_t = _NEG_INF, -1, 0
-            for pos, r, pr, at_end in rows:
-                v = c * pr + 0.0 if c < r else at_end
-                if v > best_v:
-                    best_v, best_p, best_t = v, pos, (c if c < r else r)
+            j = bisect.bisect_right(rems, c)
+            best_v, best_p = ended[j]
+            best_t = rem[best_p] if best_p >= 0 else 0
+            if j < n:
+                p1, q1, p2 = running[j]
+                v = c * p1 + 0.0
+                if c * p2 + 0.0 == v:
+                    # A lower price rounds to the same value: find the first row.
+                    q1 = min(pos for pos in by_rem[j:] if c * price[pos] + 0.0 == v)
+                if v > best_v or (v == best_v and q1 < best_p):
+                    best_v, best_p, best_t = v, q1, c
             self._best_value.append(best_v)
             self._best_pos.append(best_p)
             self._best_tokens.append(best_t)
