@@ -13,6 +13,9 @@ as good as the best fixed choice, including none, at every load, and strictly be
 than no speculation at one stream.
 
 With ``--tiny`` it builds a random tiny Llama pair in a temporary directory.
+``--scheduler-policy throughput`` runs every mode under the seed's throughput preset
+(token value only); the default is ``balanced``, as ``flare run``. ``--repeats N`` runs
+the modes N times, interleaved, and prints each cell's median.
 """
 
 from __future__ import annotations
@@ -82,6 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
+    parser.add_argument("--scheduler-policy", choices=("balanced", "throughput"),
+                        default="balanced",
+                        help="the seed's policy preset for every mode (default balanced, as "
+                             "flare run; throughput values tokens only: no delivery or "
+                             "output-age preference)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every mode this many times, interleaved, and report the "
                              "median of each cell (a shared machine is noisy; default 1)")
@@ -204,7 +212,7 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
     config = RuntimeConfig(
         model_dir=target, backend=args.backend, max_batch=args.max_batch,
         prefill_capacities=(64,), max_queue=max(max(loads), 1),
-        speculation=mode.speculation,  # type: ignore[arg-type]
+        scheduler_policy=args.scheduler_policy, speculation=mode.speculation,  # type: ignore[arg-type]
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
         **({"draft_depth": mode.depth} if mode.speculation != "off" else {}))
