@@ -320,11 +320,31 @@ class Candidates:
             if kind in (PREFILL, SCORED_PREFILL):
                 self._walk_prefill(kind, fam, t, w, track)
                 continue
-            group, base_of = self._cohort_source(kind)
+            grid = ctx.catalog.mixed_grid
+            if kind == MIXED_PROMPT and t.all_known and grid.full:
+                group, base_of = ctx.decoders, None
+            else:
+                group, base_of = self._cohort_source(kind)
             sizes = cohort_sizes(ctx.catalog, kind, len(group))
-            eligible = self._mixed_eligible(sizes) if kind == MIXED_PROMPT else sizes.eligible
             pre, gs = group.prefix_list, group.slope
             best, hits = track.known_best, track.known_hits
+            if kind == MIXED_PROMPT and t.all_known and grid.full:
+                # The complete-grid rule inline (``_mixed_eligible``): a column counts
+                # when it starts its run along B and its run along C.
+                value, first_c = self._best_value, self._first_c
+                for j, (m, first_b, c, s, h) in enumerate(zip(
+                        sizes.m, sizes.eligible, grid.col_c_list, t.safe, t.half,
+                        strict=True)):
+                    if first_b and first_c[c]:
+                        rate = (value[c] + pre[m] + m * gs * s) / s - h * w
+                        if rate >= best:
+                            if rate > best:
+                                best, hits = rate, [(kind, j)]
+                            else:
+                                hits.append((kind, j))
+                track.known_best, track.known_hits = best, hits
+                continue
+            eligible = self._mixed_eligible(sizes) if kind == MIXED_PROMPT else sizes.eligible
             if t.all_known:
                 for j, (m, ok, s, h) in enumerate(zip(sizes.m, eligible, t.safe, t.half,
                                                       strict=True)):
