@@ -26,7 +26,11 @@ One prepared execution (CAT-10) does the whole round for up to B lanes:
 Width-one programs (``D = 0``) feed the pending token to target and draft alike and
 sample exactly what ordinary decoding samples, keeping the draft context current so
 wider rounds can resume (SPEC-5). Idle lanes address the sink row and sink page and
-mutate nothing. ``execute`` is capturable: fixed shapes, no host sync.
+mutate nothing. ``execute`` is capturable: fixed shapes, no host sync. Under the CPU's
+eager execution options (``gpu.programs.execution``) ``bind`` also chooses host-known
+bounds: the context attention reads, argmax verification when every lane is greedy
+(``verify_greedy``, the same result), and whether the last draft step can matter
+(``docs/speculative-programs.md``, "CPU execution").
 """
 
 from __future__ import annotations
