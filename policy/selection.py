@@ -360,12 +360,12 @@ class LaneGroup:
             served = [r.last_served_ns for r in records]
         if handles is None:
             handles = [r.handle for r in records]
-        negated = [-v for v in base]
-        order = sorted(range(n), key=negated.__getitem__)
-        if len(set(negated)) < n:
-            # Equal values: least recently served first, then handle (DUR-24).
-            order = [i for _, _, _, i in sorted(zip(negated, served, handles, range(n),
-                                                     strict=True))]
+        # Descending values (a reverse sort keeps equal values in order); equal values
+        # go least recently served first, then by handle (DUR-24).
+        order = sorted(range(n), key=base.__getitem__, reverse=True)
+        if len(set(base)) < n:
+            order = [i for _, _, _, i in sorted(zip([-v for v in base], served, handles,
+                                                     range(n), strict=True))]
         if n == 1:
             return LaneGroup((records[0],), [base[0]], slope, [0.0, base[0]], [0, served[0]])
         pick = operator.itemgetter(*order)
