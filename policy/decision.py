@@ -359,11 +359,15 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
             base.append(finish + slope * (r.output_age_ns(start_ns) / NS_PER_MS))
             further.append(after_next_ms + decode_ms)
             cont.append(0.0)
-        else:
+        elif multistage:
             base.append(0.0)
             value, chunk_ms = _first_chunk(times, catalog, price, finish_here, left)
             further.append(after_next_ms + chunk_ms)
             cont.append(value)
+        else:  # the pair lookahead scores its first chunk exactly
+            base.append(0.0)
+            further.append(after_next_ms)
+            cont.append(0.0)
     return RestoreGroup(
         records=tuple(restorable), decoding=tuple(decoding), base=tuple(base),
         slope=dec_slope, token_price=tuple(token_price), finish_value=tuple(finish_value),

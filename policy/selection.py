@@ -506,9 +506,12 @@ class RestoreGroup:
     ``c * sigma_i`` with its individual future-delivery reference (SEL-18, OPEN-15)."""
     further_ms: tuple[float, ...] = ()
     """Fastest measured duration of the stages after the next one plus the row's first
-    inference (F of the continuation index, PRE-21, PRE-23); unknown stages count 0."""
+    inference (F of the continuation index, PRE-21, PRE-23); unknown stages count 0.
+    Only multistage rows use it; a single-stage prompt row's first chunk is not
+    searched (0 there)."""
     continuation_value: tuple[float, ...] = ()
-    """A multistage prompt row's value in its first prefill chunk (0 for decoders)."""
+    """A multistage prompt row's value in its first prefill chunk (0 for decoders and
+    single-stage rows)."""
 
     def continuation(self, i: int, first_ms: float) -> tuple[float, float]:
         """``(V, F)`` of row ``i`` for a prerequisite of duration ``first_ms``: a decoder's
