@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -354,6 +354,20 @@ def _following(ctx: DecisionContext, tpl: FollowingTemplate, new_prompts: list[i
     return extra, keep, new_pos
 
 
+MEMO_LIMIT = 4096
+"""Entries kept per remaining-token memo; one keyed by request lengths must not grow
+with the life of the process."""
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _remember(memo: dict[_K, _V], key: _K, value: _V) -> None:
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+
+
 def _single_prompt_columns(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
                            ) -> list[tuple[int, int, int, bool]]:
     """The kept columns of one newly ready prompt row with ``remaining`` tokens, as
@@ -365,7 +379,7 @@ def _single_prompt_columns(ctx: DecisionContext, tpl: FollowingTemplate, remaini
         tokens, reaches, keep = _single_prompt(ctx, tpl, remaining)
         cached = [(start + j, tpl.follow_cap_list[start + j], tokens[j], reaches[j])
                   for j in range(len(keep)) if keep[j]]
-        ctx.catalog.single_columns_memo[key] = cached
+        _remember(ctx.catalog.single_columns_memo, key, cached)
     return cached
 
 
@@ -383,7 +397,7 @@ def _single_prompt(ctx: DecisionContext, tpl: FollowingTemplate, remaining: int
         keep = (_runs(zero[:split], tokens[:split], batch[:split])
                 + _runs(zero[split:], tokens[split:], batch[split:]))
         cached = (tokens, [c >= remaining for c in caps], keep)
-        ctx.catalog.single_prompt_memo[key] = cached
+        _remember(ctx.catalog.single_prompt_memo, key, cached)
     return cached
 
 
