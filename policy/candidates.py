@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
-    from policy.selection import CatalogIndex, DecisionContext, LaneGroup, ShapeTimes
+    from policy.decision_context import CatalogIndex, DecisionContext, LaneGroup, ShapeTimes
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

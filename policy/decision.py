@@ -27,7 +27,7 @@ from policy.config import PolicyConfig
 from policy.descriptors import StateOp
 from policy.frame_queue import FrameQueue
 from policy.requests import RequestRecord
-from policy.selection import (
+from policy.decision_context import (
     CatalogIndex,
     DecisionContext,
     IntArray,

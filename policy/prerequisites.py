@@ -40,7 +40,7 @@ from policy.descriptors import StateOp
 from policy.utility import prefix_sums
 
 if TYPE_CHECKING:
-    from policy.selection import DecisionContext
+    from policy.decision_context import DecisionContext
 
 IntArray = npt.NDArray[np.int64]
 _EMPTY: IntArray = np.zeros(0, dtype=np.int64)

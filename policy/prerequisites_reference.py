@@ -25,7 +25,7 @@ from policy.prerequisites import (
 from policy.utility import FloatArray, prefix_sums
 
 if TYPE_CHECKING:
-    from policy.selection import DecisionContext
+    from policy.decision_context import DecisionContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from policy.types import ScheduledPlan, SelectionReason
 from policy.utility import NS_PER_MS, FloatArray, value_rates
 
 if TYPE_CHECKING:
-    from policy.selection import DecisionContext, LaneGroup
+    from policy.decision_context import DecisionContext, LaneGroup
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
