@@ -24,9 +24,6 @@ import numpy as np
 
 from policy.candidates import PREFILL, family_shapes, family_times
 from policy.config import PolicyConfig
-from policy.descriptors import StateOp
-from policy.frame_queue import FrameQueue
-from policy.requests import RequestRecord
 from policy.decision_context import (
     CatalogIndex,
     DecisionContext,
@@ -36,6 +33,9 @@ from policy.decision_context import (
     RestoreGroup,
     ShapeTimes,
 )
+from policy.descriptors import StateOp
+from policy.frame_queue import FrameQueue
+from policy.requests import RequestRecord
 from policy.service import (
     ServiceHistory,
     observe_delivery,
