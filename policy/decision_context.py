@@ -38,7 +38,7 @@ from policy.utility import FloatArray
 
 if TYPE_CHECKING:
     from policy.candidates import CohortSizes, FamilyShapes, FamilyTimes
-    from policy.prerequisites import FollowingTemplate, PairLists
+    from policy.prerequisite_pairs import FollowingTemplate, PairLists
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
