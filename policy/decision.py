@@ -7,12 +7,19 @@ This module owns the step between the scheduler's stored state and the selector:
   zero service for its other participants, and ages are taken at the queue's expected
   end; a request with a queued expected delivery ages from that delivery. Stored
   histories and ages are never touched (QUEUE-42, QUEUE-44..46);
-- the reference intervals (SEL-15..17, MIX-23; same rule as ``utility.reference_interval_ms``): one for delivery-bearing streams over
-  measured decode and mixed shapes, one for pending terminals over measured snapshot
-  shapes (PRE-44); prefill-only requests never enlarge K;
+- the reference intervals (SEL-15..17, MIX-23; same rule as
+  ``utility.reference_interval_ms``): one for delivery-bearing streams over measured
+  decode and mixed shapes, one for pending terminals over measured snapshot shapes
+  (PRE-44); prefill-only requests never enlarge K;
 - the shared scaling exponent (SEL-20) and every lane's scaled base value and age slope;
 - the common waiting coefficient over all active decoders and pending terminals
   (SEL-19, PRE-45, SEL-8: prefill-only requests add none).
+
+It runs on every decision, so it reads each resident record once and computes the
+per-request prices as Python floats (the same IEEE operations as ``service.py``'s
+scalar price functions; a few dozen requests are too few for numpy calls to pay);
+values derived from the estimates alone (reference intervals, fastest stage
+durations, staleness) are remembered in ``ShapeTimes`` until an estimate changes.
 """
 
 from __future__ import annotations
