@@ -21,6 +21,7 @@ from actors.messages import (
     AllocatorInbox,
     CancelAcquire,
     FenceRetired,
+    Finishing,
     Release,
     Reserve,
 )
@@ -55,6 +56,8 @@ class AllocatorState:
         elif isinstance(msg, Release):
             self.book.release(msg.handle, token_ids=msg.token_ids, kv_tokens=msg.kv_tokens,
                               publish=msg.publish, snapshot_done=msg.snapshot_done)
+        elif isinstance(msg, Finishing):
+            self.book.finishing(msg.handle, token_ids=msg.token_ids, kv_tokens=msg.kv_tokens)
         elif isinstance(msg, FenceRetired):
             self.book.retire(msg.fence)
         self._grant_parked()

@@ -193,6 +193,18 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Finishing:
+    """The request's output ended normally while its terminal capture is still to run;
+    its client's ``Finished`` follows at once. Until the request's release is final,
+    the allocator holds back the next turn of its conversation (PRE-53, OPEN-35).
+    ``token_ids`` is the content of its first ``kv_tokens`` positions."""
+
+    handle: RequestHandle
+    token_ids: tuple[int, ...]
+    kv_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FenceRetired:
     """The frame ``fence`` finished on the device (successfully or not): nothing it
     used is in use any more (step 7)."""
@@ -200,7 +212,7 @@ class FenceRetired:
     fence: Fence
 
 
-AllocatorInbox = Acquire | CancelAcquire | Reserve | Release | FenceRetired
+AllocatorInbox = Acquire | CancelAcquire | Reserve | Release | Finishing | FenceRetired
 
 
 # ------------------------------------------------------------------- planner

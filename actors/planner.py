@@ -13,6 +13,11 @@ publisher's ``Published(N)`` arrived, so the delivery correction never rewinds a
 later service observations. Resources of requests the scheduler releases are returned
 (``Release``) *before* their last tokens go to the publisher, so a client that sees
 ``Finished`` and sends its next turn finds the terminal checkpoint published (PRE-53).
+A request whose output ended but that cannot be released yet (a terminal capture
+still to run, or a decode queued behind its final token still in flight) gets its
+``Finished`` right after its last tokens: the planner first tells the allocator
+(``Finishing``), which holds that conversation's next turn back until the release
+published the checkpoint (PRE-53 kept; docs/runtime.md, *Checkpoints*).
 Cancellation stops selection at once (``Scheduler.cancel``); the client stream ends
 right away, while pages and row stay owned through the request's last fence.
 """
@@ -41,6 +46,7 @@ from actors.messages import (
     Cancel,
     DispatcherInbox,
     Drop,
+    Finishing,
     FrameOrder,
     LaneExtent,
     PagePlan,
@@ -70,6 +76,7 @@ from policy.types import (
     GeneratedToken,
     Lane,
     LaneRole,
+    Phase,
     RequestHandle,
     TraceRecord,
 )
@@ -89,7 +96,9 @@ class _Resident:
     cancelled: bool = False
     failed: bool = False
     snapshot_done: bool = False
-    """Its terminal snapshot frame completed and validated (PRE-38, PRE-39)."""
+    """Its terminal snapshot frame completed and validated (PRE-39)."""
+    finish_sent: bool = False
+    """Its ``Drop`` (the client's ``Finished``) went out before its release."""
 
 
 FRAME_LOG_LENGTH = 4096
@@ -235,9 +244,10 @@ class Planner:
         """``complete``, or for a speculative round the scheduler's packed-round API
         with the sidecars (QUEUE-3, QUEUE-4, ACC-28)."""
         rounds = frame.rounds
+        if rounds is not None:
+            self._count_round(rounds)  # any policy's rounds (fixed-spec-K included)
         if rounds is None or not isinstance(self.scheduler, SpeculativeScheduler):
             return self.scheduler.complete(frame.fence, frame.records, frame.timing)
-        self._count_round(rounds)
         survival = {lane.handle: lane.survival for lane in rounds.lanes}
         shape = frame.plan.shape
         if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth:
@@ -289,6 +299,7 @@ class Planner:
                         "length" if token.finish is FinishKind.LENGTH else "stop")
         # Release before the stream can end (PRE-53); Drop after the last tokens.
         await self._release_finished()
+        await self._finish_before_capture(tokens)
         if tokens or frame.failures or scores:
             self._awaiting = frame.fence
             self._awaiting_handles = tuple(t.handle for t in tokens if t.token_ids)
@@ -358,6 +369,28 @@ class Planner:
                 resident.cancelled = True
                 self.scheduler.cancel(finish.handle)
 
+    async def _finish_before_capture(self, tokens: Sequence[GeneratedToken]) -> None:
+        """Requests whose output ended normally but that are not released yet because
+        a frame is still in flight for them (a decode queued behind the final token):
+        their streams end now, after these tokens, and the allocator holds their
+        continuations until the release (PRE-53). A request with a terminal capture
+        pending keeps the seed's order instead: its visible completion waits for the
+        snapshot (PRE-38)."""
+        for token in tokens:
+            resident = self._residents.get(token.handle)
+            if (token.finish is None or token.finish is FinishKind.ERROR or resident is None
+                    or resident.source.epoch != token.epoch or resident.finish_sent
+                    or resident.host_finish is None
+                    or self.scheduler.phase(token.handle) is Phase.TERMINAL):
+                continue
+            source = resident.source
+            written = (*source.prompt, *source.output_ids)[:resident.kv_done]
+            await self._to_allocator.send(Finishing(handle=token.handle, token_ids=written,
+                                                    kv_tokens=len(written)))
+            resident.finish_sent = True
+            self._drops.append(Drop(handle=token.handle, epoch=source.epoch,
+                                    reason=resident.host_finish))
+
     async def _release_finished(self) -> None:
         for handle in self.scheduler.take_released():
             resident = self._residents.pop(handle, None)
@@ -370,7 +403,7 @@ class Planner:
                 handle=handle, token_ids=written, kv_tokens=len(written),
                 publish=not resident.failed, snapshot_done=resident.snapshot_done,
             ))
-            if resident.host_finish is not None:
+            if resident.host_finish is not None and not resident.finish_sent:
                 self._drops.append(Drop(handle=handle, epoch=source.epoch,
                                         reason=resident.host_finish))
 
@@ -395,11 +428,8 @@ class Planner:
         worker needs), so the planner does not plan while nothing could be submitted:
         both slots full (QUEUE-10), or the scheduler says its window takes nothing more
         (``window_open``: an overrun, QUEUE-39, or a tail nothing may queue behind,
-        QUEUE-11, QUEUE-12). Policies without ``window_open`` get the slot count only."""
-        if len(self.scheduler.in_flight()) >= FRAME_SLOTS:
-            return False
-        window_open = getattr(self.scheduler, "window_open", None)
-        return bool(window_open()) if callable(window_open) else True
+        QUEUE-11, QUEUE-12)."""
+        return len(self.scheduler.in_flight()) < FRAME_SLOTS and self.scheduler.window_open()
 
     async def _plan_and_submit(self) -> None:
         while True:

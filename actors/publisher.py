@@ -11,9 +11,11 @@ When is ``Finished`` sent? Errors end a stream at once. Otherwise the publisher 
 the text when the scheduler ends the request (EOS, ``max_tokens``) or when it sees a
 stop string (a host stop the scheduler cannot see; reported as ``HostFinish``), and
 then waits for the planner's ``Drop``, which the planner sends right after the
-request's resources were released and its terminal checkpoint published. A client
-that reads ``Finished`` and sends its next turn therefore always finds that
-checkpoint in the prefix cache (PRE-53, OPEN-35).
+request's resources were released and its terminal checkpoint published, or, when a
+terminal capture is still to run, right after its last tokens (the allocator then
+holds the conversation's next turn until the checkpoint is published). A client that
+reads ``Finished`` and sends its next turn therefore always finds that checkpoint in
+the prefix cache (PRE-53, OPEN-35).
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ class PublisherState:
                 visible.append((token.handle, self._clock_ns()))
             if token.finish is not None:
                 # The scheduler ended it; ``Finished`` follows the planner's ``Drop``,
-                # which comes right after the request's state was released (PRE-53).
+                # which comes after the release or the allocator's hold (PRE-53).
                 stream.host_finished = stream.output.finish_reason or (
                     "length" if token.finish is FinishKind.LENGTH else "stop")
             elif step.finish is not None and stream.host_finished is None:

@@ -29,17 +29,25 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from policy.checkpoint_allowance import CheckpointAllowance, estimated_prefill_ns
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
 from policy.decision import build_context
 from policy.descriptors import (
-    MAX_REQUEST_SLOTS,
     ExecutionTiming,
     GraphKind,
     GraphShape,
     StateOp,
 )
 from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.lifecycle import (
+    apply_progress,
+    check_admission,
+    check_commit,
+    check_lane,
+    index_records,
+    lane_valid,
+)
 from policy.refresh import (
     CreditLedger,
     credited_duration_ns,
@@ -74,11 +82,9 @@ from policy.types import (
     ScheduledPlan,
     SchedulerStatistics,
     SelectionReason,
-    StaleEpochError,
     StalePlanError,
     TraceRecord,
     UnknownRequestError,
-    WindowNotReady,
 )
 from policy.utility import NS_PER_MS
 
@@ -109,6 +115,8 @@ class Scheduler:
         self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
         self._times: ShapeTimes | None = None
         self._normalizer_cache: dict[int, Normalizers] = {}
+        self._allowances: dict[RequestHandle, CheckpointAllowance] = {}
+        """Each resident request's checkpoint extra-work allowance (QUEUE-20..24)."""
         self.set_catalog(catalog)
 
     # ---- configuration -------------------------------------------------------------
@@ -216,17 +224,9 @@ class Scheduler:
         run by its own prepared state graph before the request is ready; such a request
         is ranked by the continuation index (PRE-21..25).
         """
-        if prompt_len < 1:
-            raise AdmissionRefused("a request needs at least one prompt token")
-        if max_output_tokens < 1:
-            raise AdmissionRefused("max_output_tokens must be at least 1")
-        if not 0 <= cached_prefix_len < prompt_len:
-            raise AdmissionRefused("cached prefix must leave at least one prompt token")
-        ends = tuple(sorted(set(message_ends)))
-        if any(not 0 < e <= prompt_len for e in ends):
-            raise AdmissionRefused("message ends must lie within the prompt")
-        if system_end is not None and not 0 < system_end <= prompt_len:
-            raise AdmissionRefused("system_end must lie within the prompt")
+        ends = check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
+                               cached_prefix_len=cached_prefix_len,
+                               message_ends=message_ends, system_end=system_end)
         stages = tuple(further_stages)
         if stages and restore is RestoreNeed.NONE:
             raise AdmissionRefused("further prerequisite stages need a restore first")
@@ -247,6 +247,9 @@ class Scheduler:
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
         )
+        self._allowances[handle] = CheckpointAllowance(
+            self._config.checkpoint_extra_work_fraction,
+            prefill_work_ns=self._prefill_work_ns(prompt_len - cached_prefix_len))
         self._admitted_any = True
         return handle
 
@@ -275,7 +278,7 @@ class Scheduler:
                 rec.phase = Phase.RETIRED  # its state is not resident: nothing to snapshot
                 return
             rec.restore, rec.further_stages = RestoreNeed.NONE, ()
-        self._begin_retirement(rec)
+        self._begin_retirement(rec, mandatory=True)
 
     def phase(self, handle: RequestHandle) -> Phase:
         return self._record(handle).phase
@@ -295,6 +298,7 @@ class Scheduler:
                 if r.phase is Phase.RETIRED and not r.in_flight]
         for h in done:
             del self._records[h]
+            self._allowances.pop(h, None)
         return done
 
     # ---- planning ----------------------------------------------------------------------
@@ -321,6 +325,12 @@ class Scheduler:
     def window_ready(self, plan: ScheduledPlan) -> bool:
         return self.blocking_reason(plan) is None
 
+    def window_open(self) -> bool:
+        """Whether any plan could be submitted now (``FrameQueue.accepts_more``): False
+        while both slots are full, after an overrun, or behind a frame nothing may queue
+        behind. A planner skips ``plan()`` then; the next completion reopens it."""
+        return self._queue.accepts_more()
+
     def _became_unqueueable(self, plan: ScheduledPlan) -> bool:
         known = self._estimates.is_known(plan.shape)
         stale = self._estimates.is_stale(plan.shape, self._now_ns)
@@ -338,13 +348,10 @@ class Scheduler:
         if len(self._queue) and self._became_unqueueable(plan):
             raise StalePlanError(f"{plan.shape.label()} went stale or was measured since "
                                  "planning and the window is not empty")
-        reason = self._queue.blocking_reason(plan)
-        if reason is not None:
-            raise WindowNotReady(reason)
-        if len(plan.lanes) > min(plan.shape.batch_capacity, MAX_REQUEST_SLOTS):
-            raise CommitRejected("plan exceeds the shape's request capacity")
+        check_commit(plan, fence, last_fence=self._last_fence,
+                     blocking=self._queue.blocking_reason(plan))
         for lane in plan.lanes:
-            self._check_lane(lane)
+            check_lane(self._records.get(lane.handle), lane)
         start = self._queue.expected_end_ns(self._now_ns)
         end = start + plan.estimated_duration_ns
         participants = tuple((h, r.epoch) for h, r in self._records.items()
@@ -380,24 +387,6 @@ class Scheduler:
         self._traces.append(trace)
         return trace
 
-    def _check_lane(self, lane: Lane) -> None:
-        rec = self._records.get(lane.handle)
-        if rec is None or rec.epoch != lane.epoch or rec.cancelled:
-            raise StaleEpochError(f"request {lane.handle} epoch {lane.epoch} is not live")
-        if lane.role is LaneRole.PROMPT:
-            ok = (rec.phase is Phase.PREFILL and not rec.in_flight
-                  and rec.prompt_cursor == lane.prompt_start
-                  and lane.prompt_start + lane.prompt_tokens <= rec.prompt_len)
-        elif lane.role is LaneRole.DECODE:
-            ok = rec.phase is Phase.DECODE and rec.output_room >= lane.token_ceiling
-        elif lane.role in (LaneRole.RESTORE, LaneRole.INITIALIZE):
-            wanted = StateOp.RESTORE if lane.role is LaneRole.RESTORE else StateOp.INITIALIZE
-            ok = rec.restorable and rec.next_stage is wanted
-        else:
-            ok = rec.phase is Phase.TERMINAL and not rec.in_flight
-        if not ok:
-            raise StalePlanError(f"request {lane.handle} changed since planning")
-
     def _fair_share_population(self) -> int:
         """How many requests a new request's fair-share start is divided among: the
         catalog's request slots (its largest generation batch), not the momentary
@@ -430,13 +419,8 @@ class Scheduler:
         head = next(iter(self._queue), None)
         if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
-        by_handle: dict[RequestHandle, CompletionRecord] = {}
-        duplicates: set[RequestHandle] = set()
-        for r in records:
-            if r.handle in by_handle:
-                duplicates.add(r.handle)
-            by_handle[r.handle] = r
-        verdicts = [(lane, self._validate(lane, by_handle.get(lane.handle), duplicates))
+        by_handle, duplicates = index_records(records)
+        verdicts = [(lane, lane_valid(lane, by_handle.get(lane.handle), duplicates))
                     for lane in head.plan.lanes]
         lane_handles = {lane.handle for lane in head.plan.lanes}
         self._failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
@@ -466,7 +450,7 @@ class Scheduler:
             rec = self._records.get(lane.handle)
             if rec is None or rec.epoch != lane.epoch or rec.cancelled or rec.failed:
                 continue  # cancelled: publication suppressed, nothing charged (ACCT-5)
-            if verdict == "failed":
+            if not verdict:
                 self._failed_lanes += 1
                 rec.failed = True
                 rec.phase = Phase.RETIRED
@@ -476,6 +460,10 @@ class Scheduler:
             record = by_handle[lane.handle]
             if lane.role is LaneRole.DECODE and rec.phase is not Phase.DECODE:
                 continue  # a queued decode behind the request's final token: discarded
+            allowance = self._allowances.get(rec.handle)
+            if lane.role is LaneRole.DECODE and allowance is not None:
+                # Productive decode earns terminal-capture allowance (QUEUE-23).
+                allowance.earn_decode(timing.cost_sample_ns)
             token = self._apply_lane(rec, lane, record, fence)
             served_tokens[rec.handle] = lane.prompt_tokens + len(record.token_ids)
             if token is not None:
@@ -483,22 +471,6 @@ class Scheduler:
         if interval_ns > 0:
             self._account_service(head, served_tokens, out, fence, interval_ms)
         return out
-
-    def _validate(self, lane: Lane, record: CompletionRecord | None,
-                  duplicates: set[RequestHandle]) -> str:
-        if record is None or lane.handle in duplicates or not record.ok:
-            return "failed"
-        if record.epoch != lane.epoch:
-            return "failed"
-        if lane.role is LaneRole.PROMPT:
-            if record.prompt_tokens != lane.prompt_tokens:
-                return "failed"
-            return "ok" if len(record.token_ids) == lane.token_ceiling else "failed"
-        if record.prompt_tokens != 0:
-            return "failed"
-        if lane.role is LaneRole.DECODE:
-            return "ok" if 1 <= len(record.token_ids) <= lane.token_ceiling else "failed"
-        return "ok" if not record.token_ids else "failed"
 
     def _apply_lane(self, rec: RequestRecord, lane: Lane, record: CompletionRecord,
                     fence: Fence) -> GeneratedToken | None:
@@ -519,31 +491,52 @@ class Scheduler:
             if not rec.further_stages:
                 rec.restore = RestoreNeed.NONE
             return None
-        first = False
-        if lane.role is LaneRole.PROMPT:
-            rec.prompt_cursor += lane.prompt_tokens
-            if rec.prompt_cursor < rec.prompt_len:
-                return None
-            rec.phase = Phase.DECODE
-            first = True
-        rec.output_committed += len(record.token_ids)
-        finish: FinishKind | None = None
-        if record.terminated:
-            finish = FinishKind.STOP
-        elif rec.output_committed >= rec.max_output_tokens:
-            finish = FinishKind.LENGTH
-        if finish is not None:
+        progress = apply_progress(rec, lane, record)
+        if not progress.emitted:
+            return None
+        if progress.finish is not None:
             self._begin_retirement(rec)
         return GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
-                              token_ids=record.token_ids, first=first, finish=finish)
+                              token_ids=record.token_ids, first=progress.first,
+                              finish=progress.finish)
 
-    def _begin_retirement(self, rec: RequestRecord) -> None:
-        """Terminal snapshot pending when the catalog has one, else retired (PRE-41)."""
-        if len(self._catalog.snapshot):
+    def _begin_retirement(self, rec: RequestRecord, *, mandatory: bool = False) -> None:
+        """Terminal snapshot pending (PRE-41) when the catalog has one and either the
+        retirement is mandatory (preemption) or the request's checkpoint allowance
+        pays for the capture (QUEUE-20..23); else retired at once, and the runtime
+        publishes the request's checkpoint without a capture."""
+        if len(self._catalog.snapshot) and (mandatory or self._take_terminal_capture(rec)):
             rec.phase = Phase.TERMINAL
             rec.terminal_since_ns = self._now_ns
         else:
             rec.phase = Phase.RETIRED
+
+    def _take_terminal_capture(self, rec: RequestRecord) -> bool:
+        """Charge a terminal capture to ``rec``'s allowance if it fits: the narrowest
+        snapshot shape's estimate against the prefill part and, for a terminal
+        endpoint distinct from the prompt end (more than one output), the decode
+        part. An unknown snapshot cost disables it (QUEUE-22)."""
+        allowance = self._allowances.get(rec.handle)
+        if allowance is None:
+            return False
+        allowance.ensure_prefill_estimate(
+            self._prefill_work_ns(rec.prompt_len - rec.cached_prefix_len))
+        narrowest = self._catalog.shapes[int(self._catalog.snapshot[0])]
+        cost = self._estimates.estimate_ns(narrowest)
+        return allowance.take_terminal(cost or None, distinct=rec.output_committed > 1)
+
+    def _prefill_work_ns(self, uncached_tokens: int) -> int | None:
+        """Estimated work to prefill ``uncached_tokens`` on the measured prefill shapes
+        (QUEUE-20's "estimated uncached prefill work"); None while none is measured."""
+        shapes = self._catalog.shapes
+        return estimated_prefill_ns(uncached_tokens, (
+            (shapes[int(i)].token_capacity, self._estimates.estimate_ns(shapes[int(i)]))
+            for i in self._catalog.prefill))
+
+    def checkpoint_allowance(self, handle: RequestHandle) -> CheckpointAllowance:
+        """``handle``'s checkpoint allowance ledger (read-only use: tests, diagnostics)."""
+        self._record(handle)
+        return self._allowances[handle]
 
     def _account_execution(self, frame: QueuedFrame, timing: ExecutionTiming) -> None:
         """Counters by kind, cost learning, refresh credit (DUR-8..19, REF-1..16)."""

@@ -120,12 +120,6 @@ class SpeculativeScheduler(Scheduler):
 
     # ---- planning -------------------------------------------------------------------
 
-    def window_open(self) -> bool:
-        """Whether any plan could be submitted now (``FrameQueue.accepts_more``): False
-        while both slots are full, after an overrun, or behind a frame nothing may queue
-        behind. A planner skips ``plan()`` then; the next completion reopens it."""
-        return self._queue.accepts_more()
-
     def _speculative_shapes(self) -> list[GraphShape]:
         return [s for s, _ in self._speculative_positions()]
 

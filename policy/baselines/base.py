@@ -12,12 +12,13 @@ on the seed scheduler's own pieces wherever they exist as modules:
   overrun rule (OPEN-31 is the seed's);
 - execution time per frame is ``policy.refresh.episode_charge_ns``, as the seed counts it.
 
-What remains here, because the seed keeps it inside ``Scheduler`` methods, is admission
-checking, commit rechecks (epochs, cursors, fence order), completion (every lane
-validated before any update, ACCT-6; terminal snapshots when the catalog prepares them,
-PRE-41), execution counters, cost observations (kept for traces and export only:
-baselines never rank by cost) and the trace of every committed plan. The proposed
-extraction of those into a shared module is ``/work/notes/patches/7-lifecycle.patch``.
+- admission checks, commit rechecks (fence order, window, capacity, each lane's epoch and
+  cursors), completion validation (every lane before any update, ACCT-6) and applying a
+  valid lane's progress are ``policy.lifecycle``'s, as for the seed's ``Scheduler``.
+
+What remains here is residency bookkeeping, terminal snapshots when the catalog
+prepares them (PRE-41), execution counters, cost observations (kept for traces and
+export only: baselines never rank by cost) and the trace of every committed plan.
 
 Subclasses implement ``_choose`` (pure: it reads state, never changes it) and may hook
 ``_on_admitted``, ``_on_client`` and ``_on_served``. Baselines do not price deliveries,
@@ -34,14 +35,21 @@ from dataclasses import dataclass
 from policy.baselines.menu import PromptWork, ShapeMenu
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
-from policy.descriptors import MAX_REQUEST_SLOTS, ExecutionTiming, GraphShape
+from policy.descriptors import ExecutionTiming, GraphShape
 from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.lifecycle import (
+    apply_progress,
+    check_admission,
+    check_commit,
+    check_lane,
+    index_records,
+    lane_valid,
+)
 from policy.refresh import episode_charge_ns
 from policy.requests import RequestRecord
 from policy.service import FALLBACK_RATE_PER_MS, Normalizers, new_history
 from policy.types import (
     AdmissionRefused,
-    CommitRejected,
     CompletionError,
     CompletionRecord,
     Fence,
@@ -56,11 +64,8 @@ from policy.types import (
     ScheduledStep,
     SchedulerStatistics,
     SelectionReason,
-    StaleEpochError,
-    StalePlanError,
     TraceRecord,
     UnknownRequestError,
-    WindowNotReady,
 )
 
 DEFAULT_CLIENT = ""
@@ -224,15 +229,11 @@ class BaselinePolicy(abc.ABC):
               scored_prompt: bool = False, handle: RequestHandle | None = None
               ) -> RequestHandle:
         """Make a request resident (same contract as ``Scheduler.admit``; message ends
-        and scored prompts are accepted and ignored: baselines run ordinary prefill)."""
-        if prompt_len < 1:
-            raise AdmissionRefused("a request needs at least one prompt token")
-        if max_output_tokens < 1:
-            raise AdmissionRefused("max_output_tokens must be at least 1")
-        if not 0 <= cached_prefix_len < prompt_len:
-            raise AdmissionRefused("cached prefix must leave at least one prompt token")
-        if system_end is not None and not 0 < system_end <= prompt_len:
-            raise AdmissionRefused("system_end must lie within the prompt")
+        are checked and scored prompts accepted, then both ignored: baselines run
+        ordinary prefill)."""
+        check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
+                        cached_prefix_len=cached_prefix_len, message_ends=message_ends,
+                        system_end=system_end)
         if handle is None:
             handle = RequestHandle(self._next_handle)
         if handle in self._requests:
@@ -357,17 +358,18 @@ class BaselinePolicy(abc.ABC):
     def window_ready(self, plan: ScheduledPlan) -> bool:
         return self.blocking_reason(plan) is None
 
+    def window_open(self) -> bool:
+        """Whether any plan could be submitted now (``FrameQueue.accepts_more``): False
+        while both slots are full, after an overrun, or behind a frame nothing may queue
+        behind. A planner skips ``plan()`` then; the next completion reopens it."""
+        return self._queue.accepts_more()
+
     def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord:
-        if self._last_fence is not None and fence <= self._last_fence:
-            raise CommitRejected(f"fence {fence} is not after {self._last_fence}")
-        reason = self.blocking_reason(plan)
-        if reason is not None:
-            raise WindowNotReady(reason)
+        check_commit(plan, fence, last_fence=self._last_fence,
+                     blocking=self.blocking_reason(plan))
         lanes, shape = plan.lanes, plan.shape
-        if len(lanes) > min(shape.batch_capacity, MAX_REQUEST_SLOTS):
-            raise CommitRejected("plan exceeds the shape's request capacity")
         for lane in lanes:
-            self._check_lane(lane)
+            check_lane(self._requests.get(lane.handle), lane)
         self._committed += 1
         had_prompt = False
         for lane in lanes:
@@ -398,21 +400,6 @@ class BaselinePolicy(abc.ABC):
         self._traces.append(trace)
         return trace
 
-    def _check_lane(self, lane: Lane) -> None:
-        req = self._requests.get(lane.handle)
-        if req is None or req.epoch != lane.epoch or req.cancelled:
-            raise StaleEpochError(f"request {lane.handle} epoch {lane.epoch} is not live")
-        if lane.role is LaneRole.PROMPT:
-            ok = (req.phase is Phase.PREFILL and not req.in_flight
-                  and req.prompt_cursor == lane.prompt_start
-                  and 0 < lane.prompt_tokens <= req.chunk_limit())
-        elif lane.role is LaneRole.DECODE:
-            ok = req.phase is Phase.DECODE and req.output_room >= lane.token_ceiling
-        else:
-            ok = req.phase is Phase.TERMINAL and not req.in_flight
-        if not ok:
-            raise StalePlanError(f"request {lane.handle} changed since planning")
-
     # ---- completion --------------------------------------------------------------------
 
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],
@@ -422,13 +409,8 @@ class BaselinePolicy(abc.ABC):
         if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
         plan = head.plan
-        by_handle: dict[RequestHandle, CompletionRecord] = {}
-        duplicates: set[RequestHandle] = set()
-        for r in records:
-            if r.handle in by_handle:
-                duplicates.add(r.handle)
-            by_handle[r.handle] = r
-        verdicts = [(lane, _valid(lane, by_handle.get(lane.handle), duplicates))
+        by_handle, duplicates = index_records(records)
+        verdicts = [(lane, lane_valid(lane, by_handle.get(lane.handle), duplicates))
                     for lane in plan.lanes]
         # ---- nothing has changed before this point ----
         self._queue.pop(fence)
@@ -465,26 +447,15 @@ class BaselinePolicy(abc.ABC):
         if lane.role is LaneRole.TERMINAL:
             req.phase = Phase.RETIRED
             return None
-        first = False
-        if lane.role is LaneRole.PROMPT:
-            req.prompt_cursor += lane.prompt_tokens
-            self._on_served(req, lane.prompt_tokens, len(record.token_ids))
-            if req.prompt_cursor < req.prompt_len:
-                return None
-            req.phase = Phase.DECODE
-            first = True
-        else:
-            self._on_served(req, 0, len(record.token_ids))
-        req.output_committed += len(record.token_ids)
-        finish: FinishKind | None = None
-        if record.terminated:
-            finish = FinishKind.STOP
-        elif req.output_committed >= req.max_output_tokens:
-            finish = FinishKind.LENGTH
-        if finish is not None:
+        self._on_served(req, lane.prompt_tokens, len(record.token_ids))
+        progress = apply_progress(req, lane, record)
+        if not progress.emitted:
+            return None
+        if progress.finish is not None:
             self._retire(req)
         return GeneratedToken(handle=req.handle, epoch=req.epoch, fence=fence,
-                              token_ids=record.token_ids, first=first, finish=finish)
+                              token_ids=record.token_ids, first=progress.first,
+                              finish=progress.finish)
 
     def _retire(self, req: BaselineRequest) -> None:
         """Terminal snapshot pending when the catalog prepares one, else retired."""
@@ -534,18 +505,3 @@ class BaselinePolicy(abc.ABC):
             raise UnknownRequestError(f"request {handle} is not resident")
         return req
 
-
-def _valid(lane: Lane, record: CompletionRecord | None,
-           duplicates: set[RequestHandle]) -> bool:
-    if record is None or lane.handle in duplicates or not record.ok:
-        return False
-    if record.epoch != lane.epoch:
-        return False
-    if lane.role is LaneRole.PROMPT:
-        return (record.prompt_tokens == lane.prompt_tokens
-                and len(record.token_ids) == lane.token_ceiling)
-    if record.prompt_tokens != 0:
-        return False
-    if lane.role is LaneRole.DECODE:
-        return 1 <= len(record.token_ids) <= lane.token_ceiling
-    return not record.token_ids

@@ -22,6 +22,7 @@ from policy.types import (
     CompletionRecord,
     Fence,
     GeneratedToken,
+    Phase,
     RequestHandle,
     ScheduledPlan,
     SchedulerStatistics,
@@ -64,9 +65,13 @@ class Planner(Protocol):
 
     def request(self, handle: RequestHandle) -> Resident: ...
 
+    def phase(self, handle: RequestHandle) -> Phase: ...
+
     def plan(self) -> ScheduledPlan | None: ...
 
     def window_ready(self, plan: ScheduledPlan) -> bool: ...
+
+    def window_open(self) -> bool: ...
 
     def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord: ...
 

@@ -233,8 +233,10 @@ def test_acct_5_cancelled_handle_cannot_charge_reused_handle() -> None:
 
 def test_pre_41_terminal_snapshot_retires_request() -> None:
     """Covers PRE-38, PRE-41, PRE-42, PRE-51: termination starts the terminal clock;
-    the snapshot earns no tokens and releases the request."""
-    s = measured_scheduler(ordinary_catalog(with_snapshot=True))
+    the snapshot earns no tokens and releases the request. (A fraction of 0.5 lets
+    the prompt's prefill work pay for the capture, QUEUE-20.)"""
+    s = measured_scheduler(ordinary_catalog(with_snapshot=True),
+                           PolicyConfig(checkpoint_extra_work_fraction=0.5))
     h = s.admit(prompt_len=64, max_output_tokens=1)
     d = Driver(s)
     d.step()  # the prefill produces the only allowed token

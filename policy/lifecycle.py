@@ -1,0 +1,161 @@
+"""Request lifecycle rules every policy shares: the seed's ``Scheduler`` and the baselines.
+
+This module owns the rules that do not depend on how a policy ranks work:
+
+- admission checks (``check_admission``): prompt, output limit, cached prefix, message
+  ends and the system boundary (SEL-1, SEL-40, OPEN-36);
+- commit rechecks (``check_commit``, ``check_lane``): fences strictly increase, the
+  window accepts the plan (QUEUE-10..12), lanes fit the shape, and every lane still
+  matches its request's epoch, phase and cursors (QUEUE-6, QUEUE-7, ACCT-5);
+- completion validation (``index_records``, ``lane_valid``): every lane is checked
+  against its record before anything is updated (ACCT-6); a malformed lane fails only
+  its own request;
+- applying a valid prompt or output lane (``apply_progress``): cursors, the first token,
+  output counts and how the output ended (``FinishKind``).
+
+Pure: values in, values or exceptions out; the caller owns its records and counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from policy.descriptors import MAX_REQUEST_SLOTS, StateOp
+from policy.requests import RequestRecord
+from policy.types import (
+    AdmissionRefused,
+    CommitRejected,
+    CompletionRecord,
+    Fence,
+    FinishKind,
+    Lane,
+    LaneRole,
+    Phase,
+    RequestHandle,
+    ScheduledPlan,
+    StaleEpochError,
+    StalePlanError,
+    WindowNotReady,
+)
+
+__all__ = [
+    "Progress",
+    "apply_progress",
+    "check_admission",
+    "check_commit",
+    "check_lane",
+    "index_records",
+    "lane_valid",
+]
+
+
+def check_admission(*, prompt_len: int, max_output_tokens: int, cached_prefix_len: int,
+                    message_ends: Sequence[int], system_end: int | None) -> tuple[int, ...]:
+    """Refuse an inadmissible request (``AdmissionRefused``); return its message ends,
+    sorted and unique."""
+    if prompt_len < 1:
+        raise AdmissionRefused("a request needs at least one prompt token")
+    if max_output_tokens < 1:
+        raise AdmissionRefused("max_output_tokens must be at least 1")
+    if not 0 <= cached_prefix_len < prompt_len:
+        raise AdmissionRefused("cached prefix must leave at least one prompt token")
+    ends = tuple(sorted(set(message_ends)))
+    if any(not 0 < e <= prompt_len for e in ends):
+        raise AdmissionRefused("message ends must lie within the prompt")
+    if system_end is not None and not 0 < system_end <= prompt_len:
+        raise AdmissionRefused("system_end must lie within the prompt")
+    return ends
+
+
+def check_commit(plan: ScheduledPlan, fence: Fence, *, last_fence: Fence | None,
+                 blocking: str | None) -> None:
+    """The frame-level commit checks: fence order, the window's verdict (``blocking``,
+    from ``FrameQueue.blocking_reason``) and the shape's request capacity."""
+    if last_fence is not None and fence <= last_fence:
+        raise CommitRejected(f"fence {fence} is not after {last_fence}")
+    if blocking is not None:
+        raise WindowNotReady(blocking)
+    if len(plan.lanes) > min(plan.shape.batch_capacity, MAX_REQUEST_SLOTS):
+        raise CommitRejected("plan exceeds the shape's request capacity")
+
+
+def check_lane(rec: RequestRecord | None, lane: Lane) -> None:
+    """Whether ``lane`` may still run for ``rec`` (the resident record of its handle)."""
+    if rec is None or rec.epoch != lane.epoch or rec.cancelled:
+        raise StaleEpochError(f"request {lane.handle} epoch {lane.epoch} is not live")
+    role = lane.role
+    if role is LaneRole.PROMPT:
+        ok = (rec.phase is Phase.PREFILL and not rec.in_flight
+              and rec.prompt_cursor == lane.prompt_start and lane.prompt_tokens > 0
+              and lane.prompt_start + lane.prompt_tokens <= rec.prompt_len)
+    elif role is LaneRole.DECODE:
+        ok = rec.phase is Phase.DECODE and rec.output_room >= lane.token_ceiling
+    elif role in (LaneRole.RESTORE, LaneRole.INITIALIZE):
+        wanted = StateOp.RESTORE if role is LaneRole.RESTORE else StateOp.INITIALIZE
+        ok = rec.restorable and rec.next_stage is wanted
+    else:
+        ok = rec.phase is Phase.TERMINAL and not rec.in_flight
+    if not ok:
+        raise StalePlanError(f"request {lane.handle} changed since planning")
+
+
+def index_records(records: Sequence[CompletionRecord]
+                  ) -> tuple[dict[RequestHandle, CompletionRecord], set[RequestHandle]]:
+    """Records by handle, and the handles reported more than once (all invalid)."""
+    by_handle: dict[RequestHandle, CompletionRecord] = {}
+    duplicates: set[RequestHandle] = set()
+    for r in records:
+        if r.handle in by_handle:
+            duplicates.add(r.handle)
+        by_handle[r.handle] = r
+    return by_handle, duplicates
+
+
+def lane_valid(lane: Lane, record: CompletionRecord | None,
+               duplicates: set[RequestHandle]) -> bool:
+    """Whether ``record`` is a well-formed result of ``lane`` (ACCT-6): a prompt lane
+    consumed exactly its tokens and sampled its token only at the prompt end; an output
+    lane committed between one token and its ceiling; setup and terminal lanes none."""
+    if record is None or lane.handle in duplicates or not record.ok:
+        return False
+    if record.epoch != lane.epoch:
+        return False
+    if lane.role is LaneRole.PROMPT:
+        return (record.prompt_tokens == lane.prompt_tokens
+                and len(record.token_ids) == lane.token_ceiling)
+    if record.prompt_tokens != 0:
+        return False
+    if lane.role is LaneRole.DECODE:
+        return 1 <= len(record.token_ids) <= lane.token_ceiling
+    return not record.token_ids
+
+
+class Progress(NamedTuple):
+    """What a valid prompt or output lane did: ``emitted`` is False for a prompt chunk
+    short of the prompt end (nothing to publish)."""
+
+    emitted: bool
+    first: bool = False
+    finish: FinishKind | None = None
+
+
+def apply_progress(rec: RequestRecord, lane: Lane, record: CompletionRecord) -> Progress:
+    """Advance ``rec`` by a valid PROMPT or DECODE lane: the prompt cursor (the request
+    starts decoding once the prompt is consumed), committed output, and how the output
+    ended: STOP on a terminated record, LENGTH at ``max_output_tokens``. The caller
+    retires a finished request (terminal snapshot or release)."""
+    first = False
+    if lane.role is LaneRole.PROMPT:
+        rec.prompt_cursor += lane.prompt_tokens
+        if rec.prompt_cursor < rec.prompt_len:
+            return Progress(emitted=False)
+        rec.phase = Phase.DECODE
+        first = True
+    rec.output_committed += len(record.token_ids)
+    finish: FinishKind | None = None
+    if record.terminated:
+        finish = FinishKind.STOP
+    elif rec.output_committed >= rec.max_output_tokens:
+        finish = FinishKind.LENGTH
+    return Progress(emitted=True, first=first, finish=finish)
