@@ -11,9 +11,10 @@ When is ``Finished`` sent? Errors end a stream at once. Otherwise the publisher 
 the text when the scheduler ends the request (EOS, ``max_tokens``) or when it sees a
 stop string (a host stop the scheduler cannot see; reported as ``HostFinish``), and
 then waits for the planner's ``Drop``, which the planner sends right after the
-request's resources were released and its terminal checkpoint published, or, when a
-terminal capture is still to run, right after its last tokens (the allocator then
-holds the conversation's next turn until the checkpoint is published). A client that
+request's resources were released and its terminal checkpoint published (a pending
+terminal capture completes first, PRE-38), or, when only a frame still in flight
+delays the release, right after its last tokens (the allocator then holds the
+conversation's next turn until the checkpoint is published). A client that
 reads ``Finished`` and sends its next turn therefore always finds that checkpoint in
 the prefix cache (PRE-53, OPEN-35).
 """
