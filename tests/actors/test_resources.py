@@ -1,6 +1,17 @@
 """The checkpoint-allocator's pure core: page pool, state rows, prefix cache, anchors,
 fenced retirement. Covers QUEUE-9, QUEUE-16..19, QUEUE-29, QUEUE-30, QUEUE-49, QUEUE-50,
-PRE-39, PRE-53, PRE-54, ACCT-5 (fresh epochs on row reuse), OPEN-3."""
+PRE-39, PRE-53, PRE-54, ACCT-5 (fresh epochs on row reuse), OPEN-3.
+
+QUEUE-31 (the ownership rules of docs/runtime.md, *Checkpoints and the prefix cache*),
+rule by rule: keys and sharing by reference (test_prefix_cache_shares_full_pages_by_content),
+partial pages moved to their only reuser (test_partial_tail_moves_to_its_only_reuser,
+test_queue_17_a_diverging_prompt_takes_the_tail_truncated), publication only after the
+last fence retires (test_queue_9_queue_50_pages_return_only_when_last_fence_retires,
+test_pre_53_terminal_publication_is_seen_by_the_next_turn), retention and eviction
+(test_queue_30_victims_by_recency_then_role_then_length,
+test_open_3_shared_pages_are_never_evicted, test_open_3_tails_are_evicted_before_their_parents),
+preemption accounting through random lifecycles
+(test_open_3_random_lifecycles_conserve_pages_and_rows)."""
 
 from __future__ import annotations
 
