@@ -59,7 +59,7 @@ from policy.round_search import (
 )
 from policy.speculation import AcceptanceState, ProposalSource
 from policy.types import Lane, LaneRole, RequestHandle
-from policy.utility import NS_PER_MS, FloatArray, value_rate, value_rates
+from policy.utility import NS_PER_MS, FloatArray, value_rate
 
 IntArray = npt.NDArray[np.int64]
 
@@ -67,6 +67,7 @@ __all__ = [
     "Ordering",
     "RoundCandidate",
     "RoundLane",
+    "RoundPrograms",
     "SpeculationMode",
     "SpeculativeLane",
     "best_round",
@@ -79,6 +80,7 @@ __all__ = [
     "price_rows",
     "queued_advance_bound",
     "rank_key",
+    "ranked_rounds",
     "round_candidates",
     "speculative_lane",
 ]
@@ -267,6 +269,22 @@ class _LaneTable:
         self.base[:, 0] = 0.0
         self._by_width: dict[int, tuple[IntArray, FloatArray]] = {}
         self._clean_forecast: FloatArray | None = None
+        self._python_rows: tuple[list[int], list[float], list[list[float]]] | None = None
+        self._python_handles: list[int] | None = None
+
+    def python_handles(self) -> list[int]:
+        """``handles`` as a Python list, once per decision."""
+        if self._python_handles is None:
+            self._python_handles = self.handles.tolist()
+        return self._python_handles
+
+    def python_rows(self) -> tuple[list[int], list[float], list[list[float]]]:
+        """``limit``, ``slope`` and ``base`` as Python lists, once per decision (the
+        host search's small-array path, ``_host_batch``)."""
+        if self._python_rows is None:
+            self._python_rows = (self.limit.tolist(), self.slope.tolist(),
+                                 self.base.tolist())
+        return self._python_rows
 
     @property
     def clean_forecast(self) -> FloatArray:
@@ -424,51 +442,107 @@ def _host_candidates(shape: GraphShape, table: _LaneTable, estimate_ns: int,
                        Ordering.HOST)]
 
 
-def _host_batch(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _LaneTable,
-                waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
+class _HostPick(NamedTuple):
+    """A host program's top-``B`` cohort at complete ceilings, kept as Python values
+    until it survives dominance filtering (``_host_picks``); ``candidate`` builds the
+    ``RoundCandidate``."""
+
+    shape: GraphShape
+    base: float
+    slope: float
+    estimate_ns: int
+    rate: float | None
+    cohort: list[int]
+    rows: list[int]
+    rows_used: int
+
+    def rank(self) -> tuple[float, ...]:
+        """``rank_key`` of the candidate this pick becomes."""
+        known = self.rate is not None
+        primary = self.rate if self.rate is not None \
+            else self.base + self.slope * self.estimate_ns / NS_PER_MS
+        size = len(self.cohort)
+        return (float(known), -primary, float(self.estimate_ns), -float(size),
+                float(self.shape.batch_capacity - size),
+                float(self.shape.packed_capacity - self.rows_used))
+
+    def candidate(self, table: _LaneTable) -> RoundCandidate:
+        rows = np.array(self.rows, dtype=np.int64)
+        return RoundCandidate(
+            shape=self.shape, base=self.base, slope=self.slope, estimate_ns=self.estimate_ns,
+            rate=self.rate, ordering=Ordering.HOST, table=table,
+            lane_index=np.array(self.cohort, dtype=np.int64), rows=rows, ceilings=rows,
+            rows_used=self.rows_used)
+
+
+_Pick = RoundCandidate | _HostPick
+
+
+def _host_picks(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _LaneTable,
+                waiting: float, mode: SpeculationMode) -> list[_Pick]:
     """``_host_candidates`` for many host-allocated programs at once.
 
-    Every program's top-``B`` cohort at complete ceilings is found with one array pass
-    (one stable sort per program row, prefix sums of values, slopes and rows); where
-    those rows fit ``P`` (always for rectangular programs) that cohort is the program's
-    candidate (SEL-25); where ``P`` binds, the exact per-program search decides (SEL-27).
+    Every program's top-``B`` cohort at complete ceilings comes from one stable sort of
+    the lanes by value over the program's estimate and running sums of values, slopes
+    and rows; where those rows fit ``P`` (always for rectangular programs) that cohort
+    is the program's candidate (SEL-25), returned as a ``_HostPick``; where ``P`` binds,
+    the exact per-program search decides (SEL-27) and returns ``RoundCandidate``s.
+
+    A decision has at most ``max_batch`` lanes and a few dozen programs, so this runs on
+    the table's cached Python lists and builds no arrays: numpy's per-call overhead on
+    arrays of eight entries cost more than the arithmetic, and on the cpu backend every
+    planning microsecond holds the GIL the model's worker thread needs
+    (``docs/speculative-selection.md``, *Cost*). The sums run in ``np.cumsum``'s order
+    and the sort is stable like ``np.argsort(kind="stable")``, so every figure is the
+    former numpy pass's to the bit (``tests/policy/test_speculative_host_batch.py``).
     """
     n = len(table.lanes)
     if not shapes or n == 0:
         return []
-    widths = np.array([_width(sh) for sh in shapes], dtype=np.int64)
-    ceil = np.minimum(table.limit[None, :], widths[:, None])
-    if ceil.min() <= 0:  # some lane has no room: the per-program path filters it
-        out: list[RoundCandidate] = []
+    limits, slopes, base_rows = table.python_rows()
+    widths = [_width(sh) for sh in shapes]
+    out: list[_Pick] = []
+    if min(limits) <= 0 or min(widths) <= 0:  # a lane without room: per-program path
         for shape, estimate in zip(shapes, estimates, strict=True):
             out.extend(_host_candidates(shape, table, estimate, waiting, mode))
         return out
-    est = np.array(estimates, dtype=np.int64)
-    t_ms = est / NS_PER_MS
-    at = table.base[table.index[None, :], ceil]
-    order = np.argsort(-(at + table.slope[None, :] * t_ms[:, None]), axis=1, kind="stable")
-    sorted_ceil = np.take_along_axis(ceil, order, axis=1)
-    last = np.minimum(np.array([sh.batch_capacity for sh in shapes], dtype=np.int64), n) - 1
-    picks = np.arange(len(shapes))
-    rows_used = np.cumsum(sorted_ceil, axis=1)[picks, last]
-    base = np.cumsum(np.take_along_axis(at, order, axis=1), axis=1)[picks, last]
-    slope = np.cumsum(table.slope[order], axis=1)[picks, last]
-    rates = value_rates(base, slope, t_ms, waiting)
-    fits = rows_used <= np.array([sh.packed_capacity for sh in shapes], dtype=np.int64)
-    out = []
-    for k, shape in enumerate(shapes):
-        estimate = int(est[k])
-        if not fits[k]:
+    lanes = range(n)
+    by_width: dict[int, tuple[list[int], list[float]]] = {}
+    for shape, width, estimate in zip(shapes, widths, estimates, strict=True):
+        got = by_width.get(width)
+        if got is None:
+            ceil = [limit if limit < width else width for limit in limits]
+            got = by_width[width] = (ceil, [base_rows[i][c] for i, c in enumerate(ceil)])
+        ceil, at = got
+        estimate = int(estimate)
+        t_ms = estimate / NS_PER_MS
+        if n == 1:
+            top = [0]
+        else:
+            keys = [-(a + s * t_ms) for a, s in zip(at, slopes, strict=True)]
+            top = sorted(lanes, key=keys.__getitem__)[:min(shape.batch_capacity, n)]
+        rows = [ceil[i] for i in top]
+        rows_used = sum(rows)
+        if rows_used > shape.packed_capacity:
             out.extend(_host_candidates(shape, table, estimate, waiting, mode))
             continue
-        m = int(last[k]) + 1
-        rows = sorted_ceil[k, :m]
-        out.append(RoundCandidate(
-            shape=shape, base=float(base[k]), slope=float(slope[k]), estimate_ns=estimate,
-            rate=float(rates[k]) if estimate > 0 else None, ordering=Ordering.HOST,
-            table=table, lane_index=order[k, :m], rows=rows, ceilings=rows,
-            rows_used=int(rows_used[k])))
+        base = 0.0
+        slope = 0.0
+        for i in top:
+            base += at[i]
+            slope += slopes[i]
+        out.append(_HostPick(
+            shape=shape, base=base, slope=slope, estimate_ns=estimate,
+            rate=value_rate(base, slope, t_ms, waiting) if estimate > 0 else None,
+            cohort=top, rows=rows, rows_used=rows_used))
     return out
+
+
+def _host_batch(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _LaneTable,
+                waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
+    """``_host_picks`` with every pick built into a ``RoundCandidate``."""
+    return [p.candidate(table) if isinstance(p, _HostPick) else p
+            for p in _host_picks(shapes, estimates, table, waiting, mode)]
 
 
 _ORDERINGS = (Ordering.TOTAL_VALUE, Ordering.DELIVERY_VALUE, Ordering.VALUE_PER_ROW)
@@ -565,17 +639,19 @@ def rank_key(c: RoundCandidate) -> tuple[float, ...]:
             float(c.shape.packed_capacity - c.rows_used))
 
 
-def _dominance_filter(cands: list[RoundCandidate]) -> list[RoundCandidate]:
+def _dominance_filter(cands: list[_Pick], handles: Sequence[int] = ()) -> list[_Pick]:
     """Drop shapes whose (B, W, P) are all >= an alternative's with one larger, among
     candidates doing the same logical work at the same actual D (SEL-32, SEL-34).
 
     Candidates are first grouped by cheap parts of the logical key (D, binding, cohort
-    size, rows); only groups with several members compare cohorts. Order is kept."""
+    size, rows); only groups with several members compare cohorts. Order is kept.
+    ``handles``: the lane table's handles, for ``_HostPick`` entries."""
     coarse: dict[tuple[int, bool, int, int], list[int]] = {}
     for i, c in enumerate(cands):
         shape = c.shape
+        size = len(c.cohort) if isinstance(c, _HostPick) else len(c.lane_index)
         key = (shape.proposal_depth, shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT,
-               len(c.lane_index), c.rows_used)
+               size, c.rows_used)
         coarse.setdefault(key, []).append(i)
     dropped: set[int] = set()
     for members in coarse.values():
@@ -584,8 +660,12 @@ def _dominance_filter(cands: list[RoundCandidate]) -> list[RoundCandidate]:
         groups: dict[tuple[tuple[int, int, int], ...], list[int]] = {}
         for i in members:
             c = cands[i]
-            work = tuple(sorted(zip(c.handles.tolist(), c.rows.tolist(), c.ceilings.tolist(),
-                                    strict=True)))
+            if isinstance(c, _HostPick):
+                work = tuple(sorted((handles[j], r, r)
+                                    for j, r in zip(c.cohort, c.rows, strict=True)))
+            else:
+                work = tuple(sorted(zip(c.handles.tolist(), c.rows.tolist(),
+                                        c.ceilings.tolist(), strict=True)))
             groups.setdefault(work, []).append(i)
         for group in groups.values():
             if len(group) < 2:
@@ -593,10 +673,27 @@ def _dominance_filter(cands: list[RoundCandidate]) -> list[RoundCandidate]:
             caps = [(cands[i].shape.batch_capacity, cands[i].shape.token_capacity,
                      cands[i].shape.packed_capacity) for i in group]
             for i, (b, w, p) in zip(group, caps, strict=True):
-                if any(b >= ob and w >= ow and p >= op and (b, w, p) != (ob, ow, op)
-                       for ob, ow, op in caps):
-                    dropped.add(i)
+                for ob, ow, op in caps:
+                    if b >= ob and w >= ow and p >= op and (b != ob or w != ow or p != op):
+                        dropped.add(i)
+                        break
     return [c for i, c in enumerate(cands) if i not in dropped] if dropped else cands
+
+
+class RoundPrograms:
+    """The speculative programs of one catalog with what every decision reads of them
+    (widths, bindings), computed once per catalog rather than once per decision."""
+
+    __slots__ = ("device", "host", "max_rows", "shapes", "widths")
+
+    def __init__(self, shapes: Iterable[GraphShape]) -> None:
+        self.shapes = [s for s in shapes if s.kind is GraphKind.SPECULATIVE]
+        self.widths = [_width(s) for s in self.shapes]
+        self.device = [i for i, s in enumerate(self.shapes)
+                       if s.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT]
+        device = set(self.device)
+        self.host = [i for i in range(len(self.shapes)) if i not in device]
+        self.max_rows = max(self.widths, default=0)
 
 
 def round_candidates(
@@ -623,25 +720,47 @@ def round_candidates(
     program's best (probes look for one that offers a request a deeper prefix).
     Fixed mode skips device-allocated programs (SPEC-17).
     """
-    spec = [s for s in shapes if s.kind is GraphKind.SPECULATIVE]
-    est = [int(estimates_ns.get(s, 0)) for s in spec]
+    programs = RoundPrograms(shapes)
+    return ranked_rounds(lanes, programs, [int(estimates_ns.get(s, 0)) for s in programs.shapes],
+                         alpha=alpha, waiting=waiting, mode=mode, optimistic=optimistic,
+                         keep_dominated=keep_dominated, every_cohort=every_cohort)
+
+
+def ranked_rounds(
+    lanes: Sequence[SpeculativeLane],
+    programs: RoundPrograms,
+    estimates_ns: Sequence[int],
+    *,
+    alpha: float,
+    waiting: float,
+    mode: SpeculationMode,
+    optimistic: bool = False,
+    keep_dominated: bool = False,
+    every_cohort: bool = False,
+) -> list[RoundCandidate]:
+    """``round_candidates`` over a catalog's precomputed ``programs``; ``estimates_ns``
+    aligned with ``programs.shapes`` (0 = unknown). The scheduler's per-decision path:
+    no shape is hashed or re-measured."""
+    spec, est = programs.shapes, estimates_ns
     live = [ln for ln in lanes if ln.request_limit > 0]
     if not spec or not live:
         return []
-    max_rows = max(_width(s) for s in spec)
-    table = _LaneTable(live, max_rows, alpha, optimistic=optimistic)
-    host = [i for i, sh in enumerate(spec) if sh.binding is not TargetBinding.SPECULATIVE_PREFIX_LIMIT]
-    out = _host_batch([spec[i] for i in host], [est[i] for i in host], table, waiting, mode)
+    table = _LaneTable(live, programs.max_rows, alpha, optimistic=optimistic)
+    host = programs.host
+    out = _host_picks([spec[i] for i in host], [est[i] for i in host], table, waiting, mode)
     if mode is not SpeculationMode.FIXED:
-        for shape, estimate in zip(spec, est, strict=True):
-            if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
-                ceilings = table.at_width(_width(shape))[0]
-                out.extend(_device_candidates(shape, table, ceilings, estimate, waiting,
-                                              every=every_cohort))
+        for i in programs.device:
+            ceilings = table.at_width(programs.widths[i])[0]
+            out.extend(_device_candidates(spec[i], table, ceilings, est[i], waiting,
+                                          every=every_cohort))
     if not keep_dominated:
-        out = _dominance_filter(out)
-    out.sort(key=rank_key)
-    return out
+        out = _dominance_filter(out, table.python_handles())
+    out.sort(key=_rank)
+    return [c.candidate(table) if isinstance(c, _HostPick) else c for c in out]
+
+
+def _rank(c: _Pick) -> tuple[float, ...]:
+    return c.rank() if isinstance(c, _HostPick) else rank_key(c)
 
 
 def best_round(candidates: Sequence[RoundCandidate]) -> RoundCandidate | None:

@@ -24,7 +24,7 @@ Mixed speculative rows are not planned here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from policy.config import PolicyConfig
 from policy.decision import build_context, projected_histories
@@ -38,10 +38,12 @@ from policy.refresh import (
 )
 from policy.round_plans import round_plan, round_wins, speculative_lanes
 from policy.rounds import (
+    RoundPrograms,
     SpeculationMode,
     SpeculativeLane,
     observe_completed_round,
     rank_key,
+    ranked_rounds,
     round_candidates,
 )
 from policy.scheduler import Scheduler
@@ -82,7 +84,8 @@ class SpeculativeScheduler(Scheduler):
         self._priors = PopulationPriors()
         self._states: dict[RequestHandle, AcceptanceState] = {}
         self._learning: CreditLedger = acceptance_learning_ledger()
-        self._positions_cache: tuple[object, list[tuple[GraphShape, int]]] | None = None
+        self._positions_cache: tuple[object, list[tuple[GraphShape, int]],
+                                     RoundPrograms, list[int]] | None = None
 
     # ---- acceptance state ----------------------------------------------------------
 
@@ -126,14 +129,22 @@ class SpeculativeScheduler(Scheduler):
     def _speculative_positions(self) -> list[tuple[GraphShape, int]]:
         """The catalog's speculative programs with their catalog positions, computed
         once per catalog (``set_catalog`` replaces the catalog object)."""
+        return self._speculative_catalog()[1]
+
+    def _speculative_catalog(self) -> tuple[object, list[tuple[GraphShape, int]],
+                                            RoundPrograms, list[int]]:
+        """Per catalog: the speculative (shape, position) pairs, their ``RoundPrograms``
+        and each program's catalog position in ``RoundPrograms`` order."""
         catalog = self._catalog
         cached = self._positions_cache
         if cached is None or cached[0] is not catalog:
             position = catalog.position
             pairs = [(s, position[s]) for s in catalog.shapes
                      if s.kind is GraphKind.SPECULATIVE]
-            cached = self._positions_cache = (catalog, pairs)
-        return cached[1]
+            programs = RoundPrograms(s for s, _ in pairs)
+            cached = self._positions_cache = (
+                catalog, pairs, programs, [position[s] for s in programs.shapes])
+        return cached
 
     def plan(self) -> ScheduledPlan | None:
         """The ordinary winner, a better speculative round, or a funded probe."""
@@ -144,14 +155,15 @@ class SpeculativeScheduler(Scheduler):
             ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
         )
         ordinary = select(ctx)
-        pairs = self._speculative_positions()
+        _, pairs, programs, program_positions = self._speculative_catalog()
         decoders = ctx.decoders.records
         if not pairs or not decoders:
             return ordinary
         shapes = [s for s, _ in pairs]
         position = self._catalog.position
         known_ns = times.estimate_ns.tolist()
-        estimates = {s: int(known_ns[i]) for s, i in pairs}
+        program_estimates = [int(known_ns[i]) for i in program_positions]
+        estimates = _LazyEstimates(pairs, known_ns)
         stale = times.stale(self._now_ns, self._estimates.ttl_ns)
         histories = projected_histories(self._records, self._queue, self._config) \
             if len(self._queue) else {}
@@ -171,8 +183,8 @@ class SpeculativeScheduler(Scheduler):
             # recently than the ordinary refresh choice takes its place (REF-8, REF-13).
             return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx.waiting,
                                              ctx.exponent, ctx.start_ns) or ordinary
-        ranked = round_candidates(lanes, shapes, estimates, alpha=alpha,
-                                  waiting=ctx.waiting, mode=self._mode)
+        ranked = ranked_rounds(lanes, programs, program_estimates, alpha=alpha,
+                               waiting=ctx.waiting, mode=self._mode)
         best = ranked[0] if ranked else None  # best first (rank_key)
         winner = ordinary
         won_round = None  # the winning round, when a speculative round won
@@ -189,6 +201,8 @@ class SpeculativeScheduler(Scheduler):
                                                 ctx.exponent, ctx.start_ns)
             if refresh is not None:
                 return refresh
+        if self._mode is SpeculationMode.FIXED or not self._learning.funded():
+            return winner  # find_probe offers nothing then (LRN-8, LRN-10)
         probe = find_probe(lanes=lanes, shapes=shapes, estimates_ns=estimates,
                            ordinary=ordinary_from_round(won_round) if won_round is not None
                            else ordinary_from_plan(winner), ledger=self._learning,
@@ -323,3 +337,29 @@ class SpeculativeScheduler(Scheduler):
             state, self._source, shape, joint_prefix=joint, offered=drafts,
             accepted=accepted, terminated=token.finish is FinishKind.STOP,
             survival=survival.get(token.handle) if survival is not None else None)
+
+
+class _LazyEstimates(Mapping[GraphShape, int]):
+    """Each speculative program's estimate by shape, built into a dict only when a
+    refresh or probe reads it (hashing every shape per decision is measurable)."""
+
+    def __init__(self, pairs: Sequence[tuple[GraphShape, int]], known_ns: Sequence[int]
+                 ) -> None:
+        self._pairs = pairs
+        self._known = known_ns
+        self._dict: dict[GraphShape, int] | None = None
+
+    def _built(self) -> dict[GraphShape, int]:
+        if self._dict is None:
+            known = self._known
+            self._dict = {s: int(known[i]) for s, i in self._pairs}
+        return self._dict
+
+    def __getitem__(self, shape: GraphShape) -> int:
+        return self._built()[shape]
+
+    def __iter__(self) -> Iterator[GraphShape]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._pairs)
