@@ -10,13 +10,16 @@ sampled, so randomness is keyed by (seed, position) and needs no extra counter.
 Row ``state_rows`` (one past the last) is the *sink* row: inactive lanes point there,
 its block table is all sink page, and nothing reads what programs write into it.
 Host updates (initialise a row, append pages) are applied by ``apply_updates`` inside
-a program's ``bind``, in stream order.
+a program's ``bind``, in stream order. On the CPU the tensors are host memory, so
+``host_views`` exposes numpy views of them: updates are plain array writes there and
+``bind`` reads positions and temperatures without any tensor round trip.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from gpu.frames import FrameError, PageAppend, RowInit, StateUpdate
@@ -47,6 +50,11 @@ class RequestState:
         self.top_p = torch.ones(n, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(n, dtype=i64, device=device)
         self.seed = torch.zeros(n, dtype=i64, device=device)
+        self.host_views: dict[str, np.ndarray] | None = (
+            {name: t.numpy() for name, t in self.fields().items()}
+            if torch.device(device).type == "cpu" else None
+        )
+        """Numpy views sharing the tensors' memory (CPU only; None on a device)."""
 
     def fields(self) -> dict[str, torch.Tensor]:
         """Every per-row tensor by name (snapshot/restore copy all of them)."""
@@ -86,10 +94,16 @@ class RequestState:
                     self.check_page(page)
 
     def apply_updates(self, updates: Sequence[StateUpdate]) -> None:
-        """Apply host updates in order (call inside ``bind``, in stream order)."""
+        """Validate, then apply host updates in order (call inside ``bind``, in stream
+        order)."""
         self.validate_updates(updates)
+        if not updates:
+            return
+        host = self.host_views
         for update in updates:
-            if isinstance(update, RowInit):
+            if host is not None:
+                _apply_on_host(host, update, self.geometry.sink_page)
+            elif isinstance(update, RowInit):
                 r = update.row
                 s = update.sampling
                 self.position[r] = update.position
@@ -100,8 +114,24 @@ class RequestState:
                 self.seed[r] = s.seed
                 self.block_table[r] = self.geometry.sink_page
             elif isinstance(update, PageAppend):
-                pages = torch.tensor(update.page_ids, dtype=torch.int64)
                 end = update.first_block + len(update.page_ids)
-                self.block_table[update.row, update.first_block:end] = pages.to(
-                    self.block_table.device
-                )
+                self.block_table[update.row, update.first_block:end] = torch.tensor(
+                    update.page_ids, dtype=torch.int64, device=self.block_table.device)
+
+
+def _apply_on_host(host: dict[str, np.ndarray], update: StateUpdate, sink_page: int) -> None:
+    """One update written straight into the CPU tensors' memory (same values and
+    dtype conversions as the tensor writes)."""
+    r = update.row
+    if isinstance(update, RowInit):
+        s = update.sampling
+        host["position"][r] = update.position
+        host["pending_token"][r] = update.pending_token
+        host["temperature"][r] = s.temperature
+        host["top_p"][r] = s.top_p
+        host["top_k"][r] = s.top_k
+        host["seed"][r] = s.seed
+        host["block_table"][r] = sink_page
+    elif isinstance(update, PageAppend):
+        end = update.first_block + len(update.page_ids)
+        host["block_table"][r, update.first_block:end] = update.page_ids

@@ -1,5 +1,5 @@
 """Host-side packing: turn a frame into the per-slot and per-lane arrays a packed
-program uploads (one upload per buffer per frame).
+program uploads (written into the workspace's staging block, uploaded in one copy).
 
 Owns the *Mixed execution contract* layout: every lane has a logical query length;
 packed token offsets are prefix sums of those lengths in dense lane order,
@@ -31,8 +31,55 @@ def packed_offsets(query_lengths: Sequence[int]) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
+class HostInputs:
+    """The host arrays a packed program uploads, sized to the program's capacities.
+
+    ``Workspace.host_views`` hands out views of its one staging block (so a frame's
+    inputs reach the device in one copy); ``HostInputs.allocate`` gives fresh arrays.
+    """
+
+    # per packed token slot [N]
+    host_token: np.ndarray
+    host_position: np.ndarray
+    from_state: np.ndarray
+    lane_offset: np.ndarray
+    token_lane: np.ndarray
+    valid: np.ndarray
+    next_token: np.ndarray
+    # per lane [R]
+    lane_rows: np.ndarray
+    sample_index: np.ndarray
+    commits_token: np.ndarray
+    absolute_position: np.ndarray
+    advance: np.ndarray
+    # phase split: [C], [1], [R * W]
+    prompt_slots: np.ndarray
+    prompt_lane: np.ndarray
+    decode_slots: np.ndarray
+
+    @classmethod
+    def allocate(cls, limits: PackLimits) -> HostInputs:
+        n, r = limits.token_slots, limits.lanes
+        i64 = np.int64
+        return cls(
+            host_token=np.zeros(n, i64), host_position=np.zeros(n, i64),
+            from_state=np.zeros(n, np.bool_), lane_offset=np.zeros(n, i64),
+            token_lane=np.zeros(n, i64), valid=np.zeros(n, np.bool_),
+            next_token=np.zeros(n, i64), lane_rows=np.zeros(r, i64),
+            sample_index=np.zeros(r, i64), commits_token=np.zeros(r, np.bool_),
+            absolute_position=np.zeros(r, i64), advance=np.zeros(r, i64),
+            prompt_slots=np.zeros(limits.prompt_capacity, i64), prompt_lane=np.zeros(1, i64),
+            decode_slots=np.zeros(r * limits.decode_width, i64),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class HostPack:
-    """The host arrays of one packed frame, sized to the program's capacities."""
+    """One packed frame: its host input arrays and the layout facts read back later.
+
+    The arrays are the ``HostInputs`` the frame was packed into (for a program, views
+    of the workspace's staging block, valid until the next frame is packed there).
+    """
 
     host_token: np.ndarray
     host_position: np.ndarray
@@ -78,8 +125,12 @@ def pack_lanes(
     prompt_start: int,
     prompt_ends: bool,
     following_token: int = -1,
+    out: HostInputs | None = None,
 ) -> HostPack:
-    """Validate and lay out one frame (raises ``FrameError``; nothing is written)."""
+    """Validate and lay out one frame into ``out`` (fresh arrays when None).
+
+    Every check runs first: on ``FrameError`` nothing has been written.
+    """
     rows = tuple(int(r) for r in rows)
     if len(rows) > limits.lanes:
         raise FrameError(f"{len(rows)} lanes exceed batch capacity {limits.lanes}")
@@ -109,61 +160,67 @@ def pack_lanes(
     if following_token >= limits.vocab_size:
         raise FrameError("following_token outside the vocabulary")
 
-    lengths = [
-        n_prompt if lane == prefill_row else limits.decode_width for lane in range(len(rows))
-    ]
-    offsets = packed_offsets(lengths)
-    total = int(sum(lengths))
+    n_lanes = len(rows)
+    width = limits.decode_width
+    lengths = [n_prompt if lane == prefill_row else width for lane in range(n_lanes)]
+    starts = [0] * n_lanes
+    total = 0
+    for lane, length in enumerate(lengths):  # exclusive prefix sums (MIX-12)
+        starts[lane] = total
+        total += length
     if total > limits.token_slots:
         raise FrameError(f"{total} packed tokens exceed the program's {limits.token_slots}")
 
-    n, r = limits.token_slots, limits.lanes
-    host_token = np.zeros(n, np.int64)
-    host_position = np.zeros(n, np.int64)
-    from_state = np.zeros(n, np.bool_)
-    lane_offset = np.zeros(n, np.int64)
-    token_lane = np.zeros(n, np.int64)
-    valid = np.zeros(n, np.bool_)
-    next_token = np.full(n, -1, np.int64)
-    lane_rows = np.full(r, limits.sink_row, np.int64)
-    sample_index = np.zeros(r, np.int64)
-    commits = np.zeros(r, np.bool_)
-    absolute = np.full(r, -1, np.int64)
-    advance = np.zeros(r, np.int64)
-    prompt_slots = np.full(limits.prompt_capacity, n, np.int64)
-    prompt_lane = np.zeros(1, np.int64)
-    decode_slots = np.full(r * limits.decode_width, n, np.int64)
-    reports: list[bool] = []
-    for lane, (row, length, start) in enumerate(zip(rows, lengths, offsets, strict=True)):
-        span = slice(int(start), int(start) + length)
-        lane_rows[lane] = row
-        token_lane[span] = lane
-        valid[span] = True
-        sample_index[lane] = start + length - 1
-        if lane == prefill_row:
-            host_token[span] = prompt_tokens
-            host_position[span] = np.arange(prompt_start, prompt_start + length)
-            next_token[span][:-1] = prompt_tokens[1:]
-            next_token[int(start) + length - 1] = following_token
-            absolute[lane] = prompt_start + length
-            prompt_slots[:length] = np.arange(start, start + length)
-            prompt_lane[0] = lane
-            commits[lane] = prompt_ends
-            reports.append(prompt_ends)
-        else:
-            from_state[span] = True
-            lane_offset[span] = np.arange(length)
-            advance[lane] = length
-            first = lane * limits.decode_width
-            decode_slots[first:first + length] = np.arange(start, start + length)
-            commits[lane] = True
-            reports.append(True)
+    host = out if out is not None else HostInputs.allocate(limits)
+    n = limits.token_slots
+    # defaults: padding slots write only the sink page, unused lanes address the sink row
+    for zeroed in (host.host_token, host.host_position, host.from_state, host.lane_offset,
+                   host.token_lane, host.valid, host.sample_index, host.commits_token,
+                   host.advance, host.prompt_lane):
+        zeroed.fill(0)
+    host.next_token.fill(-1)
+    host.lane_rows.fill(limits.sink_row)
+    host.absolute_position.fill(-1)
+    host.prompt_slots.fill(n)
+    host.decode_slots.fill(n)
+
+    offsets = np.array(starts, np.int64)
+    lane_lengths = np.array(lengths, np.int64)
+    host.lane_rows[:n_lanes] = rows
+    host.sample_index[:n_lanes] = offsets + lane_lengths - 1
+    host.valid[:total] = True
+    host.token_lane[:total] = np.repeat(np.arange(n_lanes, dtype=np.int64), lane_lengths)
+    decode = [lane for lane in range(n_lanes) if lane != prefill_row]
+    if decode:
+        # decode lanes: W tokens each from device state, at the lane's packed offset
+        decode_starts = offsets[decode]
+        within = np.arange(width, dtype=np.int64)
+        decode_index = (decode_starts[:, None] + within).reshape(-1)
+        host.from_state[decode_index] = True
+        host.lane_offset[decode_index] = np.tile(within, len(decode))
+        host.advance[decode] = width
+        host.commits_token[decode] = True
+        slots = host.decode_slots.reshape(limits.lanes, width)
+        slots[decode] = decode_starts[:, None] + within
+    if prefill_row != NO_PROMPT_ROW:
+        start = starts[prefill_row]
+        span = slice(start, start + n_prompt)
+        host.host_token[span] = prompt_tokens
+        host.host_position[span] = np.arange(prompt_start, prompt_start + n_prompt)
+        host.next_token[start:start + n_prompt - 1] = prompt_tokens[1:]
+        host.next_token[start + n_prompt - 1] = following_token
+        host.absolute_position[prefill_row] = prompt_start + n_prompt
+        host.prompt_slots[:n_prompt] = np.arange(start, start + n_prompt)
+        host.prompt_lane[0] = prefill_row
+        host.commits_token[prefill_row] = prompt_ends
+    reports = tuple(lane != prefill_row or prompt_ends for lane in range(n_lanes))
     return HostPack(
-        host_token=host_token, host_position=host_position, from_state=from_state,
-        lane_offset=lane_offset, token_lane=token_lane, valid=valid, next_token=next_token,
-        lane_rows=lane_rows, sample_index=sample_index, commits_token=commits,
-        absolute_position=absolute, advance=advance, prompt_slots=prompt_slots,
-        prompt_lane=prompt_lane, decode_slots=decode_slots,
-        query_lengths=np.asarray(lengths, np.int64), offsets=offsets,
-        reports_sample=tuple(reports), rows=rows,
+        host_token=host.host_token, host_position=host.host_position,
+        from_state=host.from_state, lane_offset=host.lane_offset,
+        token_lane=host.token_lane, valid=host.valid, next_token=host.next_token,
+        lane_rows=host.lane_rows, sample_index=host.sample_index,
+        commits_token=host.commits_token, absolute_position=host.absolute_position,
+        advance=host.advance, prompt_slots=host.prompt_slots, prompt_lane=host.prompt_lane,
+        decode_slots=host.decode_slots, query_lengths=lane_lengths, offsets=offsets,
+        reports_sample=reports, rows=rows,
     )

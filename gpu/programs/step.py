@@ -83,6 +83,10 @@ class StepProgram:
         self.buffers = workspace.packed_views(
             tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
         )
+        self._host_inputs = workspace.host_views(
+            tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
+        )
+        self._workspace = workspace
         self._bound: HostPack | None = None
         self.execution = execution or ExecutionOptions.static()
         geo = cache.geometry
@@ -110,7 +114,8 @@ class StepProgram:
     # ------------------------------------------------------------------ bind
 
     def pack(self, inputs: Mapping[str, Any]) -> tuple[HostPack, tuple[Any, ...]]:
-        """Validate a frame against this program and lay it out (no device writes)."""
+        """Validate a frame against this program and lay it out in the workspace's host
+        staging block (no device writes; the arrays stay valid until the next pack)."""
         frame = frame_of(inputs)
         kind = self._shape.kind
         if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
@@ -121,14 +126,14 @@ class StepProgram:
             pack = pack_lanes(
                 self.limits, rows=(frame.row,), prefill_row=0, prompt_tokens=frame.tokens,
                 prompt_start=frame.start_position, prompt_ends=frame.ends_prompt,
-                following_token=frame.following_token,
+                following_token=frame.following_token, out=self._host_inputs,
             )
         elif kind is GraphKind.DECODE:
             if not isinstance(frame, DecodeFrame):
                 raise FrameError(f"{self._shape.label()} takes a DecodeFrame")
             pack = pack_lanes(
                 self.limits, rows=frame.rows, prefill_row=NO_PROMPT_ROW, prompt_tokens=(),
-                prompt_start=0, prompt_ends=False,
+                prompt_start=0, prompt_ends=False, out=self._host_inputs,
             )
         else:
             if not isinstance(frame, MixedFrame):
@@ -136,20 +141,14 @@ class StepProgram:
             pack = pack_lanes(
                 self.limits, rows=frame.rows, prefill_row=frame.prefill_row,
                 prompt_tokens=frame.prompt_tokens, prompt_start=frame.prompt_start,
-                prompt_ends=frame.prompt_ends,
+                prompt_ends=frame.prompt_ends, out=self._host_inputs,
             )
         return pack, frame.updates
 
     def bind(self, inputs: Mapping[str, Any]) -> None:
         pack, updates = self.pack(inputs)
-        self._state.validate_updates(updates)
-        self._state.apply_updates(updates)
-        b = self.buffers
-        for name in ("host_token", "host_position", "from_state", "lane_offset", "token_lane",
-                     "valid", "next_token", "lane_rows", "sample_index", "commits_token",
-                     "absolute_position", "advance", "prompt_slots", "prompt_lane",
-                     "decode_slots"):
-            getattr(b, name).copy_(torch.from_numpy(getattr(pack, name)), non_blocking=False)
+        self._state.apply_updates(updates)  # validates every update before writing
+        self._workspace.upload()  # the frame's host inputs: one copy into static buffers
         self._choose_bounds(pack)
         self._bound = pack
 
@@ -157,15 +156,18 @@ class StepProgram:
         """Host-known bounds for the next ``execute`` (eager execution options only).
 
         Reads the rows' positions and temperatures after this frame's updates; ``bind``
-        runs in stream order, so they are what ``execute`` will see.
+        runs in stream order, so they are what ``execute`` will see. On the CPU they are
+        read through the state's numpy views (no tensor round trip).
         """
         opts, st, geo = self.execution, self._state, self._cache.geometry
         if not opts.host_bounds:
             return
         active = len(pack.rows)
-        rows = torch.as_tensor(pack.rows, dtype=torch.int64)
+        rows = list(pack.rows)
+        host = st.host_views
         if opts.dynamic_context:
-            positions = st.position.index_select(0, rows.to(st.position.device)).cpu().numpy()
+            positions = (host["position"][rows] if host is not None
+                         else _gather_to_host(st.position, rows))
             absolute = pack.absolute_position[:active]
             is_prompt = absolute >= 0
             decode_ends = positions + pack.advance[:active]
@@ -180,7 +182,8 @@ class StepProgram:
                 self.context_blocks = context_blocks(min(max(decode_end, prompt_end), cap),
                                                      **bound)
         if opts.greedy_shortcut:
-            temperature = st.temperature.index_select(0, rows.to(st.temperature.device))
+            temperature = (host["temperature"][rows] if host is not None
+                           else _gather_to_host(st.temperature, rows))
             self.any_sampled = bool((~(temperature <= 0.0)).any())  # sample()'s greedy test
 
     # --------------------------------------------------------------- execute
@@ -277,6 +280,12 @@ class StepProgram:
             prompt_logprobs=tuple(float(v) for v in values),
             prompt_top_logprobs=tuple(_pairs(prompt_ids[i], prompt_lps[i]) for i in range(n)),
         )}
+
+
+def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
+    """``values[rows]`` copied to a host array (a device round trip)."""
+    index = torch.as_tensor(rows, dtype=torch.int64, device=values.device)
+    return values.index_select(0, index).cpu().numpy()
 
 
 def _pairs(ids: np.ndarray, logprobs: np.ndarray) -> tuple[tuple[int, float], ...]:

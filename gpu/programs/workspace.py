@@ -6,6 +6,13 @@ variant (including the later speculative B/D/W/P programs) allocates nothing new
 Programs run in stream order on one stream, so variants can share one workspace: a
 frame's ``bind`` happens only after the previous frame's ``read_outputs``.
 
+The per-frame host inputs (token, slot and lane arrays) of every packed program live
+in ONE contiguous byte block on the device, each input a typed view at a fixed offset,
+mirrored by one host staging block of the same layout. ``bind`` packs a frame into the
+staging views (numpy, no device work) and ``upload`` moves the whole block over in a
+single copy: one host-to-device transfer per frame instead of one per input, and the
+device views never move, so captured programs keep reading the same addresses.
+
 Until a frame is bound, every lane addresses the sink row and every slot the sink page,
 so a warm-up or capture ``execute`` before the first ``bind`` mutates nothing.
 """
@@ -13,8 +20,27 @@ so a warm-up or capture ``execute`` before the first ``bind`` mutates nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+
+from gpu.programs.packing import HostInputs
+
+# The packed programs' host inputs: name -> (dtype, sized per token slot or per lane).
+# int64 inputs come first so every view starts 8-byte aligned; bool inputs follow.
+_INPUT_LAYOUT: tuple[tuple[str, torch.dtype, str], ...] = (
+    ("host_token", torch.int64, "token"), ("host_position", torch.int64, "token"),
+    ("lane_offset", torch.int64, "token"), ("token_lane", torch.int64, "token"),
+    ("next_token", torch.int64, "token"), ("prompt_slots", torch.int64, "token"),
+    ("decode_slots", torch.int64, "token"),
+    ("lane_rows", torch.int64, "lane"), ("sample_index", torch.int64, "lane"),
+    ("absolute_position", torch.int64, "lane"), ("advance", torch.int64, "lane"),
+    ("prompt_lane", torch.int64, "one"),
+    ("from_state", torch.bool, "token"), ("valid", torch.bool, "token"),
+    ("commits_token", torch.bool, "lane"),
+)
+_NUMPY = {torch.int64: np.dtype(np.int64), torch.bool: np.dtype(np.bool_)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,25 +97,19 @@ class Workspace:
         def z(size: int, dtype: torch.dtype, fill: int = 0) -> torch.Tensor:
             return torch.full((size,), fill, dtype=dtype, device=device)
 
+        self._build_inputs(device, sink_row=sink_row)
         self._token = {
-            "host_token": z(n, i64), "host_position": z(n, i64),
-            "from_state": z(n, torch.bool), "lane_offset": z(n, i64),
-            "token_lane": z(n, i64), "valid": z(n, torch.bool), "next_token": z(n, i64),
             "out_prompt_logprobs": z(n, f32),
-            "prompt_slots": z(n, i64), "decode_slots": z(n, i64),
             "out_prompt_top_token": torch.zeros((n, top_width), dtype=i64, device=device),
             "out_prompt_top_logprob": torch.zeros((n, top_width), dtype=f32, device=device),
         }
         self._lane = {
-            "lane_rows": z(r, i64, sink_row), "sample_index": z(r, i64),
-            "commits_token": z(r, torch.bool), "absolute_position": z(r, i64, -1),
-            "advance": z(r, i64), "out_token": z(r, i64), "out_logprob": z(r, f32),
+            "out_token": z(r, i64), "out_logprob": z(r, f32),
             "out_finite": z(r, torch.bool),
             "out_top_token": torch.zeros((r, top_width), dtype=i64, device=device),
             "out_top_logprob": torch.zeros((r, top_width), dtype=f32, device=device),
         }
         # state operations: per lane source/destination rows and pages
-        self._prompt_lane = z(1, i64)
         self.copy_src_row = z(r, i64, sink_row)
         self.copy_dst_row = z(r, i64, sink_row)
         self.copy_dst_page = z(r, i64, -1)
@@ -101,16 +121,69 @@ class Workspace:
         self.copy_top_k = z(r, i64)
         self.copy_seed = z(r, i64)
 
+    def _build_inputs(self, device: str, *, sink_row: int) -> None:
+        """The device input block, its host staging mirror and their typed views."""
+        sizes = {"token": self.max_tokens, "lane": self.max_lanes, "one": 1}
+        spans: dict[str, tuple[int, int, torch.dtype]] = {}
+        offset = 0
+        for name, dtype, per in _INPUT_LAYOUT:
+            size = sizes[per] * dtype.itemsize
+            spans[name] = (offset, size, dtype)
+            offset += size
+        pinned = torch.device(device).type == "cuda"
+        self.staging = torch.zeros(offset, dtype=torch.uint8, pin_memory=pinned)
+        """Host staging block (pinned for CUDA): ``bind`` packs a frame here."""
+        staging = self.staging.numpy()
+        self._host_inputs = {
+            name: staging[start:start + size].view(_NUMPY[dtype])
+            for name, (start, size, dtype) in spans.items()
+        }
+        self._host_inputs["lane_rows"][:] = sink_row
+        self._host_inputs["absolute_position"][:] = -1
+        self.inputs = self.staging.to(device, copy=True)
+        """Device input block: every packed program's host inputs are views of it."""
+        self._inputs = {
+            name: self.inputs[start:start + size].view(dtype)
+            for name, (start, size, dtype) in spans.items()
+        }
+
+    def upload(self) -> None:
+        """Copy the whole staging block to the device input block: one transfer."""
+        self.inputs.copy_(self.staging)
+
+    def host_views(
+        self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int
+    ) -> HostInputs:
+        """Staging views matching ``packed_views`` of the same sizes (numpy)."""
+        self._check_fits(tokens, lanes, prompt_capacity=prompt_capacity,
+                         decode_width=decode_width)
+        return HostInputs(**self._leading(self._host_inputs, tokens, lanes,
+                                          prompt_capacity, decode_width))
+
+    def _check_fits(
+        self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int
+    ) -> None:
+        if (tokens > self.max_tokens or lanes > self.max_lanes
+                or max(prompt_capacity, lanes * decode_width) > self.max_tokens):
+            raise ValueError("workspace smaller than the program; size it to the catalog")
+
+    @staticmethod
+    def _leading(views: dict[str, Any], tokens: int, lanes: int, prompt_capacity: int,
+                 decode_width: int) -> dict[str, Any]:
+        """A program's leading views of the input block (either side)."""
+        per = {name: {"token": tokens, "lane": lanes, "one": 1}[size]
+               for name, _, size in _INPUT_LAYOUT}
+        per["prompt_slots"] = prompt_capacity
+        per["decode_slots"] = lanes * decode_width
+        return {name: views[name][:per[name]] for name in per}
+
     def packed_views(
         self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int
     ) -> PackedBuffers:
         """Leading views for a program with ``tokens`` slots and ``lanes`` lanes."""
-        if (tokens > self.max_tokens or lanes > self.max_lanes
-                or max(prompt_capacity, lanes * decode_width) > self.max_tokens):
-            raise ValueError("workspace smaller than the program; size it to the catalog")
+        self._check_fits(tokens, lanes, prompt_capacity=prompt_capacity,
+                         decode_width=decode_width)
         views = {k: t[:tokens] for k, t in self._token.items()}
         views.update({k: t[:lanes] for k, t in self._lane.items()})
-        views["prompt_slots"] = self._token["prompt_slots"][:prompt_capacity]
-        views["decode_slots"] = self._token["decode_slots"][:lanes * decode_width]
-        views["prompt_lane"] = self._prompt_lane
+        views.update(self._leading(self._inputs, tokens, lanes, prompt_capacity, decode_width))
         return PackedBuffers(**views)
