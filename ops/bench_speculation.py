@@ -16,23 +16,39 @@ With ``--tiny`` it builds a random tiny Llama pair in a temporary directory.
 ``--scheduler-policy throughput`` runs every mode under the seed's throughput preset
 (token value only); the default is ``balanced``, as ``flare run``. ``--repeats N`` runs
 the modes N times, interleaved, and prints each cell's median.
+
+``--diagnose`` also prints, per mode and load (from ``rt.frame_log()``,
+``rt.statistics()`` and a timer around ``rt.scheduler.plan``): frames and output
+tokens per frame, the share of frames launched only after the previous frame was
+observed (the window ran empty) with the mean gap, device-busy share of the load's
+span, ``plan()`` calls per frame with mean wall and thread-CPU time per call, and the
+programs run. These separate host cost (planning, empty windows) from the choices.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import structlog
 import trio
 
 from actors.config import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR, RuntimeConfig
-from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
+from actors.public import (
+    Finished,
+    GenerationRequest,
+    RuntimeStatistics,
+    SamplingParams,
+    TokenDelta,
+)
 from actors.system import Runtime, open_runtime
 
 PROMPT_MODULES = ("argparse", "json", "textwrap", "heapq", "bisect", "fractions",
@@ -65,6 +81,8 @@ class Row:
     """Accepted / drafted tokens over the measured load (0 without speculation)."""
     speculative_share: float = 0.0
     """Speculative programs / all programs run over the measured load."""
+    diagnosis: str = field(default="", compare=False)
+    """``--diagnose`` figures for this load (empty otherwise)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every mode this many times, interleaved, and report the "
                              "median of each cell (a shared machine is noisy; default 1)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also print host-side figures per mode and load: empty-window "
+                             "launches, plan() cost per frame, device-busy share, programs run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -218,9 +239,12 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
         **({"draft_depth": mode.depth} if mode.speculation != "off" else {}))
     rows: list[Row] = []
     async with open_runtime(config) as rt:
+        timer = PlanTimer.install(rt) if getattr(args, "diagnose", False) else None
         for streams in loads:
             await warm_up(rt, streams, args)
             before = rt.statistics()
+            if timer is not None:
+                timer.reset()
             row = await run_load(rt, streams, args, max_tokens=args.max_tokens)
             after = rt.statistics()
             drafted = after.speculative_drafted_tokens - before.speculative_drafted_tokens
@@ -231,8 +255,61 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
             rows.append(Row(mode.label(), row.streams, row.tokens, row.seconds,
                             row.tokens_per_s, row.mean_itl_ms,
                             acceptance=accepted / drafted if drafted else 0.0,
-                            speculative_share=speculative / runs if runs else 0.0))
+                            speculative_share=speculative / runs if runs else 0.0,
+                            diagnosis=diagnose(rt, before, after, row, timer)
+                            if timer is not None else ""))
     return rows
+
+
+class PlanTimer:
+    """Wall and thread-CPU time of every ``plan()`` call (``--diagnose``)."""
+
+    def __init__(self, plan: Callable[[], object]) -> None:
+        self._plan = plan
+        self.wall_ns: list[int] = []
+        self.cpu_ns: list[int] = []
+
+    @classmethod
+    def install(cls, rt: Runtime) -> PlanTimer:
+        scheduler = rt.scheduler
+        timer = cls(scheduler.plan)
+        scheduler.plan = timer  # type: ignore[method-assign, assignment]
+        return timer
+
+    def reset(self) -> None:
+        self.wall_ns.clear()
+        self.cpu_ns.clear()
+
+    def __call__(self) -> object:
+        wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
+        try:
+            return self._plan()
+        finally:
+            self.cpu_ns.append(time.thread_time_ns() - cpu)
+            self.wall_ns.append(time.perf_counter_ns() - wall)
+
+
+def diagnose(rt: Runtime, before: RuntimeStatistics, after: RuntimeStatistics, row: Row,
+             timer: PlanTimer) -> str:
+    """One load's host-side figures (see the module docstring)."""
+    ran = dict(after.executions_by_graph)
+    for graph, count in before.executions_by_graph:
+        ran[graph] -= count
+    frames_run = sum(n for n in ran.values())
+    frames = list(rt.frame_log())[-frames_run:] if frames_run else []
+    gaps = [b.launched_ns - a.observed_ns for a, b in itertools.pairwise(frames)]
+    empty = [g for g in gaps if g >= 0]
+    span = frames[-1].observed_ns - frames[0].launched_ns if frames else 0
+    busy = sum(f.device_ns for f in frames)
+    calls = len(timer.wall_ns)
+    mix = ", ".join(f"{n} {g}" for g, n in sorted(ran.items(), key=lambda x: -x[1]) if n)
+    return (f"frames {frames_run}, {row.tokens / max(frames_run, 1):.2f} tok/frame; "
+            f"window empty at {len(empty)}/{len(gaps)} launches (mean gap "
+            f"{statistics.fmean(empty) / 1e6 if empty else 0.0:.2f} ms); device busy "
+            f"{busy / span if span else 0.0:.0%}; plan() {calls / max(frames_run, 1):.2f}/frame, "
+            f"{statistics.fmean(timer.wall_ns) / 1e6 if calls else 0.0:.2f} ms wall, "
+            f"{statistics.fmean(timer.cpu_ns) / 1e6 if calls else 0.0:.2f} ms cpu per call\n"
+            f"      programs: {mix}")
 
 
 def render(rows: list[Row]) -> str:
@@ -268,6 +345,10 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(r) for r in summary], sort_keys=True))
     else:
         print(render(summary))
+        if getattr(args, "diagnose", False):
+            print()
+            for r in rows:
+                print(f"{r.mode} @ {r.streams}: {r.tokens_per_s:.1f} tok/s\n    {r.diagnosis}")
     return 0
 
 

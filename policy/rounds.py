@@ -737,10 +737,12 @@ def ranked_rounds(
     optimistic: bool = False,
     keep_dominated: bool = False,
     every_cohort: bool = False,
+    limit: int | None = None,
 ) -> list[RoundCandidate]:
     """``round_candidates`` over a catalog's precomputed ``programs``; ``estimates_ns``
     aligned with ``programs.shapes`` (0 = unknown). The scheduler's per-decision path:
-    no shape is hashed or re-measured."""
+    no shape is hashed or re-measured. ``limit``: build only the best ``limit``
+    candidates (ordinary selection reads the first)."""
     spec, est = programs.shapes, estimates_ns
     live = [ln for ln in lanes if ln.request_limit > 0]
     if not spec or not live:
@@ -756,7 +758,7 @@ def ranked_rounds(
     if not keep_dominated:
         out = _dominance_filter(out, table.python_handles())
     out.sort(key=_rank)
-    return [c.candidate(table) if isinstance(c, _HostPick) else c for c in out]
+    return [c.candidate(table) if isinstance(c, _HostPick) else c for c in out[:limit]]
 
 
 def _rank(c: _Pick) -> tuple[float, ...]:

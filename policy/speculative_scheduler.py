@@ -184,7 +184,7 @@ class SpeculativeScheduler(Scheduler):
             return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx.waiting,
                                              ctx.exponent, ctx.start_ns) or ordinary
         ranked = ranked_rounds(lanes, programs, program_estimates, alpha=alpha,
-                               waiting=ctx.waiting, mode=self._mode)
+                               waiting=ctx.waiting, mode=self._mode, limit=1)
         best = ranked[0] if ranked else None  # best first (rank_key)
         winner = ordinary
         won_round = None  # the winning round, when a speculative round won
