@@ -10,6 +10,14 @@ wall interval runs from ``launch`` to the moment the worker publishes the comple
 
 A program that raises fails only its own launch (``ProgramFault``); the worker goes on.
 
+Staging at launch: a program with a ``stage(inputs)`` method (the packed step
+programs) validates and packs its frame into a host block inside ``launch``, on the
+caller's thread, while earlier frames still execute; the worker's ``bind`` then only
+applies state updates and uploads the block (``bind_staged``). The packing is host
+work the two-slot window hides instead of worker time between two executions. A
+staging error is kept and raised in the worker as that launch's ``bind`` fault, so the
+caller sees exactly what an unstaged ``bind`` would report.
+
 Intra-op threads: torch's pool is process-wide. By default the backend sets it to the
 usable cores minus one (at least one), leaving a core to the host runtime (trio
 actors, HTTP, tokenizer): on a 2-core machine that is one thread. Measured on a shared
@@ -48,6 +56,23 @@ class _Launch:
     program: PreparedProgram
     inputs: Mapping[str, Any]
     handle: LaunchHandle
+    staged: Any = None
+    """What ``program.stage(inputs)`` returned at launch (None: bind unstaged)."""
+    stage_error: Exception | None = None
+    """What ``program.stage(inputs)`` raised at launch (re-raised as the bind fault)."""
+
+
+def stage_launch(program: PreparedProgram, inputs: Mapping[str, Any],
+                 handle: LaunchHandle) -> _Launch:
+    """A launch, staged on the calling thread when the program supports staging."""
+    stage = getattr(program, "stage", None)
+    if stage is None or not hasattr(program, "bind_staged"):
+        return _Launch(program, inputs, handle)
+    try:
+        with torch.no_grad():
+            return _Launch(program, inputs, handle, staged=stage(inputs))
+    except Exception as exc:  # reported by the worker, in stream order
+        return _Launch(program, inputs, handle, stage_error=exc)
 
 
 _STOP = object()
@@ -80,7 +105,12 @@ def run_launch(launch: _Launch, clock_ns: Any = time.perf_counter_ns) -> None:
     stage = "bind"
     try:
         with torch.no_grad():
-            program.bind(launch.inputs)
+            if launch.stage_error is not None:
+                raise launch.stage_error
+            if launch.staged is not None:
+                program.bind_staged(launch.staged)  # type: ignore[attr-defined]
+            else:
+                program.bind(launch.inputs)
             stage = "execute"
             t0 = clock_ns()
             program.execute()
@@ -175,7 +205,7 @@ class CpuBackend:
                 raise ProgramNotPrepared(f"{program.shape.label()} was not prepared on cpu")
             handle = LaunchHandle(program.shape, sequence=self._sequence, launched_ns=launched_ns)
             self._sequence += 1
-            self._stream.submit(_Launch(program, inputs, handle))
+            self._stream.submit(stage_launch(program, inputs, handle))
         return handle
 
     def close(self) -> None:

@@ -116,6 +116,28 @@ class PackLimits:
     max_context: int
 
 
+def _read_only_arange(stop: int) -> np.ndarray:
+    values = np.arange(stop, dtype=np.int64)
+    values.setflags(write=False)
+    return values
+
+
+_IOTA = _read_only_arange(1024)
+
+
+def _iota(stop: int) -> np.ndarray:
+    """``0, 1, ..., stop-1`` as a read-only view of one cached array.
+
+    ``np.arange`` releases the GIL; on the CPU backend a worker thread that releases it
+    while the trio thread is busy waits up to the switch interval to get it back, so
+    ``bind`` slices this array instead of calling ``arange`` per frame.
+    """
+    global _IOTA
+    if len(_IOTA) < stop:
+        _IOTA = _read_only_arange(max(stop, 2 * len(_IOTA)))
+    return _IOTA[:stop]
+
+
 def pack_lanes(
     limits: PackLimits,
     *,
@@ -184,17 +206,18 @@ def pack_lanes(
     host.prompt_slots.fill(n)
     host.decode_slots.fill(n)
 
+    iota = _iota(max(total, n_lanes, width, prompt_start + n_prompt))
     offsets = np.array(starts, np.int64)
     lane_lengths = np.array(lengths, np.int64)
     host.lane_rows[:n_lanes] = rows
     host.sample_index[:n_lanes] = offsets + lane_lengths - 1
     host.valid[:total] = True
-    host.token_lane[:total] = np.repeat(np.arange(n_lanes, dtype=np.int64), lane_lengths)
+    host.token_lane[:total] = np.repeat(iota[:n_lanes], lane_lengths)
     decode = [lane for lane in range(n_lanes) if lane != prefill_row]
     if decode:
         # decode lanes: W tokens each from device state, at the lane's packed offset
         decode_starts = offsets[decode]
-        within = np.arange(width, dtype=np.int64)
+        within = iota[:width]
         decode_index = (decode_starts[:, None] + within).reshape(-1)
         host.from_state[decode_index] = True
         host.lane_offset[decode_index] = np.tile(within, len(decode))
@@ -206,11 +229,11 @@ def pack_lanes(
         start = starts[prefill_row]
         span = slice(start, start + n_prompt)
         host.host_token[span] = prompt_tokens
-        host.host_position[span] = np.arange(prompt_start, prompt_start + n_prompt)
+        host.host_position[span] = iota[prompt_start:prompt_start + n_prompt]
         host.next_token[start:start + n_prompt - 1] = prompt_tokens[1:]
         host.next_token[start + n_prompt - 1] = following_token
         host.absolute_position[prefill_row] = prompt_start + n_prompt
-        host.prompt_slots[:n_prompt] = np.arange(start, start + n_prompt)
+        host.prompt_slots[:n_prompt] = iota[start:start + n_prompt]
         host.prompt_lane[0] = prefill_row
         host.commits_token[prefill_row] = prompt_ends
     reports = tuple(lane != prefill_row or prompt_ends for lane in range(n_lanes))

@@ -17,7 +17,7 @@ lane samples stochastically) that ``execute`` follows; see ``gpu.programs.execut
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from gpu.frames import (
     LaneSample,
     MixedFrame,
     PrefillFrame,
+    StateUpdate,
     StepResult,
     frame_of,
 )
@@ -44,6 +45,16 @@ from gpu.sampling import sample
 from policy.descriptors import GraphKind, GraphShape
 
 _STEP_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.MIXED)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFrame:
+    """A validated frame packed into its own host block, ready for ``bind_staged``."""
+
+    program: StepProgram
+    pack: HostPack
+    updates: tuple[StateUpdate, ...]
+    block: np.ndarray
 
 
 class StepProgram:
@@ -83,9 +94,6 @@ class StepProgram:
         self.buffers = workspace.packed_views(
             tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
         )
-        self._host_inputs = workspace.host_views(
-            tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
-        )
         self._workspace = workspace
         self._bound: HostPack | None = None
         self.execution = execution or ExecutionOptions.static()
@@ -113,10 +121,26 @@ class StepProgram:
 
     # ------------------------------------------------------------------ bind
 
-    def pack(self, inputs: Mapping[str, Any]) -> tuple[HostPack, tuple[Any, ...]]:
-        """Validate a frame against this program and lay it out in the workspace's host
-        staging block (no device writes; the arrays stay valid until the next pack)."""
+    def stage(self, inputs: Mapping[str, Any]) -> StagedFrame:
+        """Validate a frame and pack it into a fresh host block; touches no device or
+        shared state, so a backend may call it at launch, off the stream, while earlier
+        frames still run (``bind_staged`` then only uploads it, in stream order)."""
         frame = frame_of(inputs)
+        self._state.validate_updates(frame.updates)
+        block = self._workspace.host_block()
+        pack, updates = self.pack(inputs, out=block)
+        return StagedFrame(program=self, pack=pack, updates=updates, block=block)
+
+    def pack(
+        self, inputs: Mapping[str, Any], *, out: np.ndarray | None = None
+    ) -> tuple[HostPack, tuple[Any, ...]]:
+        """Validate a frame against this program and lay it out in host block ``out``
+        (a fresh one when None); raises ``FrameError`` before writing anything."""
+        frame = frame_of(inputs)
+        lim = self.limits
+        host = self._workspace.host_views(
+            self._workspace.host_block() if out is None else out, lim.token_slots,
+            lim.lanes, prompt_capacity=lim.prompt_capacity, decode_width=lim.decode_width)
         kind = self._shape.kind
         if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
             if not isinstance(frame, PrefillFrame):
@@ -126,14 +150,14 @@ class StepProgram:
             pack = pack_lanes(
                 self.limits, rows=(frame.row,), prefill_row=0, prompt_tokens=frame.tokens,
                 prompt_start=frame.start_position, prompt_ends=frame.ends_prompt,
-                following_token=frame.following_token, out=self._host_inputs,
+                following_token=frame.following_token, out=host,
             )
         elif kind is GraphKind.DECODE:
             if not isinstance(frame, DecodeFrame):
                 raise FrameError(f"{self._shape.label()} takes a DecodeFrame")
             pack = pack_lanes(
                 self.limits, rows=frame.rows, prefill_row=NO_PROMPT_ROW, prompt_tokens=(),
-                prompt_start=0, prompt_ends=False, out=self._host_inputs,
+                prompt_start=0, prompt_ends=False, out=host,
             )
         else:
             if not isinstance(frame, MixedFrame):
@@ -141,16 +165,23 @@ class StepProgram:
             pack = pack_lanes(
                 self.limits, rows=frame.rows, prefill_row=frame.prefill_row,
                 prompt_tokens=frame.prompt_tokens, prompt_start=frame.prompt_start,
-                prompt_ends=frame.prompt_ends, out=self._host_inputs,
+                prompt_ends=frame.prompt_ends, out=host,
             )
         return pack, frame.updates
 
     def bind(self, inputs: Mapping[str, Any]) -> None:
-        pack, updates = self.pack(inputs)
-        self._state.apply_updates(updates)  # validates every update before writing
-        self._workspace.upload()  # the frame's host inputs: one copy into static buffers
-        self._choose_bounds(pack)
-        self._bound = pack
+        self.bind_staged(self.stage(inputs))
+
+    def bind_staged(self, staged: StagedFrame) -> None:
+        """Apply a staged frame's state updates, upload its host block in one copy and
+        choose the host bounds (in stream order, right before ``execute``)."""
+        if staged.program is not self:
+            raise FrameError(f"frame staged for {staged.program.shape.label()}, "
+                             f"bound to {self._shape.label()}")
+        self._state.apply_updates(staged.updates)
+        self._workspace.upload(staged.block)
+        self._choose_bounds(staged.pack)
+        self._bound = staged.pack
 
     def _choose_bounds(self, pack: HostPack) -> None:
         """Host-known bounds for the next ``execute`` (eager execution options only).

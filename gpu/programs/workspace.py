@@ -7,11 +7,15 @@ Programs run in stream order on one stream, so variants can share one workspace:
 frame's ``bind`` happens only after the previous frame's ``read_outputs``.
 
 The per-frame host inputs (token, slot and lane arrays) of every packed program live
-in ONE contiguous byte block on the device, each input a typed view at a fixed offset,
-mirrored by one host staging block of the same layout. ``bind`` packs a frame into the
-staging views (numpy, no device work) and ``upload`` moves the whole block over in a
-single copy: one host-to-device transfer per frame instead of one per input, and the
-device views never move, so captured programs keep reading the same addresses.
+in ONE contiguous byte block on the device, each input a typed view at a fixed offset
+(the device views never move, so captured programs keep reading the same addresses).
+A frame is packed on the host into a *host block* of the same layout (``host_block``,
+typed views through ``host_views``), off the stream when the backend stages frames
+at launch; ``upload`` then moves the whole block in a single copy: one host-to-device
+transfer per frame instead of one per input. On a CUDA device the copy goes through
+a pinned staging block; on the CPU it is one memcpy into the input block and no torch
+call at all (each one releases the GIL, and getting it back from a busy trio thread
+can take up to the interpreter's switch interval).
 
 Until a frame is bound, every lane addresses the sink row and every slot the sink page,
 so a warm-up or capture ``execute`` before the first ``bind`` mutates nothing.
@@ -130,35 +134,54 @@ class Workspace:
             size = sizes[per] * dtype.itemsize
             spans[name] = (offset, size, dtype)
             offset += size
-        pinned = torch.device(device).type == "cuda"
-        self.staging = torch.zeros(offset, dtype=torch.uint8, pin_memory=pinned)
-        """Host staging block (pinned for CUDA): ``bind`` packs a frame here."""
-        staging = self.staging.numpy()
-        self._host_inputs = {
-            name: staging[start:start + size].view(_NUMPY[dtype])
-            for name, (start, size, dtype) in spans.items()
-        }
-        self._host_inputs["lane_rows"][:] = sink_row
-        self._host_inputs["absolute_position"][:] = -1
-        self.inputs = self.staging.to(device, copy=True)
+        self._spans = spans
+        self._on_host = torch.device(device).type == "cpu"
+        staging = torch.zeros(offset, dtype=torch.uint8,
+                              pin_memory=torch.device(device).type == "cuda")
+        defaults = self._typed(staging.numpy())
+        defaults["lane_rows"][:] = sink_row
+        defaults["absolute_position"][:] = -1
+        self.inputs = staging if self._on_host else staging.to(device)
         """Device input block: every packed program's host inputs are views of it."""
+        self._staging = staging
+        self._staging_bytes = staging.numpy()
+        """Pinned staging (a device), or the input block itself (the CPU)."""
+        self._default_bytes = self._staging_bytes.copy()
+        """Every input at its unbound default (sink row, no absolute position)."""
         self._inputs = {
             name: self.inputs[start:start + size].view(dtype)
             for name, (start, size, dtype) in spans.items()
         }
 
-    def upload(self) -> None:
-        """Copy the whole staging block to the device input block: one transfer."""
-        self.inputs.copy_(self.staging)
+    def _typed(self, block: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: block[start:start + size].view(_NUMPY[dtype])
+                for name, (start, size, dtype) in self._spans.items()}
+
+    def host_block(self) -> np.ndarray:
+        """A fresh host block in the input layout, every input at its unbound default
+        (pack a frame into it; inputs outside the program's views keep the defaults)."""
+        return self._default_bytes.copy()
 
     def host_views(
-        self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int
+        self, block: np.ndarray, tokens: int, lanes: int, *, prompt_capacity: int,
+        decode_width: int,
     ) -> HostInputs:
-        """Staging views matching ``packed_views`` of the same sizes (numpy)."""
+        """Typed views of ``block`` matching ``packed_views`` of the same sizes."""
         self._check_fits(tokens, lanes, prompt_capacity=prompt_capacity,
                          decode_width=decode_width)
-        return HostInputs(**self._leading(self._host_inputs, tokens, lanes,
+        if block.shape != self._staging_bytes.shape or block.dtype != np.uint8:
+            raise ValueError("not a host block of this workspace")
+        return HostInputs(**self._leading(self._typed(block), tokens, lanes,
                                           prompt_capacity, decode_width))
+
+    def upload(self, block: np.ndarray) -> None:
+        """Copy a packed host block into the input block in one transfer (call in
+        stream order, inside ``bind``)."""
+        # memoryview assignment: a memcpy that keeps the GIL (numpy releases it for
+        # copies this size, and the worker may then wait a switch interval for it)
+        memoryview(self._staging_bytes)[:] = memoryview(block)
+        if not self._on_host:
+            self.inputs.copy_(self._staging)
 
     def _check_fits(
         self, tokens: int, lanes: int, *, prompt_capacity: int, decode_width: int
