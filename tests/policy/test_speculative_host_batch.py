@@ -24,6 +24,8 @@ from policy.rounds import (
     SpeculativeLane,
     _host_batch,
     _host_candidates,
+    _host_picks,
+    _HostPick,
     _LaneTable,
     _width,
     rank_key,
@@ -131,6 +133,22 @@ def test_sel_25_27_list_path_equals_numpy_batch_to_the_bit(seed: int) -> None:
         assert len(got) == len(want)
         for a, b in zip(got, want, strict=True):
             same(a, b)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_dur_24_pick_rank_equals_rank_key_of_its_candidate(seed: int) -> None:
+    """A pick ranks (DUR-22..24) exactly as the candidate it becomes, so sorting picks
+    before building them keeps the order."""
+    rng = random.Random(100 + seed)
+    shapes = catalog(rng)
+    table = _LaneTable(lanes(rng, rng.randint(1, 8), ties=seed % 2 == 0), 5, alpha=1.0,
+                       optimistic=False)
+    estimates = [0 if rng.random() < 0.3 else rng.randint(3, 40) * 1_000_000 for _ in shapes]
+    picks = _host_picks(shapes, estimates, table, 0.05, SpeculationMode.ADAPTIVE)
+    built = [p for p in picks if isinstance(p, _HostPick)]
+    assert built
+    for p in built:
+        assert p.rank() == rank_key(p.candidate(table))
 
 
 def test_sel_25_lane_without_room_takes_the_per_program_path() -> None:
