@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policy.service import Normalizers
 from policy.types import Fence, RequestHandle, ScheduledPlan, SelectionReason
@@ -117,14 +117,31 @@ class FrameQueue:
     def push(self, frame: QueuedFrame) -> None:
         self._frames.append(frame)
 
-    def pop(self, fence: Fence) -> QueuedFrame | None:
+    def pop(self, fence: Fence, now_ns: int | None = None) -> QueuedFrame | None:
         """Remove the oldest frame if it carries ``fence``; completions arrive in order.
 
-        Any completion clears an overrun (QUEUE-39)."""
+        Any completion clears an overrun (QUEUE-39). ``now_ns``: the completion's
+        instant. A frame queued behind the completed one could not start before it, so
+        its planning interval moves to start no earlier than ``now_ns`` (same expected
+        duration; the frames behind it follow). Without this, a frame queued behind a
+        late one inherits its lateness and "overruns" its expected end although it ran
+        its own estimate (OPEN-31: an overrun is a frame still running past *its*
+        expected end), which suspended queueing on every third frame of a steady
+        decode stream (docs/benchmarks-speculation.md)."""
         if not self._frames or self._frames[0].fence != fence:
             return None
         self._overrun = False
-        return self._frames.popleft()
+        done = self._frames.popleft()
+        if now_ns is not None:
+            start = now_ns
+            for k, frame in enumerate(self._frames):
+                if frame.expected_start_ns < start:
+                    duration = frame.expected_end_ns - frame.expected_start_ns
+                    frame = replace(frame, expected_start_ns=start,
+                                    expected_end_ns=start + duration)
+                    self._frames[k] = frame
+                start = frame.expected_end_ns
+        return done
 
     def frames_for(self, handle: RequestHandle) -> list[QueuedFrame]:
         return [f for f in self._frames if handle in f.plan.handles()]

@@ -425,7 +425,7 @@ class Scheduler:
         lane_handles = {lane.handle for lane in head.plan.lanes}
         self._failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
         # ---- nothing has changed before this point ----
-        self._queue.pop(fence)
+        self._queue.pop(fence, self._now_ns)
         # Expected ends of the frames still queued, per handle they carry (QUEUE-43).
         queued_ends: dict[RequestHandle, set[int]] = {}
         for frame in self._queue:

@@ -102,6 +102,30 @@ def test_queue_39_40_overrun_suspends_queueing_until_feedback() -> None:
     assert queued is not None and s.window_ready(queued)
 
 
+def test_queue_38_39_queued_frame_does_not_inherit_a_late_predecessor() -> None:
+    """Covers QUEUE-38, QUEUE-39, OPEN-31: the frame queued behind a late one starts
+    when that one completes, so it overruns only past its own expected duration."""
+    s = two_decoders()
+    first = s.plan()
+    assert first is not None
+    s.commit(first, Fence(1))
+    second = s.plan()
+    assert second is not None and s.window_ready(second)
+    s.commit(second, Fence(2))
+    late = first.estimated_duration_ns // 2
+    s.advance_to(s.now_ns + first.estimated_duration_ns + late)  # the head runs late
+    s.complete(Fence(1), records_for(first), timing(first.estimated_duration_ns + late))
+    assert s.window_open()
+    # Past the second frame's chained end (first end + its duration), not past its own.
+    s.advance_to(s.now_ns + second.estimated_duration_ns - late + 1)
+    assert s.window_open()
+    third = s.plan()
+    assert third is not None and s.window_ready(third)
+    # Past its own expected end: an overrun suspends queueing (QUEUE-39).
+    s.advance_to(s.now_ns + late)
+    assert not s.window_open()
+
+
 def test_queue_37_no_millisecond_cap_on_queued_frames() -> None:
     """Covers QUEUE-37: a 10 s frame queues behind a 10 s frame."""
     slow = {decode(2): 10_000 * MS}
