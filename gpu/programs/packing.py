@@ -1,5 +1,6 @@
 """Host-side packing: turn a frame into the per-slot and per-lane arrays a packed
-program uploads (written into the workspace's staging block, uploaded in one copy).
+program uploads (written into a host block in the workspace's input layout, which
+``bind`` uploads in one copy).
 
 Owns the *Mixed execution contract* layout: every lane has a logical query length;
 packed token offsets are prefix sums of those lengths in dense lane order,
@@ -34,8 +35,9 @@ def packed_offsets(query_lengths: Sequence[int]) -> np.ndarray:
 class HostInputs:
     """The host arrays a packed program uploads, sized to the program's capacities.
 
-    ``Workspace.host_views`` hands out views of its one staging block (so a frame's
-    inputs reach the device in one copy); ``HostInputs.allocate`` gives fresh arrays.
+    ``Workspace.host_views`` gives typed views of a host block in the workspace's input
+    layout (so a frame's inputs reach the device in one copy); ``HostInputs.allocate``
+    gives separate fresh arrays.
     """
 
     # per packed token slot [N]
@@ -78,7 +80,7 @@ class HostPack:
     """One packed frame: its host input arrays and the layout facts read back later.
 
     The arrays are the ``HostInputs`` the frame was packed into (for a program, views
-    of the workspace's staging block, valid until the next frame is packed there).
+    of the frame's own host block).
     """
 
     host_token: np.ndarray
