@@ -11,7 +11,8 @@ wall interval runs from ``launch`` to the moment the worker publishes the comple
 A program that raises fails only its own launch (``ProgramFault``); the worker goes on.
 
 Staging at launch: a program with a ``stage(inputs)`` method (the packed step
-programs) validates and packs its frame into a host block inside ``launch``, on the
+programs, their draft-maintaining wrappers and the complete speculative programs)
+validates and packs its frame into a host block inside ``launch``, on the
 caller's thread, while earlier frames still execute; the worker's ``bind`` then only
 applies state updates and uploads the block (``bind_staged``). The packing is host
 work the two-slot window hides instead of worker time between two executions. A

@@ -36,7 +36,7 @@ from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
 from gpu.model_config import load_model_config
 from gpu.programs.state_ops import StateOpProgram
-from gpu.programs.step import StepProgram
+from gpu.programs.step import StagedFrame, StepProgram
 from gpu.request_state import RequestState
 from gpu.weights import load_weights
 from policy.descriptors import GraphKind, GraphShape, StateOp
@@ -129,6 +129,13 @@ class DraftMaintainingProgram:
 
     def bind(self, inputs: Mapping[str, Any]) -> None:
         self.inner.bind(inputs)
+
+    def stage(self, inputs: Mapping[str, Any]) -> StagedFrame:
+        """The wrapped program's staging (a backend stages launches through it)."""
+        return self.inner.stage(inputs)
+
+    def bind_staged(self, staged: StagedFrame) -> None:
+        self.inner.bind_staged(staged)
 
     def execute(self) -> None:
         b, st, ds = self.inner.buffers, self.draft_state.state, self.draft_state

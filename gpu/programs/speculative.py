@@ -26,7 +26,14 @@ One prepared execution (CAT-10) does the whole round for up to B lanes:
 Width-one programs (``D = 0``) feed the pending token to target and draft alike and
 sample exactly what ordinary decoding samples, keeping the draft context current so
 wider rounds can resume (SPEC-5). Idle lanes address the sink row and sink page and
-mutate nothing. ``execute`` is capturable: fixed shapes, no host sync. Under the CPU's
+mutate nothing. ``execute`` is capturable: fixed shapes, no host sync.
+
+Host inputs are staged like the step programs' (``gpu.programs.workspace``): ``stage``
+validates a frame and packs its lane rows and limits (mixed: and the prompt chunk)
+into a fresh host block of the program's ``InputBlock``, with no device or shared
+state touched, so the CPU backend runs it at launch on the caller's thread;
+``bind_staged`` then applies the frame's state updates, uploads the block in one copy
+and chooses the host bounds. ``bind`` is the two in a row. Under the CPU's
 eager execution options (``gpu.programs.execution``) ``bind`` also chooses host-known
 bounds: the context attention reads, argmax verification when every lane is greedy
 (``verify_greedy``, the same result), and whether the last draft step can matter
@@ -56,7 +63,7 @@ from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
-from gpu.programs.workspace import Workspace
+from gpu.programs.workspace import InputBlock, Workspace
 from gpu.request_state import RequestState
 from gpu.speculative import (
     PAD_TOKEN,
@@ -132,6 +139,21 @@ class SpeculativeResult:
     survival: np.ndarray
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagedRound:
+    """A validated speculative frame packed into its own host block, ready for
+    ``bind_staged``: the frame, its state updates, the block, and what the host bounds
+    need (the lanes' rows and limits, and a prompt chunk's end for mixed frames)."""
+
+    program: SpeculativeProgram
+    frame: Any
+    updates: tuple[StateUpdate, ...]
+    block: np.ndarray
+    rows: tuple[int, ...]
+    limits: tuple[int, ...]
+    extra_end: int = 0
+
+
 class SpeculativeProgram:
     """A prepared complete speculative program of one ``GraphShape``."""
 
@@ -157,8 +179,11 @@ class SpeculativeProgram:
             raise ValueError(f"{shape.label()}: device allocation needs P >= B")
         dev = state.pending_token.device
         i64, f32 = torch.int64, torch.float32
-        self.lane_rows = torch.full((b,), state.sink_row, dtype=i64, device=dev)
-        self.lane_limit = torch.zeros(b, dtype=i64, device=dev)
+        self.input_block = InputBlock(self._input_layout(shape), device=str(dev),
+                                  defaults=self._input_defaults(state))
+        """The per-frame host inputs: one block, staged off the stream, one upload."""
+        self.lane_rows = self.input_block.views["lane_rows"]
+        self.lane_limit = self.input_block.views["lane_limit"]
         top = min(TOP_LOGPROBS, decoder.config.vocab_size)
         self.out_tokens = torch.full((b, w), PAD_TOKEN, dtype=i64, device=dev)
         self.out_logprobs = torch.zeros((b, w), dtype=f32, device=dev)
@@ -225,14 +250,44 @@ class SpeculativeProgram:
             raise FrameError(f"query lengths sum {sum(limits)} exceeds P={self.rows_total}")
         return frame
 
-    def bind(self, inputs: Mapping[str, Any]) -> None:
+    def _input_layout(self, shape: GraphShape) -> list[tuple[str, torch.dtype, int]]:
+        """The per-frame host inputs: each lane's state row and limit."""
+        b = shape.batch_capacity
+        return [("lane_rows", torch.int64, b), ("lane_limit", torch.int64, b)]
+
+    def _input_defaults(self, state: RequestState) -> dict[str, int | bool]:
+        """Unbound inputs: every lane on the sink row, limit 0 (idle)."""
+        return {"lane_rows": state.sink_row}
+
+    def stage(self, inputs: Mapping[str, Any]) -> StagedRound:
+        """Validate a frame and pack it into a fresh host block; touches no device or
+        shared state, so a backend may call it at launch, off the stream, while earlier
+        frames still run (``bind_staged`` then only applies updates and uploads it)."""
         frame = self.validate(inputs.get(FRAME_KEY))
         self._state.validate_updates(frame.updates)
-        self._state.apply_updates(frame.updates)
-        pad = self.batch - len(frame.rows)
-        self.lane_rows.copy_(torch.tensor(list(frame.rows) + [self._state.sink_row] * pad))
-        self.lane_limit.copy_(torch.tensor(list(frame.limits) + [0] * pad))
-        self._choose_bounds(frame.rows, frame.limits)
+        block = self.input_block.host_block()
+        host = self.input_block.host_views(block)
+        lanes = len(frame.rows)
+        host["lane_rows"][:lanes] = frame.rows
+        host["lane_limit"][:lanes] = frame.limits
+        return StagedRound(program=self, frame=frame, updates=frame.updates, block=block,
+                           rows=frame.rows, limits=frame.limits)
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        self.bind_staged(self.stage(inputs))
+
+    def bind_staged(self, staged: StagedRound) -> None:
+        """Apply a staged frame's state updates, upload its host block in one copy and
+        choose the host bounds (in stream order, right before ``execute``)."""
+        if staged.program is not self:
+            raise FrameError(f"frame staged for {staged.program.shape.label()}, "
+                             f"bound to {self._shape.label()}")
+        self._state.apply_updates(staged.updates)
+        self.input_block.upload(staged.block)
+        self._choose_bounds(staged.rows, staged.limits, extra_end=staged.extra_end)
+        self._bound_frame(staged.frame)
+
+    def _bound_frame(self, frame: Any) -> None:
         self._bound = frame
 
     def _choose_bounds(self, rows: Sequence[int], limits: Sequence[int], *,
@@ -251,18 +306,20 @@ class SpeculativeProgram:
         opts, st = self.execution, self._state
         if not opts.host_bounds:
             return
-        active = torch.as_tensor([r for r, n in zip(rows, limits, strict=True) if n > 0],
-                                 dtype=torch.int64)
+        active = [r for r, n in zip(rows, limits, strict=True) if n > 0]
+        host = st.host_views  # CPU: read through numpy views, no tensor round trip
         if opts.dynamic_context:
             self.caches_last_draft = max(limits, default=0) >= self.width
             geo = self._cache.geometry
-            positions = st.position.index_select(0, active.to(st.position.device)).cpu()
-            end = max(int(positions.max()) + self.width if len(active) else 0, extra_end)
+            positions = (host["position"][active] if host is not None
+                         else _gather_to_host(st.position, active))
+            end = max(int(positions.max()) + self.width if active else 0, extra_end)
             self.context_blocks = context_blocks(
                 min(end, geo.max_context), page_size=geo.page_size,
                 blocks_per_row=geo.blocks_per_row)
         if opts.greedy_shortcut:
-            temperature = st.temperature.index_select(0, active.to(st.temperature.device))
+            temperature = (host["temperature"][active] if host is not None
+                           else _gather_to_host(st.temperature, active))
             self.any_sampled = bool((~(temperature <= 0.0)).any())  # filtered_probs' test
 
     # --------------------------------------------------------------- execute
@@ -486,6 +543,12 @@ class SpeculativeProgram:
         return {RESULT_KEY: SpeculativeResult(
             lanes=tuple(lanes), confidence=self.out_confidence.cpu().numpy().copy(),
             survival=survival.copy())}
+
+
+def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
+    """``values[rows]`` copied to a host array (a device round trip)."""
+    index = torch.as_tensor(rows, dtype=torch.int64, device=values.device)
+    return values.index_select(0, index).cpu().numpy()
 
 
 def attach_speculation(

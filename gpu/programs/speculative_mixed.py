@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu.frames import (
@@ -30,7 +31,13 @@ from gpu.frames import (
     StateUpdate,
 )
 from gpu.model.decoder import PackedBatch, PhaseSplit
-from gpu.programs.speculative import SpeculativeFrame, SpeculativeProgram, SpeculativeResult
+from gpu.programs.speculative import (
+    SpeculativeFrame,
+    SpeculativeProgram,
+    SpeculativeResult,
+    StagedRound,
+)
+from gpu.request_state import RequestState
 from gpu.sampling import sample
 from gpu.speculative import PackedLayout
 from policy.descriptors import GraphKind, GraphShape
@@ -79,13 +86,14 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         st = self._state
         dev = st.pending_token.device
         self.chunk = shape.prefill_capacity
-        self.prompt_row = torch.full((1,), st.sink_row, dtype=torch.int64, device=dev)
-        self.prompt_lane = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.prompt_tokens = torch.zeros(self.chunk, dtype=torch.int64, device=dev)
-        self.prompt_positions = torch.zeros(self.chunk, dtype=torch.int64, device=dev)
-        self.prompt_valid = torch.zeros(self.chunk, dtype=torch.bool, device=dev)
-        self.prompt_ends = torch.zeros(1, dtype=torch.bool, device=dev)
-        self.prompt_end_position = torch.zeros(1, dtype=torch.int64, device=dev)
+        views = self.input_block.views  # the prompt chunk's inputs share the lanes' block
+        self.prompt_row = views["prompt_row"]
+        self.prompt_lane = views["prompt_lane"]
+        self.prompt_tokens = views["prompt_tokens"]
+        self.prompt_positions = views["prompt_positions"]
+        self.prompt_valid = views["prompt_valid"]
+        self.prompt_ends = views["prompt_ends"]
+        self.prompt_end_position = views["prompt_end_position"]
         self.out_prompt_token = torch.zeros(1, dtype=torch.int64, device=dev)
         self.out_prompt_logprob = torch.zeros(1, dtype=torch.float32, device=dev)
         self.out_prompt_finite = torch.zeros(1, dtype=torch.bool, device=dev)
@@ -94,26 +102,39 @@ class SpeculativeMixedProgram(SpeculativeProgram):
 
     # ------------------------------------------------------------------ bind
 
-    def bind(self, inputs: Mapping[str, Any]) -> None:
+    def _input_layout(self, shape: GraphShape) -> list[tuple[str, torch.dtype, int]]:
+        """The lanes' inputs plus the prompt chunk's (int64 first, then bool)."""
+        c, i64 = shape.prefill_capacity, torch.int64
+        return [
+            *super()._input_layout(shape), ("prompt_row", i64, 1), ("prompt_lane", i64, 1), ("prompt_tokens", i64, c),
+            ("prompt_positions", i64, c), ("prompt_end_position", i64, 1),
+            ("prompt_valid", torch.bool, c), ("prompt_ends", torch.bool, 1)]
+
+    def _input_defaults(self, state: RequestState) -> dict[str, int | bool]:
+        return {**super()._input_defaults(state), "prompt_row": state.sink_row}
+
+    def stage(self, inputs: Mapping[str, Any]) -> StagedRound:
         frame = self._validate_mixed(inputs.get(FRAME_KEY))
         has_prompt = frame.prefill_row != NO_PROMPT_ROW
         self._state.validate_updates(frame.updates)
-        self._state.apply_updates(frame.updates)
-        pad = self.batch - len(frame.rows)
-        self.lane_rows.copy_(torch.tensor(list(frame.rows) + [self._state.sink_row] * pad))
-        self.lane_limit.copy_(torch.tensor(list(frame.limits) + [0] * pad))
-        count = len(frame.prompt_tokens)
-        tokens = list(frame.prompt_tokens) + [0] * (self.chunk - count)
-        self.prompt_tokens.copy_(torch.tensor(tokens))
-        self.prompt_positions.copy_(torch.arange(self.chunk) + frame.prompt_start)
-        self.prompt_valid.copy_(torch.arange(self.chunk) < count)
+        block = self.input_block.host_block()
+        host = self.input_block.host_views(block)
+        lanes, count = len(frame.rows), len(frame.prompt_tokens)
+        host["lane_rows"][:lanes] = frame.rows
+        host["lane_limit"][:lanes] = frame.limits
+        host["prompt_tokens"][:count] = frame.prompt_tokens
+        host["prompt_positions"][:] = np.arange(self.chunk, dtype=np.int64) + frame.prompt_start
+        host["prompt_valid"][:count] = True
         lane = frame.prefill_row if has_prompt else 0
-        self.prompt_lane.fill_(lane)
-        self.prompt_row.fill_(frame.rows[lane] if has_prompt else self._state.sink_row)
-        self.prompt_ends.fill_(has_prompt and frame.prompt_ends)
-        self.prompt_end_position.fill_(frame.prompt_start + count)
-        self._choose_bounds(frame.rows, frame.limits,
-                            extra_end=frame.prompt_start + count if has_prompt else 0)
+        host["prompt_lane"][0] = lane
+        host["prompt_row"][0] = frame.rows[lane] if has_prompt else self._state.sink_row
+        host["prompt_ends"][0] = has_prompt and frame.prompt_ends
+        host["prompt_end_position"][0] = frame.prompt_start + count
+        return StagedRound(program=self, frame=frame, updates=frame.updates, block=block,
+                           rows=frame.rows, limits=frame.limits,
+                           extra_end=frame.prompt_start + count if has_prompt else 0)
+
+    def _bound_frame(self, frame: Any) -> None:
         self._bound = SpeculativeFrame(rows=frame.rows, limits=frame.limits)
         self._mixed_frame = frame
 

@@ -23,6 +23,7 @@ so a warm-up or capture ``execute`` before the first ``bind`` mutates nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,8 @@ _INPUT_LAYOUT: tuple[tuple[str, torch.dtype, str], ...] = (
     ("from_state", torch.bool, "token"), ("valid", torch.bool, "token"),
     ("commits_token", torch.bool, "lane"),
 )
-_NUMPY = {torch.int64: np.dtype(np.int64), torch.bool: np.dtype(np.bool_)}
+_NUMPY = {torch.int64: np.dtype(np.int64), torch.bool: np.dtype(np.bool_),
+          torch.float32: np.dtype(np.float32)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,3 +212,55 @@ class Workspace:
         views.update({k: t[:lanes] for k, t in self._lane.items()})
         views.update(self._leading(self._inputs, tokens, lanes, prompt_capacity, decode_width))
         return PackedBuffers(**views)
+
+
+class InputBlock:
+    """A program's own per-frame host inputs in one contiguous device block (the
+    speculative programs' lane rows, limits and prompt chunk), with the same staging
+    contract as the workspace's input block: a frame is packed into a ``host_block``
+    (typed views through ``host_views``) off the stream, and ``upload`` moves it in a
+    single copy. The device views (``views``) never move, so captured programs keep
+    reading the same addresses.
+    """
+
+    def __init__(self, layout: Sequence[tuple[str, torch.dtype, int]], *, device: str,
+                 defaults: Mapping[str, int | bool] | None = None) -> None:
+        """``layout``: ``(name, dtype, count)`` per input; ``defaults``: each input's
+        unbound value (0 unless given)."""
+        spans: dict[str, tuple[int, int, torch.dtype]] = {}
+        offset = 0
+        for name, dtype, count in layout:
+            offset = -(-offset // dtype.itemsize) * dtype.itemsize  # align each view
+            spans[name] = (offset, count * dtype.itemsize, dtype)
+            offset += count * dtype.itemsize
+        self._spans = spans
+        self._on_host = torch.device(device).type == "cpu"
+        staging = torch.zeros(max(offset, 1), dtype=torch.uint8,
+                              pin_memory=torch.device(device).type == "cuda")
+        self._staging, self._staging_bytes = staging, staging.numpy()
+        for name, value in (defaults or {}).items():
+            self.host_views(self._staging_bytes)[name][:] = value
+        self._default_bytes = self._staging_bytes.copy()
+        self.block = staging if self._on_host else staging.to(device)
+        """The device block every input is a view of."""
+        self.views = {name: self.block[start:start + size].view(dtype)
+                      for name, (start, size, dtype) in spans.items()}
+        """Typed device views by input name, at their unbound defaults until a bind."""
+
+    def host_block(self) -> np.ndarray:
+        """A fresh host block, every input at its unbound default."""
+        return self._default_bytes.copy()
+
+    def host_views(self, block: np.ndarray) -> dict[str, np.ndarray]:
+        """Typed views of a host block of this layout, by input name."""
+        if block.shape != self._staging_bytes.shape or block.dtype != np.uint8:
+            raise ValueError("not a host block of this input block")
+        return {name: block[start:start + size].view(_NUMPY[dtype])
+                for name, (start, size, dtype) in self._spans.items()}
+
+    def upload(self, block: np.ndarray) -> None:
+        """Copy a packed host block into the device block in one transfer (call in
+        stream order, inside ``bind``); on the CPU a memcpy that keeps the GIL."""
+        memoryview(self._staging_bytes)[:] = memoryview(block)
+        if not self._on_host:
+            self.block.copy_(self._staging)
