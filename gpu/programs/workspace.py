@@ -17,6 +17,9 @@ a pinned staging block; on the CPU it is one memcpy into the input block and no 
 call at all (each one releases the GIL, and getting it back from a busy trio thread
 can take up to the interpreter's switch interval).
 
+``InputBlock`` is the same contract for a program's own inputs: the complete
+speculative programs keep their lane rows, limits and prompt chunk in one.
+
 Until a frame is bound, every lane addresses the sink row and every slot the sink page,
 so a warm-up or capture ``execute`` before the first ``bind`` mutates nothing.
 """
