@@ -70,6 +70,15 @@ def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
     )
 
 
+def _fail_lane(lane: Lane, problem: str, records: list[CompletionRecord],
+               failures: list[LaneFailure], logprobs: list[tuple[float, ...]]) -> None:
+    """Record one malformed lane: it fails alone, with a clear message."""
+    records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
+    failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
+                                message=f"malformed completion: {problem}"))
+    logprobs.append(())
+
+
 def _sample_problem(sample: LaneSample, context: LaneContext, vocab_size: int) -> str | None:
     if sample.row != context.row:
         return f"sample for state row {sample.row}, expected row {context.row}"
@@ -119,10 +128,7 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
             if problem is None and lane.token_ceiling < 1:
                 problem = "output beyond the lane's ceiling"
         if problem is not None:
-            records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
-            failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
-                                        message=f"malformed completion: {problem}"))
-            logprobs.append(())
+            _fail_lane(lane, problem, records, failures, logprobs)
             continue
         tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
         records.append(CompletionRecord(
@@ -182,10 +188,7 @@ def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> 
         if problem is None:
             problem = _lane_problem(spec, context, lane.token_ceiling, vocab_size)
         if problem is not None:
-            records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
-            failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
-                                        message=f"malformed completion: {problem}"))
-            logprobs.append(())
+            _fail_lane(lane, problem, records, failures, logprobs)
             continue
         stop = next((i for i, t in enumerate(spec.tokens) if t in context.eos_token_ids),
                     None)

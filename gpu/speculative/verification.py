@@ -92,6 +92,27 @@ def _clipped_ratios(
     return clipped, present, safe_drafts
 
 
+def _assemble(*, draft_tokens: torch.Tensor, lengths: torch.Tensor, accepted: torch.Tensor,
+              final: torch.Tensor, survival: torch.Tensor,
+              evaluated: torch.Tensor) -> Verification:
+    """The emitted rows of a verification: the accepted drafts, then the final token,
+    ``PAD_TOKEN`` after it; inactive lanes (length 0) emit nothing."""
+    batch, depth = draft_tokens.shape
+    device = draft_tokens.device
+    active = lengths > 0
+    emitted = torch.where(active, accepted + 1, 0)
+    w = torch.arange(depth + 1, device=device, dtype=torch.int64)[None, :]
+    padded_drafts = torch.cat(
+        [draft_tokens, torch.full((batch, 1), PAD_TOKEN, dtype=torch.int64, device=device)], dim=1
+    )
+    tokens = torch.where(w < accepted[:, None], padded_drafts, PAD_TOKEN)
+    tokens = torch.where((w == accepted[:, None]) & active[:, None], final[:, None], tokens)
+    return Verification(
+        tokens=tokens, emitted=emitted, accepted=torch.where(active, accepted, 0),
+        next_token=final, survival=survival, evaluated=evaluated,
+    )
+
+
 def verify_drafts(
     *,
     draft_tokens: torch.Tensor,
@@ -153,18 +174,8 @@ def verify_drafts(
     noise = gumbel_noise(seed, position + accepted, vocab)  # the ordinary sampler's stream
     final = (torch.log(weights) + noise).argmax(dim=-1)
 
-    active = lengths > 0
-    emitted = torch.where(active, accepted + 1, 0)
-    w = torch.arange(width, device=device, dtype=torch.int64)[None, :]
-    padded_drafts = torch.cat(
-        [draft_tokens, torch.full((batch, 1), PAD_TOKEN, dtype=torch.int64, device=device)], dim=1
-    )
-    tokens = torch.where(w < accepted[:, None], padded_drafts, PAD_TOKEN)
-    tokens = torch.where((w == accepted[:, None]) & active[:, None], final[:, None], tokens)
-    return Verification(
-        tokens=tokens, emitted=emitted, accepted=torch.where(active, accepted, 0),
-        next_token=final, survival=survival.float(), evaluated=evaluated,
-    )
+    return _assemble(draft_tokens=draft_tokens, lengths=lengths, accepted=accepted,
+                     final=final, survival=survival.float(), evaluated=evaluated)
 
 
 def verify_greedy(
@@ -201,18 +212,8 @@ def verify_greedy(
     accepted = (verified & match).to(torch.int64).cumprod(dim=1).sum(dim=1)
     survival = torch.where(verified, match.to(torch.float32).cumprod(dim=1), 0.0)
     final = target_tokens.gather(1, accepted[:, None]).squeeze(1)
-    active = lengths > 0
-    emitted = torch.where(active, accepted + 1, 0)
-    w = torch.arange(width, device=device, dtype=torch.int64)[None, :]
-    padded_drafts = torch.cat(
-        [draft_tokens, torch.full((batch, 1), PAD_TOKEN, dtype=torch.int64, device=device)], dim=1
-    )
-    tokens = torch.where(w < accepted[:, None], padded_drafts, PAD_TOKEN)
-    tokens = torch.where((w == accepted[:, None]) & active[:, None], final[:, None], tokens)
-    return Verification(
-        tokens=tokens, emitted=emitted, accepted=torch.where(active, accepted, 0),
-        next_token=final, survival=survival, evaluated=evaluated,
-    )
+    return _assemble(draft_tokens=draft_tokens, lengths=lengths, accepted=accepted,
+                     final=final, survival=survival, evaluated=evaluated)
 
 
 def speculative_survival(
