@@ -184,7 +184,7 @@ class Workspace:
         stream order, inside ``bind``)."""
         # memoryview assignment: a memcpy that keeps the GIL (numpy releases it for
         # copies this size, and the worker may then wait a switch interval for it)
-        memoryview(self._staging_bytes)[:] = memoryview(block)
+        self._staging_bytes.data[:] = block.data
         if not self._on_host:
             self.inputs.copy_(self._staging)
 
@@ -264,6 +264,6 @@ class InputBlock:
     def upload(self, block: np.ndarray) -> None:
         """Copy a packed host block into the device block in one transfer (call in
         stream order, inside ``bind``); on the CPU a memcpy that keeps the GIL."""
-        memoryview(self._staging_bytes)[:] = memoryview(block)
+        self._staging_bytes.data[:] = block.data
         if not self._on_host:
             self.block.copy_(self._staging)
