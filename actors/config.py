@@ -72,6 +72,10 @@ class RuntimeConfig:
     terminal checkpoint is a host-side page move with the same reuse, and a capture
     costs a window-draining frame per completion and delays the conversation's next
     turn until it ran (docs/runtime.md, *Checkpoints*, measured figures)."""
+    capture_forward: bool = True
+    """CPU backend: replay each decoder forward shape from a graph traced on first use
+    (``gpu.model.capture``; runs without the interpreter lock, so host planning and
+    publication overlap execution). False runs the forward op by op (A/B benchmarks)."""
     scheduler_policy: str = "balanced"
     """The seed's presets, or a baseline policy on the same prepared programs (issue 7;
     ``fixed-spec-K`` needs a speculative load of draft depth at least K)."""

@@ -73,6 +73,7 @@ from gpu.catalog import CatalogFlags, build_catalog
 from gpu.engine import ModelEngine
 from gpu.model_config import load_model_config
 from gpu.program import PreparedProgram
+from gpu.programs.execution import ExecutionOptions
 from gpu.tokenizer import Tokenizer
 from policy.baselines.factory import SEED_POLICIES, make_policy
 from policy.baselines.protocol import Planner as SchedulingPolicy
@@ -387,6 +388,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         page_size=config.page_size, num_pages=num_pages,
         state_rows=state_rows_for(config.max_batch) + snapshot_lanes(shapes),
         max_context=max_context,
+        execution=ExecutionOptions.for_device(device, capture_forward=config.capture_forward),
         speculation_source=config.draft_source if speculative else None,
         draft_model_dir=config.draft_model_dir,
     )

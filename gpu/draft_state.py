@@ -102,6 +102,8 @@ def load_draft_model(model_dir: str | Path, *, target: Decoder, target_cache: Pa
     weights = load_weights(directory, config, device=target.device, dtype=target.dtype)
     decoder = Decoder(config, weights, max_context=geometry.max_context, device=target.device,
                       dtype=target.dtype)
+    if target.capture is not None:  # the draft forward is captured like the target's
+        decoder.enable_capture()
     cache = PagedKVCache(config, geometry, device=target.device, dtype=target.dtype)
     return DraftModel(decoder=decoder, cache=cache)
 

@@ -136,9 +136,10 @@ class ModelEngine:
         speculative programs and wraps the ordinary ones to keep the draft context.
         """
         execution = execution or ExecutionOptions.for_device(device)
-        if execution.host_bounds and torch.device(device).type == "cuda":
-            raise ValueError("host-chosen execution bounds cannot be captured: use "
-                             "ExecutionOptions.static() on CUDA")
+        if (execution.host_bounds or execution.capture_forward) and \
+                torch.device(device).type == "cuda":
+            raise ValueError("host-chosen execution bounds and forward capture are for "
+                             "eager backends: use ExecutionOptions.static() on CUDA")
         directory = Path(model_dir)
         config = load_model_config(directory)
         serving_dtype = resolve_dtype(device, dtype)
@@ -153,6 +154,8 @@ class ModelEngine:
         weights = load_weights(directory, config, device=device, dtype=serving_dtype)
         decoder = Decoder(config, weights, max_context=context, device=device,
                           dtype=serving_dtype)
+        if execution.capture_forward:
+            decoder.enable_capture()
         cache = PagedKVCache(config, geometry, device=device, dtype=serving_dtype)
         state = RequestState(state_rows, geometry, device=device)
         shapes = list(dict.fromkeys(catalog))

@@ -57,6 +57,17 @@ class PagedKVCache:
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
 
+    @classmethod
+    def over(cls, geometry: CacheGeometry, keys: torch.Tensor, values: torch.Tensor
+             ) -> PagedKVCache:
+        """A cache over existing pool tensors (no allocation): how a captured forward
+        (``gpu.model.capture``) sees the pools it receives as graph inputs."""
+        view = cls.__new__(cls)
+        view.geometry = geometry
+        view.keys = keys
+        view.values = values
+        return view
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` ``[N, kv_heads, head_dim]`` at flat slot ids ``[N]``."""
         flat_shape = (-1, *self.keys.shape[3:])

@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrent requests (keep above --max-batch to saturate)")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--eager-forward", action="store_true",
+                        help="CPU: run the decoder forward op by op instead of replaying "
+                             "captured graphs (A/B against the default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -146,6 +149,7 @@ async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: i
 
 async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
+                           capture_forward=not args.eager_forward,
                            max_batch=args.max_batch, prefill_capacities=(64, 256),
                            max_queue=max(args.requests, 1))
     async with open_runtime(config) as rt:

@@ -114,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diagnose", action="store_true",
                         help="also print host-side figures per mode and load: empty-window "
                              "launches, plan() cost per frame, device-busy share, programs run")
+    parser.add_argument("--eager-forward", action="store_true",
+                        help="CPU: run the decoder forward op by op instead of replaying "
+                             "captured graphs (A/B against the default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -232,6 +235,7 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
     loads = [int(n) for n in args.loads.split(",") if n]
     config = RuntimeConfig(
         model_dir=target, backend=args.backend, max_batch=args.max_batch,
+        capture_forward=not getattr(args, "eager_forward", False),
         prefill_capacities=(64,), max_queue=max(max(loads), 1),
         scheduler_policy=args.scheduler_policy, speculation=mode.speculation,  # type: ignore[arg-type]
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]

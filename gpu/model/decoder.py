@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu.kv_cache import PagedKVCache
+from gpu.model.capture import ForwardCapture
 from gpu.model_config import ModelConfig
 
 
@@ -160,6 +161,7 @@ class Decoder:
         self.rope_cos = emb.cos().to(dtype)
         self.rope_sin = emb.sin().to(dtype)
         self._fuse_projections()
+        self.capture: ForwardCapture | None = None
 
     def _fuse_projections(self) -> None:
         """One q/k/v and one gate/up matrix per layer (fewer, larger matmuls). The
@@ -197,8 +199,22 @@ class Decoder:
     def _layer(self, i: int, name: str) -> torch.Tensor:
         return self.w[f"model.layers.{i}.{name}"]
 
+    def enable_capture(self) -> None:
+        """Run later forwards through traced graphs, one per input shape (CPU only:
+        ``gpu.model.capture``; CUDA programs capture whole executions instead)."""
+        if torch.device(self.device).type == "cuda":
+            raise ValueError("forward capture is for CPU decoders; CUDA captures programs")
+        if self.capture is None:
+            self.capture = ForwardCapture(self)
+
     def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
         """Final-norm hidden states ``[N, hidden]``; writes every token's K/V."""
+        if self.capture is not None:
+            return self.capture.forward(batch, cache)
+        return self.forward_eager(batch, cache)
+
+    def forward_eager(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
+        """``forward`` dispatched op by op from Python (what a capture traces)."""
         cfg = self.config
         n = batch.token_ids.shape[0]
         h_heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -19,6 +19,9 @@ choice:
 - **greedy shortcut** (also eager only): when every active lane samples greedily,
   ``execute`` skips the sort/top-p/noise pipeline of ``gpu.sampling.sample`` whose
   result greedy lanes discard anyway.
+- **captured forward** (CPU only): the decoder forward of each input shape is traced
+  once into a TorchScript graph that runs without the interpreter lock
+  (``gpu.model.capture``), the CPU counterpart of a CUDA graph replay.
 
 Both dynamic options make ``execute`` depend on a host value chosen in ``bind``, which a
 captured graph cannot follow, so ``ModelEngine.load`` refuses them on CUDA.
@@ -39,6 +42,8 @@ class ExecutionOptions:
     """Gather only the power-of-two number of blocks the frame's lanes need."""
     greedy_shortcut: bool = False
     """Skip the stochastic sampling pipeline when every active lane is greedy."""
+    capture_forward: bool = False
+    """Trace the decoder forward once per input shape and replay the graph (CPU)."""
 
     @property
     def host_bounds(self) -> bool:
@@ -51,14 +56,20 @@ class ExecutionOptions:
         return cls()
 
     @classmethod
-    def eager(cls) -> ExecutionOptions:
-        """Work follows the frame: for backends that run ``execute`` eagerly (CPU)."""
-        return cls(dynamic_context=True, greedy_shortcut=True)
+    def eager(cls, *, capture_forward: bool = True) -> ExecutionOptions:
+        """Work follows the frame: for backends that run ``execute`` eagerly (CPU);
+        the forward itself replays a captured graph unless ``capture_forward`` is
+        False."""
+        return cls(dynamic_context=True, greedy_shortcut=True,
+                   capture_forward=capture_forward)
 
     @classmethod
-    def for_device(cls, device: str) -> ExecutionOptions:
-        """The default for a torch device: static on CUDA, eager elsewhere."""
-        return cls.static() if torch.device(device).type == "cuda" else cls.eager()
+    def for_device(cls, device: str, *, capture_forward: bool = True) -> ExecutionOptions:
+        """The default for a torch device: static on CUDA, eager elsewhere (with the
+        forward captured unless ``capture_forward`` is False)."""
+        if torch.device(device).type == "cuda":
+            return cls.static()
+        return cls.eager(capture_forward=capture_forward)
 
 
 def context_blocks(end_position: int, *, page_size: int, blocks_per_row: int) -> int:
@@ -67,3 +78,10 @@ def context_blocks(end_position: int, *, page_size: int, blocks_per_row: int) ->
     needed = max(1, -(-max(end_position, 0) // page_size))
     bucket = 1 << (needed - 1).bit_length()
     return min(bucket, blocks_per_row)
+
+
+def context_buckets(blocks_per_row: int) -> tuple[int, ...]:
+    """Every value ``context_blocks`` can return for rows of ``blocks_per_row`` blocks:
+    the powers of two below it, and the full row."""
+    buckets = [1 << i for i in range(blocks_per_row.bit_length()) if 1 << i < blocks_per_row]
+    return (*buckets, blocks_per_row)

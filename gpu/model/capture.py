@@ -1,0 +1,211 @@
+"""CPU capture of the decoder forward: one traced graph per input shape.
+
+On CUDA a prepared program is captured into a graph and replayed; the replay holds no
+Python lock, so the host can plan the next frame while the device runs this one
+(architecture: *Two frame slots, device-resident feedback*). The CPU backend runs
+``execute`` on a worker thread, and an eager forward dispatches each of its few hundred
+small torch ops from Python: between ops the worker must take the interpreter lock
+back from the trio thread, so host planning and publication serialise with the
+forward instead of overlapping it (``docs/runtime.md``, *Benchmark*).
+
+``ForwardCapture`` is the CPU counterpart of a graph capture: the first forward of each
+input shape is traced once (``torch.jit.trace``) into a TorchScript graph whose
+interpreter runs the whole forward in C++ with the lock released. Later forwards of
+that shape replay the graph. Inputs are the packed-batch index tensors plus the page
+pools (written in place through the graph, exactly as the eager forward writes them);
+weights are constants of the graph. The traced graph runs the same aten operations in
+the same order as the eager forward, and the graph executor's optimisations are
+switched off (no fusion), so the outputs are bit-identical (tests check it).
+
+Shapes follow the program's fixed buffers and its host-chosen context bucket (a power
+of two of blocks, ``gpu.programs.execution.context_blocks``), so a program sees a
+handful of graphs, all captured at its first launch (each costs a few eager
+forwards). Capture time is preparation: ``tracing_ns`` lets the CPU backend leave it
+out of the launch's execution interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from gpu.kv_cache import PagedKVCache
+
+if TYPE_CHECKING:
+    from gpu.model.decoder import Decoder, PackedBatch
+
+__all__ = ["ForwardCapture", "tracing_ns"]
+
+_GraphKey = tuple[object, ...]
+
+_thread = threading.local()
+
+
+def tracing_ns() -> int:
+    """Nanoseconds this thread has spent tracing graphs so far.
+
+    Tracing is preparation, not execution: the CPU backend subtracts what a launch
+    spent tracing from its execution interval, so the first launch of a shape reports
+    what its replays cost and the scheduler's duration estimates are not inflated by a
+    one-off capture (seed: *Duration estimates*)."""
+    return int(getattr(_thread, "ns", 0))
+
+
+class ForwardCapture:
+    """Traced forwards of one decoder, keyed by the shapes of their inputs."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self._decoder = decoder
+        self._graphs: dict[_GraphKey, Callable[..., torch.Tensor]] = {}
+        self._lock = threading.Lock()
+        self.traced = 0
+        """How many graphs were traced (one per distinct input shape)."""
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
+        """The decoder's forward through the graph for these input shapes; the first
+        forward of a shape family captures the whole family (``_capture_family``)."""
+        key, tensors = _signature(batch, cache)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture_family(key, tensors, batch, cache)
+        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+            return graph(*tensors)
+
+    def _capture_family(self, key: _GraphKey, tensors: list[torch.Tensor],
+                        batch: PackedBatch, cache: PagedKVCache
+                        ) -> Callable[..., torch.Tensor]:
+        """Trace this forward, and the same forward at every other context bucket.
+
+        An eager program's attention reads a host-chosen power-of-two number of blocks
+        (``gpu.programs.execution.context_buckets``); capturing every bucket at the
+        first launch keeps later, longer contexts from paying a capture mid-load. The
+        other buckets are traced on placeholder inputs that write only the sink page
+        (MIX-15) and read only sink pages.
+        """
+        from gpu.programs.execution import context_buckets
+
+        started = time.perf_counter_ns()
+        with self._lock:
+            graph = self._graphs.get(key)
+            if graph is None:
+                graph = self._trace(key, tensors, batch, cache)
+                geometry = cache.geometry
+                buckets = context_buckets(geometry.blocks_per_row)
+                split = batch.phase_split
+                prompt_buckets: tuple[int | None, ...] = (None,)
+                if split is not None and split.prompt_block_table is not None:
+                    prompt_buckets = buckets
+                for blocks in buckets:
+                    for prompt_blocks in prompt_buckets:
+                        sibling = _placeholder(batch, cache, blocks, prompt_blocks)
+                        sibling_key, sibling_tensors = _signature(sibling, cache)
+                        if sibling_key not in self._graphs:
+                            self._trace(sibling_key, sibling_tensors, sibling, cache)
+        _thread.ns = tracing_ns() + time.perf_counter_ns() - started
+        return graph
+
+    def _trace(self, key: _GraphKey, tensors: list[torch.Tensor], batch: PackedBatch,
+               cache: PagedKVCache) -> Callable[..., torch.Tensor]:
+        """Trace one graph (the caller holds the lock). Tracing runs the forward once:
+        it writes the same K/V at the same slots as the replay that follows, so the
+        pools end as one eager forward leaves them."""
+        from gpu.model.decoder import PackedBatch, PhaseSplit
+
+        decoder = self._decoder
+        width = batch.lane_major_width
+        split = batch.phase_split
+        split_width = 0 if split is None else split.width
+        has_prompt_table = bool(key[2])
+        geometry = cache.geometry
+
+        def run(*args: torch.Tensor) -> torch.Tensor:
+            ids, pos, slots, lane, tables = args[:5]
+            rest = list(args[5:])
+            phase = None
+            if split is not None:
+                prompt_slots, prompt_lane, decode_slots = rest[:3]
+                prompt_table = rest[3] if has_prompt_table else None
+                phase = PhaseSplit(prompt_slots=prompt_slots, prompt_lane=prompt_lane,
+                                   decode_slots=decode_slots, width=split_width,
+                                   prompt_block_table=prompt_table)
+            keys, values = rest[-2], rest[-1]
+            view = PagedKVCache.over(geometry, keys, values)
+            return decoder.forward_eager(
+                PackedBatch(token_ids=ids, positions=pos, write_slots=slots,
+                            token_lane=lane, lane_block_tables=tables,
+                            lane_major_width=width, phase_split=phase),
+                view)
+
+        with warnings.catch_warnings():
+            # The forward branches only on shapes and flags, all part of the key; the
+            # tracer's warnings about shape-to-int conversions do not apply.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
+            # Deprecated in favour of torch.compile / torch.export, neither of which
+            # yields a graph that runs without the interpreter lock (torch is pinned).
+            warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                    message=r".*torch\.jit\.trace")
+            traced: Callable[..., torch.Tensor] = torch.jit.trace(  # type: ignore[no-untyped-call]
+                run, tuple(tensors), check_trace=False)
+        self._graphs[key] = traced
+        self.traced += 1
+        return traced
+
+
+def _signature(batch: PackedBatch, cache: PagedKVCache
+               ) -> tuple[_GraphKey, list[torch.Tensor]]:
+    """The graph key of a forward (every shape and flag its code branches on) and its
+    graph inputs in order."""
+    split = batch.phase_split
+    tensors = [batch.token_ids, batch.positions, batch.write_slots, batch.token_lane,
+               batch.lane_block_tables]
+    has_prompt_table = False
+    if split is not None:
+        tensors += [split.prompt_slots, split.prompt_lane, split.decode_slots]
+        if split.prompt_block_table is not None:
+            tensors.append(split.prompt_block_table)
+            has_prompt_table = True
+    tensors += [cache.keys, cache.values]
+    key: _GraphKey = (
+        batch.lane_major_width,
+        -1 if split is None else split.width,
+        has_prompt_table,
+        cache.geometry,
+        *(tuple(t.shape) for t in tensors),
+    )
+    return key, tensors
+
+
+def _placeholder(batch: PackedBatch, cache: PagedKVCache, blocks: int,
+                 prompt_blocks: int | None) -> PackedBatch:
+    """``batch``'s shapes with ``blocks`` (and ``prompt_blocks``) table columns, every
+    token at position 0 writing the sink page and every table naming the sink."""
+    from dataclasses import replace
+
+    geometry = cache.geometry
+    n = batch.token_ids.shape[0]
+    device = batch.token_ids.device
+    sink_slots = (geometry.sink_page * geometry.page_size
+                  + torch.arange(n, device=device) % geometry.page_size)
+    zeros = torch.zeros(n, dtype=torch.int64, device=device)
+    tables = torch.full((batch.lane_block_tables.shape[0], blocks), geometry.sink_page,
+                        dtype=torch.int64, device=device)
+    split = batch.phase_split
+    if split is not None:
+        split = replace(
+            split,
+            prompt_slots=torch.zeros_like(split.prompt_slots),
+            prompt_lane=torch.zeros_like(split.prompt_lane),
+            decode_slots=torch.zeros_like(split.decode_slots),
+            prompt_block_table=None if prompt_blocks is None else torch.full(
+                (1, prompt_blocks), geometry.sink_page, dtype=torch.int64, device=device),
+        )
+    return replace(batch, token_ids=zeros, positions=zeros, write_slots=sink_slots,
+                   token_lane=zeros.clone(), lane_block_tables=tables, phase_split=split)

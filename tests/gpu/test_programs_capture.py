@@ -1,0 +1,125 @@
+"""CPU forward capture (``gpu.model.capture``): captured programs give bit-identical
+outputs and cache contents to the op-by-op forward, trace once per input shape, and a
+launch that traced reports the replay's cost, not the capture's (seed: *Duration
+estimates*; the prepared-program contract: fixed shapes, replayed work)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from model_fixtures import CATALOG, PAGE_SIZE
+from test_programs_execution import _scenario
+
+import gpu.cpu_backend as cpu_backend
+from gpu.backend import LaunchHandle
+from gpu.engine import ModelEngine
+from gpu.model import capture
+from gpu.programs.driver import ReferenceDriver
+from gpu.programs.execution import ExecutionOptions, context_blocks, context_buckets
+from policy.descriptors import GraphKind, GraphShape
+
+
+def _engine(model_dir: Path, *, capture_forward: bool) -> ModelEngine:
+    return ModelEngine.load(model_dir, device="cpu", dtype=None, catalog=CATALOG,
+                            page_size=PAGE_SIZE, num_pages=96, state_rows=8,
+                            execution=ExecutionOptions.eager(capture_forward=capture_forward))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
+        kind: str, tiny_checkpoints: dict[str, Path]) -> None:
+    """Prefill, decode at four batch sizes and mixed frames (phase split, own prompt
+    bound), greedy and seeded sampling: same tokens, logprobs and K/V pools, bit for
+    bit; each distinct input shape traced exactly once."""
+    eager = ReferenceDriver(_engine(tiny_checkpoints[kind], capture_forward=False))
+    captured = ReferenceDriver(_engine(tiny_checkpoints[kind], capture_forward=True))
+    assert eager.engine.parts.decoder.capture is None
+    graphs = captured.engine.parts.decoder.capture
+    assert graphs is not None and len(graphs) == 0
+
+    eager_out, eager_logprobs, eager_blocks = _scenario(eager)
+    captured_out, captured_logprobs, captured_blocks = _scenario(captured)
+
+    assert captured_out == eager_out
+    assert captured_logprobs == eager_logprobs  # exact: same aten ops, no fusion
+    assert captured_blocks == eager_blocks
+    # every real page equal (the last page is the sink, scratch for padding, MIX-15,
+    # which the placeholder captures of other context buckets also write)
+    for pool in ("keys", "values"):
+        assert torch.equal(getattr(captured.engine.parts.cache, pool)[:, :-1],
+                           getattr(eager.engine.parts.cache, pool)[:, :-1])
+    # a program's first launch captured its every context bucket: each shape traced
+    # once, and nothing new to trace when the same frames run again
+    buckets = context_buckets(captured.engine.geometry.blocks_per_row)
+    assert graphs.traced == len(graphs) >= 4 * len(buckets)
+    traced = graphs.traced
+    _scenario(captured)
+    assert graphs.traced == traced
+
+
+def test_context_buckets_are_every_bound_context_blocks_chooses() -> None:
+    for blocks_per_row in (1, 2, 3, 8, 13, 128):
+        chosen = {context_blocks(end, page_size=16, blocks_per_row=blocks_per_row)
+                  for end in range(blocks_per_row * 16 + 40)}
+        assert set(context_buckets(blocks_per_row)) == chosen
+
+
+def test_tracing_time_is_counted_per_thread() -> None:
+    """``tracing_ns`` is per thread: a worker's capture never shows in another
+    thread's count (each CPU stream subtracts only its own)."""
+    before = capture.tracing_ns()
+    seen: list[int] = []
+
+    def worker() -> None:
+        capture._thread.ns = 5_000
+        seen.append(capture.tracing_ns())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [5_000]
+    assert capture.tracing_ns() == before
+
+
+class _TracingProgram:
+    """A program whose ``execute`` spends 10 s of (fake) time capturing and 1 s running."""
+
+    shape = GraphShape(kind=GraphKind.DECODE, batch_capacity=1, token_capacity=1,
+                       packed_capacity=1)
+
+    def __init__(self, clock: list[int], traced: list[int]) -> None:
+        self._clock, self._traced = clock, traced
+
+    def bind(self, inputs: Any) -> None:
+        pass
+
+    def execute(self) -> None:
+        self._traced[0] += 10_000_000_000
+        self._clock[0] += 11_000_000_000
+
+    def read_outputs(self) -> dict[str, Any]:
+        return {}
+
+
+def test_a_launch_that_captured_reports_the_replay_cost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock, traced = [0], [0]
+    monkeypatch.setattr(cpu_backend, "tracing_ns", lambda: traced[0])
+    program = _TracingProgram(clock, traced)
+    handle = LaunchHandle(program.shape, sequence=0, launched_ns=0)
+    cpu_backend.run_launch(cpu_backend._Launch(program, {}, handle),  # type: ignore[arg-type]
+                           clock_ns=lambda: clock[0])
+    timing = handle.result().timing
+    assert timing.device_intervals_ns == (1_000_000_000,)
+
+
+def test_forward_capture_is_refused_on_cuda(tiny_checkpoints: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="forward capture"):
+        ModelEngine.load(tiny_checkpoints["llama"], device="cuda", dtype=None,
+                         catalog=CATALOG, page_size=PAGE_SIZE, num_pages=8, state_rows=2,
+                         execution=ExecutionOptions(capture_forward=True))
