@@ -10,7 +10,9 @@ window must drain (QUEUE-10..14, QUEUE-34..39); the planner never second-guesses
 Completion and publication order (ACCT-17): after ``complete(fence N)`` the planner
 sends the frame's tokens to the publisher and handles no further completion until the
 publisher's ``Published(N)`` arrived, so the delivery correction never rewinds across
-later service observations. Resources of requests the scheduler releases are returned
+later service observations. When that completion left the device idle (the window
+drained, QUEUE-12), the planner first plans and launches the next frame and only then
+sends the tokens, so the device does not wait for publication. Resources of requests the scheduler releases are returned
 (``Release``) *before* their last tokens go to the publisher, so a client that sees
 ``Finished`` and sends its next turn finds the terminal checkpoint published (PRE-53).
 A request whose output ended but that cannot be released yet (a terminal capture
@@ -158,6 +160,9 @@ class Planner:
         self._awaiting_handles: tuple[RequestHandle, ...] = ()
         self._deferred: deque[ValidatedFrame] = deque()
         self._drops: deque[Drop] = deque()
+        self._held_publication: PublishFrame | None = None
+        """A completed frame's tokens held back while the next frame is planned and
+        launched onto an idle device; sent right after (``handle``)."""
         self.draining = False
         self.counters = PlannerCounters()
         self.executions_by_graph: dict[str, int] = {}
@@ -198,8 +203,10 @@ class Planner:
         while self._awaiting is None and self._deferred:
             await self._complete(self._deferred.popleft())
         await self._release_finished()
-        await self._send_drops()
+        if self._held_publication is None:
+            await self._send_drops()
         await self._plan_and_submit()
+        await self._send_held_publication()  # nothing was launched
 
     async def _admit(self, msg: Admitted) -> None:
         request, grant = msg.request, msg.grant
@@ -303,10 +310,17 @@ class Planner:
         if tokens or frame.failures or scores:
             self._awaiting = frame.fence
             self._awaiting_handles = tuple(t.handle for t in tokens if t.token_ids)
-            await self._to_publisher.send(PublishFrame(
+            publication = PublishFrame(
                 fence=frame.fence, tokens=tuple(tokens), logprobs=logprobs,
                 errors=frame.failures, prompt_scores=scores,
-            ))
+            )
+            if not self.scheduler.in_flight():
+                # The device is idle (the window drained, QUEUE-12): plan and launch
+                # the next frame first, then publish (``_send_held_publication``). With
+                # a frame still running, publishing first costs the device nothing.
+                self._held_publication = publication
+                return
+            await self._to_publisher.send(publication)
         await self._send_drops()
 
     def _apply_extents(self, frame: ValidatedFrame) -> None:
@@ -460,6 +474,15 @@ class Planner:
             log_trace(trace)
             await self._to_dispatcher.send(FrameOrder(fence=fence, plan=plan, frame=frame,
                                                       lanes=contexts))
+            await self._send_held_publication()  # the device is busy again
+
+    async def _send_held_publication(self) -> None:
+        """Send the tokens held back while the idle device got its next frame, and the
+        drops that wait for them (``_complete``)."""
+        if self._held_publication is not None:
+            publication, self._held_publication = self._held_publication, None
+            await self._to_publisher.send(publication)
+            await self._send_drops()
 
 
     def _extent(self, lane: Lane, sources: dict[RequestHandle, LaneSource]) -> LaneExtent:

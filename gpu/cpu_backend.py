@@ -10,6 +10,17 @@ wall interval runs from ``launch`` to the moment the worker publishes the comple
 
 A program that raises fails only its own launch (``ProgramFault``); the worker goes on.
 
+Captured forwards: by default the programs' decoder forward replays a TorchScript
+graph traced per input shape (``gpu.model.capture``), which runs without the
+interpreter lock, so the trio thread's planning and publication overlap it. Tracing
+happens at a program's first launch; the worker subtracts the time it took
+(``tracing_ns``) from that launch's execution interval, so the duration estimates see
+what a replay costs.
+
+Read-out: ``read_outputs`` on the worker only copies the output buffers into host
+arrays (the next launch overwrites them); step programs return a ``Readout`` whose
+Python result objects ``gpu.frames.result_of`` builds on the reader's thread.
+
 Staging at launch: a program with a ``stage(inputs)`` method (the packed step
 programs, their draft-maintaining wrappers and the complete speculative programs)
 validates and packs its frame into a host block inside ``launch``, on the

@@ -138,8 +138,9 @@ class ModelEngine:
         execution = execution or ExecutionOptions.for_device(device)
         if (execution.host_bounds or execution.capture_forward) and \
                 torch.device(device).type == "cuda":
-            raise ValueError("host-chosen execution bounds and forward capture are for "
-                             "eager backends: use ExecutionOptions.static() on CUDA")
+            raise ValueError("host-chosen execution bounds and forward capture cannot be "
+                             "captured into a CUDA graph: use ExecutionOptions.static() "
+                             "on CUDA")
         directory = Path(model_dir)
         config = load_model_config(directory)
         serving_dtype = resolve_dtype(device, dtype)

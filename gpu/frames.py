@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 FRAME_KEY = "frame"
 """Key of the frame value in the ``inputs`` mapping a backend passes to ``bind``."""
@@ -228,9 +228,19 @@ def frame_of(inputs: Mapping[str, Any]) -> Frame:
     return frame
 
 
+class Readout(Protocol):
+    """Outputs copied off the device by ``read_outputs`` whose Python result objects
+    are built later, by the reader (``result_of``), instead of on the stream."""
+
+    def result(self) -> Result: ...
+
+
 def result_of(outputs: Mapping[str, Any]) -> Result:
-    """The result value inside a ``read_outputs`` mapping."""
+    """The result value inside a ``read_outputs`` mapping (a ``Readout`` is built
+    here, on the reader's thread)."""
     result = outputs[RESULT_KEY]
+    if not isinstance(result, StepResult | StateOpResult) and hasattr(result, "result"):
+        result = result.result()
     if not isinstance(result, StepResult | StateOpResult):
         raise TypeError(f"outputs[{RESULT_KEY!r}] is not a gpu.frames result")
     return result

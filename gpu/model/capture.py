@@ -26,10 +26,11 @@ out of the launch's execution interval.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,6 +45,15 @@ __all__ = ["ForwardCapture", "tracing_ns"]
 _GraphKey = tuple[object, ...]
 
 _thread = threading.local()
+
+_shared_graphs: dict[tuple[object, ...], Callable[..., torch.Tensor]] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_graphs() -> int:
+    """Graphs traced in this process so far (each kept for the process's life)."""
+    with _shared_lock:
+        return len(_shared_graphs)
 
 
 def tracing_ns() -> int:
@@ -64,7 +74,8 @@ class ForwardCapture:
         self._graphs: dict[_GraphKey, Callable[..., torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.traced = 0
-        """How many graphs were traced (one per distinct input shape)."""
+        """How many graphs this decoder traced; shapes another decoder of the same
+        model already traced reuse its graph (``shared_graphs``)."""
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -88,7 +99,8 @@ class ForwardCapture:
         (``gpu.programs.execution.context_buckets``); capturing every bucket at the
         first launch keeps later, longer contexts from paying a capture mid-load. The
         other buckets are traced on placeholder inputs that write only the sink page
-        (MIX-15) and read only sink pages.
+        (MIX-15) and read only sink pages. A mixed frame's prompt bound is a second
+        dimension: its other values are captured when they first occur.
         """
         from gpu.programs.execution import context_buckets
 
@@ -100,15 +112,15 @@ class ForwardCapture:
                 geometry = cache.geometry
                 buckets = context_buckets(geometry.blocks_per_row)
                 split = batch.phase_split
-                prompt_buckets: tuple[int | None, ...] = (None,)
-                if split is not None and split.prompt_block_table is not None:
-                    prompt_buckets = buckets
+                # mixed frames: the decode bound varies here, the prompt bound stays
+                # (their product would be a square of graphs; others trace on use)
+                prompt_blocks = (None if split is None or split.prompt_block_table is None
+                                 else split.prompt_block_table.shape[1])
                 for blocks in buckets:
-                    for prompt_blocks in prompt_buckets:
-                        sibling = _placeholder(batch, cache, blocks, prompt_blocks)
-                        sibling_key, sibling_tensors = _signature(sibling, cache)
-                        if sibling_key not in self._graphs:
-                            self._trace(sibling_key, sibling_tensors, sibling, cache)
+                    sibling = _placeholder(batch, cache, blocks, prompt_blocks)
+                    sibling_key, sibling_tensors = _signature(sibling, cache)
+                    if sibling_key not in self._graphs:
+                        self._trace(sibling_key, sibling_tensors, sibling, cache)
         _thread.ns = tracing_ns() + time.perf_counter_ns() - started
         return graph
 
@@ -126,9 +138,21 @@ class ForwardCapture:
         has_prompt_table = bool(key[2])
         geometry = cache.geometry
 
+        # The weights are graph *inputs*, not constants: torch keeps every traced
+        # function for the life of the process (and constants would keep each
+        # engine's weights alive with it), so graphs are shared process-wide by
+        # everything they depend on: the model's geometry, dtype and input shapes.
+        weights = _weights_of(decoder)
+        count = len(tensors)
+        shared_key = (decoder.config, decoder.dtype, *(tuple(w.shape) for w in weights), *key)
+        with _shared_lock:
+            shared = _shared_graphs.get(shared_key)
+        if shared is not None:
+            return self._bind(key, shared, weights)
+
         def run(*args: torch.Tensor) -> torch.Tensor:
             ids, pos, slots, lane, tables = args[:5]
-            rest = list(args[5:])
+            rest = list(args[5:count])
             phase = None
             if split is not None:
                 prompt_slots, prompt_lane, decode_slots = rest[:3]
@@ -138,7 +162,7 @@ class ForwardCapture:
                                    prompt_block_table=prompt_table)
             keys, values = rest[-2], rest[-1]
             view = PagedKVCache.over(geometry, keys, values)
-            return decoder.forward_eager(
+            return _with_weights(decoder, args[count:]).forward_eager(
                 PackedBatch(token_ids=ids, positions=pos, write_slots=slots,
                             token_lane=lane, lane_block_tables=tables,
                             lane_major_width=width, phase_split=phase),
@@ -152,11 +176,46 @@ class ForwardCapture:
             # yields a graph that runs without the interpreter lock (torch is pinned).
             warnings.filterwarnings("ignore", category=DeprecationWarning,
                                     message=r".*torch\.jit\.trace")
-            traced: Callable[..., torch.Tensor] = torch.jit.trace(  # type: ignore[no-untyped-call]
-                run, tuple(tensors), check_trace=False)
-        self._graphs[key] = traced
+            traced_run: Callable[..., torch.Tensor] = torch.jit.trace(  # type: ignore[no-untyped-call]
+                run, (*tensors, *weights), check_trace=False)
+        with _shared_lock:
+            _shared_graphs[shared_key] = traced_run
         self.traced += 1
-        return traced
+        return self._bind(key, traced_run, weights)
+
+    def _bind(self, key: _GraphKey, graph: Callable[..., torch.Tensor],
+              weights: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """This decoder's forward for ``key``: ``graph`` fed its own weights."""
+
+        def forward(*args: torch.Tensor) -> torch.Tensor:
+            return graph(*args, *weights)
+
+        self._graphs[key] = forward
+        return forward
+
+
+def _weights_of(decoder: Decoder) -> list[torch.Tensor]:
+    """Every tensor ``Decoder.forward_eager`` reads besides its inputs, in the order
+    ``_with_weights`` takes them back."""
+    biases = [b for b in decoder.qkv_bias if b is not None]
+    return [decoder.embed, decoder.rope_cos, decoder.rope_sin, *decoder.qkv_weight,
+            *biases, *decoder.gate_up_weight, *(decoder.w[k] for k in sorted(decoder.w))]
+
+
+def _with_weights(decoder: Decoder, tensors: Sequence[torch.Tensor]) -> Decoder:
+    """A shallow copy of ``decoder`` reading ``tensors`` (``_weights_of`` order): how
+    the traced forward sees the weights it receives as graph inputs."""
+    layers = len(decoder.qkv_weight)
+    it = iter(tensors)
+    view = copy.copy(decoder)
+    view.embed, view.rope_cos, view.rope_sin = next(it), next(it), next(it)
+    view.qkv_weight = [next(it) for _ in range(layers)]
+    view.qkv_bias = [None if b is None else next(it) for b in decoder.qkv_bias]
+    view.gate_up_weight = [next(it) for _ in range(layers)]
+    view.w = {k: next(it) for k in sorted(decoder.w)}
+    view.lm_head = (view.embed if decoder.lm_head is decoder.embed
+                    else view.w["lm_head.weight"])
+    return view
 
 
 def _signature(batch: PackedBatch, cache: PagedKVCache

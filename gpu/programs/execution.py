@@ -56,17 +56,17 @@ class ExecutionOptions:
         return cls()
 
     @classmethod
-    def eager(cls, *, capture_forward: bool = True) -> ExecutionOptions:
+    def eager(cls, *, capture_forward: bool = False) -> ExecutionOptions:
         """Work follows the frame: for backends that run ``execute`` eagerly (CPU);
-        the forward itself replays a captured graph unless ``capture_forward`` is
-        False."""
+        with ``capture_forward`` the forward replays captured graphs (the runtime's
+        default, ``RuntimeConfig.capture_forward``)."""
         return cls(dynamic_context=True, greedy_shortcut=True,
                    capture_forward=capture_forward)
 
     @classmethod
-    def for_device(cls, device: str, *, capture_forward: bool = True) -> ExecutionOptions:
+    def for_device(cls, device: str, *, capture_forward: bool = False) -> ExecutionOptions:
         """The default for a torch device: static on CUDA, eager elsewhere (with the
-        forward captured unless ``capture_forward`` is False)."""
+        forward captured when ``capture_forward`` is set)."""
         if torch.device(device).type == "cuda":
             return cls.static()
         return cls.eager(capture_forward=capture_forward)

@@ -290,27 +290,62 @@ class StepProgram:
         if pack is None:
             raise FrameError("read_outputs before bind")
         b = self.buffers
-        tokens = b.out_token.cpu().numpy()
-        logprobs = b.out_logprob.cpu().numpy()
-        finite = b.out_finite.cpu().numpy()
-        top_ids = b.out_top_token.cpu().numpy()
-        top_lps = b.out_top_logprob.cpu().numpy()
+        sampled = [i for i in range(len(pack.rows)) if pack.reports_sample[i]]
+        # Copies of the output buffers (the next launch overwrites them); the Python
+        # objects are built by the reader, off the stream (``StepReadout``).
+        readout = StepReadout(
+            rows=tuple(pack.rows[i] for i in sampled),
+            tokens=_host_copy(b.out_token, sampled), logprobs=_host_copy(b.out_logprob, sampled),
+            finite=_host_copy(b.out_finite, sampled),
+            top_ids=_host_copy(b.out_top_token, sampled),
+            top_logprobs=_host_copy(b.out_top_logprob, sampled))
+        if self.scored:
+            n = int(pack.query_lengths[0])
+            readout = replace(
+                readout, prompt_logprobs=b.out_prompt_logprobs[:n].cpu().numpy().copy(),
+                prompt_top_ids=b.out_prompt_top_token[:n].cpu().numpy().copy(),
+                prompt_top_logprobs=b.out_prompt_top_logprob[:n].cpu().numpy().copy())
+        return {RESULT_KEY: readout}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReadout:
+    """A step program's outputs as host arrays (sampled lanes only, lane order); the
+    ``StepResult`` is built by ``result()`` on the reader's thread (``result_of``)."""
+
+    rows: tuple[int, ...]
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    finite: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    prompt_logprobs: np.ndarray | None = None
+    prompt_top_ids: np.ndarray | None = None
+    prompt_top_logprobs: np.ndarray | None = None
+
+    def result(self) -> StepResult:
+        tokens, logprobs, finite = (self.tokens.tolist(), self.logprobs.tolist(),
+                                    self.finite.tolist())
+        top_ids, top_lps = self.top_ids.tolist(), self.top_logprobs.tolist()
         samples = tuple(
-            LaneSample(row=row, token=int(tokens[i]), logprob=float(logprobs[i]),
-                       finite=bool(finite[i]), top_logprobs=_pairs(top_ids[i], top_lps[i]))
-            for i, row in enumerate(pack.rows) if pack.reports_sample[i]
-        )
-        if not self.scored:
-            return {RESULT_KEY: StepResult(samples=samples)}
-        n = int(pack.query_lengths[0])
-        values: np.ndarray = b.out_prompt_logprobs[:n].cpu().numpy()
-        prompt_ids = b.out_prompt_top_token[:n].cpu().numpy()
-        prompt_lps = b.out_prompt_top_logprob[:n].cpu().numpy()
-        return {RESULT_KEY: StepResult(
+            LaneSample(row=row, token=tokens[i], logprob=logprobs[i], finite=finite[i],
+                       top_logprobs=tuple(zip(top_ids[i], top_lps[i], strict=True)))
+            for i, row in enumerate(self.rows))
+        if self.prompt_logprobs is None:
+            return StepResult(samples=samples)
+        assert self.prompt_top_ids is not None and self.prompt_top_logprobs is not None
+        prompt_ids, prompt_lps = self.prompt_top_ids.tolist(), self.prompt_top_logprobs.tolist()
+        return StepResult(
             samples=samples,
-            prompt_logprobs=tuple(float(v) for v in values),
-            prompt_top_logprobs=tuple(_pairs(prompt_ids[i], prompt_lps[i]) for i in range(n)),
-        )}
+            prompt_logprobs=tuple(self.prompt_logprobs.tolist()),
+            prompt_top_logprobs=tuple(tuple(zip(ids, lps, strict=True))
+                                      for ids, lps in zip(prompt_ids, prompt_lps, strict=True)),
+        )
+
+
+def _host_copy(values: torch.Tensor, lanes: list[int]) -> np.ndarray:
+    """The chosen lanes of an output buffer, copied to a host array."""
+    return values.cpu().numpy()[lanes]
 
 
 def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
@@ -318,6 +353,3 @@ def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
     index = torch.as_tensor(rows, dtype=torch.int64, device=values.device)
     return values.index_select(0, index).cpu().numpy()
 
-
-def _pairs(ids: np.ndarray, logprobs: np.ndarray) -> tuple[tuple[int, float], ...]:
-    return tuple((int(t), float(lp)) for t, lp in zip(ids, logprobs, strict=True))

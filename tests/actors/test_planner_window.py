@@ -167,3 +167,57 @@ async def test_queue_39_overrun_suspends_planning_until_completion(
                     toy.backend.complete_next()
     tokens = [t for e in results[0] if isinstance(e, TokenDelta) for t in e.token_ids]
     assert tokens == reference_output([4, 5, 6], 12)
+
+
+async def test_idle_device_gets_its_next_frame_before_publication(
+        autojump_clock: Clock) -> None:
+    """When a completion leaves no frame in flight (a prefill drains the window,
+    QUEUE-12), the planner launches the next frame before it sends the completed
+    frame's tokens to the publisher, so the device does not wait for publication;
+    while another frame still runs, the tokens go first (ACCT-17 order unchanged)."""
+    from actors.messages import FrameOrder, PublishFrame
+    from tests.actors.toy import toy_runtime
+
+    async with toy_runtime(timed=True) as toy:
+        planner = toy.runtime._planner
+        sends: list[tuple[str, int, int]] = []
+
+        def observe(channel: Any, kind: type, name: str) -> None:
+            original = channel.send
+
+            async def send(message: Any) -> None:
+                if isinstance(message, kind):
+                    in_flight = len(planner.scheduler.in_flight())
+                    sends.append((name, int(message.fence), in_flight))
+                await original(message)
+
+            channel.send = send
+
+        complete = planner._complete_in_scheduler
+
+        def observed_complete(frame: Any) -> Any:
+            tokens = complete(frame)
+            sends.append(("complete", int(frame.fence), len(planner.scheduler.in_flight())))
+            return tokens
+
+        planner._complete_in_scheduler = observed_complete
+        observe(planner._to_publisher, PublishFrame, "publish")
+        observe(planner._to_dispatcher, FrameOrder, "launch")
+        async with toy.runtime.generate(request([1, 2, 3], 8)) as events:
+            tokens = [t async for e in events if isinstance(e, TokenDelta)
+                      for t in e.token_ids]
+    assert tokens == reference_output([1, 2, 3], 8)
+    completions = [i for i, (name, _, _) in enumerate(sends) if name == "complete"]
+    assert len(completions) == 8, str(sends)  # a prefill and seven decodes
+    idle = [i for i in completions if sends[i][2] == 0]
+    busy = [i for i in completions if sends[i][2] > 0]
+    assert idle and busy, sends  # the prefill drains the window (QUEUE-12)
+    for i in idle:
+        fence = sends[i][1]
+        rest = [s for s in sends[i + 1:] if s[0] != "complete"]
+        if rest and rest[0][0] == "launch":
+            # the idle device got its next frame, then the tokens went out
+            assert rest[1] == ("publish", fence, 1), sends
+    for i in busy:
+        fence = sends[i][1]
+        assert sends[i + 1][:2] == ("publish", fence), sends  # tokens first

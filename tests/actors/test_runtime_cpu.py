@@ -103,9 +103,14 @@ async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(
             await wait_until_idle(rt)
             snapshots = sum(n for kind, n in rt.statistics().executions_by_graph
                             if kind.startswith("state"))
-            # Five completions earn their capture from their decodes (QUEUE-23); the
-            # scored one-token request's prefill allowance does not pay for one.
-            assert snapshots == (5 if state_operations else 0)
+            # Five completions earn their capture from their decodes (QUEUE-23). The
+            # scored one-token request has only its prefill's allowance (5 % of its
+            # measured time): whether that covers the measured snapshot depends on
+            # this machine's timings of the two programs, so it may add a sixth.
+            if state_operations:
+                assert 5 <= snapshots <= 6
+            else:
+                assert snapshots == 0
 
 
 @pytest.mark.slow
