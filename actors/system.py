@@ -39,6 +39,7 @@ from actors import planner as planner_actor
 from actors import publisher as publisher_actor
 from actors.admission import AdmissionLimits, AdmissionState
 from actors.calibration import measure_snapshot_programs
+from actors.capture_warmup import capture_programs
 from actors.checkpoint_allocator import AllocatorState
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
@@ -332,6 +333,8 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
         await trio.to_thread.run_sync(
             lambda: backend.prepare(list(engine.programs.values())))
+        if config.capture_forward and backend.name == "cpu":
+            await trio.to_thread.run_sync(lambda: capture_programs(backend, engine.programs))
         measured = await trio.to_thread.run_sync(
             lambda: measure_snapshot_programs(backend, engine.programs,
                                               state_rows=engine.state_rows))
