@@ -256,14 +256,16 @@ class Planner:
         if rounds is None or not isinstance(self.scheduler, SpeculativeScheduler):
             return self.scheduler.complete(frame.fence, frame.records, frame.timing)
         survival = {lane.handle: lane.survival for lane in rounds.lanes}
+        # the drafts each lane's source supplied and the target verified (copy
+        # proposals may supply fewer than the allocation)
+        offered = {lane.handle: lane.evaluated for lane in rounds.lanes}
         shape = frame.plan.shape
         if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth:
-            offered = {lane.handle: lane.evaluated for lane in rounds.lanes}
             return self.scheduler.complete_packed_round_with_survival(
                 frame.fence, frame.records, frame.timing, rounds.confidence, offered,
                 survival)
         return self.scheduler.complete_with_survival(frame.fence, frame.records, frame.timing,
-                                                     survival)
+                                                     survival, offered)
 
     def _count_round(self, rounds: SpeculativeRounds) -> None:
         c = self.counters

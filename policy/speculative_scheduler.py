@@ -265,9 +265,16 @@ class SpeculativeScheduler(Scheduler):
     def complete_with_survival(
         self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming,
         survival: Mapping[RequestHandle, Sequence[float]],
+        offered: Mapping[RequestHandle, int] | None = None,
     ) -> list[GeneratedToken]:
-        """``complete`` with ``completion_speculative_survival`` rows (QUEUE-4, ACC-28)."""
-        return self._complete(fence, records, timing, confidence=None, offered=None,
+        """``complete`` with ``completion_speculative_survival`` rows (QUEUE-4, ACC-28).
+
+        ``offered``: each lane's verified draft count, when the proposal source may
+        supply fewer drafts than the host allocated (copy proposals: ``D`` bounds the
+        supplied prefix). Positions no draft was supplied for were never proposed, so
+        they are not rejections; a lane with none observes nothing, like a width-one
+        round (ACC-9). Without it every lane offered its full ceiling."""
+        return self._complete(fence, records, timing, confidence=None, offered=offered,
                               survival=survival)
 
     def complete_packed_round(

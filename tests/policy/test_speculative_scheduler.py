@@ -93,6 +93,35 @@ def test_acc_6_acc_7_host_round_updates_acceptance() -> None:
     assert s.request(hs[0]).output_committed == 4
 
 
+def test_acc_9_host_round_observes_only_the_drafts_the_source_supplied() -> None:
+    """Covers ACC-6, ACC-9 with copy proposals (``D`` bounds the supplied prefix): in a
+    host round of ceiling 4, a lane whose source supplied no draft observes nothing (as
+    a width-one round), and one that supplied two observes depths 1-2 only; without
+    ``offered`` every lane counts its whole ceiling as offered."""
+    def run(offered: bool) -> tuple[list[float], list[float]]:
+        s = scheduler()
+        hs = decoders(s, n=2, means=(0.95, 0.9, 0.85))
+        plan = s.plan()
+        assert plan is not None and plan.shape == spec(4)
+        s.commit(plan, Fence(1))
+        records = [CompletionRecord(handle=hs[0], epoch=plan.lanes[0].epoch, token_ids=(7,)),
+                   CompletionRecord(handle=hs[1], epoch=plan.lanes[1].epoch,
+                                    token_ids=(7, 8))]
+        drafts = {hs[0]: 0, hs[1]: 2}
+        s.complete_with_survival(Fence(1), records, timing(12),
+                                 {h: () for h in hs}, drafts if offered else None)
+        source = ProposalSource.LEARNED
+        return ([s.acceptance(hs[0]).acceptance(source).mean(d) for d in (1, 2, 3)],
+                [s.acceptance(hs[1]).acceptance(source).mean(d) for d in (1, 2, 3)])
+
+    none_supplied, two_supplied = run(offered=True)
+    assert none_supplied == pytest.approx([0.95, 0.9, 0.85])  # nothing observed
+    assert two_supplied[0] > 0.95 and two_supplied[1] < 0.9
+    assert two_supplied[2] == pytest.approx(0.85)  # depth 3 was never proposed
+    full_none, full_two = run(offered=False)
+    assert full_none[0] < 0.95 and full_two[2] < 0.85
+
+
 def test_queue_3_device_round_completes_through_packed_round() -> None:
     """Covers QUEUE-3, QUEUE-4, SPEC-22, ACC-13, ACC-28, LRN-12: a device round rejects
     plain ``complete``; ``complete_packed_round_with_survival`` reads the sidecar up to
