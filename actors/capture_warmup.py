@@ -65,10 +65,11 @@ def capture_programs(backend: Backend, programs: Mapping[GraphShape, PreparedPro
         try:
             handle.result()
         except Exception as exc:  # the first real launch captures instead
-            log.warning("forward capture at start-up failed", graph=shape.label(),
+            log.warning("runtime.forward_capture_failed", graph=shape.label(),
                         error=str(exc))
+        log.info("runtime.forward_captured", graph=shape.label(), index=index, total=len(targets))
         if progress is not None:
             progress(index, len(targets), shape)
-    log.info("forwards captured", programs=len(targets),
+    log.info("runtime.forwards_captured", programs=len(targets),
              seconds=round(time.perf_counter() - started, 2))
     return len(targets)

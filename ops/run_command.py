@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--draft-model", type=pathlib.Path, default=None,
                        help="draft model directory for learned speculative proposals")
     model.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    model.add_argument("--eager-forward", action="store_true",
+                       help="CPU: run the decoder forward op by op instead of replaying "
+                            "graphs captured at start-up (faster start, slower serving)")
     model.add_argument("--max-context", type=int, default=None,
                        help="context length (default: the model's max_position_embeddings)")
     sched = parser.add_argument_group("scheduling")
@@ -143,6 +146,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         model_dir=args.model,
         draft_model_dir=args.draft_model,
         backend=args.backend,
+        capture_forward=not args.eager_forward,
         max_batch=args.max_batch,
         prefill_capacities=tuple(args.prefill_capacity),
         mixed_prefill=args.mixed_prefill,

@@ -119,7 +119,8 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
         "--prefill-capacity", "64,4096", "--mixed-prefill", "--speculative-token-capacity", "6",
         "--scheduler-policy", "throughput", "--scheduler-terminal-value", "0.5",
         "--scheduler-terminal-age-price", "0", "--mtp-adaptive-verification-alpha", "1.5",
-        "--backend", "cuda", "--max-queue", "9", "--api-key", "k", "--served-model-name", "m"]
+        "--backend", "cuda", "--max-queue", "9", "--api-key", "k", "--served-model-name", "m",
+        "--eager-forward"]
     args = cli.build_parser(argv).parse_args(argv)
     config = build_runtime_config(args)
     assert config == RuntimeConfig(
@@ -127,7 +128,7 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
         prefill_capacities=(64, 4096), mixed_prefill=True, speculation="adaptive",
         speculative_token_capacity=6, max_queue=9, scheduler_policy="throughput",
         scheduler_terminal_value=0.5, scheduler_terminal_age_price=0.0,
-        adaptive_verification_alpha=1.5)
+        adaptive_verification_alpha=1.5, capture_forward=False)
     settings = build_app_settings(args)
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
