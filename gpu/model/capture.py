@@ -11,9 +11,11 @@ forward instead of overlapping it (``docs/runtime.md``, *Benchmark*).
 ``ForwardCapture`` is the CPU counterpart of a graph capture: the first forward of each
 input shape is traced once (``torch.jit.trace``) into a TorchScript graph whose
 interpreter runs the whole forward in C++ with the lock released. Later forwards of
-that shape replay the graph. Inputs are the packed-batch index tensors plus the page
-pools (written in place through the graph, exactly as the eager forward writes them);
-weights are constants of the graph. The traced graph runs the same aten operations in
+that shape replay the graph. Inputs are the packed-batch index tensors, the page
+pools (written in place through the graph, exactly as the eager forward writes them)
+and the weights: torch keeps every traced function for the life of the process, so a
+graph holds no tensor of its own and is shared by every decoder of the same model
+geometry (``shared_graphs``). The traced graph runs the same aten operations in
 the same order as the eager forward, and the graph executor's optimisations are
 switched off (no fusion), so the outputs are bit-identical (tests check it).
 
@@ -71,6 +73,11 @@ class ForwardCapture:
 
     def __init__(self, decoder: Decoder) -> None:
         self._decoder = decoder
+        self._weights = _weights_of(decoder)
+        """The decoder's tensors, fed to every graph after its inputs."""
+        self._model_key = (decoder.config, decoder.dtype,
+                           *(tuple(w.shape) for w in self._weights))
+        """What a shared graph depends on besides its input shapes."""
         self._graphs: dict[_GraphKey, Callable[..., torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.traced = 0
@@ -135,20 +142,19 @@ class ForwardCapture:
         width = batch.lane_major_width
         split = batch.phase_split
         split_width = 0 if split is None else split.width
-        has_prompt_table = bool(key[2])
+        has_prompt_table = split is not None and split.prompt_block_table is not None
         geometry = cache.geometry
 
-        # The weights are graph *inputs*, not constants: torch keeps every traced
-        # function for the life of the process (and constants would keep each
-        # engine's weights alive with it), so graphs are shared process-wide by
-        # everything they depend on: the model's geometry, dtype and input shapes.
-        weights = _weights_of(decoder)
+        # The weights are graph *inputs*, not constants (constants would keep each
+        # engine's weights alive with a graph torch never frees), so one graph serves
+        # every decoder with the same model key and input shapes.
+        weights = self._weights
         count = len(tensors)
-        shared_key = (decoder.config, decoder.dtype, *(tuple(w.shape) for w in weights), *key)
+        shared_key = (*self._model_key, *key)
         with _shared_lock:
             shared = _shared_graphs.get(shared_key)
         if shared is not None:
-            return self._bind(key, shared, weights)
+            return self._bind(key, shared)
 
         def run(*args: torch.Tensor) -> torch.Tensor:
             ids, pos, slots, lane, tables = args[:5]
@@ -181,11 +187,12 @@ class ForwardCapture:
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
         self.traced += 1
-        return self._bind(key, traced_run, weights)
+        return self._bind(key, traced_run)
 
-    def _bind(self, key: _GraphKey, graph: Callable[..., torch.Tensor],
-              weights: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def _bind(self, key: _GraphKey, graph: Callable[..., torch.Tensor]
+              ) -> Callable[..., torch.Tensor]:
         """This decoder's forward for ``key``: ``graph`` fed its own weights."""
+        weights = self._weights
 
         def forward(*args: torch.Tensor) -> torch.Tensor:
             return graph(*args, *weights)

@@ -14,7 +14,7 @@ Pure numpy: no device work happens here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -76,32 +76,17 @@ class HostInputs:
 
 
 @dataclass(frozen=True, slots=True)
-class HostPack:
-    """One packed frame: its host input arrays and the layout facts read back later.
+class HostPack(HostInputs):
+    """One packed frame: the ``HostInputs`` it was packed into (for a program, views of
+    the frame's own host block) and the layout facts read back later."""
 
-    The arrays are the ``HostInputs`` the frame was packed into (for a program, views
-    of the frame's own host block).
-    """
-
-    host_token: np.ndarray
-    host_position: np.ndarray
-    from_state: np.ndarray
-    lane_offset: np.ndarray
-    token_lane: np.ndarray
-    valid: np.ndarray
-    next_token: np.ndarray
-    lane_rows: np.ndarray
-    sample_index: np.ndarray
-    commits_token: np.ndarray
-    absolute_position: np.ndarray
-    advance: np.ndarray
-    prompt_slots: np.ndarray
-    prompt_lane: np.ndarray
-    decode_slots: np.ndarray
     query_lengths: np.ndarray
     offsets: np.ndarray
     reports_sample: tuple[bool, ...]
     rows: tuple[int, ...]
+
+
+_INPUT_FIELDS = tuple(f.name for f in fields(HostInputs))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,13 +224,6 @@ def pack_lanes(
         host.prompt_lane[0] = prefill_row
         host.commits_token[prefill_row] = prompt_ends
     reports = tuple(lane != prefill_row or prompt_ends for lane in range(n_lanes))
-    return HostPack(
-        host_token=host.host_token, host_position=host.host_position,
-        from_state=host.from_state, lane_offset=host.lane_offset,
-        token_lane=host.token_lane, valid=host.valid, next_token=host.next_token,
-        lane_rows=host.lane_rows, sample_index=host.sample_index,
-        commits_token=host.commits_token, absolute_position=host.absolute_position,
-        advance=host.advance, prompt_slots=host.prompt_slots, prompt_lane=host.prompt_lane,
-        decode_slots=host.decode_slots, query_lengths=lane_lengths, offsets=offsets,
-        reports_sample=reports, rows=rows,
-    )
+    arrays = {name: getattr(host, name) for name in _INPUT_FIELDS}
+    return HostPack(**arrays, query_lengths=lane_lengths, offsets=offsets,
+                    reports_sample=reports, rows=rows)
