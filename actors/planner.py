@@ -12,9 +12,10 @@ sends the frame's tokens to the publisher and handles no further completion unti
 publisher's ``Published(N)`` arrived, so the delivery correction never rewinds across
 later service observations. When that completion left the device idle (the window
 drained, QUEUE-12), the planner first plans and launches the next frame and only then
-sends the tokens, so the device does not wait for publication. Resources of requests the scheduler releases are returned
-(``Release``) *before* their last tokens go to the publisher, so a client that sees
-``Finished`` and sends its next turn finds the terminal checkpoint published (PRE-53).
+sends the tokens, so the device does not wait for publication. Resources of requests
+the scheduler releases are returned (``Release``) *before* their last tokens go to the
+publisher, so a client that sees ``Finished`` and sends its next turn finds the
+terminal checkpoint published (PRE-53).
 A request whose output ended but that cannot be released yet (a terminal capture
 still to run, or a decode queued behind its final token still in flight) gets its
 ``Finished`` right after its last tokens: the planner first tells the allocator
@@ -162,7 +163,7 @@ class Planner:
         self._drops: deque[Drop] = deque()
         self._held_publication: PublishFrame | None = None
         """A completed frame's tokens held back while the next frame is planned and
-        launched onto an idle device; sent right after (``handle``)."""
+        launched onto an idle device (``_send_held_publication``)."""
         self.draining = False
         self.counters = PlannerCounters()
         self.executions_by_graph: dict[str, int] = {}
