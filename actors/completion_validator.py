@@ -41,8 +41,12 @@ from actors.messages import (
     ValidatedFrame,
     ValidatorInbox,
 )
-from gpu.frames import RESULT_KEY, LaneSample, StepResult, result_of
-from gpu.programs.speculative import SpeculativeLane, SpeculativeResult
+from gpu.frames import LaneSample, StepResult, result_of
+from gpu.programs.speculative import (
+    SpeculativeLane,
+    SpeculativeResult,
+    speculative_result_of,
+)
 from policy.descriptors import ExecutionTiming, GraphKind
 from policy.types import CompletionRecord, Lane, LaneRole
 
@@ -99,7 +103,7 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
     if outcome.completion is None:
         return _failed(lanes, "the frame returned no completion")
     if order.plan.shape.kind is GraphKind.SPECULATIVE:
-        return check_speculative(order, outcome.completion.outputs.get(RESULT_KEY),
+        return check_speculative(order, speculative_result_of(outcome.completion.outputs),
                                  vocab_size=vocab_size)
     try:
         result = result_of(outcome.completion.outputs)

@@ -17,6 +17,7 @@ synchronously) becomes a fault outcome for that frame only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import trio
@@ -37,10 +38,8 @@ async def _wait(handle: LaunchHandle) -> None:
     token = trio.lowlevel.current_trio_token()
 
     def wake(_: LaunchHandle) -> None:
-        try:
+        with contextlib.suppress(trio.RunFinishedError):  # the runtime is gone
             token.run_sync_soon(finished.set)
-        except trio.RunFinishedError:  # the runtime is gone; nobody waits any more
-            pass
 
     handle.add_done_callback(wake)
     await finished.wait()

@@ -312,15 +312,16 @@ class SpeculativeProgram:
             self.caches_last_draft = max(limits, default=0) >= self.width
             geo = self._cache.geometry
             positions = (host["position"][active] if host is not None
-                         else _gather_to_host(st.position, active))
-            end = max(int(positions.max()) + self.width if active else 0, extra_end)
+                         else _gather_to_host(st.position, active)).tolist()
+            end = max(max(positions) + self.width if active else 0, extra_end)
             self.context_blocks = context_blocks(
                 min(end, geo.max_context), page_size=geo.page_size,
                 blocks_per_row=geo.blocks_per_row)
         if opts.greedy_shortcut:
             temperature = (host["temperature"][active] if host is not None
-                           else _gather_to_host(st.temperature, active))
-            self.any_sampled = bool((~(temperature <= 0.0)).any())  # filtered_probs' test
+                           else _gather_to_host(st.temperature, active)).tolist()
+            # filtered_probs' greedy test is ``temperature <= 0``; NaN counts as sampled
+            self.any_sampled = any(not t <= 0.0 for t in temperature)
 
     # --------------------------------------------------------------- execute
 
@@ -513,36 +514,70 @@ class SpeculativeProgram:
     # ---------------------------------------------------------- read outputs
 
     def read_outputs(self) -> dict[str, Any]:
+        """Copies of the output buffers (the next launch overwrites them); the lanes'
+        Python objects are built later, off the stream (``SpeculativeReadout``)."""
         frame = self._bound
         if frame is None:
             raise FrameError("read_outputs before bind")
-        tokens = self.out_tokens.cpu().numpy()
-        logprobs = self.out_logprobs.cpu().numpy()
-        top_ids = self.out_top_token.cpu().numpy()
-        top_lps = self.out_top_logprob.cpu().numpy()
-        finite = self.out_finite.cpu().numpy()
-        accepted, evaluated, target_rows, proposed = self.out_counts.cpu().numpy()
-        survival = self.out_survival.cpu().numpy()
-        drafts = self.out_drafts.cpu().numpy()
+        return {RESULT_KEY: SpeculativeReadout(
+            rows=tuple(frame.rows), tokens=_copied(self.out_tokens),
+            logprobs=_copied(self.out_logprobs), top_ids=_copied(self.out_top_token),
+            top_logprobs=_copied(self.out_top_logprob), finite=_copied(self.out_finite),
+            counts=_copied(self.out_counts), survival=_copied(self.out_survival),
+            drafts=_copied(self.out_drafts), confidence=_copied(self.out_confidence))}
+
+
+def _copied(values: torch.Tensor) -> np.ndarray:
+    """A host copy of an output buffer (on the CPU ``numpy()`` would share its memory)."""
+    return values.cpu().numpy().copy()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeReadout:
+    """A round's output buffers as host arrays; ``result()`` builds the
+    ``SpeculativeResult`` on the reader's thread (``speculative_result_of``), so the
+    stream's worker only copies."""
+
+    rows: tuple[int, ...]
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    finite: np.ndarray
+    counts: np.ndarray
+    """``[4, lanes]``: accepted, evaluated, target rows, proposed."""
+    survival: np.ndarray
+    drafts: np.ndarray
+    confidence: np.ndarray
+
+    def result(self) -> SpeculativeResult:
+        accepted, evaluated, target_rows, proposed = self.counts.tolist()
+        tokens, logprobs = self.tokens.tolist(), self.logprobs.tolist()
+        top_ids, top_lps = self.top_ids.tolist(), self.top_logprobs.tolist()
+        finite, survival, drafts = (self.finite.tolist(), self.survival.tolist(),
+                                    self.drafts.tolist())
         lanes = []
-        for i, row in enumerate(frame.rows):
-            count = int(accepted[i]) + 1
+        for i, row in enumerate(self.rows):
+            count = accepted[i] + 1
             lanes.append(SpeculativeLane(
-                row=row, tokens=tuple(int(t) for t in tokens[i, :count]),
-                logprobs=tuple(float(v) for v in logprobs[i, :count]),
-                top_logprobs=tuple(
-                    tuple((int(t), float(v)) for t, v in zip(top_ids[i, k], top_lps[i, k],
-                                                              strict=True))
-                    for k in range(count)),
-                finite=bool(finite[i]), accepted=int(accepted[i]),
-                evaluated=int(evaluated[i]), target_rows=int(target_rows[i]),
-                proposed=int(proposed[i]),
-                survival=tuple(float(v) for v in survival[i, :int(evaluated[i])]),
-                drafts=tuple(int(t) for t in drafts[i, :int(proposed[i])]),
+                row=row, tokens=tuple(tokens[i][:count]), logprobs=tuple(logprobs[i][:count]),
+                top_logprobs=tuple(tuple(zip(top_ids[i][k], top_lps[i][k], strict=True))
+                                   for k in range(count)),
+                finite=bool(finite[i]), accepted=accepted[i], evaluated=evaluated[i],
+                target_rows=target_rows[i], proposed=proposed[i],
+                survival=tuple(survival[i][:evaluated[i]]),
+                drafts=tuple(drafts[i][:proposed[i]]),
             ))
-        return {RESULT_KEY: SpeculativeResult(
-            lanes=tuple(lanes), confidence=self.out_confidence.cpu().numpy().copy(),
-            survival=survival.copy())}
+        return SpeculativeResult(lanes=tuple(lanes), confidence=self.confidence,
+                                 survival=self.survival)
+
+
+def speculative_result_of(outputs: Mapping[str, Any]) -> Any:
+    """The result inside a speculative program's ``read_outputs`` mapping, built here
+    from its ``SpeculativeReadout`` (anything else is returned as it is, for the
+    validator to reject)."""
+    result = outputs.get(RESULT_KEY)
+    return result.result() if isinstance(result, SpeculativeReadout) else result
 
 
 def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpu.frames import FRAME_KEY, GREEDY, NO_PROMPT_ROW, RESULT_KEY, SamplingParams, StateUpdate
+from gpu.frames import FRAME_KEY, GREEDY, NO_PROMPT_ROW, SamplingParams, StateUpdate
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import SpeculativeFrame, SpeculativeResult
+from gpu.programs.speculative import (
+    SpeculativeFrame,
+    SpeculativeResult,
+    speculative_result_of,
+)
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
 from policy.descriptors import GraphShape
 
@@ -30,7 +34,7 @@ class SpeculativeDriver(ReferenceDriver):
         frame = SpeculativeFrame(rows=tuple(rows), limits=tuple(limits), updates=updates)
         program.bind({FRAME_KEY: frame})
         program.execute()
-        result = program.read_outputs()[RESULT_KEY]
+        result = speculative_result_of(program.read_outputs())
         assert isinstance(result, SpeculativeResult)
         for lane in result.lanes:
             self.rows[lane.row].position += len(lane.tokens)
@@ -58,7 +62,7 @@ class SpeculativeDriver(ReferenceDriver):
         program = self.engine.programs[shape]
         program.bind({FRAME_KEY: frame})
         program.execute()
-        result = program.read_outputs()[RESULT_KEY]
+        result = speculative_result_of(program.read_outputs())
         assert isinstance(result, SpeculativeMixedResult)
         if prefill_row != NO_PROMPT_ROW:
             self.rows[rows[prefill_row]].position = prompt_start + len(prompt)

@@ -36,6 +36,7 @@ from gpu.programs.speculative import (
     SpeculativeProgram,
     SpeculativeResult,
     StagedRound,
+    speculative_result_of,
 )
 from gpu.request_state import RequestState
 from gpu.sampling import sample
@@ -240,7 +241,7 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         frame = self._mixed_frame
         if frame is None:
             raise FrameError("read_outputs before bind")
-        every = super().read_outputs()[RESULT_KEY]
+        every = speculative_result_of(super().read_outputs())
         prompt_row = frame.rows[frame.prefill_row] if frame.prefill_row != NO_PROMPT_ROW else -1
         speculative = SpeculativeResult(
             lanes=tuple(lane for lane in every.lanes if lane.row != prompt_row),

@@ -23,9 +23,15 @@ import pytest
 import torch
 
 from gpu.engine import ModelEngine
-from gpu.frames import FRAME_KEY, RESULT_KEY, PageAppend, RowInit, SamplingParams
+from gpu.frames import FRAME_KEY, PageAppend, RowInit, SamplingParams
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import COPY, LEARNED, SpeculativeFrame, attach_speculation
+from gpu.programs.speculative import (
+    COPY,
+    LEARNED,
+    SpeculativeFrame,
+    attach_speculation,
+    speculative_result_of,
+)
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 VOCAB, PAGE, LANES, WIDTH, NEW = 4, 16, 16, 3, 3
@@ -119,7 +125,7 @@ def sample_counts(target: Path, draft: Path, shape: GraphShape, source: str
                                                       updates=updates)})
             updates = ()
             program.execute()
-            for lane in program.read_outputs()[RESULT_KEY].lanes:
+            for lane in speculative_result_of(program.read_outputs()).lanes:
                 produced[lane.row].extend(lane.tokens)
                 accepted += lane.accepted
             if min(len(p) for p in produced) >= NEW:
