@@ -49,6 +49,12 @@ class RuntimeConfig:
     ``draft_model_dir``) or copied from the request's own token history (``copy``)."""
     draft_depth: int = DEFAULT_DRAFT_DEPTH
     """``--draft-depth D``: proposal depth of a speculative load (1..7)."""
+    copy_counterfactuals: bool = True
+    """Adaptive copy speculation: frames that verify no copy drafts (decodes, width-one
+    rounds) still teach copy acceptance, from the drafts the host replays the lookup
+    for (``actors.copy_counterfactuals``; flare's extension of ACC-9 for the copy
+    source). False keeps the seed's rule that only verified rounds observe
+    (``flare run --no-copy-counterfactuals``)."""
     speculative_allocation: SpeculativeAllocation = "host"
     """``--speculative-allocation``: ``host`` prepares host-allocated (``QueryLength``)
     speculative programs only; ``device`` adds ragged device-allocated

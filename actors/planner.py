@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
+from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
     kv_extent,
@@ -67,6 +68,7 @@ from actors.messages import (
 )
 from actors.public import FinishReason
 from gpu.frames import SamplingParams
+from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
 from policy.baselines.protocol import ClientTagged
 from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.descriptors import TargetBinding
@@ -102,6 +104,8 @@ class _Resident:
     """Its terminal snapshot frame completed and validated (PRE-39)."""
     finish_sent: bool = False
     """Its ``Drop`` (the client's ``Finished``) went out before its release."""
+    counterfactuals: CopyCounterfactuals | None = None
+    """Its counterfactual copy rounds (adaptive copy speculation only)."""
 
 
 FRAME_LOG_LENGTH = 4096
@@ -147,8 +151,12 @@ class Planner:
         to_allocator: trio.MemorySendChannel[AllocatorInbox],
         eos_token_ids: Sequence[int],
         clock_ns: Callable[[], int],
+        counterfactual_depth: int = 0,
     ) -> None:
+        """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
+        kept; ``_observe_counterfactuals``)."""
         self.scheduler = scheduler
+        self._counterfactual_depth = counterfactual_depth
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
@@ -281,6 +289,8 @@ class Planner:
 
     async def _complete(self, frame: ValidatedFrame) -> None:
         tokens = self._complete_in_scheduler(frame)
+        if self._counterfactual_depth:
+            self._observe_counterfactuals(frame, tokens)
         self.counters.frames += 1
         label = frame.plan.shape.label()
         self.executions_by_graph[label] = self.executions_by_graph.get(label, 0) + 1
@@ -325,6 +335,37 @@ class Planner:
                 return
             await self._to_publisher.send(publication)
         await self._send_drops()
+
+    def _observe_counterfactuals(self, frame: ValidatedFrame,
+                                 tokens: Sequence[GeneratedToken]) -> None:
+        """Counterfactual copy rounds (``actors.copy_counterfactuals``): a decode lane
+        that verified no copy drafts opens one from the context the frame started from
+        (before its tokens are appended); every lane's new tokens decide the open ones,
+        and the request's end censors the rest (ACC-8)."""
+        assert isinstance(self.scheduler, SpeculativeScheduler)
+        verified = ({lane.handle: lane.evaluated for lane in frame.rounds.lanes}
+                    if frame.rounds is not None else {})
+        decoding = {lane.handle for lane in frame.plan.lanes if lane.role is LaneRole.DECODE}
+        for token in tokens:
+            resident = self._residents.get(token.handle)
+            if resident is None or resident.source.epoch != token.epoch:
+                continue
+            tracker = resident.counterfactuals
+            if token.handle in decoding and not verified.get(token.handle, 0):
+                if tracker is None:
+                    source = resident.source
+                    tracker = resident.counterfactuals = CopyCounterfactuals.starting_from(
+                        (*source.prompt, *source.output_ids),
+                        depth=self._counterfactual_depth, max_ngram=COPY_MAX_NGRAM)
+                tracker.open_round()
+            if tracker is None:
+                continue
+            decided = [(o, a, False) for o, a in tracker.extend(token.token_ids)]
+            if token.finish is not None:
+                decided += [(o, a, True) for o, a in tracker.terminate()]
+            for offered, accepted, ended in decided:
+                self.scheduler.observe_copy_counterfactual(
+                    token.handle, offered=offered, accepted=accepted, terminated=ended)
 
     def _apply_extents(self, frame: ValidatedFrame) -> None:
         for lane, record in zip(frame.plan.lanes, frame.records, strict=True):

@@ -128,6 +128,9 @@ class RuntimeParts:
     """``--speculation``: ``off``, or ``fixed``/``adaptive`` with ``draft_source``; the
     planner then runs ``policy.speculative_scheduler.SpeculativeScheduler``."""
     draft_source: str = "draft"
+    copy_counterfactuals: bool = False
+    """Adaptive copy speculation: replay copy lookups where no copy round ran
+    (``RuntimeConfig.copy_counterfactuals``)."""
     clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
     close_backend: bool = True
     measured_costs: Mapping[GraphShape, int] = field(default_factory=dict)
@@ -291,6 +294,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         to_dispatcher=dispatcher_send,
         to_publisher=publisher_send, to_allocator=allocator_send.clone(),
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
+        counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -351,6 +355,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         state_rows=engine.state_rows, max_queue=config.max_queue,
         scheduler_policy=config.scheduler_policy,
         speculation=config.speculation, draft_source=config.draft_source,
+        copy_counterfactuals=config.copy_counterfactuals,
         policy=policy_preset(
             config.scheduler_policy if config.scheduler_policy in SEED_POLICIES else "balanced",
             terminal_value=config.scheduler_terminal_value,
@@ -433,6 +438,22 @@ def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
     return SpeculativeScheduler(
         parts.policy, catalog, mode=SpeculationMode(parts.speculation),
         source=ProposalSource(parts.draft_source), context_limit=max_context)
+
+
+def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
+                              catalog: Sequence[GraphShape]) -> int:
+    """Drafts per counterfactual copy round (the deepest copy round in the catalog), or
+    0 where the planner keeps none: only the seed's adaptive scheduler with copy
+    proposals learns from them (``RuntimeConfig.copy_counterfactuals``)."""
+    from policy.rounds import SpeculationMode
+    from policy.speculative_scheduler import SpeculativeScheduler
+
+    if not (parts.copy_counterfactuals and parts.draft_source == "copy"
+            and isinstance(scheduler, SpeculativeScheduler)
+            and scheduler.mode is SpeculationMode.ADAPTIVE):
+        return 0
+    return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
+               default=0)
 
 
 def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,

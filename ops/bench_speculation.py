@@ -51,9 +51,14 @@ from actors.public import (
 )
 from actors.system import Runtime, open_runtime
 
-PROMPT_MODULES = ("argparse", "json", "textwrap", "heapq", "bisect", "fractions",
-                  "difflib", "shlex")
-"""Standard-library modules whose docstrings are the fixed prompts (stream i uses i mod 8)."""
+PROMPT_MODULES = ("argparse", "json", "heapq", "difflib", "pickle", "csv", "random", "string",
+                  "collections", "typing", "statistics", "calendar", "configparser", "ftplib",
+                  "smtplib", "pdb")
+"""Standard-library modules whose docstrings are the measured prompts (request ``k`` of
+a load uses module ``k`` mod 16)."""
+WARM_UP_MODULES = ("doctest", "unittest", "sched", "subprocess", "tokenize", "inspect", "ast",
+                   "optparse")
+"""Prompts of the full-length warm-up requests (never measured)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +66,15 @@ class Mode:
     speculation: str
     source: str
     depth: int
+    counterfactuals: bool = True
+    """Adaptive copy: counterfactual copy rounds on (flare) or off (the seed's ACC-9)."""
 
     def label(self) -> str:
         if self.speculation == "off":
             return "off"
         depth = f"d{self.depth}" if self.speculation == "fixed" else f"adaptive<=d{self.depth}"
-        return f"{self.source}:{depth}"
+        seed_only = "" if self.counterfactuals or self.source != "copy" else ",acc9"
+        return f"{self.source}:{depth}{seed_only}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +110,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft sources to compare: draft, copy or both (default both)")
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--requests-per-stream", type=int, default=2,
+                        help="measured requests each stream sends one after another, each "
+                             "with its own prompt (default 2)")
+    parser.add_argument("--warm-up-requests", type=int, default=1,
+                        help="full-length requests per stream, on prompts never measured, "
+                             "after shape discovery and before the measured load: a server "
+                             "that has been serving this traffic (duration estimates, the "
+                             "population acceptance priors); 0 measures a cold start "
+                             "(default 1)")
+    parser.add_argument("--seed-adaptive", action="store_true",
+                        help="also run copy adaptive without counterfactual copy rounds "
+                             "(the seed's ACC-9 only; label 'copy:adaptive<=dN,acc9')")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     parser.add_argument("--scheduler-policy", choices=("balanced", "throughput"),
                         default="balanced",
@@ -156,16 +176,19 @@ def modes_of(args: argparse.Namespace) -> list[Mode]:
     for source in (s for s in args.sources.split(",") if s):
         modes += [Mode("fixed", source, d) for d in depths]
         modes.append(Mode("adaptive", source, max(depths)))
+        if source == "copy" and getattr(args, "seed_adaptive", False):
+            modes.append(Mode("adaptive", source, max(depths), counterfactuals=False))
     return modes
 
 
-def prompts(rt: Runtime, count: int, length: int) -> list[tuple[int, ...]]:
+def prompts(rt: Runtime, count: int, length: int,
+            modules: tuple[str, ...] = PROMPT_MODULES) -> list[tuple[int, ...]]:
     """Fixed prompts: the first ``length`` tokens of stdlib module docstrings."""
     import importlib
 
     result: list[tuple[int, ...]] = []
     for i in range(count):
-        text = importlib.import_module(PROMPT_MODULES[i % len(PROMPT_MODULES)]).__doc__ or ""
+        text = importlib.import_module(modules[i % len(modules)]).__doc__ or ""
         ids = rt.codec.encode(" ".join(text.split()))
         if len(ids) < length:  # word-level toy tokenizers map prose to <unk>: use ids
             ids = [3 + (i * 31 + j * 7) % (rt.codec.vocab_size - 3) for j in range(length)]
@@ -174,9 +197,17 @@ def prompts(rt: Runtime, count: int, length: int) -> list[tuple[int, ...]]:
 
 
 async def run_load(rt: Runtime, streams: int, args: argparse.Namespace,
-                   max_tokens: int) -> Row:
+                   max_tokens: int, *, per_stream: int = 1,
+                   modules: tuple[str, ...] = PROMPT_MODULES) -> Row:
+    """``streams`` concurrent streams, each sending ``per_stream`` requests in turn
+    (request ``k`` of stream ``i`` uses prompt ``k * streams + i``)."""
     produced = 0
     itls: list[float] = []
+    every = prompts(rt, streams * per_stream, args.prompt_tokens, modules)
+
+    async def stream(i: int) -> None:
+        for k in range(per_stream):
+            await one(every[k * streams + i])
 
     async def one(prompt: tuple[int, ...]) -> None:
         nonlocal produced
@@ -201,8 +232,8 @@ async def run_load(rt: Runtime, streams: int, args: argparse.Namespace,
 
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
-        for prompt in prompts(rt, streams, args.prompt_tokens):
-            nursery.start_soon(one, prompt)
+        for i in range(streams):
+            nursery.start_soon(stream, i)
     elapsed = trio.current_time() - start
     return Row(mode="", streams=streams, tokens=produced, seconds=elapsed,
                tokens_per_s=produced / elapsed if elapsed > 0 else 0.0,
@@ -222,7 +253,7 @@ async def warm_up(rt: Runtime, streams: int, args: argparse.Namespace) -> int:
     short warm-up left adaptive discovering inside the measured load."""
     known = -1
     for passes in range(1, WARMUP_PASSES + 1):
-        await run_load(rt, streams, args, max_tokens=8)
+        await run_load(rt, streams, args, max_tokens=8, modules=WARM_UP_MODULES)
         measured = len(rt.scheduler.estimates.measured())
         if measured == known:
             return passes
@@ -240,16 +271,21 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
         scheduler_policy=args.scheduler_policy, speculation=mode.speculation,  # type: ignore[arg-type]
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
+        copy_counterfactuals=mode.counterfactuals,
         **({"draft_depth": mode.depth} if mode.speculation != "off" else {}))
     rows: list[Row] = []
     async with open_runtime(config) as rt:
         timer = PlanTimer.install(rt) if getattr(args, "diagnose", False) else None
         for streams in loads:
             await warm_up(rt, streams, args)
+            for _ in range(getattr(args, "warm_up_requests", 0)):
+                await run_load(rt, streams, args, max_tokens=args.max_tokens,
+                               modules=WARM_UP_MODULES)
             before = rt.statistics()
             if timer is not None:
                 timer.reset()
-            row = await run_load(rt, streams, args, max_tokens=args.max_tokens)
+            row = await run_load(rt, streams, args, max_tokens=args.max_tokens,
+                                 per_stream=getattr(args, "requests_per_stream", 1))
             after = rt.statistics()
             drafted = after.speculative_drafted_tokens - before.speculative_drafted_tokens
             accepted = after.speculative_accepted_tokens - before.speculative_accepted_tokens

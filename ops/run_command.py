@@ -98,6 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                        help="proposal depth D of a speculative load (1..7): programs of "
                             "widths 1..D+1 are prepared")
+    sched.add_argument("--no-copy-counterfactuals", action="store_true",
+                       help="adaptive copy speculation: learn copy acceptance only from "
+                            "verified rounds (the seed's rule) instead of also replaying the "
+                            "copy lookup on frames that verified no drafts")
     sched.add_argument("--speculative-token-capacity", type=int, default=0,
                        help="bound R on aggregate target rows of speculative programs (0 = B*W)")
     sched.add_argument("--speculative-allocation", choices=("host", "device"), default="host",
@@ -154,6 +158,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         speculative_token_capacity=args.speculative_token_capacity,
         draft_source=args.draft_source or "draft",
         draft_depth=args.draft_depth,
+        copy_counterfactuals=not args.no_copy_counterfactuals,
         speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,
         kv_pages=args.kv_pages,

@@ -15,7 +15,9 @@ that ordinary scheduling (``policy/scheduler.py``) is untouched:
   acceptance update (ACC-6..9, ACC-13, ACC-28, LRN-12). Device-allocated programs with
   ``D > 0`` must complete through ``complete_packed_round`` (QUEUE-3), which carries the
   confidence sidecar and each lane's evaluated draft count;
-- idle clears positive acceptance credit and keeps debt (LRN-16).
+- idle clears positive acceptance credit and keeps debt (LRN-16);
+- ``observe_copy_counterfactual``: copy acceptance observed from frames that verified
+  no copy drafts (flare's extension of ACC-9 for the copy source).
 
 A funded timing refresh may also pick a stale speculative program and run one complete
 round (REF-13, REF-14: the base scheduler charges the refresh ledger its interval).
@@ -109,6 +111,34 @@ class SpeculativeScheduler(Scheduler):
                            weight: float = 128.0) -> None:
         """Give a request a preseeded acceptance history (OPEN-34, VER-23)."""
         self.acceptance(handle).preseed(self._source, means, weight)
+
+    def observe_copy_counterfactual(self, handle: RequestHandle, *, offered: int,
+                                    accepted: int, terminated: bool) -> None:
+        """Fold a *counterfactual* copy round into the request's copy acceptance and the
+        population prior, with the seed's estimator (ACC-6..8, ACC-20).
+
+        Copy proposals are a pure function of the request's own tokens (SPEC-8), so
+        where a frame advanced the request without verifying copy drafts (a decode, a
+        width-one round, a round whose lookup found nothing), the host can replay the
+        lookup on the context that frame started from and compare the drafts with the
+        tokens the target then produced: ``offered`` drafts, the first ``accepted`` of
+        them equal to the following tokens. For greedy lanes that is exactly what the
+        round would have accepted; for sampled lanes the match indicator has the
+        round's acceptance probability as its expectation. ``terminated``: the request
+        ended before the drafts were all compared (censoring, ACC-8). This is flare's
+        extension of ACC-9 for the copy source (``docs/speculative-selection.md``,
+        *Counterfactual copy rounds*): a real round's verification costs device time, a
+        counterfactual costs a dictionary lookup, and without it a request whose first
+        rounds failed re-learns copy acceptance only through 1 % probes.
+        """
+        if self._source is not ProposalSource.COPY:
+            raise ValueError("counterfactual rounds replay copy proposals; this scheduler "
+                             f"verifies {self._source.value} drafts")
+        # a request already released still teaches the population prior
+        state = (self.acceptance(handle) if handle in self._records
+                 else AcceptanceState(self._priors))
+        state.observe_round(ProposalSource.COPY, offered=offered, accepted=accepted,
+                            terminated=terminated)
 
     def take_released(self) -> list[RequestHandle]:
         done = super().take_released()

@@ -84,6 +84,7 @@ from gpu.speculative import (
     verify_greedy,
     write_confidence_sidecar,
 )
+from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 LEARNED = "draft"
@@ -159,7 +160,7 @@ class SpeculativeProgram:
 
     def __init__(self, shape: GraphShape, *, decoder: Decoder, cache: PagedKVCache,
                  state: RequestState, draft_state: DraftState, source: str,
-                 copy_max_ngram: int = 3, execution: ExecutionOptions | None = None) -> None:
+                 copy_max_ngram: int = COPY_MAX_NGRAM, execution: ExecutionOptions | None = None) -> None:
         if source not in SOURCES:
             raise ValueError(f"proposal source {source!r}: choose one of {SOURCES}")
         if source == LEARNED and draft_state.draft is None:
@@ -588,7 +589,7 @@ def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
 
 def attach_speculation(
     engine: ModelEngine, shapes: Sequence[GraphShape], *, source: str,
-    draft_model_dir: str | Path | None = None, copy_max_ngram: int = 3,
+    draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM,
 ) -> DraftState:
     """Give ``engine`` speculative programs for ``shapes`` (``SPECULATIVE`` shapes and
     ``speculation_enabled`` mixed shapes of any width; proposal ``source``: ``"draft"``
@@ -636,7 +637,7 @@ def is_speculative_shape(shape: GraphShape) -> bool:
 
 def load_speculative_engine(
     model_dir: str | Path, *, catalog: Sequence[GraphShape], source: str,
-    draft_model_dir: str | Path | None = None, copy_max_ngram: int = 3, **load_options: Any,
+    draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM, **load_options: Any,
 ) -> ModelEngine:
     """``ModelEngine.load`` for a speculative load: the ordinary shapes of ``catalog``
     through the engine, then every speculative and ``speculation_enabled`` mixed shape

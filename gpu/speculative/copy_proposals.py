@@ -23,6 +23,10 @@ import torch
 
 from gpu.speculative.verification import PAD_TOKEN
 
+COPY_MAX_NGRAM = 3
+"""The longest suffix n-gram a copy lookup tries (the programs' default; the planner's
+counterfactual copy rounds replay the same lookup, ``actors.copy_counterfactuals``)."""
+
 
 class CopyProposal(NamedTuple):
     """Copy proposals for a batch of lanes."""

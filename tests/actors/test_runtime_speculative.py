@@ -183,3 +183,36 @@ async def test_a_cache_hit_shares_the_draft_context(tiny_llama: Path) -> None:
     drafted = after.speculative_drafted_tokens - before.speculative_drafted_tokens
     accepted = after.speculative_accepted_tokens - before.speculative_accepted_tokens
     assert drafted > 0 and accepted == drafted
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
+        tiny_llama: Path, plain_outputs: list[list[int]], enabled: bool) -> None:
+    """Adaptive copy speculation: frames that verified no copy drafts open counterfactual
+    copy rounds (``actors.copy_counterfactuals``), decided ones reach
+    ``observe_copy_counterfactual`` with ``0 <= accepted <= offered <= D``; switched off
+    (``copy_counterfactuals=False``, the seed's ACC-9) none do. Output is unchanged."""
+    config = config_for(tiny_llama, speculation="adaptive", draft_source="copy",
+                        draft_depth=3, copy_counterfactuals=enabled)
+    observed: list[tuple[int, int, bool]] = []
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            scheduler = rt.scheduler
+            assert isinstance(scheduler, SpeculativeScheduler)
+            original = scheduler.observe_copy_counterfactual
+
+            def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
+                observed.append((offered, accepted, terminated))
+                original(handle, offered=offered, accepted=accepted, terminated=terminated)
+
+            scheduler.observe_copy_counterfactual = record  # type: ignore[method-assign]
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+    assert [tokens for tokens, _ in results] == plain_outputs
+    if not enabled:
+        assert observed == []
+        return
+    assert observed
+    assert all(0 <= accepted <= offered <= 3 for offered, accepted, _ in observed)
+    # the repetitive prompt's greedy continuation repeats: some drafts would have held
+    assert any(accepted > 0 for _, accepted, _ in observed)

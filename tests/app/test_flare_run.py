@@ -133,17 +133,22 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
 
-@pytest.mark.parametrize(("flags", "mode", "source", "depth"), [
-    ([], "off", "draft", 4),
-    (["--draft-source", "copy"], "adaptive", "copy", 4),
-    (["--speculation", "fixed", "--draft-source", "copy", "--draft-depth", "2"], "fixed", "copy", 2),
+@pytest.mark.parametrize(("flags", "mode", "source", "depth", "counterfactuals"), [
+    ([], "off", "draft", 4, True),
+    (["--draft-source", "copy"], "adaptive", "copy", 4, True),
+    (["--draft-source", "copy", "--no-copy-counterfactuals"], "adaptive", "copy", 4, False),
+    (["--speculation", "fixed", "--draft-source", "copy", "--draft-depth", "2"], "fixed", "copy",
+     2, True),
 ])
 def test_speculation_flags_reach_the_runtime_config(
-        model_dir: pathlib.Path, flags: list[str], mode: str, source: str, depth: int) -> None:
-    """Issue 6: modes and the draft source are selectable at ``flare run``."""
+        model_dir: pathlib.Path, flags: list[str], mode: str, source: str, depth: int,
+        counterfactuals: bool) -> None:
+    """Issue 6: modes, the draft source and counterfactual copy rounds are selectable at
+    ``flare run``."""
     argv = ["run", "--model", str(model_dir), *flags]
     config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
-    assert (config.speculation, config.draft_source, config.draft_depth) == (mode, source, depth)
+    assert (config.speculation, config.draft_source, config.draft_depth,
+            config.copy_counterfactuals) == (mode, source, depth, counterfactuals)
     config.validate()
 
 

@@ -27,6 +27,11 @@ def test_modes_cover_off_each_fixed_depth_and_adaptive_per_source() -> None:
     assert [m.label() for m in modes] == [
         "off", "draft:d1", "draft:d3", "draft:adaptive<=d3",
         "copy:d1", "copy:d3", "copy:adaptive<=d3"]
+    with_seed = bench_speculation.modes_of(_args("--depths", "2", "--sources", "copy",
+                                                 "--seed-adaptive"))
+    assert [m.label() for m in with_seed] == [
+        "off", "copy:d2", "copy:adaptive<=d2", "copy:adaptive<=d2,acc9"]
+    assert [m.counterfactuals for m in with_seed] == [True, True, True, False]
 
 
 def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
@@ -37,7 +42,8 @@ def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
     try:
         code = bench_speculation.main(_args(
             "--tiny", "--depths", "1", "--loads", "1,2", "--max-batch", "2",
-            "--prompt-tokens", "8", "--max-tokens", "6", "--json"))
+            "--prompt-tokens", "8", "--max-tokens", "6", "--requests-per-stream", "2",
+            "--warm-up-requests", "1", "--json"))
     finally:
         torch.set_num_threads(threads)
     assert code == 0
@@ -46,7 +52,8 @@ def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
     expected_modes = ["off", "draft:d1", "draft:adaptive<=d1", "copy:d1", "copy:adaptive<=d1"]
     assert keys == [(m, n) for m in expected_modes for n in (1, 2)]
     for row in rows:
-        assert row["tokens"] == 6 * row["streams"], row  # greedy, ignore_eos: all delivered
+        # greedy, ignore_eos: every measured request delivers all its tokens
+        assert row["tokens"] == 6 * 2 * row["streams"], row
         assert row["tokens_per_s"] > 0 and row["mean_itl_ms"] > 0 and row["seconds"] > 0
         assert 0.0 <= row["acceptance"] <= 1.0
         # Off runs no speculative program; fixed runs nothing but (SPEC-5 modes).

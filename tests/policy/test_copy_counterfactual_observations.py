@@ -1,0 +1,63 @@
+"""``SpeculativeScheduler.observe_copy_counterfactual``: a counterfactual copy round
+folds into the request's copy acceptance exactly as a verified round would (ACC-6,
+ACC-7), censored at termination (ACC-8), and moves the population prior (ACC-20), also
+for a request already released; only a copy scheduler accepts one."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.rounds import SpeculationMode
+from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
+from policy.speculative_scheduler import SpeculativeScheduler
+
+COPY = ProposalSource.COPY
+SHAPES = [GraphShape(kind=GraphKind.DECODE, batch_capacity=4, token_capacity=1,
+                     packed_capacity=4),
+          GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4,
+                     proposal_depth=3, packed_capacity=16, binding=TargetBinding.QUERY_LENGTH)]
+
+
+def copy_scheduler() -> SpeculativeScheduler:
+    return SpeculativeScheduler(catalog=SHAPES, mode=SpeculationMode.ADAPTIVE, source=COPY)
+
+
+def means(s: SpeculativeScheduler, handle: int) -> list[float]:
+    return [s.acceptance(handle).acceptance(COPY).mean(d) for d in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize(("offered", "accepted", "terminated"),
+                         [(3, 1, False), (3, 3, False), (2, 0, False), (3, 1, True)])
+def test_acc_6_7_8_a_counterfactual_observes_like_a_verified_round(
+        offered: int, accepted: int, terminated: bool) -> None:
+    s = copy_scheduler()
+    h = s.admit(prompt_len=8, max_output_tokens=64)
+    s.observe_copy_counterfactual(h, offered=offered, accepted=accepted,
+                                  terminated=terminated)
+    reference = AcceptanceState(PopulationPriors())
+    reference.observe_round(COPY, offered=offered, accepted=accepted, terminated=terminated)
+    assert means(s, h) == pytest.approx(
+        [reference.acceptance(COPY).mean(d) for d in (1, 2, 3, 4)])
+    first = means(s, h)
+    assert first[0] != pytest.approx(0.5)  # depth 1 was observed
+    if terminated:
+        assert first[accepted] == pytest.approx(0.5 ** (accepted + 1))  # censored
+    assert first[3] == pytest.approx(0.5 ** 4)  # never offered
+
+
+def test_acc_20_a_released_request_still_moves_the_population_prior() -> None:
+    s = copy_scheduler()
+    gone = 12345  # never admitted (or released): only the prior learns
+    s.observe_copy_counterfactual(gone, offered=1, accepted=1, terminated=False)
+    fresh = s.admit(prompt_len=8, max_output_tokens=64)
+    assert means(s, fresh)[0] == pytest.approx(0.5 + 0.5 / 64)
+    assert means(s, fresh)[1] == pytest.approx(0.25)
+
+
+def test_only_a_copy_scheduler_takes_counterfactual_rounds() -> None:
+    s = SpeculativeScheduler(catalog=SHAPES, mode=SpeculationMode.ADAPTIVE,
+                             source=ProposalSource.LEARNED)
+    h = s.admit(prompt_len=8, max_output_tokens=64)
+    with pytest.raises(ValueError, match="copy"):
+        s.observe_copy_counterfactual(h, offered=2, accepted=1, terminated=False)
