@@ -1,6 +1,7 @@
 """``flare bench runtime``: does the two-slot window hide planning and publication?
 
-Runs a saturating, decode-heavy load through the whole runtime (``open_runtime``: the
+Runs a saturating, decode-heavy load (by default 16 requests of 32 prompt and 256
+output tokens on 8 request slots) through the whole runtime (``open_runtime``: the
 six actors, the real scheduler, the real model on the chosen backend) and prints, over
 the measured window, the device-busy fraction (sum of program execution intervals /
 wall time) and the host gap between consecutive frames (the time from observing one
@@ -48,7 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=16,
                         help="concurrent requests (keep above --max-batch to saturate)")
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=256,
+                        help="output tokens per request (default 256: decode-heavy, eight "
+                             "output tokens per prompt token; every prompt's prefill drains "
+                             "the window, QUEUE-12)")
     parser.add_argument("--eager-forward", action="store_true",
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")

@@ -4,10 +4,15 @@ Opens the whole runtime (``open_runtime``: the actors, the real scheduler, the r
 model on the chosen backend) once per mode -- no speculation, each fixed proposal depth,
 adaptive -- for each draft source, and drives ``rt.generate`` directly (no HTTP) with
 greedy requests whose prompts are fixed text from Python standard-library docstrings.
-For each mode and each load (number of concurrent streams: one stream and saturation)
-it prints output tokens per second and the mean inter-token latency (per stream: time
-from its first to its last output token divided by the tokens after the first; then
-averaged over streams), with the draft acceptance rate and the share of speculative
+Each load measures a warmed server: short requests first discover every program's
+duration (the one-time start-up cost, DUR-22), then ``--warm-up-requests`` full-length
+requests per stream on prompts that are never measured (duration estimates and the
+population acceptance priors see this traffic, as in a server that has been serving
+it; 0 measures a cold start), then each stream sends ``--requests-per-stream``
+measured requests one after another. For each mode and each load (number of
+concurrent streams: one stream and saturation) it prints output tokens per second and
+the mean inter-token latency (per request: time from its first to its last output
+token divided by the tokens after the first; then averaged over requests), with the draft acceptance rate and the share of speculative
 programs among those run (both over the measured load). The seed's target ("Speculative decoding"): adaptive is at least
 as good as the best fixed choice, including none, at every load, and strictly better
 than no speculation at one stream.
