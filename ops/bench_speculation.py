@@ -124,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "that has been serving this traffic (duration estimates, the "
                              "population acceptance priors); 0 measures a cold start "
                              "(default 1)")
+    parser.add_argument("--speculative-allocation", choices=("host", "device"), default="host",
+                        help="adaptive modes: host-allocated programs only (default), or also "
+                             "ragged device-allocated ones (as flare run's flag)")
     parser.add_argument("--seed-adaptive", action="store_true",
                         help="also run copy adaptive without counterfactual copy rounds "
                              "(the seed's ACC-9 only; label 'copy:adaptive<=dN,acc9')")
@@ -277,6 +280,8 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
         copy_counterfactuals=mode.counterfactuals,
+        speculative_allocation=(getattr(args, "speculative_allocation", "host")  # type: ignore[arg-type]
+                                if mode.speculation == "adaptive" else "host"),
         **({"draft_depth": mode.depth} if mode.speculation != "off" else {}))
     rows: list[Row] = []
     async with open_runtime(config) as rt:
