@@ -23,6 +23,9 @@ still to run, or a decode queued behind its final token still in flight) gets it
 published the checkpoint (PRE-53 kept; docs/runtime.md, *Checkpoints*).
 Cancellation stops selection at once (``Scheduler.cancel``); the client stream ends
 right away, while pages and row stay owned through the request's last fence.
+With adaptive copy speculation the planner also keeps each request's counterfactual
+copy rounds (``actors.copy_counterfactuals``) and reports the decided ones to the
+scheduler after every completion (``_observe_counterfactuals``).
 """
 
 from __future__ import annotations
