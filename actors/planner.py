@@ -140,6 +140,12 @@ class PlannerCounters:
     accepted_tokens: int = 0
     accepted_by_position: list[int] = field(default_factory=list)
     """``[k]``: rounds whose draft at position ``k`` (0-based) was accepted."""
+    counterfactual_rounds: int = 0
+    """Counterfactual copy rounds decided (``_observe_counterfactuals``)."""
+    counterfactual_drafted_tokens: int = 0
+    """Drafts those rounds offered."""
+    counterfactual_accepted_tokens: int = 0
+    """Drafts of those rounds that equalled the following tokens."""
 
 
 class Planner:
@@ -369,6 +375,9 @@ class Planner:
             for offered, accepted, ended in decided:
                 self.scheduler.observe_copy_counterfactual(
                     token.handle, offered=offered, accepted=accepted, terminated=ended)
+                self.counters.counterfactual_rounds += 1
+                self.counters.counterfactual_drafted_tokens += offered
+                self.counters.counterfactual_accepted_tokens += accepted
 
     def _apply_extents(self, frame: ValidatedFrame) -> None:
         for lane, record in zip(frame.plan.lanes, frame.records, strict=True):

@@ -243,6 +243,9 @@ class Runtime:
             speculative_drafted_tokens=counters.drafted_tokens,
             speculative_accepted_tokens=counters.accepted_tokens,
             speculative_accepted_by_position=tuple(counters.accepted_by_position),
+            counterfactual_rounds=counters.counterfactual_rounds,
+            counterfactual_drafted_tokens=counters.counterfactual_drafted_tokens,
+            counterfactual_accepted_tokens=counters.counterfactual_accepted_tokens,
         )
 
     def frame_log(self) -> tuple[FrameRecord, ...]:

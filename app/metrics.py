@@ -9,8 +9,10 @@ Funded acceptance learning, last paragraph, counts executions by kind):
 ``flare_prefix_cache_hit_tokens_total``, ``flare_scheduler_prompt_tokens_total``,
 ``flare_scheduler_generation_tokens_total``; with speculation on, by proposal source
 ``{source}``: ``flare_speculative_programs_total``, ``flare_speculative_drafted_tokens_total``,
-``flare_speculative_accepted_tokens_total`` and
-``flare_speculative_accepted_by_position_total{source,position}``.
+``flare_speculative_accepted_tokens_total``,
+``flare_speculative_accepted_by_position_total{source,position}`` and the counterfactual
+copy rounds' ``flare_speculative_counterfactual_{rounds,drafted_tokens,accepted_tokens}_total``
+(zero unless adaptive copy speculation replays them).
 
 HTTP side: ``flare_prompt_tokens_total``, ``flare_generation_tokens_total``,
 ``flare_requests_finished_total{reason}``, ``flare_http_errors_total{status}`` and the
@@ -102,7 +104,16 @@ def _speculative_metrics(stats: RuntimeStatistics) -> Iterator[Metric]:
             ("flare_speculative_drafted_tokens", "Draft tokens the target verified.",
              stats.speculative_drafted_tokens),
             ("flare_speculative_accepted_tokens", "Draft tokens the target accepted.",
-             stats.speculative_accepted_tokens)):
+             stats.speculative_accepted_tokens),
+            ("flare_speculative_counterfactual_rounds",
+             "Counterfactual copy rounds decided (frames that verified no copy drafts).",
+             stats.counterfactual_rounds),
+            ("flare_speculative_counterfactual_drafted_tokens",
+             "Drafts the counterfactual copy rounds offered.",
+             stats.counterfactual_drafted_tokens),
+            ("flare_speculative_counterfactual_accepted_tokens",
+             "Counterfactual copy drafts that equalled the following tokens.",
+             stats.counterfactual_accepted_tokens)):
         family = CounterMetricFamily(name, text, labels=["source"])
         family.add_metric(source, value)
         yield family

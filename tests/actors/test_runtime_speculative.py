@@ -208,7 +208,11 @@ async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
             scheduler.observe_copy_counterfactual = record  # type: ignore[method-assign]
             results = await _serve_all(rt)
             await wait_until_idle(rt)
+            stats = rt.statistics()
     assert [tokens for tokens, _ in results] == plain_outputs
+    assert stats.counterfactual_rounds == len(observed)
+    assert stats.counterfactual_drafted_tokens == sum(o for o, _, _ in observed)
+    assert stats.counterfactual_accepted_tokens == sum(a for _, a, _ in observed)
     if not enabled:
         assert observed == []
         return

@@ -38,5 +38,14 @@ def test_speculative_counters_by_source_and_position() -> None:
               (("position", "1"), ("source", "copy")))] == 2
 
 
+def test_counterfactual_copy_rounds_are_counted() -> None:
+    s = scrape(stats(speculative_source="copy", counterfactual_rounds=7,
+                     counterfactual_drafted_tokens=20, counterfactual_accepted_tokens=11))
+    src = (("source", "copy"),)
+    assert s[("flare_speculative_counterfactual_rounds_total", src)] == 7
+    assert s[("flare_speculative_counterfactual_drafted_tokens_total", src)] == 20
+    assert s[("flare_speculative_counterfactual_accepted_tokens_total", src)] == 11
+
+
 def test_no_speculative_metrics_when_off() -> None:
     assert not any(name.startswith("flare_speculative") for name, _ in scrape(stats()))
