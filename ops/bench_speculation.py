@@ -127,6 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-allocation", choices=("host", "device"), default="host",
                         help="adaptive modes: host-allocated programs only (default), or also "
                              "ragged device-allocated ones (as flare run's flag)")
+    parser.add_argument("--mtp-adaptive-verification-alpha", type=float, default=None,
+                        help="adaptive modes: exponent on prefix-survival estimates (as flare "
+                             "run's flag; default 1)")
     parser.add_argument("--seed-adaptive", action="store_true",
                         help="also run copy adaptive without counterfactual copy rounds "
                              "(the seed's ACC-9 only; label 'copy:adaptive<=dN,acc9')")
@@ -269,10 +272,13 @@ async def warm_up(rt: Runtime, streams: int, args: argparse.Namespace) -> int:
     return WARMUP_PASSES
 
 
-async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
-                     draft: Path) -> list[Row]:
+def runtime_config(mode: Mode, args: argparse.Namespace, target: Path,
+                   draft: Path) -> RuntimeConfig:
+    """The runtime one mode runs on: the same model, catalog flags and policy for every
+    mode; the allocation and alpha options apply to adaptive modes only."""
     loads = [int(n) for n in args.loads.split(",") if n]
-    config = RuntimeConfig(
+    adaptive = mode.speculation == "adaptive"
+    return RuntimeConfig(
         model_dir=target, backend=args.backend, max_batch=args.max_batch,
         capture_forward=not getattr(args, "eager_forward", False),
         prefill_capacities=(64,), max_queue=max(max(loads), 1),
@@ -280,9 +286,17 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
         copy_counterfactuals=mode.counterfactuals,
+        adaptive_verification_alpha=(getattr(args, "mtp_adaptive_verification_alpha", None)
+                                     if adaptive else None),
         speculative_allocation=(getattr(args, "speculative_allocation", "host")  # type: ignore[arg-type]
-                                if mode.speculation == "adaptive" else "host"),
+                                if adaptive else "host"),
         **({"draft_depth": mode.depth} if mode.speculation != "off" else {}))
+
+
+async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
+                     draft: Path) -> list[Row]:
+    loads = [int(n) for n in args.loads.split(",") if n]
+    config = runtime_config(mode, args, target, draft)
     rows: list[Row] = []
     async with open_runtime(config) as rt:
         timer = PlanTimer.install(rt) if getattr(args, "diagnose", False) else None

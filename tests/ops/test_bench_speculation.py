@@ -34,6 +34,19 @@ def test_modes_cover_off_each_fixed_depth_and_adaptive_per_source() -> None:
     assert [m.counterfactuals for m in with_seed] == [True, True, True, False]
 
 
+def test_adaptive_options_reach_only_the_adaptive_runtimes(tmp_path: Path) -> None:
+    args = _args("--depths", "2", "--sources", "copy", "--seed-adaptive",
+                 "--speculative-allocation", "device", "--mtp-adaptive-verification-alpha", "2")
+    configs = {m.label(): bench_speculation.runtime_config(m, args, tmp_path, tmp_path)
+               for m in bench_speculation.modes_of(args)}
+    adaptive, seed_only = configs["copy:adaptive<=d2"], configs["copy:adaptive<=d2,acc9"]
+    assert (adaptive.speculative_allocation, adaptive.adaptive_verification_alpha) == ("device", 2.0)
+    assert adaptive.copy_counterfactuals and not seed_only.copy_counterfactuals
+    for fixed in (configs["off"], configs["copy:d2"]):
+        assert (fixed.speculative_allocation, fixed.adaptive_verification_alpha) == ("host", None)
+    assert configs["copy:d2"].draft_depth == 2 and configs["copy:d2"].speculation == "fixed"
+
+
 def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
