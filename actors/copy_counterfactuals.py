@@ -40,22 +40,25 @@ class CopyCounterfactuals:
     """Drafts per counterfactual round: the deepest copy round the catalog can run."""
     max_ngram: int
     min_ngram: int = 1
-    _context: list[int] = field(default_factory=list)
-    _last_end: dict[tuple[int, ...], int] = field(default_factory=dict)
+    _context: list[int] = field(init=False, default_factory=list)
+    _last_end: dict[tuple[int, ...], int] = field(init=False, default_factory=dict)
     """n-gram -> end index of its most recent occurrence among those indexed."""
-    _indexed_through: int = -1
+    _indexed_through: int = field(init=False, default=-1)
     """n-grams ending at indices up to this one are in ``_last_end``."""
-    _pending: list[_Pending] = field(default_factory=list)
+    _pending: list[_Pending] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.depth < 1 or not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need depth >= 1 and 1 <= min_ngram <= max_ngram, got "
+                             f"{self.depth}, {self.min_ngram}, {self.max_ngram}")
 
     @classmethod
     def starting_from(cls, context: Iterable[int], *, depth: int, max_ngram: int,
                       min_ngram: int = 1) -> CopyCounterfactuals:
         """A tracker for a request whose context (prompt, then output) is ``context``."""
-        if depth < 1 or not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need depth >= 1 and 1 <= min_ngram <= max_ngram, got "
-                             f"{depth}, {min_ngram}, {max_ngram}")
-        return cls(depth=depth, max_ngram=max_ngram, min_ngram=min_ngram,
-                   _context=list(context))
+        tracker = cls(depth=depth, max_ngram=max_ngram, min_ngram=min_ngram)
+        tracker._context = list(context)
+        return tracker
 
     @property
     def undecided(self) -> int:
