@@ -11,6 +11,7 @@ from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.rounds import SpeculationMode
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
 from policy.speculative_scheduler import SpeculativeScheduler
+from tests.policy.test_speculative_scheduler import decoders, scheduler, spec
 
 COPY = ProposalSource.COPY
 SHAPES = [GraphShape(kind=GraphKind.DECODE, batch_capacity=4, token_capacity=1,
@@ -61,3 +62,22 @@ def test_only_a_copy_scheduler_takes_counterfactual_rounds() -> None:
     h = s.admit(prompt_len=8, max_output_tokens=64)
     with pytest.raises(ValueError, match="copy"):
         s.observe_copy_counterfactual(h, offered=2, accepted=1, terminated=False)
+
+
+def test_matching_counterfactuals_bring_back_the_rounds_decodes_alone_never_would() -> None:
+    """Why counterfactual rounds exist: a request whose copy estimate fell keeps width one
+    (decodes observe nothing, ACC-9, and ordinary selection never probes); once the
+    counterfactual rounds of its decodes match, the same selection plans the widest round
+    (SEL-24 on the estimates they moved)."""
+    s = scheduler(source=COPY)
+    handles = decoders(s)
+    for h in handles:
+        s.preseed_acceptance(h, (0.02, 0.01, 0.0), weight=8.0)
+    plan = s.plan()
+    assert plan is not None and plan.shape.token_capacity == 1
+    for _ in range(60):
+        for h in handles:
+            s.observe_copy_counterfactual(h, offered=3, accepted=3, terminated=False)
+    plan = s.plan()
+    assert plan is not None and plan.shape == spec(4)
+    assert {lane.handle for lane in plan.lanes} == set(handles)

@@ -30,9 +30,10 @@ def spec(w: int, binding: TargetBinding = HOST, b: int = 4) -> GraphShape:
 
 
 def scheduler(binding: TargetBinding = HOST, *,
-              mode: SpeculationMode = SpeculationMode.ADAPTIVE) -> SpeculativeScheduler:
+              mode: SpeculationMode = SpeculationMode.ADAPTIVE,
+              source: ProposalSource = ProposalSource.LEARNED) -> SpeculativeScheduler:
     shapes = [DECODE4, spec(1, binding), spec(2, binding), spec(4, binding)]
-    s = SpeculativeScheduler(catalog=shapes, mode=mode)
+    s = SpeculativeScheduler(catalog=shapes, mode=mode, source=source)
     s.advance_to(1_000 * MS)
     for shape in shapes:
         cost = 10 * MS if shape is DECODE4 else (10 + shape.token_capacity // 2) * MS
