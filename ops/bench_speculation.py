@@ -388,7 +388,35 @@ def render(rows: list[Row]) -> str:
             f"{r.tokens_per_s:>18.1f}{r.mean_itl_ms:>9.2f}{r.acceptance:>6.2f}"
             f"{r.speculative_share:>6.2f}" for r in (by_key[(label, n)] for n in loads))
         lines.append(f"{label:<20}{cells}")
+    verdicts = target_verdicts(rows)
+    if verdicts:
+        lines += ["", *verdicts]
     return "\n".join(lines)
+
+
+def target_verdicts(rows: list[Row]) -> list[str]:
+    """The issue's target per source and load, from the rows shown: adaptive against the
+    best fixed choice, "off" included (``adaptive<=dN`` only; the ``,acc9`` variant is a
+    comparison, not a candidate), and against "off" at one stream."""
+    by_key = {(r.mode, r.streams): r.tokens_per_s for r in rows}
+    out = []
+    for mode, streams in by_key:
+        source, _, kind = mode.partition(":")
+        if not kind.startswith("adaptive") or kind.endswith(",acc9"):
+            continue
+        fixed = {m: v for (m, n), v in by_key.items() if n == streams
+                 and (m == "off" or (m.startswith(f"{source}:d")))}
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda m: fixed[m])
+        adaptive = by_key[(mode, streams)]
+        ratio = adaptive / fixed[best] - 1.0 if fixed[best] > 0 else 0.0
+        line = (f"{mode} @ {streams}: {ratio:+.1%} against the best fixed choice "
+                f"({best} {fixed[best]:.1f}): {'met' if ratio >= 0 else 'not met'}")
+        if streams == 1 and "off" in fixed:
+            line += f"; {'above' if adaptive > fixed['off'] else 'not above'} off"
+        out.append(line)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:

@@ -84,3 +84,20 @@ def test_render_puts_loads_side_by_side() -> None:
     assert lines[2].split() == ["off", "10.0", "5.00", "0.00", "0.00",
                                 "80.0", "5.00", "0.00", "0.00"]
     assert lines[3].split()[0] == "copy:d1"
+
+
+def test_target_verdicts_compare_adaptive_with_the_best_fixed_choice() -> None:
+    """The issue's target, printed under the table: adaptive against the best of "off"
+    and every fixed depth of its source, per load; the seed-only variant is not a
+    candidate; at one stream also against "off"."""
+    figures = {("off", 1): 100.0, ("copy:d2", 1): 150.0, ("copy:d4", 1): 140.0,
+               ("copy:adaptive<=d4", 1): 147.0, ("copy:adaptive<=d4,acc9", 1): 160.0,
+               ("off", 8): 500.0, ("copy:d2", 8): 450.0, ("copy:d4", 8): 400.0,
+               ("copy:adaptive<=d4", 8): 510.0, ("copy:adaptive<=d4,acc9", 8): 480.0}
+    rows = [bench_speculation.Row(m, n, 10, 1.0, v, 5.0) for (m, n), v in figures.items()]
+    verdicts = bench_speculation.target_verdicts(rows)
+    assert verdicts == [
+        "copy:adaptive<=d4 @ 1: -2.0% against the best fixed choice (copy:d2 150.0): "
+        "not met; above off",
+        "copy:adaptive<=d4 @ 8: +2.0% against the best fixed choice (off 500.0): met"]
+    assert bench_speculation.render(rows).splitlines()[-2:] == verdicts
