@@ -116,7 +116,8 @@ class RuntimeStatistics:
     speculative_accepted_by_position: tuple[int, ...] = ()
     """``[k]``: verified rounds whose draft at 0-based position ``k`` was accepted."""
     counterfactual_rounds: int = 0
-    """Counterfactual copy rounds decided (adaptive copy speculation, ``actors.copy_counterfactuals``)."""
+    """Counterfactual copy rounds decided (adaptive copy speculation,
+    ``actors.copy_counterfactuals``)."""
     counterfactual_drafted_tokens: int = 0
     """Drafts those rounds offered."""
     counterfactual_accepted_tokens: int = 0

@@ -12,10 +12,11 @@ it; 0 measures a cold start), then each stream sends ``--requests-per-stream``
 measured requests one after another. For each mode and each load (number of
 concurrent streams: one stream and saturation) it prints output tokens per second and
 the mean inter-token latency (per request: time from its first to its last output
-token divided by the tokens after the first; then averaged over requests), with the draft acceptance rate and the share of speculative
-programs among those run (both over the measured load). The seed's target ("Speculative decoding"): adaptive is at least
-as good as the best fixed choice, including none, at every load, and strictly better
-than no speculation at one stream.
+token divided by the tokens after the first; then averaged over requests), with the
+draft acceptance rate and the share of speculative programs among those run (both over
+the measured load). The seed's target ("Speculative decoding"): adaptive is at least as
+good as the best fixed choice, including none, at every load, and strictly better than
+no speculation at one stream; ``target_verdicts`` prints it under the table.
 
 With ``--tiny`` it builds a random tiny Llama pair in a temporary directory.
 ``--scheduler-policy throughput`` runs every mode under the seed's throughput preset

@@ -160,7 +160,8 @@ class SpeculativeProgram:
 
     def __init__(self, shape: GraphShape, *, decoder: Decoder, cache: PagedKVCache,
                  state: RequestState, draft_state: DraftState, source: str,
-                 copy_max_ngram: int = COPY_MAX_NGRAM, execution: ExecutionOptions | None = None) -> None:
+                 copy_max_ngram: int = COPY_MAX_NGRAM,
+                 execution: ExecutionOptions | None = None) -> None:
         if source not in SOURCES:
             raise ValueError(f"proposal source {source!r}: choose one of {SOURCES}")
         if source == LEARNED and draft_state.draft is None:
@@ -637,7 +638,8 @@ def is_speculative_shape(shape: GraphShape) -> bool:
 
 def load_speculative_engine(
     model_dir: str | Path, *, catalog: Sequence[GraphShape], source: str,
-    draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM, **load_options: Any,
+    draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM,
+    **load_options: Any,
 ) -> ModelEngine:
     """``ModelEngine.load`` for a speculative load: the ordinary shapes of ``catalog``
     through the engine, then every speculative and ``speculation_enabled`` mixed shape

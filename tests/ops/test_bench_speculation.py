@@ -40,7 +40,8 @@ def test_adaptive_options_reach_only_the_adaptive_runtimes(tmp_path: Path) -> No
     configs = {m.label(): bench_speculation.runtime_config(m, args, tmp_path, tmp_path)
                for m in bench_speculation.modes_of(args)}
     adaptive, seed_only = configs["copy:adaptive<=d2"], configs["copy:adaptive<=d2,acc9"]
-    assert (adaptive.speculative_allocation, adaptive.adaptive_verification_alpha) == ("device", 2.0)
+    assert (adaptive.speculative_allocation,
+            adaptive.adaptive_verification_alpha) == ("device", 2.0)
     assert adaptive.copy_counterfactuals and not seed_only.copy_counterfactuals
     for fixed in (configs["off"], configs["copy:d2"]):
         assert (fixed.speculative_allocation, fixed.adaptive_verification_alpha) == ("host", None)
