@@ -23,6 +23,8 @@ DraftSource = Literal["draft", "copy"]
 SpeculativeAllocation = Literal["host", "device"]
 DEFAULT_DRAFT_DEPTH = 4
 """Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
+DEFAULT_DRAFT_CATCH_UP = 32
+"""Most missed positions a learned round re-feeds a lagging draft (``--draft-catch-up``)."""
 FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, 8))
 """Baselines that run every decode batch as a speculative round at depth K (issue 7)."""
 SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
@@ -49,6 +51,11 @@ class RuntimeConfig:
     ``draft_model_dir``) or copied from the request's own token history (``copy``)."""
     draft_depth: int = DEFAULT_DRAFT_DEPTH
     """``--draft-depth D``: proposal depth of a speculative load (1..7)."""
+    draft_catch_up: int = DEFAULT_DRAFT_CATCH_UP
+    """``--draft-catch-up K``: a learned draft's context may lag behind ordinary decodes
+    (they skip the draft forward) and catches up, at most K missed positions, inside the
+    next learned round (``gpu.draft_state``; flare's extension of SPEC-5). 0 keeps the
+    seed's rule: every width-one step feeds the draft."""
     copy_counterfactuals: bool = True
     """Adaptive copy speculation: frames that verify no copy drafts (decodes, width-one
     rounds) still teach copy acceptance, from the drafts the host replays the lookup
@@ -143,6 +150,8 @@ class RuntimeConfig:
             if self.draft_source == "draft" and self.draft_model_dir is None:
                 raise ConfigError(f"--speculation {self.speculation} with --draft-source draft "
                                   "needs --draft-model (or use --draft-source copy)")
+            if not 0 <= self.draft_catch_up <= 256:
+                raise ConfigError(f"--draft-catch-up must be 0..256, got {self.draft_catch_up}")
             if not 1 <= self.draft_depth <= 7:
                 raise ConfigError(f"--draft-depth must be 1..7, got {self.draft_depth}")
             if self.speculative_allocation not in ("host", "device"):

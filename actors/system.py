@@ -402,6 +402,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         execution=ExecutionOptions.for_device(device, capture_forward=config.capture_forward),
         speculation_source=config.draft_source if speculative else None,
         draft_model_dir=config.draft_model_dir,
+        draft_catch_up=config.draft_catch_up,
     )
     return engine, shapes
 

@@ -13,6 +13,18 @@ Owns what a proposal source needs beyond the target's request state:
 - the **token history** ``[rows + 1, max_context]`` for copy (n-gram) proposals: the
   token at each cached position plus the pending token at ``position``.
 
+**Lagging draft context** (flare's extension of SPEC-5, ``catch_up > 0``): keeping the
+draft current on every width-one step makes each decode of a learned load run the draft
+too. With ``catch_up = K`` ordinary decode frames only record the history, and
+``RequestState.draft_position[row]`` says below which position the row's draft KV is
+current: prefill and mixed frames advance it over the positions they feed the draft
+(when they continue it), and a learned round first re-feeds the draft the missed
+positions from the history, at most ``K`` of them (``SpeculativeProgram``'s catch-up
+window), then proposes as a maintained draft would. Output is exact whatever the draft
+sees (verification decides), so a lag beyond ``K`` only lowers acceptance: the positions
+older than the window are given up (the round sets ``draft_position`` to the new
+position), and a row restored from a cached prefix trusts its pages' draft KV.
+
 ``DraftMaintainingStateOp`` wraps state operations the same way: a snapshot or
 restore copies the history row and the draft pool's partial last page alongside the
 target's (full pages are shared by id in both pools); a page copy copies draft pages too.
@@ -57,9 +69,15 @@ class DraftModel:
 class DraftState:
     """Draft model (optional) and token history for one target's request state."""
 
-    def __init__(self, state: RequestState, draft: DraftModel | None, *, device: str) -> None:
+    def __init__(self, state: RequestState, draft: DraftModel | None, *, device: str,
+                 catch_up: int = 0) -> None:
+        if catch_up < 0:
+            raise ValueError("the draft catch-up window must be >= 0")
         self.state = state
         self.draft = draft
+        self.catch_up = catch_up if draft is not None else 0
+        """Most missed positions a learned round re-feeds the draft (0: the draft
+        context is maintained on every step, the seed's rule)."""
         geo = state.geometry
         self.history = torch.zeros((state.rows + 1, geo.max_context), dtype=torch.int64,
                                    device=device)
@@ -81,6 +99,28 @@ class DraftState:
         """Record each row's pending token at its position (rows ``[R]``; sink allowed)."""
         st = self.state
         self.record(rows, st.position[rows], st.pending_token[rows], rows != st.sink_row)
+
+    @property
+    def lagging(self) -> bool:
+        """Whether ordinary decodes skip the draft (a learned round catches up)."""
+        return self.catch_up > 0
+
+    def advance_draft_position(self, rows: torch.Tensor, token_lane: torch.Tensor,
+                               positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """After a draft forward over ``positions [N]`` (token ``i`` in lane
+        ``token_lane[i]``, lane ``r`` on state row ``rows[r]``): each lane whose fed
+        positions start at or below its ``draft_position`` continues the current draft
+        context, which then reaches past its last fed position. Lanes fed nothing, or
+        fed past a gap, keep theirs (a later round's catch-up re-feeds the gap)."""
+        dp = self.state.draft_position
+        lanes = rows.shape[0]
+        beyond = self.state.geometry.max_context + 1
+        start = torch.full((lanes,), beyond, dtype=torch.int64, device=rows.device)
+        start.scatter_reduce_(0, token_lane, torch.where(valid, positions, beyond), "amin")
+        end = torch.zeros(lanes, dtype=torch.int64, device=rows.device)
+        end.scatter_reduce_(0, token_lane, torch.where(valid, positions + 1, 0), "amax")
+        current = dp[rows]
+        dp.index_copy_(0, rows, torch.where((start <= current) & (end > current), end, current))
 
     def draft_forward(self, batch: PackedBatch) -> torch.Tensor | None:
         """Run the draft over ``batch`` (writes draft KV); final hidden states or None."""
@@ -113,7 +153,9 @@ class DraftMaintainingProgram:
 
     ``execute`` feeds the draft exactly the tokens the wrapped program feeds the target
     (same positions and KV slots, in the draft's pool), records them in the history,
-    runs the wrapped program, then records each lane's new pending token.
+    runs the wrapped program, then records each lane's new pending token. With a
+    lagging draft context an ordinary decode only records (no draft forward), and the
+    other kinds advance ``draft_position`` over what they fed.
     """
 
     def __init__(self, inner: StepProgram, draft_state: DraftState) -> None:
@@ -124,6 +166,9 @@ class DraftMaintainingProgram:
         self.draft_state = draft_state
         self._lane_major = inner.shape.token_capacity if inner.shape.kind is GraphKind.DECODE \
             else 0
+        self._feeds_draft = draft_state.draft is not None and not (
+            draft_state.lagging and inner.shape.kind is GraphKind.DECODE)
+        """Whether this program runs the draft (a lagging context skips it in decodes)."""
 
     @property
     def shape(self) -> GraphShape:
@@ -150,7 +195,7 @@ class DraftMaintainingProgram:
         valid = b.valid & (pos < geo.max_context)
         pos = torch.where(valid, pos, torch.zeros_like(pos))
         ds.record(tok_row, pos, ids, valid)
-        if ds.draft is not None:
+        if self._feeds_draft:
             block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
             page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
             slot_index = torch.arange(pos.shape[0], device=pos.device)
@@ -161,6 +206,8 @@ class DraftMaintainingProgram:
                     0, rows),
                 lane_major_width=self._lane_major, phase_split=self._phase_split(rows),
             ))
+            if ds.lagging:
+                ds.advance_draft_position(rows, b.token_lane, pos, valid)
         self.inner.execute()
         ds.record_pending(rows)
 

@@ -122,6 +122,7 @@ class ModelEngine:
         execution: ExecutionOptions | None = None,
         speculation_source: str | None = None,
         draft_model_dir: str | Path | None = None,
+        draft_catch_up: int = 0,
     ) -> ModelEngine:
         """Load ``model_dir`` onto ``device`` and prepare one program per catalog shape.
 
@@ -133,7 +134,8 @@ class ModelEngine:
         Speculative shapes (``SPECULATIVE`` and ``speculation_enabled`` mixed) need
         ``speculation_source`` (``"draft"`` with ``draft_model_dir``, or ``"copy"``):
         the ordinary shapes are built first, then ``attach_speculation`` adds the
-        speculative programs and wraps the ordinary ones to keep the draft context.
+        speculative programs and wraps the ordinary ones to keep the draft context
+        (``draft_catch_up > 0``: let it lag behind decodes, ``gpu.draft_state``).
         """
         execution = execution or ExecutionOptions.for_device(device)
         if (execution.host_bounds or execution.capture_forward) and \
@@ -181,7 +183,7 @@ class ModelEngine:
                      device=device, dtype=serving_dtype)
         if speculation_source is not None:
             attach_speculation(engine, speculative, source=speculation_source,
-                               draft_model_dir=draft_model_dir)
+                               draft_model_dir=draft_model_dir, draft_catch_up=draft_catch_up)
         return engine
 
 

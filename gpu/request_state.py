@@ -13,6 +13,11 @@ Host updates (initialise a row, append pages) are applied by ``apply_updates`` i
 a program's ``bind``, in stream order. On the CPU the tensors are host memory, so
 ``host_views`` exposes numpy views of them: updates are plain array writes there and
 ``bind`` reads positions and temperatures without any tensor round trip.
+
+``draft_position`` belongs to speculative loads whose learned draft context may lag
+(``gpu.draft_state``): the draft's KV is current below it. A row starts with it equal
+to its position (a cached prefix's pages carry their draft KV, see ``gpu.draft_state``);
+only draft-side code moves it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class RequestState:
         i64 = torch.int64
         self.pending_token = torch.zeros(n, dtype=i64, device=device)
         self.position = torch.zeros(n, dtype=i64, device=device)
+        self.draft_position = torch.zeros(n, dtype=i64, device=device)
         self.block_table = torch.full(
             (n, geometry.blocks_per_row), geometry.sink_page, dtype=i64, device=device
         )
@@ -61,6 +67,7 @@ class RequestState:
         return {
             "pending_token": self.pending_token,
             "position": self.position,
+            "draft_position": self.draft_position,
             "block_table": self.block_table,
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -107,6 +114,7 @@ class RequestState:
                 r = update.row
                 s = update.sampling
                 self.position[r] = update.position
+                self.draft_position[r] = update.position
                 self.pending_token[r] = update.pending_token
                 self.temperature[r] = s.temperature
                 self.top_p[r] = s.top_p
@@ -126,6 +134,7 @@ def _apply_on_host(host: dict[str, np.ndarray], update: StateUpdate, sink_page: 
     if isinstance(update, RowInit):
         s = update.sampling
         host["position"][r] = update.position
+        host["draft_position"][r] = update.position
         host["pending_token"][r] = update.pending_token
         host["temperature"][r] = s.temperature
         host["top_p"][r] = s.top_p

@@ -26,6 +26,7 @@ import structlog
 import trio
 
 from actors.config import (
+    DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DEFAULT_MODEL_DIR,
     SCHEDULER_POLICIES,
@@ -98,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                        help="proposal depth D of a speculative load (1..7): programs of "
                             "widths 1..D+1 are prepared")
+    sched.add_argument("--draft-catch-up", type=int, default=DEFAULT_DRAFT_CATCH_UP,
+                       help="learned draft: ordinary decodes skip the draft model and the "
+                            "next speculative round re-feeds it at most K missed positions "
+                            f"(default {DEFAULT_DRAFT_CATCH_UP}; 0 runs the draft on every "
+                            "decode step)")
     sched.add_argument("--no-copy-counterfactuals", action="store_true",
                        help="adaptive copy speculation: learn copy acceptance only from "
                             "verified rounds (the seed's rule) instead of also replaying the "
@@ -159,6 +165,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         draft_source=args.draft_source or "draft",
         draft_depth=args.draft_depth,
         copy_counterfactuals=not args.no_copy_counterfactuals,
+        draft_catch_up=args.draft_catch_up,
         speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,
         kv_pages=args.kv_pages,

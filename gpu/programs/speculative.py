@@ -208,6 +208,14 @@ class SpeculativeProgram:
         """False when no lane's limit reaches W: no lane can accept all D drafts, so the
         learned draft's last step (caching the last draft's KV) would write only the
         sink and is skipped (dynamic context only)."""
+        self.catches_up = source == LEARNED and draft_state.lagging and d > 0
+        """A lagging draft context (``gpu.draft_state``): the round re-feeds the draft
+        the positions it missed before proposing, and advances ``draft_position``.
+        Width-one rounds leave the draft alone then, like ordinary decodes."""
+        self.draft_window = draft_state.catch_up + 1 if self.catches_up else 1
+        """Rows per lane of the draft's first step: the pending token and up to
+        ``catch_up`` missed positions before it (static options: all of them; eager
+        ones: the power of two covering the bound lanes' largest lag)."""
         index = torch.arange(b * w, device=dev)
         self._lane_major = (torch.div(index, w, rounding_mode="floor"), index % w,
                             torch.arange(b, device=dev) * w)
@@ -310,6 +318,11 @@ class SpeculativeProgram:
             return
         active = [r for r, n in zip(rows, limits, strict=True) if n > 0]
         host = st.host_views  # CPU: read through numpy views, no tensor round trip
+        if self.catches_up:
+            self.draft_window = self._window_for(
+                host["position"][active] - host["draft_position"][active] if host is not None
+                else _gather_to_host(st.position, active)
+                - _gather_to_host(st.draft_position, active))
         if opts.dynamic_context:
             self.caches_last_draft = max(limits, default=0) >= self.width
             geo = self._cache.geometry
@@ -324,6 +337,15 @@ class SpeculativeProgram:
                            else _gather_to_host(st.temperature, active)).tolist()
             # filtered_probs' greedy test is ``temperature <= 0``; NaN counts as sampled
             self.any_sampled = any(not t <= 0.0 for t in temperature)
+
+    def _window_for(self, lags: np.ndarray) -> int:
+        """The catch-up window for lanes lagging ``lags`` positions: the power of two
+        covering the largest lag plus the pending token, at most ``catch_up + 1``."""
+        need = int(lags.max()) + 1 if lags.size else 1
+        window = 1
+        while window < need:
+            window *= 2
+        return min(window, self._draft.catch_up + 1)
 
     # --------------------------------------------------------------- execute
 
@@ -352,6 +374,8 @@ class SpeculativeProgram:
         assert draft is not None
         greedy = not self.any_sampled
         b, steps = self.batch, self.depth + (1 if self.caches_last_draft else 0)
+        if self._draft.lagging and self.depth == 0:
+            steps = 0  # a width-one round leaves a lagging draft context alone
         tables = self._state.block_table[rows]
         attended = tables[:, :self.context_blocks]
         lane = torch.arange(b, device=rows.device)
@@ -368,10 +392,13 @@ class SpeculativeProgram:
         drafts: list[torch.Tensor] = []
         dists: list[torch.Tensor] = []
         for j in range(steps):
-            hidden = draft.decoder.forward(PackedBatch(
-                token_ids=token, positions=step_pos[:, j], write_slots=step_slots[:, j],
-                token_lane=lane, lane_block_tables=attended, lane_major_width=1,
-            ), draft.cache)
+            if j == 0 and self.draft_window > 1:
+                hidden = self._catch_up(rows, n, limit, tables, attended)
+            else:
+                hidden = draft.decoder.forward(PackedBatch(
+                    token_ids=token, positions=step_pos[:, j], write_slots=step_slots[:, j],
+                    token_lane=lane, lane_block_tables=attended, lane_major_width=1,
+                ), draft.cache)
             if j == self.depth:
                 break  # this step only caches the last draft's KV (see caches_last_draft)
             logits = draft.decoder.logits(hidden)
@@ -391,6 +418,30 @@ class SpeculativeProgram:
             return tokens, None, present.to(torch.float32)
         probs = torch.stack(dists, dim=1)
         return tokens, probs, draft_confidence(probs, present)
+
+    def _catch_up(self, rows: torch.Tensor, n: torch.Tensor, limit: torch.Tensor,
+                  tables: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The draft's first step over a lagging context: each lane's window of
+        ``draft_window`` positions ending at its pending token (position ``n``) is fed
+        from the history, writing draft KV from the lane's ``draft_position`` on (the
+        positions before it are current already); the pending token's hidden state per
+        lane ``[B, hidden]``."""
+        draft = self._draft.draft
+        assert draft is not None
+        b, window = self.batch, self.draft_window
+        k = torch.arange(window, device=rows.device)[None, :]
+        pos = n[:, None] - (window - 1) + k  # [B, window], the last column is n
+        write = ((pos >= self._state.draft_position[rows][:, None]) | (k == window - 1)) \
+            & (limit > 0)[:, None]
+        slots, safe = self._slots(tables.repeat_interleave(window, dim=0), pos.reshape(-1),
+                                  write.reshape(-1))
+        ids = self._draft.history[rows[:, None].expand(b, window), safe.view(b, window)]
+        hidden = draft.decoder.forward(PackedBatch(
+            token_ids=ids.reshape(-1), positions=safe, write_slots=slots,
+            token_lane=torch.arange(b, device=rows.device).repeat_interleave(window),
+            lane_block_tables=attended, lane_major_width=window,
+        ), draft.cache)
+        return hidden.view(b, window, -1)[:, -1]
 
     def execute(self) -> None:
         st, ds = self._state, self._draft
@@ -480,6 +531,9 @@ class SpeculativeProgram:
                   result.tokens.reshape(-1), emits.reshape(-1))
         st.pending_token.index_copy_(0, rows, torch.where(active, result.next_token, pending))
         st.position.index_copy_(0, rows, n + result.emitted)
+        if self.catches_up:  # the draft KV is current through the accepted drafts now
+            st.draft_position.index_copy_(
+                0, rows, torch.where(active, n + result.emitted, st.draft_position[rows]))
 
     def _target_forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
                         lane: torch.Tensor, tables: torch.Tensor, layout: PackedLayout,
@@ -591,20 +645,22 @@ def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
 def attach_speculation(
     engine: ModelEngine, shapes: Sequence[GraphShape], *, source: str,
     draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM,
+    draft_catch_up: int = 0,
 ) -> DraftState:
     """Give ``engine`` speculative programs for ``shapes`` (``SPECULATIVE`` shapes and
     ``speculation_enabled`` mixed shapes of any width; proposal ``source``: ``"draft"``
     with ``draft_model_dir``, or ``"copy"``) and wrap its prefill / decode / mixed
     programs and state operations so they keep the draft context and token history
-    current (SPEC-5).
-    Returns the shared draft state."""
+    current (SPEC-5); ``draft_catch_up = K > 0`` lets the learned draft's context lag
+    behind ordinary decodes and catch up, at most K positions, inside the next round
+    (``gpu.draft_state``). Returns the shared draft state."""
     parts = engine.parts
     draft = None
     if source == LEARNED:
         if draft_model_dir is None:
             raise ValueError("the learned draft source needs draft_model_dir")
         draft = load_draft_model(draft_model_dir, target=parts.decoder, target_cache=parts.cache)
-    draft_state = DraftState(parts.state, draft, device=engine.device)
+    draft_state = DraftState(parts.state, draft, device=engine.device, catch_up=draft_catch_up)
     for shape, program in list(engine.programs.items()):
         if isinstance(program, StepProgram):
             engine.programs[shape] = DraftMaintainingProgram(program, draft_state)
@@ -639,7 +695,7 @@ def is_speculative_shape(shape: GraphShape) -> bool:
 def load_speculative_engine(
     model_dir: str | Path, *, catalog: Sequence[GraphShape], source: str,
     draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM,
-    **load_options: Any,
+    draft_catch_up: int = 0, **load_options: Any,
 ) -> ModelEngine:
     """``ModelEngine.load`` for a speculative load: the ordinary shapes of ``catalog``
     through the engine, then every speculative and ``speculation_enabled`` mixed shape
@@ -647,7 +703,8 @@ def load_speculative_engine(
     ordinary = [s for s in catalog if not is_speculative_shape(s)]
     engine = ModelEngine.load(model_dir, catalog=ordinary, **load_options)
     attach_speculation(engine, [s for s in catalog if is_speculative_shape(s)], source=source,
-                       draft_model_dir=draft_model_dir, copy_max_ngram=copy_max_ngram)
+                       draft_model_dir=draft_model_dir, copy_max_ngram=copy_max_ngram,
+                       draft_catch_up=draft_catch_up)
     return engine
 
 

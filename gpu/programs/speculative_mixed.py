@@ -218,6 +218,9 @@ class SpeculativeMixedProgram(SpeculativeProgram):
                 token_lane=torch.zeros_like(pos),
                 lane_block_tables=st.block_table[self.prompt_row][:, :self.context_blocks],
             ))
+            if ds.lagging:
+                ds.advance_draft_position(self.prompt_row, torch.zeros_like(pos), pos,
+                                          self.prompt_valid)
         super().execute()  # decode lanes: the complete round, sharing the target forward
         # the prompt lane's commit: position, and the first token when the prompt ends
         assert self._prompt_hidden is not None

@@ -21,7 +21,7 @@ import trio.testing
 from http_fakes import FakeRuntime, TinyCodec
 from http_harness import SseReader, client_for
 
-from actors.config import RuntimeConfig
+from actors.config import DEFAULT_DRAFT_CATCH_UP, ConfigError, RuntimeConfig
 from app import AppSettings, ServerHandle
 from ops import cli
 from ops.run_command import build_app_settings, build_runtime_config, serve_until_signalled
@@ -133,23 +133,36 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
 
-@pytest.mark.parametrize(("flags", "mode", "source", "depth", "counterfactuals"), [
-    ([], "off", "draft", 4, True),
-    (["--draft-source", "copy"], "adaptive", "copy", 4, True),
-    (["--draft-source", "copy", "--no-copy-counterfactuals"], "adaptive", "copy", 4, False),
+@pytest.mark.parametrize(("flags", "mode", "source", "depth", "counterfactuals", "catch_up"), [
+    ([], "off", "draft", 4, True, DEFAULT_DRAFT_CATCH_UP),
+    (["--draft-source", "copy"], "adaptive", "copy", 4, True, DEFAULT_DRAFT_CATCH_UP),
+    (["--draft-source", "copy", "--no-copy-counterfactuals"], "adaptive", "copy", 4, False,
+     DEFAULT_DRAFT_CATCH_UP),
     (["--speculation", "fixed", "--draft-source", "copy", "--draft-depth", "2"], "fixed", "copy",
-     2, True),
+     2, True, DEFAULT_DRAFT_CATCH_UP),
+    (["--draft-model", "{model}", "--draft-catch-up", "0"], "adaptive", "draft", 4, True, 0),
+    (["--draft-model", "{model}", "--draft-catch-up", "8"], "adaptive", "draft", 4, True, 8),
 ])
 def test_speculation_flags_reach_the_runtime_config(
         model_dir: pathlib.Path, flags: list[str], mode: str, source: str, depth: int,
-        counterfactuals: bool) -> None:
-    """Issue 6: modes, the draft source and counterfactual copy rounds are selectable at
-    ``flare run``."""
-    argv = ["run", "--model", str(model_dir), *flags]
+        counterfactuals: bool, catch_up: int) -> None:
+    """Issue 6: modes, the draft source, counterfactual copy rounds and the lagging
+    draft context's catch-up bound are selectable at ``flare run``."""
+    argv = ["run", "--model", str(model_dir),
+            *(flag.format(model=model_dir) for flag in flags)]
     config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
     assert (config.speculation, config.draft_source, config.draft_depth,
-            config.copy_counterfactuals) == (mode, source, depth, counterfactuals)
+            config.copy_counterfactuals, config.draft_catch_up) == (
+        mode, source, depth, counterfactuals, catch_up)
     config.validate()
+
+
+def test_an_out_of_range_draft_catch_up_is_a_config_error(model_dir: pathlib.Path) -> None:
+    argv = ["run", "--model", str(model_dir), "--draft-model", str(model_dir),
+            "--draft-catch-up", "-1"]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    with pytest.raises(ConfigError, match=r"--draft-catch-up must be 0\.\.256"):
+        config.validate()
 
 
 def test_pol_24_help_states_the_alpha_effect(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,235 @@
+"""A lagging learned-draft context (``gpu.draft_state``, ``draft_catch_up = K``).
+
+Ordinary decodes of a learned speculative load leave the draft alone (only the token
+history records them); the next learned round re-feeds the draft the positions it
+missed, at most K, before proposing. The evidence: with a lag of at most K a round's
+drafts and confidences equal those of the maintained path (and transformers' draft
+over the whole context), under host-chosen and static windows; decodes and width-one
+rounds write no draft KV; greedy output stays the target's with any lag, including
+lags past the window, which are given up. SPEC-5 (as flare extends it), SPEC-1,
+SPEC-2, MIX-6.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from model_fixtures import DECODE, PREFILL_64, RESTORE, SNAPSHOT, build_checkpoint, prompt_of
+
+from gpu.draft_state import DraftState
+from gpu.engine import ModelEngine
+from gpu.frames import SamplingParams
+from gpu.programs.driver import ReferenceDriver
+from gpu.programs.execution import ExecutionOptions
+from gpu.programs.speculative import LEARNED, attach_speculation
+from gpu.programs.speculative_driver import SpeculativeDriver
+from policy.descriptors import GraphKind, GraphShape, TargetBinding
+
+QL = TargetBinding.QUERY_LENGTH
+PAGE_SIZE = 16
+BASE = (PREFILL_64, DECODE[1], DECODE[2], SNAPSHOT, RESTORE)
+MIXED_SPEC = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1,
+                        prefill_capacity=64, packed_capacity=65, speculation_enabled=True)
+
+
+def spec(b: int, w: int) -> GraphShape:
+    return GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
+                      proposal_depth=w - 1, packed_capacity=b * w, binding=QL)
+
+
+WIDE, NARROW, ONE = spec(2, 4), spec(2, 2), spec(2, 1)
+SHAPES = (ONE, NARROW, WIDE, MIXED_SPEC)
+PROMPTS = (prompt_of(20, 1), prompt_of(13, 2))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny target and a smaller random draft with the same vocabulary."""
+    import transformers as tf
+    from model_fixtures import VOCAB, _common
+
+    root = tmp_path_factory.mktemp("catch_up_pair")
+    target = build_checkpoint("llama", root / "target")
+    torch.manual_seed(11)
+    draft_dir = root / "draft"
+    config = tf.LlamaConfig(**_common(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      tie_word_embeddings=True))
+    assert config.vocab_size == VOCAB
+    tf.LlamaForCausalLM(config).eval().save_pretrained(draft_dir)
+    return target, draft_dir
+
+
+def driver_for(pair: tuple[Path, Path], catch_up: int, *, static: bool = False,
+               draft: Path | None = None) -> tuple[SpeculativeDriver, DraftState]:
+    engine = ModelEngine.load(
+        pair[0], device="cpu", dtype=None, catalog=BASE, page_size=PAGE_SIZE, num_pages=64,
+        state_rows=6, require_tokenizer=False,
+        execution=ExecutionOptions.static() if static else None)
+    draft_state = attach_speculation(engine, SHAPES, source=LEARNED,
+                                     draft_model_dir=draft or pair[1], draft_catch_up=catch_up)
+    return SpeculativeDriver(engine), draft_state
+
+
+def draft_pool(draft_state: DraftState) -> torch.Tensor:
+    draft = draft_state.draft
+    assert draft is not None
+    return torch.stack((draft.cache.keys.clone(), draft.cache.values.clone()))
+
+
+def draft_position(driver: SpeculativeDriver, row: int) -> int:
+    return int(driver.engine.parts.state.draft_position[row])
+
+
+def width_one_steps(driver: SpeculativeDriver, kind: str, steps: int,
+                    sampling: SamplingParams) -> list[int]:
+    """Prefill row 0, then ``steps`` width-one steps of ``kind``; the tokens so far."""
+    generated = [driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling)]
+    for step in range(steps):
+        if kind == "decode":
+            generated += driver.decode(DECODE[1], [0])
+        elif kind == "speculative":
+            generated += driver.speculate(ONE, [0], [1]).lanes[0].tokens
+        else:  # a prompt chunk of another request rides along (row 1 at lane 1)
+            chunk = PROMPTS[1][step * 2:step * 2 + 2]
+            result = driver.mixed(MIXED_SPEC, [0, 1], prefill_row=1, prompt=chunk,
+                                  prompt_start=step * 2, prompt_ends=False)
+            generated += [result.samples[0].token]
+    return generated
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["host-window", "static-window"])
+@pytest.mark.parametrize("kind", ["decode", "speculative", "mixed"])
+def test_a_round_after_a_lag_within_the_window_drafts_as_the_maintained_path(
+    pair: tuple[Path, Path], kind: str, static: bool
+) -> None:
+    """SPEC-5 (lagging extension): after five width-one steps (lag 5 <= K = 8) a wide
+    round drafts the same tokens with the same confidences as a draft maintained on
+    every step, and both equal transformers' draft over the whole context."""
+    sampling = SamplingParams(temperature=1.0, seed=77)
+    rounds = {}
+    for catch_up in (0, 8):
+        driver, _ = driver_for(pair, catch_up, static=static)
+        generated = width_one_steps(driver, kind, 5, sampling)
+        wide = driver.speculate(WIDE, [0], [4])
+        rounds[catch_up] = (generated, wide)
+    (generated, maintained), (lagged_generated, lagged) = rounds[0], rounds[8]
+    assert lagged_generated == generated
+    assert lagged.lanes[0].drafts == maintained.lanes[0].drafts
+    assert lagged.lanes[0].tokens == maintained.lanes[0].tokens
+    np.testing.assert_allclose(lagged.confidence, maintained.confidence, rtol=1e-5, atol=1e-6)
+
+    import transformers as tf
+
+    hf_draft = tf.LlamaForCausalLM.from_pretrained(pair[1]).eval()
+    lane = lagged.lanes[0]
+    with torch.no_grad():
+        ids = torch.tensor([[*PROMPTS[0], *generated, *lane.drafts]])
+        probs = torch.softmax(hf_draft(ids).logits[0].double(), dim=-1)
+    first = len(PROMPTS[0]) + len(generated) - 1  # the pending token's row
+    expected = probs[first:first + 3].max(dim=-1).values.numpy()
+    np.testing.assert_allclose(lagged.confidence[0, 0], expected, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["decode", "speculative"])
+def test_width_one_steps_of_a_lagging_load_write_no_draft_kv(
+    pair: tuple[Path, Path], kind: str
+) -> None:
+    """The point of the lag: ordinary decodes and width-one rounds run no draft forward
+    (the draft pool is bit-for-bit unchanged) and leave ``draft_position`` at the prompt's
+    end while the position advances; the next wide round catches up to the new position."""
+    driver, draft_state = driver_for(pair, 8)
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)
+    assert draft_position(driver, 0) == len(PROMPTS[0]) == driver.rows[0].position
+    pool = draft_pool(draft_state)
+    for _ in range(4):
+        if kind == "decode":
+            driver.decode(DECODE[1], [0])
+        else:
+            driver.speculate(ONE, [0], [1])
+    assert torch.equal(draft_pool(draft_state), pool)
+    assert driver.rows[0].position == len(PROMPTS[0]) + 4
+    assert draft_position(driver, 0) == len(PROMPTS[0])
+    driver.speculate(WIDE, [0], [4])
+    assert draft_position(driver, 0) == driver.rows[0].position
+
+
+def test_a_maintained_load_still_feeds_the_draft_on_every_decode(
+    pair: tuple[Path, Path]
+) -> None:
+    """``draft_catch_up = 0`` is the seed's rule: a decode writes draft KV."""
+    driver, draft_state = driver_for(pair, 0)
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)
+    pool = draft_pool(draft_state)
+    driver.decode(DECODE[1], [0])
+    assert not torch.equal(draft_pool(draft_state), pool)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(pair: tuple[Path, Path]) -> list[list[int]]:
+    driver = ReferenceDriver(ModelEngine.load(
+        pair[0], device="cpu", dtype=None, catalog=BASE, page_size=PAGE_SIZE, num_pages=64,
+        state_rows=6, require_tokenizer=False))
+    out = []
+    for row, prompt in enumerate(PROMPTS):
+        tokens = [driver.prefill(PREFILL_64, row, prompt, chunk=64)]
+        while len(tokens) < 40:
+            tokens += driver.decode(DECODE[2], [row])
+        out.append(tokens)
+    return out
+
+
+@pytest.mark.parametrize("catch_up", [2, 8])
+@pytest.mark.parametrize("draft", ["tiny", "target"])
+def test_greedy_output_is_the_targets_with_any_lag(
+    pair: tuple[Path, Path], plain_greedy: list[list[int]], catch_up: int, draft: str
+) -> None:
+    """Runs of 1..6 decodes between rounds, lags both within and past the window
+    (K = 2 gives some up): greedy output equals plain greedy decoding token for token,
+    and every round leaves ``draft_position`` at the new position. With the target as
+    its own draft, every round accepts every draft until a lag passes the window."""
+    driver, _ = driver_for(pair, catch_up, draft=pair[0] if draft == "target" else None)
+    outputs = [[driver.prefill(PREFILL_64, row, p, chunk=64)] for row, p in enumerate(PROMPTS)]
+    decodes, full_rounds, clean_rounds, given_up = 1, 0, 0, False
+    while any(len(o) < 40 for o in outputs):
+        for _ in range(decodes):
+            for row, token in enumerate(driver.decode(DECODE[2], [0, 1])):
+                outputs[row].append(token)
+        lag = max(driver.rows[r].position - draft_position(driver, r) for r in (0, 1))
+        given_up |= lag > catch_up  # positions older than the window stay stale
+        result = driver.speculate(WIDE, [0, 1], [4, 4])
+        for lane in result.lanes:
+            outputs[lane.row].extend(lane.tokens)
+            assert draft_position(driver, lane.row) == driver.rows[lane.row].position
+        if not given_up:
+            clean_rounds += 1
+            full_rounds += all(lane.accepted == 3 for lane in result.lanes)
+        decodes = decodes % 6 + 1
+    assert [o[:40] for o in outputs] == plain_greedy
+    if draft == "target":
+        assert full_rounds == clean_rounds > 0
+
+
+def test_prompt_chunks_continue_the_draft_context_and_restore_copies_it(
+    pair: tuple[Path, Path]
+) -> None:
+    """Prefill chunks and the prompt lane of mixed frames advance ``draft_position``
+    (they feed the draft, chunk after chunk); a snapshot and restore carry it with the
+    row, so a restored row needs no more catch-up than its source."""
+    driver, _ = driver_for(pair, 8)
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=8)  # chunks of 8, 8 and 4
+    assert draft_position(driver, 0) == len(PROMPTS[0])
+    for step in range(3):  # row 1's prompt rides along row 0's decodes, two at a time
+        driver.mixed(MIXED_SPEC, [0, 1], prefill_row=1, prompt=PROMPTS[1][step * 2:step * 2 + 2],
+                     prompt_start=step * 2, prompt_ends=False)
+    assert draft_position(driver, 1) == 6
+    # row 0's decode rows in those mixed frames fed the draft too, with no gap
+    assert draft_position(driver, 0) == driver.rows[0].position == len(PROMPTS[0]) + 3
+    driver.decode(DECODE[1], [0])  # a lagging decode: row 0 now lags one position
+    driver.copy_row(SNAPSHOT, 0, 3)
+    driver.copy_row(RESTORE, 3, 4)
+    assert draft_position(driver, 4) == draft_position(driver, 0) == len(PROMPTS[0]) + 3
+    assert driver.rows[4].position == driver.rows[0].position
