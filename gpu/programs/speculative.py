@@ -60,7 +60,7 @@ from gpu.engine import ModelEngine, UnsupportedShapeError
 from gpu.frames import FRAME_KEY, RESULT_KEY, TOP_LOGPROBS, FrameError, StateUpdate
 from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
-from gpu.programs.execution import ExecutionOptions, context_blocks
+from gpu.programs.execution import ExecutionOptions, context_blocks, context_buckets
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
 from gpu.programs.workspace import InputBlock, Workspace
@@ -216,6 +216,11 @@ class SpeculativeProgram:
         """Rows per lane of the draft's first step: the pending token and up to
         ``catch_up`` missed positions before it (static options: all of them; eager
         ones: the power of two covering the bound lanes' largest lag)."""
+        self._untraced_windows = bool(
+            self.catches_up and draft_state.draft is not None
+            and draft_state.draft.decoder.capture is not None and self.execution.host_bounds)
+        """CPU forward capture: the first round traces the draft's first step at every
+        window ``bind`` may choose, so none is traced mid-load (``_trace_windows``)."""
         index = torch.arange(b * w, device=dev)
         self._lane_major = (torch.div(index, w, rounding_mode="floor"), index % w,
                             torch.arange(b, device=dev) * w)
@@ -340,12 +345,31 @@ class SpeculativeProgram:
 
     def _window_for(self, lags: np.ndarray) -> int:
         """The catch-up window for lanes lagging ``lags`` positions: the power of two
-        covering the largest lag plus the pending token, at most ``catch_up + 1``."""
+        covering the largest lag plus the pending token, at most ``catch_up + 1`` (the
+        same bucketing as context blocks, one "block" per position)."""
         need = int(lags.max()) + 1 if lags.size else 1
-        window = 1
-        while window < need:
-            window *= 2
-        return min(window, self._draft.catch_up + 1)
+        return context_blocks(need, page_size=1, blocks_per_row=self._draft.catch_up + 1)
+
+    def _trace_windows(self) -> None:
+        """Trace the draft's first step at every catch-up window (each traces its
+        context buckets too, ``gpu.model.capture``) on placeholder inputs that write
+        only the sink page; tracing is preparation, left out of the launch's timing."""
+        draft = self._draft.draft
+        assert draft is not None
+        self._untraced_windows = False
+        geo = self._cache.geometry
+        dev = self.lane_rows.device
+        tables = torch.full((self.batch, 1), geo.sink_page, dtype=torch.int64, device=dev)
+        for window in context_buckets(self._draft.catch_up + 1):
+            n = self.batch * window
+            zeros = torch.zeros(n, dtype=torch.int64, device=dev)
+            draft.decoder.forward(PackedBatch(
+                token_ids=zeros, positions=zeros,
+                write_slots=geo.sink_page * geo.page_size + torch.arange(n, device=dev)
+                % geo.page_size,
+                token_lane=torch.arange(self.batch, device=dev).repeat_interleave(window),
+                lane_block_tables=tables, lane_major_width=window,
+            ), draft.cache)
 
     # --------------------------------------------------------------- execute
 
@@ -376,6 +400,8 @@ class SpeculativeProgram:
         b, steps = self.batch, self.depth + (1 if self.caches_last_draft else 0)
         if self._draft.lagging and self.depth == 0:
             steps = 0  # a width-one round leaves a lagging draft context alone
+        if self._untraced_windows:
+            self._trace_windows()
         tables = self._state.block_table[rows]
         attended = tables[:, :self.context_blocks]
         lane = torch.arange(b, device=rows.device)

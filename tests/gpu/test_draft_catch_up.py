@@ -233,3 +233,30 @@ def test_prompt_chunks_continue_the_draft_context_and_restore_copies_it(
     driver.copy_row(RESTORE, 3, 4)
     assert draft_position(driver, 4) == draft_position(driver, 0) == len(PROMPTS[0]) + 3
     assert driver.rows[4].position == driver.rows[0].position
+
+
+def test_the_first_round_captures_every_catch_up_window(pair: tuple[Path, Path]) -> None:
+    """CPU forward capture: the first learned round traces the draft's first step at
+    every window ``bind`` may choose (with every context bucket), so rounds after any
+    lag trace nothing mid-load; a tracing stall is the stream standing still."""
+    engine = ModelEngine.load(
+        pair[0], device="cpu", dtype=None, catalog=BASE, page_size=PAGE_SIZE, num_pages=64,
+        state_rows=6, require_tokenizer=False,
+        execution=ExecutionOptions.eager(capture_forward=True))
+    draft_state = attach_speculation(engine, SHAPES, source=LEARNED, draft_model_dir=pair[1],
+                                     draft_catch_up=8)
+    driver = SpeculativeDriver(engine)
+    assert draft_state.draft is not None
+    capture = draft_state.draft.decoder.capture
+    assert capture is not None
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)
+    driver.speculate(WIDE, [0], [4])
+    traced = len(capture)
+    lags = []
+    for decodes in (1, 2, 3, 5, 8, 12):
+        for _ in range(decodes):
+            driver.decode(DECODE[1], [0])
+        lags.append(driver.rows[0].position - draft_position(driver, 0))
+        driver.speculate(WIDE, [0], [4])
+    assert lags == [1, 2, 3, 5, 8, 12]
+    assert len(capture) == traced
