@@ -185,6 +185,12 @@ class DraftMaintainingProgram:
         self.inner.bind_staged(staged)
 
     def execute(self) -> None:
+        if not self._feeds_draft and self.inner.shape.kind is GraphKind.DECODE:
+            # a decode feeds each lane its pending token at its position, which whoever
+            # produced that token recorded already: only the new pending tokens remain
+            self.inner.execute()
+            self.draft_state.record_pending(self.inner.buffers.lane_rows)
+            return
         b, st, ds = self.inner.buffers, self.draft_state.state, self.draft_state
         geo = st.geometry
         ps, nb = geo.page_size, geo.blocks_per_row

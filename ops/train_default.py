@@ -290,6 +290,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--sequence-length", type=int, default=256)
     parser.add_argument(
+        "--distill-draft",
+        action="store_true",
+        help="instead of training both models, fine-tune the draft under --output towards "
+        "the target there (ops/training/distill.py; --minutes caps it, default 10)",
+    )
+    parser.add_argument(
         "--tiny",
         action="store_true",
         help="tiny shapes and vocabulary: checks the recipe in seconds",
@@ -319,7 +325,32 @@ def _print_now(line: str) -> None:
     print(line, flush=True)  # progress must reach a log file while training, not at exit
 
 
+def distill_draft(settings: RecipeSettings, log: Log = print) -> dict[str, object]:
+    """``--distill-draft``: distil ``output_root/default-draft`` from ``output_root/default``
+    on the recipe's corpus split (the committed tokenizer encodes it)."""
+    from ops.training.distill import DistillSettings, distill_default_draft
+
+    torch.set_num_threads(settings.threads)
+    target_dir = settings.output_root / TARGET_DIRECTORY
+    tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    split = split_files(list_source_files(settings.source_root, settings.max_files))
+    train_tokens = _encode(tokenizer, build_documents(split.train_files, seed=settings.seed))
+    held_out = _encode(tokenizer, build_documents(split.held_out_files, seed=settings.seed + 1))
+    distill = DistillSettings(
+        max_seconds=settings.minutes_per_model * 60 if settings.minutes_per_model > 0
+        else math.inf,
+        batch_size=settings.batch_size, sequence_length=settings.sequence_length,
+        seed=settings.seed + 2)
+    return distill_default_draft(target_dir, settings.output_root / DRAFT_DIRECTORY,
+                                 train_tokens, held_out, distill, log)
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.distill_draft:
+        record = distill_draft(settings_from_arguments(args), log=_print_now)
+        print(f"distilled: agreement {record['agreement_before']:.3f} -> "
+              f"{record['agreement_after']:.3f}")
+        return 0
     report = train_default_pair(settings_from_arguments(args), log=_print_now)
     for model in (report.target, report.draft):
         print(

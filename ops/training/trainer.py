@@ -76,8 +76,15 @@ def train(
     held_out_tokens: torch.Tensor,
     settings: TrainSettings,
     log: Log,
+    *,
+    teacher: LlamaForCausalLM | None = None,
+    second_stream: torch.Tensor | None = None,
 ) -> TrainResult:
-    """Train ``model`` in place on windows of ``train_tokens``; evaluate on ``held_out_tokens``."""
+    """Train ``model`` in place on windows of ``train_tokens``; evaluate on ``held_out_tokens``.
+
+    With a ``teacher`` the loss is the cross-entropy against the teacher's next-token
+    distribution instead of the next token (distillation, ``ops.training.distill``);
+    with a ``second_stream`` half of each batch's windows come from it."""
     length = settings.sequence_length
     if train_tokens.numel() <= length + 1:
         raise ValueError("training stream is shorter than one window")
@@ -97,9 +104,21 @@ def train(
         learning_rate = learning_rate_at(step, settings, elapsed)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
-        batch = _random_windows(train_tokens, settings.batch_size, length + 1, generator)
+        if second_stream is None:
+            batch = _random_windows(train_tokens, settings.batch_size, length + 1, generator)
+        else:
+            half = settings.batch_size // 2
+            batch = torch.cat((
+                _random_windows(train_tokens, settings.batch_size - half, length + 1, generator),
+                _random_windows(second_stream, half, length + 1, generator)))
         logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        if teacher is None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                   batch[:, 1:].reshape(-1))
+        else:
+            with torch.no_grad():
+                teacher_logits = teacher(batch[:, :-1])
+            loss = _soft_label_loss(logits, teacher_logits)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.gradient_clip)
@@ -177,6 +196,13 @@ def _random_windows(
 ) -> torch.Tensor:
     starts = torch.randint(0, tokens.numel() - width, (count,), generator=generator)
     return torch.stack([tokens[int(s) : int(s) + width] for s in starts]).long()
+
+
+def _soft_label_loss(logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of ``logits`` against the teacher's softmax, mean over positions:
+    KL(teacher || model) plus the teacher's entropy."""
+    targets = F.softmax(teacher_logits.float(), dim=-1)
+    return -(targets * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1).mean()
 
 
 def _mean(values: list[float]) -> float:

@@ -13,6 +13,8 @@ import argparse
 import functools
 import itertools
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,7 @@ from ops.training.special_tokens import (
     SPECIAL_TOKENS,
     render_chat,
 )
-from ops.training.trainer import TrainSettings, learning_rate_at
+from ops.training.trainer import TrainSettings, learning_rate_at, train
 
 transformers = pytest.importorskip("transformers")
 
@@ -276,3 +278,74 @@ def test_command_line_flags_reach_the_settings(tmp_path: Path) -> None:
     assert settings.minutes_per_model == 2
     assert settings.target_shape == TINY_TARGET_SHAPE
     assert settings.output_root == tmp_path
+
+
+def test_distillation_moves_a_draft_towards_its_teacher() -> None:
+    """ACC-5: a draft is accepted where it agrees with the target. ``distill`` from a
+    tiny teacher trained on a simple rule into an untrained tiny draft lowers the
+    draft's soft-label loss against the teacher and raises top-token agreement on
+    text it did not train on."""
+    from ops.training.distill import DistillSettings, agreement, distill
+    from ops.training.llama import greedy_generate
+    from ops.training.trainer import _soft_label_loss
+
+    vocab = TINY_TARGET_SHAPE.vocab_size
+    rng = torch.Generator().manual_seed(6)
+    stream = torch.randint(3, vocab, (6000,), generator=rng)
+    for i in range(1, stream.numel()):  # a rule the teacher learns: t' = 7t + 3, mostly
+        if i % 8:
+            stream[i] = (7 * stream[i - 1] + 3) % (vocab - 3) + 3
+    corpus = stream.int()
+    teacher, student = LlamaForCausalLM(TINY_TARGET_SHAPE), LlamaForCausalLM(TINY_DRAFT_SHAPE)
+    teacher.initialise(torch.Generator().manual_seed(4))
+    student.initialise(torch.Generator().manual_seed(5))
+    train(teacher, corpus, corpus, TrainSettings(steps=150, sequence_length=24, batch_size=8,
+                                                 seed=7), log=lambda _: None)
+    teacher.eval()
+    continuations = torch.tensor([p + greedy_generate(teacher, p, 24)
+                                  for p in corpus[:96].view(12, 8).tolist()])
+    probe, corpus = corpus[-96:].view(4, 24).long(), corpus[:-96]
+
+    def loss_and_agreement() -> tuple[float, float]:
+        with torch.no_grad():
+            loss = float(_soft_label_loss(student(probe), teacher(probe)))
+        return loss, agreement(student, teacher, probe)
+
+    before = loss_and_agreement()
+    result = distill(student, teacher, corpus, continuations.int(), corpus,
+                     DistillSettings(steps=60, max_seconds=math.inf, sequence_length=24,
+                                     batch_size=8, learning_rate=3e-3),
+                     log=lambda _: None)
+    after = loss_and_agreement()
+    assert result.steps == 60
+    assert after[0] < before[0]
+    assert after[1] > before[1]
+
+
+@pytest.mark.slow
+def test_distill_draft_rewrites_the_draft_and_records_the_run(tmp_path: Path) -> None:
+    """``flare train-default --distill-draft`` on the tiny recipe: flare's engine
+    generates the target's continuations, the draft keeps its shape and loads in
+    transformers and flare, and ``flare_training.json`` gains the run's record."""
+    from gpu.engine import ModelEngine
+    from ops.train_default import distill_draft
+
+    settings = _tiny_settings(tmp_path)
+    train_default_pair(settings, log=lambda _: None)
+    draft_dir = tmp_path / DRAFT_DIRECTORY
+    config_before = (draft_dir / "config.json").read_text()
+    weights_before = load_file(str(draft_dir / "model.safetensors"))
+    lines: list[str] = []
+    record = distill_draft(replace(settings, minutes_per_model=0.05), log=lines.append)
+    assert any("target continuations" in line for line in lines)
+    assert (draft_dir / "config.json").read_text() == config_before
+    weights_after = load_file(str(draft_dir / "model.safetensors"))
+    assert weights_after.keys() == weights_before.keys()
+    assert any(not torch.equal(weights_after[k], weights_before[k]) for k in weights_before)
+    saved = json.loads((draft_dir / "flare_training.json").read_text())
+    assert saved["distillation"] == json.loads(json.dumps(record))
+    assert "training" in saved  # the original run's record stays
+    _, info = _hf_model(draft_dir)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ModelEngine.load(draft_dir, device="cpu", dtype=None, catalog=(), page_size=16,
+                     num_pages=8, state_rows=1)
