@@ -23,8 +23,12 @@ DraftSource = Literal["draft", "copy"]
 SpeculativeAllocation = Literal["host", "device"]
 DEFAULT_DRAFT_DEPTH = 4
 """Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
-DEFAULT_DRAFT_CATCH_UP = 32
-"""Most missed positions a learned round re-feeds a lagging draft (``--draft-catch-up``)."""
+DEFAULT_DRAFT_CATCH_UP = 0
+"""Most missed positions a learned round re-feeds a lagging draft (``--draft-catch-up``);
+0, the default, keeps the seed's maintained draft context (docs/benchmarks-speculation.md,
+*Session 5*: with a lagging draft, adaptive selection at one stream decodes from the
+start and never learns acceptance, because a round then looks 1.7x dearer than a decode
+against the 0.5^d prior and the 1 % probe ledger funds no probe within a request)."""
 FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, 8))
 """Baselines that run every decode batch as a speculative round at depth K (issue 7)."""
 SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)

@@ -79,17 +79,16 @@ class Mode:
     depth: int
     counterfactuals: bool = True
     """Adaptive copy: counterfactual copy rounds on (flare) or off (the seed's ACC-9)."""
-    maintained: bool = False
-    """Learned draft: run the draft on every decode (the seed's SPEC-5) instead of letting
-    its context lag and catch up in the next round (``--draft-catch-up``)."""
+    catch_up: int | None = None
+    """Learned draft: this mode's ``--draft-catch-up`` (None: the command's flag)."""
 
     def label(self) -> str:
         if self.speculation == "off":
             return "off"
         depth = f"d{self.depth}" if self.speculation == "fixed" else f"adaptive<=d{self.depth}"
         seed_only = "" if self.counterfactuals or self.source != "copy" else ",acc9"
-        maintained = ",maintained" if self.maintained else ""
-        return f"{self.source}:{depth}{seed_only}{maintained}"
+        lag = f",lag<={self.catch_up}" if self.catch_up else ""
+        return f"{self.source}:{depth}{seed_only}{lag}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +144,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the seed's ACC-9 only; label 'copy:adaptive<=dN,acc9')")
     parser.add_argument("--draft-catch-up", type=int, default=DEFAULT_DRAFT_CATCH_UP,
                         help="learned modes: most missed positions a round re-feeds a "
-                             "lagging draft (as flare run's flag; 0 runs the draft on every "
-                             f"decode; default {DEFAULT_DRAFT_CATCH_UP})")
-    parser.add_argument("--maintained-adaptive", action="store_true",
-                        help="also run learned adaptive with the draft run on every decode "
-                             "(--draft-catch-up 0; label 'draft:adaptive<=dN,maintained')")
+                             "lagging draft (as flare run's flag; default "
+                             f"{DEFAULT_DRAFT_CATCH_UP}: the draft runs on every decode)")
+    parser.add_argument("--lagging-adaptive", type=int, default=0, metavar="K",
+                        help="also run learned adaptive with a lagging draft context "
+                             "(--draft-catch-up K; label 'draft:adaptive<=dN,lag<=K')")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     parser.add_argument("--scheduler-policy", choices=("balanced", "throughput"),
                         default="balanced",
@@ -206,8 +205,9 @@ def modes_of(args: argparse.Namespace) -> list[Mode]:
         modes.append(Mode("adaptive", source, max(depths)))
         if source == "copy" and getattr(args, "seed_adaptive", False):
             modes.append(Mode("adaptive", source, max(depths), counterfactuals=False))
-        if source == "draft" and getattr(args, "maintained_adaptive", False):
-            modes.append(Mode("adaptive", source, max(depths), maintained=True))
+        if source == "draft" and getattr(args, "lagging_adaptive", 0) > 0:
+            modes.append(Mode("adaptive", source, max(depths),
+                              catch_up=args.lagging_adaptive))
     return modes
 
 
@@ -305,8 +305,8 @@ def runtime_config(mode: Mode, args: argparse.Namespace, target: Path,
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
         copy_counterfactuals=mode.counterfactuals,
-        draft_catch_up=0 if mode.maintained else getattr(args, "draft_catch_up",
-                                                         DEFAULT_DRAFT_CATCH_UP),
+        draft_catch_up=mode.catch_up if mode.catch_up is not None else getattr(
+            args, "draft_catch_up", DEFAULT_DRAFT_CATCH_UP),
         adaptive_verification_alpha=(getattr(args, "mtp_adaptive_verification_alpha", None)
                                      if adaptive else None),
         speculative_allocation=(getattr(args, "speculative_allocation", "host")  # type: ignore[arg-type]

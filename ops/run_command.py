@@ -100,10 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="proposal depth D of a speculative load (1..7): programs of "
                             "widths 1..D+1 are prepared")
     sched.add_argument("--draft-catch-up", type=int, default=DEFAULT_DRAFT_CATCH_UP,
-                       help="learned draft: ordinary decodes skip the draft model and the "
-                            "next speculative round re-feeds it at most K missed positions "
-                            f"(default {DEFAULT_DRAFT_CATCH_UP}; 0 runs the draft on every "
-                            "decode step)")
+                       help="learned draft: K > 0 lets ordinary decodes skip the draft model; "
+                            "the next speculative round re-feeds it at most K missed positions "
+                            f"(default {DEFAULT_DRAFT_CATCH_UP}: the draft runs on every decode "
+                            "step, the seed's rule)")
     sched.add_argument("--no-copy-counterfactuals", action="store_true",
                        help="adaptive copy speculation: learn copy acceptance only from "
                             "verified rounds (the seed's rule) instead of also replaying the "

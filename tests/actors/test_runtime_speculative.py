@@ -68,17 +68,20 @@ def plain_outputs(tiny_llama: Path) -> list[list[int]]:
     return trio.run(serve)
 
 
-@pytest.mark.parametrize(("mode", "source", "draft"), [
-    ("fixed", "draft", "small"), ("adaptive", "draft", "small"),
-    ("adaptive", "draft", "perfect"), ("fixed", "copy", None), ("adaptive", "copy", None)])
+@pytest.mark.parametrize(("mode", "source", "draft", "catch_up"), [
+    ("fixed", "draft", "small", 0), ("adaptive", "draft", "small", 0),
+    ("adaptive", "draft", "perfect", 0), ("fixed", "copy", None, 0),
+    ("adaptive", "copy", None, 0), ("adaptive", "draft", "small", 8),
+    ("adaptive", "draft", "perfect", 8)])
 async def test_spec_5_greedy_speculation_equals_greedy_without_it(
         tiny_llama: Path, tiny_draft: Path, plain_outputs: list[list[int]], mode: str,
-        source: str, draft: str | None) -> None:
+        source: str, draft: str | None, catch_up: int) -> None:
     """The target's own weights as the draft ("perfect") are always accepted, so the
-    runtime must deliver multi-token bursts, each as one event."""
+    runtime must deliver multi-token bursts, each as one event. ``catch_up = 8``: a
+    lagging draft context (decodes skip the draft, rounds catch up) keeps output too."""
     draft_dir = {"small": tiny_draft, "perfect": tiny_llama, None: None}[draft]
     config = config_for(tiny_llama, speculation=mode, draft_source=source,
-                        draft_model_dir=draft_dir, draft_depth=3)
+                        draft_model_dir=draft_dir, draft_depth=3, draft_catch_up=catch_up)
     with trio.fail_after(240):
         async with open_runtime(config) as rt:
             assert isinstance(rt.scheduler, SpeculativeScheduler)

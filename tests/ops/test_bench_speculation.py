@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.config import DEFAULT_DRAFT_CATCH_UP
 from ops import bench_speculation
 
 pytestmark = pytest.mark.slow
@@ -32,6 +33,20 @@ def test_modes_cover_off_each_fixed_depth_and_adaptive_per_source() -> None:
     assert [m.label() for m in with_seed] == [
         "off", "copy:d2", "copy:adaptive<=d2", "copy:adaptive<=d2,acc9"]
     assert [m.counterfactuals for m in with_seed] == [True, True, True, False]
+
+
+def test_lagging_adaptive_adds_a_learned_mode_with_its_catch_up(tmp_path: Path) -> None:
+    """``--lagging-adaptive K`` runs learned adaptive twice: with the command's draft
+    context (maintained by default) and with a lagging one catching up K positions."""
+    args = _args("--depths", "2", "--sources", "draft", "--lagging-adaptive", "16")
+    configs = {m.label(): bench_speculation.runtime_config(m, args, tmp_path, tmp_path)
+               for m in bench_speculation.modes_of(args)}
+    assert list(configs) == ["off", "draft:d2", "draft:adaptive<=d2", "draft:adaptive<=d2,lag<=16"]
+    assert configs["draft:adaptive<=d2,lag<=16"].draft_catch_up == 16
+    assert configs["draft:adaptive<=d2"].draft_catch_up == DEFAULT_DRAFT_CATCH_UP == 0
+    lagging_everywhere = _args("--depths", "2", "--sources", "draft", "--draft-catch-up", "4")
+    assert {bench_speculation.runtime_config(m, lagging_everywhere, tmp_path, tmp_path)
+            .draft_catch_up for m in bench_speculation.modes_of(lagging_everywhere)} == {4}
 
 
 def test_adaptive_options_reach_only_the_adaptive_runtimes(tmp_path: Path) -> None:
