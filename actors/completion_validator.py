@@ -48,7 +48,7 @@ from gpu.programs.speculative import (
     speculative_result_of,
 )
 from policy.descriptors import ExecutionTiming, GraphKind
-from policy.types import CompletionRecord, Lane, LaneRole
+from policy.types import CompletionRecord, Lane, LaneRole, RequestHandle
 
 LOGPROB_TOLERANCE = 1e-4
 """A log-probability above this is malformed (float rounding can give tiny positives)."""
@@ -61,6 +61,8 @@ class FrameCheck:
     logprobs: tuple[tuple[float, ...], ...]
     prompt_logprobs: tuple[float, ...] | None
     rounds: SpeculativeRounds | None = None
+    draft_proposals: tuple[tuple[RequestHandle, int], ...] = ()
+    """Valid lanes whose width-one step reported the learned draft's greedy proposal."""
 
 
 def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
@@ -122,6 +124,7 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
     records: list[CompletionRecord] = []
     failures: list[LaneFailure] = []
     logprobs: list[tuple[float, ...]] = []
+    proposals: list[tuple[RequestHandle, int]] = []
     for index, (lane, context) in enumerate(zip(lanes, order.lanes, strict=True)):
         problem = None
         if (context.handle, context.epoch) != (lane.handle, lane.epoch):
@@ -141,12 +144,15 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
             terminated=any(t in context.eos_token_ids for t in tokens),
         ))
         logprobs.append((sample.logprob,) if sample is not None else ())
+        if sample is not None and 0 <= sample.draft_proposal < vocab_size:
+            proposals.append((lane.handle, sample.draft_proposal))
     if prompt_logprobs is not None and not all(
         math.isfinite(v) for v in prompt_logprobs[:-1]
     ):
         return _failed(lanes, "non-finite prompt log-probabilities")
     return FrameCheck(records=tuple(records), failures=tuple(failures),
-                      logprobs=tuple(logprobs), prompt_logprobs=prompt_logprobs)
+                      logprobs=tuple(logprobs), prompt_logprobs=prompt_logprobs,
+                      draft_proposals=tuple(proposals))
 
 
 def _lane_problem(spec: SpeculativeLane, context: LaneContext, ceiling: int,
@@ -185,6 +191,7 @@ def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> 
     failures: list[LaneFailure] = []
     logprobs: list[tuple[float, ...]] = []
     rounds: list[RoundLane] = []
+    proposals: list[tuple[RequestHandle, int]] = []
     for lane, context, spec in zip(lanes, order.lanes, result.lanes, strict=True):
         problem = None
         if (context.handle, context.epoch) != (lane.handle, lane.epoch):
@@ -204,11 +211,14 @@ def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> 
         rounds.append(RoundLane(handle=lane.handle, proposed=spec.proposed,
                                 evaluated=spec.evaluated, accepted=spec.accepted,
                                 survival=spec.survival))
+        if 0 <= spec.draft_proposal < vocab_size:
+            proposals.append((lane.handle, spec.draft_proposal))
     confidence = tuple(tuple(tuple(float(v) for v in row) for row in plane)
                        for plane in result.confidence)
     return FrameCheck(records=tuple(records), failures=tuple(failures),
                       logprobs=tuple(logprobs), prompt_logprobs=None,
-                      rounds=SpeculativeRounds(confidence=confidence, lanes=tuple(rounds)))
+                      rounds=SpeculativeRounds(confidence=confidence, lanes=tuple(rounds)),
+                      draft_proposals=tuple(proposals))
 
 
 def zero_timing(wall_ns: int) -> ExecutionTiming:
@@ -240,5 +250,5 @@ async def run(
                 fault=str(outcome.fault) if outcome.fault is not None else None,
                 launched_ns=outcome.launched_ns,
                 observed_ns=outcome.launched_ns + outcome.wall_ns,
-                rounds=check.rounds,
+                rounds=check.rounds, draft_proposals=check.draft_proposals,
             ))

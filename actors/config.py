@@ -60,6 +60,12 @@ class RuntimeConfig:
     (they skip the draft forward) and catches up, at most K missed positions, inside the
     next learned round (``gpu.draft_state``; flare's extension of SPEC-5). 0 keeps the
     seed's rule: every width-one step feeds the draft."""
+    draft_counterfactuals: bool = True
+    """Adaptive learned speculation: a width-one step that keeps the draft context
+    reports the draft's greedy proposal for the token it emits, and for greedy requests
+    the match is a depth-one acceptance observation (flare's extension of ACC-9 for the
+    learned source). False keeps the seed's rule (``flare run
+    --no-draft-counterfactuals``)."""
     copy_counterfactuals: bool = True
     """Adaptive copy speculation: frames that verify no copy drafts (decodes, width-one
     rounds) still teach copy acceptance, from the drafts the host replays the lookup

@@ -268,6 +268,9 @@ class ValidatedFrame:
     """Runtime clock at launch and when the completion was observed."""
     rounds: SpeculativeRounds | None = None
     """A speculative frame's validated sidecars (None for every other frame)."""
+    draft_proposals: tuple[tuple[RequestHandle, int], ...] = ()
+    """Lanes whose width-one step kept the learned draft's context, with the draft's
+    greedy proposal for the token the lane emitted (``gpu.frames.LaneSample``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -161,11 +161,15 @@ class Planner:
         eos_token_ids: Sequence[int],
         clock_ns: Callable[[], int],
         counterfactual_depth: int = 0,
+        learned_counterfactuals: bool = False,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
-        kept; ``_observe_counterfactuals``)."""
+        kept; ``_observe_counterfactuals``). ``learned_counterfactuals``: fold the
+        learned draft's depth-one proposals of width-one steps into the scheduler
+        (``_observe_draft_proposals``)."""
         self.scheduler = scheduler
         self._counterfactual_depth = counterfactual_depth
+        self._learned_counterfactuals = learned_counterfactuals
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
@@ -300,6 +304,8 @@ class Planner:
         tokens = self._complete_in_scheduler(frame)
         if self._counterfactual_depth:
             self._observe_counterfactuals(frame, tokens)
+        if self._learned_counterfactuals and frame.draft_proposals:
+            self._observe_draft_proposals(frame, tokens)
         self.counters.frames += 1
         label = frame.plan.shape.label()
         self.executions_by_graph[label] = self.executions_by_graph.get(label, 0) + 1
@@ -373,11 +379,32 @@ class Planner:
             if token.finish is not None:
                 decided += [(o, a, True) for o, a in tracker.terminate()]
             for offered, accepted, ended in decided:
-                self.scheduler.observe_copy_counterfactual(
+                self.scheduler.observe_counterfactual(
                     token.handle, offered=offered, accepted=accepted, terminated=ended)
                 self.counters.counterfactual_rounds += 1
                 self.counters.counterfactual_drafted_tokens += offered
                 self.counters.counterfactual_accepted_tokens += accepted
+
+    def _observe_draft_proposals(self, frame: ValidatedFrame,
+                                 tokens: Sequence[GeneratedToken]) -> None:
+        """Depth-one counterfactual learned rounds: a width-one step that kept the
+        draft context reported the draft's greedy proposal for each lane's token; for a
+        greedy request, the proposal equal to the emitted token is exactly what a
+        depth-one round would have accepted. Sampled requests observe nothing (a match
+        of two samples is not the acceptance event)."""
+        assert isinstance(self.scheduler, SpeculativeScheduler)
+        emitted = {t.handle: t for t in tokens if t.token_ids}
+        for handle, proposal in frame.draft_proposals:
+            token, resident = emitted.get(handle), self._residents.get(handle)
+            if token is None or resident is None or resident.source.epoch != token.epoch \
+                    or not resident.source.sampling.temperature <= 0.0:
+                continue
+            accepted = int(token.token_ids[0] == proposal)
+            self.scheduler.observe_counterfactual(handle, offered=1, accepted=accepted,
+                                                  terminated=False)
+            self.counters.counterfactual_rounds += 1
+            self.counters.counterfactual_drafted_tokens += 1
+            self.counters.counterfactual_accepted_tokens += accepted
 
     def _apply_extents(self, frame: ValidatedFrame) -> None:
         for lane, record in zip(frame.plan.lanes, frame.records, strict=True):

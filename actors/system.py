@@ -131,6 +131,9 @@ class RuntimeParts:
     copy_counterfactuals: bool = False
     """Adaptive copy speculation: replay copy lookups where no copy round ran
     (``RuntimeConfig.copy_counterfactuals``)."""
+    draft_counterfactuals: bool = False
+    """Adaptive learned speculation: observe the draft's depth-one proposals of
+    width-one steps (``RuntimeConfig.draft_counterfactuals``)."""
     clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
     close_backend: bool = True
     measured_costs: Mapping[GraphShape, int] = field(default_factory=dict)
@@ -298,6 +301,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         to_publisher=publisher_send, to_allocator=allocator_send.clone(),
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
+        learned_counterfactuals=learned_counterfactuals(parts, scheduler),
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -359,6 +363,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         scheduler_policy=config.scheduler_policy,
         speculation=config.speculation, draft_source=config.draft_source,
         copy_counterfactuals=config.copy_counterfactuals,
+        draft_counterfactuals=config.draft_counterfactuals,
         policy=policy_preset(
             config.scheduler_policy if config.scheduler_policy in SEED_POLICIES else "balanced",
             terminal_value=config.scheduler_terminal_value,
@@ -458,6 +463,18 @@ def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
         return 0
     return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
                default=0)
+
+
+def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) -> bool:
+    """Whether the planner folds the learned draft's depth-one proposals into the
+    scheduler: only the seed's adaptive scheduler with the learned source learns from
+    them (``RuntimeConfig.draft_counterfactuals``)."""
+    from policy.rounds import SpeculationMode
+    from policy.speculative_scheduler import SpeculativeScheduler
+
+    return (parts.draft_counterfactuals and parts.draft_source == "draft"
+            and isinstance(scheduler, SpeculativeScheduler)
+            and scheduler.mode is SpeculationMode.ADAPTIVE)
 
 
 def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,

@@ -38,17 +38,18 @@ wider rounds can resume). Everything is capturable: fixed shapes, no host sync.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpu.frames import RESULT_KEY
 from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
 from gpu.model_config import load_model_config
 from gpu.programs.state_ops import StateOpProgram
-from gpu.programs.step import StagedFrame, StepProgram
+from gpu.programs.step import StagedFrame, StepProgram, StepReadout
 from gpu.request_state import RequestState
 from gpu.weights import load_weights
 from policy.descriptors import GraphKind, GraphShape, StateOp
@@ -169,7 +170,12 @@ class DraftMaintainingProgram:
         self._feeds_draft = draft_state.draft is not None and not (
             draft_state.lagging and inner.shape.kind is GraphKind.DECODE)
         """Whether this program runs the draft (a lagging context skips it in decodes)."""
-
+        self._proposes = self._feeds_draft and inner.shape.kind is GraphKind.DECODE
+        """A maintained decode feeds the draft each lane's pending token, so the draft's
+        argmax there is the depth-one greedy proposal a round would have verified: it
+        is reported per lane (``LaneSample.draft_proposal``)."""
+        self.out_proposal = torch.full((inner.shape.batch_capacity,), -1, dtype=torch.int64,
+                                       device=draft_state.history.device)
     @property
     def shape(self) -> GraphShape:
         return self.inner.shape
@@ -206,7 +212,7 @@ class DraftMaintainingProgram:
             page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
             slot_index = torch.arange(pos.shape[0], device=pos.device)
             slots = torch.where(valid, page * ps + pos % ps, geo.sink_page * ps + slot_index % ps)
-            ds.draft_forward(PackedBatch(
+            hidden = ds.draft_forward(PackedBatch(
                 token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
                 lane_block_tables=st.block_table[:, :self.inner.context_blocks].index_select(
                     0, rows),
@@ -214,6 +220,9 @@ class DraftMaintainingProgram:
             ))
             if ds.lagging:
                 ds.advance_draft_position(rows, b.token_lane, pos, valid)
+            if self._proposes and hidden is not None and ds.draft is not None:
+                # decode: token i is lane i's pending token (lane-major, width one)
+                self.out_proposal.copy_(ds.draft.decoder.logits(hidden).argmax(dim=-1))
         self.inner.execute()
         ds.record_pending(rows)
 
@@ -234,7 +243,13 @@ class DraftMaintainingProgram:
                           prompt_block_table=table)
 
     def read_outputs(self) -> dict[str, Any]:
-        return self.inner.read_outputs()
+        outputs = self.inner.read_outputs()
+        readout = outputs.get(RESULT_KEY)
+        if self._proposes and isinstance(readout, StepReadout):
+            lanes = len(readout.rows)  # a decode's lanes all sample, in lane order
+            outputs = {**outputs, RESULT_KEY: replace(
+                readout, draft_proposals=self.out_proposal[:lanes].cpu().numpy().copy())}
+        return outputs
 
 
 class DraftMaintainingStateOp:

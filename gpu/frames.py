@@ -187,6 +187,11 @@ class LaneSample:
     logprob: float
     finite: bool
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    draft_proposal: int = -1
+    """The learned draft's greedy proposal for this token (its argmax where the lane's
+    pending token was fed to it), when a width-one step kept the draft context
+    (``gpu.draft_state``); -1 otherwise. A depth-one counterfactual round for greedy
+    requests (``docs/speculative-selection.md``, *Counterfactual rounds*)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -86,7 +86,7 @@ class Mode:
         if self.speculation == "off":
             return "off"
         depth = f"d{self.depth}" if self.speculation == "fixed" else f"adaptive<=d{self.depth}"
-        seed_only = "" if self.counterfactuals or self.source != "copy" else ",acc9"
+        seed_only = "" if self.counterfactuals else ",acc9"
         lag = f",lag<={self.catch_up}" if self.catch_up else ""
         return f"{self.source}:{depth}{seed_only}{lag}"
 
@@ -140,8 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adaptive modes: exponent on prefix-survival estimates (as flare "
                              "run's flag; default 1)")
     parser.add_argument("--seed-adaptive", action="store_true",
-                        help="also run copy adaptive without counterfactual copy rounds "
-                             "(the seed's ACC-9 only; label 'copy:adaptive<=dN,acc9')")
+                        help="also run adaptive without counterfactual rounds, per source "
+                             "(the seed's ACC-9 only; label '<source>:adaptive<=dN,acc9')")
     parser.add_argument("--draft-catch-up", type=int, default=DEFAULT_DRAFT_CATCH_UP,
                         help="learned modes: most missed positions a round re-feeds a "
                              "lagging draft (as flare run's flag; default "
@@ -203,7 +203,7 @@ def modes_of(args: argparse.Namespace) -> list[Mode]:
     for source in (s for s in args.sources.split(",") if s):
         modes += [Mode("fixed", source, d) for d in depths]
         modes.append(Mode("adaptive", source, max(depths)))
-        if source == "copy" and getattr(args, "seed_adaptive", False):
+        if getattr(args, "seed_adaptive", False):
             modes.append(Mode("adaptive", source, max(depths), counterfactuals=False))
         if source == "draft" and getattr(args, "lagging_adaptive", 0) > 0:
             modes.append(Mode("adaptive", source, max(depths),
@@ -305,6 +305,7 @@ def runtime_config(mode: Mode, args: argparse.Namespace, target: Path,
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
         copy_counterfactuals=mode.counterfactuals,
+        draft_counterfactuals=mode.counterfactuals,
         draft_catch_up=mode.catch_up if mode.catch_up is not None else getattr(
             args, "draft_catch_up", DEFAULT_DRAFT_CATCH_UP),
         adaptive_verification_alpha=(getattr(args, "mtp_adaptive_verification_alpha", None)

@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "the next speculative round re-feeds it at most K missed positions "
                             f"(default {DEFAULT_DRAFT_CATCH_UP}: the draft runs on every decode "
                             "step, the seed's rule)")
+    sched.add_argument("--no-draft-counterfactuals", action="store_true",
+                       help="adaptive learned speculation: learn acceptance only from verified "
+                            "rounds (the seed's rule) instead of also comparing the draft's "
+                            "proposal on width-one steps with the emitted token")
     sched.add_argument("--no-copy-counterfactuals", action="store_true",
                        help="adaptive copy speculation: learn copy acceptance only from "
                             "verified rounds (the seed's rule) instead of also replaying the "
@@ -165,6 +169,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         draft_source=args.draft_source or "draft",
         draft_depth=args.draft_depth,
         copy_counterfactuals=not args.no_copy_counterfactuals,
+        draft_counterfactuals=not args.no_draft_counterfactuals,
         draft_catch_up=args.draft_catch_up,
         speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,

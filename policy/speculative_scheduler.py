@@ -16,7 +16,7 @@ that ordinary scheduling (``policy/scheduler.py``) is untouched:
   ``D > 0`` must complete through ``complete_packed_round`` (QUEUE-3), which carries the
   confidence sidecar and each lane's evaluated draft count;
 - idle clears positive acceptance credit and keeps debt (LRN-16);
-- ``observe_copy_counterfactual``: copy acceptance observed from frames that verified
+- ``observe_counterfactual``: copy acceptance observed from frames that verified
   no copy drafts (flare's extension of ACC-9 for the copy source).
 
 A funded timing refresh may also pick a stale speculative program and run one complete
@@ -112,10 +112,11 @@ class SpeculativeScheduler(Scheduler):
         """Give a request a preseeded acceptance history (OPEN-34, VER-23)."""
         self.acceptance(handle).preseed(self._source, means, weight)
 
-    def observe_copy_counterfactual(self, handle: RequestHandle, *, offered: int,
-                                    accepted: int, terminated: bool) -> None:
-        """Fold a *counterfactual* copy round into the request's copy acceptance and the
-        population prior, with the seed's estimator (ACC-6..8, ACC-20).
+    def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
+                               accepted: int, terminated: bool) -> None:
+        """Fold a *counterfactual* round of this scheduler's proposal source into the
+        request's acceptance and the population prior, with the seed's estimator
+        (ACC-6..8, ACC-20).
 
         Copy proposals are a pure function of the request's own tokens (SPEC-8), so
         where a frame advanced the request without verifying copy drafts (a decode, a
@@ -130,14 +131,17 @@ class SpeculativeScheduler(Scheduler):
         *Counterfactual copy rounds*): a real round's verification costs device time, a
         counterfactual costs a dictionary lookup, and without it a request whose first
         rounds failed re-learns copy acceptance only through 1 % probes.
+
+        The learned source has depth-one counterfactuals: a width-one step that keeps
+        the draft context feeds the draft the pending token, so the draft's greedy
+        proposal for the next token is known; for a greedy request, whether it equals
+        the emitted token is exactly what a depth-one round would have accepted
+        (``offered = 1``).
         """
-        if self._source is not ProposalSource.COPY:
-            raise ValueError("counterfactual rounds replay copy proposals; this scheduler "
-                             f"verifies {self._source.value} drafts")
         # a request already released still teaches the population prior
         state = (self.acceptance(handle) if handle in self._records
                  else AcceptanceState(self._priors))
-        state.observe_round(ProposalSource.COPY, offered=offered, accepted=accepted,
+        state.observe_round(self._source, offered=offered, accepted=accepted,
                             terminated=terminated)
 
     def take_released(self) -> list[RequestHandle]:

@@ -127,6 +127,9 @@ class SpeculativeLane:
     survival: tuple[float, ...]
     drafts: tuple[int, ...] = ()
     """The proposal the round drew (``proposed`` tokens; none for idle lanes)."""
+    draft_proposal: int = -1
+    """Width-one learned rounds that keep the draft context: the draft's greedy
+    proposal for the emitted token (``LaneSample.draft_proposal``); -1 otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -196,6 +199,10 @@ class SpeculativeProgram:
         self.out_survival = torch.zeros((b, d), dtype=f32, device=dev)
         self.out_confidence = torch.zeros((2, b, d), dtype=f32, device=dev)
         self.out_drafts = torch.full((b, d), PAD_TOKEN, dtype=i64, device=dev)
+        self.out_proposal = torch.full((b,), -1, dtype=i64, device=dev)
+        self.reports_proposal = source == LEARNED and d == 0 and not draft_state.lagging
+        """A width-one learned round feeds the draft each lane's pending token (SPEC-5),
+        so it reports the draft's argmax there: a depth-one counterfactual proposal."""
         self._bound: SpeculativeFrame | None = None
         self.execution = execution or ExecutionOptions.static()
         # host-known bounds chosen in bind (static options: the full row, always sample)
@@ -426,6 +433,9 @@ class SpeculativeProgram:
                     token_lane=lane, lane_block_tables=attended, lane_major_width=1,
                 ), draft.cache)
             if j == self.depth:
+                if self.reports_proposal:
+                    self.out_proposal.copy_(
+                        torch.where(limit > 0, greedy_tokens(draft.decoder.logits(hidden)), -1))
                 break  # this step only caches the last draft's KV (see caches_last_draft)
             logits = draft.decoder.logits(hidden)
             if greedy:
@@ -606,7 +616,8 @@ class SpeculativeProgram:
             logprobs=_copied(self.out_logprobs), top_ids=_copied(self.out_top_token),
             top_logprobs=_copied(self.out_top_logprob), finite=_copied(self.out_finite),
             counts=_copied(self.out_counts), survival=_copied(self.out_survival),
-            drafts=_copied(self.out_drafts), confidence=_copied(self.out_confidence))}
+            drafts=_copied(self.out_drafts), confidence=_copied(self.out_confidence),
+            proposals=_copied(self.out_proposal) if self.reports_proposal else None)}
 
 
 def _copied(values: torch.Tensor) -> np.ndarray:
@@ -631,6 +642,8 @@ class SpeculativeReadout:
     survival: np.ndarray
     drafts: np.ndarray
     confidence: np.ndarray
+    proposals: np.ndarray | None = None
+    """Width-one learned rounds: the draft's greedy proposal per slot (-1: none)."""
 
     def result(self) -> SpeculativeResult:
         accepted, evaluated, target_rows, proposed = self.counts.tolist()
@@ -638,6 +651,8 @@ class SpeculativeReadout:
         top_ids, top_lps = self.top_ids.tolist(), self.top_logprobs.tolist()
         finite, survival, drafts = (self.finite.tolist(), self.survival.tolist(),
                                     self.drafts.tolist())
+        proposals = (self.proposals.tolist() if self.proposals is not None
+                     else [-1] * len(self.rows))
         lanes = []
         for i, row in enumerate(self.rows):
             count = accepted[i] + 1
@@ -648,7 +663,7 @@ class SpeculativeReadout:
                 finite=bool(finite[i]), accepted=accepted[i], evaluated=evaluated[i],
                 target_rows=target_rows[i], proposed=proposed[i],
                 survival=tuple(survival[i][:evaluated[i]]),
-                drafts=tuple(drafts[i][:proposed[i]]),
+                drafts=tuple(drafts[i][:proposed[i]]), draft_proposal=proposals[i],
             ))
         return SpeculativeResult(lanes=tuple(lanes), confidence=self.confidence,
                                  survival=self.survival)

@@ -331,14 +331,19 @@ class StepReadout:
     prompt_logprobs: np.ndarray | None = None
     prompt_top_ids: np.ndarray | None = None
     prompt_top_logprobs: np.ndarray | None = None
+    draft_proposals: np.ndarray | None = None
+    """Per sampled lane, the learned draft's greedy proposal (``LaneSample``)."""
 
     def result(self) -> StepResult:
         tokens, logprobs, finite = (self.tokens.tolist(), self.logprobs.tolist(),
                                     self.finite.tolist())
         top_ids, top_lps = self.top_ids.tolist(), self.top_logprobs.tolist()
+        proposals = (self.draft_proposals.tolist() if self.draft_proposals is not None
+                     else [-1] * len(self.rows))
         samples = tuple(
             LaneSample(row=row, token=tokens[i], logprob=logprobs[i], finite=finite[i],
-                       top_logprobs=tuple(zip(top_ids[i], top_lps[i], strict=True)))
+                       top_logprobs=tuple(zip(top_ids[i], top_lps[i], strict=True)),
+                       draft_proposal=proposals[i])
             for i, row in enumerate(self.rows))
         if self.prompt_logprobs is None:
             return StepResult(samples=samples)

@@ -193,7 +193,7 @@ async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
         tiny_llama: Path, plain_outputs: list[list[int]], enabled: bool) -> None:
     """Adaptive copy speculation: frames that verified no copy drafts open counterfactual
     copy rounds (``actors.copy_counterfactuals``), decided ones reach
-    ``observe_copy_counterfactual`` with ``0 <= accepted <= offered <= D``; switched off
+    ``observe_counterfactual`` with ``0 <= accepted <= offered <= D``; switched off
     (``copy_counterfactuals=False``, the seed's ACC-9) none do. Output is unchanged."""
     config = config_for(tiny_llama, speculation="adaptive", draft_source="copy",
                         draft_depth=3, copy_counterfactuals=enabled)
@@ -202,13 +202,13 @@ async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
         async with open_runtime(config) as rt:
             scheduler = rt.scheduler
             assert isinstance(scheduler, SpeculativeScheduler)
-            original = scheduler.observe_copy_counterfactual
+            original = scheduler.observe_counterfactual
 
             def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
                 observed.append((offered, accepted, terminated))
                 original(handle, offered=offered, accepted=accepted, terminated=terminated)
 
-            scheduler.observe_copy_counterfactual = record  # type: ignore[method-assign]
+            scheduler.observe_counterfactual = record  # type: ignore[method-assign]
             results = await _serve_all(rt)
             await wait_until_idle(rt)
             stats = rt.statistics()

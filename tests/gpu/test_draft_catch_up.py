@@ -21,7 +21,7 @@ from model_fixtures import DECODE, PREFILL_64, RESTORE, SNAPSHOT, build_checkpoi
 
 from gpu.draft_state import DraftState
 from gpu.engine import ModelEngine
-from gpu.frames import SamplingParams
+from gpu.frames import DecodeFrame, SamplingParams, StepResult
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative import LEARNED, attach_speculation
@@ -260,3 +260,28 @@ def test_the_first_round_captures_every_catch_up_window(pair: tuple[Path, Path])
         driver.speculate(WIDE, [0], [4])
     assert lags == [1, 2, 3, 5, 8, 12]
     assert len(capture) == traced
+
+
+@pytest.mark.parametrize("kind", ["decode", "speculative"])
+def test_maintained_width_one_steps_report_the_drafts_first_proposal(
+    pair: tuple[Path, Path], kind: str
+) -> None:
+    """A maintained width-one step feeds the draft the pending token, so it reports the
+    draft's greedy proposal for the token it emits: the first draft a wide round from
+    the same context would have verified (a depth-one counterfactual round). A lagging
+    load runs no draft there and reports none (-1)."""
+    reported = {}
+    for catch_up in (0, 8):
+        driver, _ = driver_for(pair, catch_up)
+        driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)
+        if kind == "decode":
+            step = driver.run(DECODE[1], DecodeFrame(rows=(0,), updates=driver.pages_for(0, 21)))
+            assert isinstance(step, StepResult)
+            driver.rows[0].position += 1
+            reported[catch_up] = step.samples[0].draft_proposal
+        else:
+            reported[catch_up] = driver.speculate(ONE, [0], [1]).lanes[0].draft_proposal
+    reference, _ = driver_for(pair, 0)
+    reference.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)
+    first_draft = reference.speculate(WIDE, [0], [4]).lanes[0].drafts[0]
+    assert reported == {0: first_draft, 8: -1}

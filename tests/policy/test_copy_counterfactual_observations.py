@@ -1,4 +1,4 @@
-"""``SpeculativeScheduler.observe_copy_counterfactual``: a counterfactual copy round
+"""``SpeculativeScheduler.observe_counterfactual``: a counterfactual copy round
 folds into the request's copy acceptance exactly as a verified round would (ACC-6,
 ACC-7), censored at termination (ACC-8), and moves the population prior (ACC-20), also
 for a request already released; only a copy scheduler accepts one."""
@@ -34,7 +34,7 @@ def test_acc_6_7_8_a_counterfactual_observes_like_a_verified_round(
         offered: int, accepted: int, terminated: bool) -> None:
     s = copy_scheduler()
     h = s.admit(prompt_len=8, max_output_tokens=64)
-    s.observe_copy_counterfactual(h, offered=offered, accepted=accepted,
+    s.observe_counterfactual(h, offered=offered, accepted=accepted,
                                   terminated=terminated)
     reference = AcceptanceState(PopulationPriors())
     reference.observe_round(COPY, offered=offered, accepted=accepted, terminated=terminated)
@@ -50,18 +50,29 @@ def test_acc_6_7_8_a_counterfactual_observes_like_a_verified_round(
 def test_acc_20_a_released_request_still_moves_the_population_prior() -> None:
     s = copy_scheduler()
     gone = 12345  # never admitted (or released): only the prior learns
-    s.observe_copy_counterfactual(gone, offered=1, accepted=1, terminated=False)
+    s.observe_counterfactual(gone, offered=1, accepted=1, terminated=False)
     fresh = s.admit(prompt_len=8, max_output_tokens=64)
     assert means(s, fresh)[0] == pytest.approx(0.5 + 0.5 / 64)
     assert means(s, fresh)[1] == pytest.approx(0.25)
 
 
-def test_only_a_copy_scheduler_takes_counterfactual_rounds() -> None:
-    s = SpeculativeScheduler(catalog=SHAPES, mode=SpeculationMode.ADAPTIVE,
-                             source=ProposalSource.LEARNED)
+@pytest.mark.parametrize("accepted", [0, 1])
+def test_acc_6_7_a_learned_depth_one_counterfactual_observes_the_learned_source(
+        accepted: int) -> None:
+    """A learned scheduler folds a depth-one counterfactual (a width-one step's draft
+    proposal against the emitted token) into its own source, like a verified
+    depth-one round, and leaves the copy source alone."""
+    learned = ProposalSource.LEARNED
+    s = SpeculativeScheduler(catalog=SHAPES, mode=SpeculationMode.ADAPTIVE, source=learned)
     h = s.admit(prompt_len=8, max_output_tokens=64)
-    with pytest.raises(ValueError, match="copy"):
-        s.observe_copy_counterfactual(h, offered=2, accepted=1, terminated=False)
+    s.observe_counterfactual(h, offered=1, accepted=accepted, terminated=False)
+    reference = AcceptanceState(PopulationPriors())
+    reference.observe_round(learned, offered=1, accepted=accepted, terminated=False)
+    observed = [s.acceptance(h).acceptance(learned).mean(d) for d in (1, 2)]
+    assert observed == pytest.approx(
+        [reference.acceptance(learned).mean(d) for d in (1, 2)])
+    assert observed[0] != pytest.approx(0.5)
+    assert means(s, h)[0] == pytest.approx(0.5)  # copy: untouched
 
 
 def test_matching_counterfactuals_bring_back_the_rounds_decodes_alone_never_would() -> None:
@@ -77,7 +88,7 @@ def test_matching_counterfactuals_bring_back_the_rounds_decodes_alone_never_woul
     assert plan is not None and plan.shape.token_capacity == 1
     for _ in range(60):
         for h in handles:
-            s.observe_copy_counterfactual(h, offered=3, accepted=3, terminated=False)
+            s.observe_counterfactual(h, offered=3, accepted=3, terminated=False)
     plan = s.plan()
     assert plan is not None and plan.shape == spec(4)
     assert {lane.handle for lane in plan.lanes} == set(handles)
