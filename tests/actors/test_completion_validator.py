@@ -88,3 +88,16 @@ def test_program_fault_fails_every_lane_with_its_message() -> None:
                         vocab_size=50)
     assert not any(r.ok for r in check.records)
     assert all("nan in attention" in f.message for f in check.failures)
+
+
+def test_draft_proposals_of_valid_lanes_are_passed_on() -> None:
+    """A width-one step's learned-draft proposals reach the planner for valid lanes
+    only; -1 (no draft ran) and ids outside the vocabulary are dropped."""
+    from dataclasses import replace
+
+    o = order()
+    samples = (replace(good(10), draft_proposal=7), replace(good(11), draft_proposal=-1))
+    assert check_frame(o, outcome(o, samples), vocab_size=50).draft_proposals == (
+        (RequestHandle(0), 7),)
+    failed = (replace(good(10, token=50), draft_proposal=7), replace(good(11), draft_proposal=60))
+    assert check_frame(o, outcome(o, failed), vocab_size=50).draft_proposals == ()

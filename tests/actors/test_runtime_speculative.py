@@ -223,3 +223,43 @@ async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
     assert all(0 <= accepted <= offered <= 3 for offered, accepted, _ in observed)
     # the repetitive prompt's greedy continuation repeats: some drafts would have held
     assert any(accepted > 0 for _, accepted, _ in observed)
+
+
+@pytest.mark.parametrize(("enabled", "catch_up"), [(True, 0), (False, 0), (True, 8)])
+async def test_learned_depth_one_counterfactuals_reach_the_scheduler(
+        tiny_llama: Path, plain_outputs: list[list[int]], enabled: bool,
+        catch_up: int) -> None:
+    """Adaptive learned speculation with the target as its own draft: every width-one
+    step that keeps the draft context (decode or ``W = 1`` round) reports the draft's
+    greedy proposal, which always equals the emitted token, so each reaches
+    ``observe_counterfactual`` as one accepted draft of one offered. Switched off
+    (``draft_counterfactuals=False``, the seed's ACC-9), or with a lagging draft context
+    (no draft runs on those steps), none do. Output is unchanged."""
+    config = config_for(tiny_llama, speculation="adaptive", draft_source="draft",
+                        draft_model_dir=tiny_llama, draft_depth=3,
+                        draft_counterfactuals=enabled, draft_catch_up=catch_up)
+    observed: list[tuple[int, int, bool]] = []
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            scheduler = rt.scheduler
+            assert isinstance(scheduler, SpeculativeScheduler)
+            original = scheduler.observe_counterfactual
+
+            def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
+                observed.append((offered, accepted, terminated))
+                original(handle, offered=offered, accepted=accepted, terminated=terminated)
+
+            scheduler.observe_counterfactual = record  # type: ignore[method-assign]
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+            stats = rt.statistics()
+            width_one = sum(n for label, n in stats.executions_by_graph
+                            if label.startswith("decode") or ",W=1," in label)
+    assert [tokens for tokens, _ in results] == plain_outputs
+    assert stats.counterfactual_rounds == len(observed)
+    assert stats.counterfactual_accepted_tokens == sum(a for _, a, _ in observed)
+    if not enabled or catch_up:
+        assert observed == []
+        return
+    assert width_one > 0 and observed
+    assert set(observed) == {(1, 1, False)}
