@@ -188,6 +188,21 @@ async def test_a_cache_hit_shares_the_draft_context(tiny_llama: Path) -> None:
     assert drafted > 0 and accepted == drafted
 
 
+def _record_counterfactuals(scheduler: object) -> list[tuple[int, int, bool]]:
+    """Wrap ``scheduler.observe_counterfactual`` so each call is also recorded as
+    ``(offered, accepted, terminated)`` in the returned list."""
+    assert isinstance(scheduler, SpeculativeScheduler)
+    observed: list[tuple[int, int, bool]] = []
+    original = scheduler.observe_counterfactual
+
+    def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
+        observed.append((offered, accepted, terminated))
+        original(handle, offered=offered, accepted=accepted, terminated=terminated)
+
+    scheduler.observe_counterfactual = record  # type: ignore[method-assign]
+    return observed
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
         tiny_llama: Path, plain_outputs: list[list[int]], enabled: bool) -> None:
@@ -197,18 +212,9 @@ async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
     (``copy_counterfactuals=False``, the seed's ACC-9) none do. Output is unchanged."""
     config = config_for(tiny_llama, speculation="adaptive", draft_source="copy",
                         draft_depth=3, copy_counterfactuals=enabled)
-    observed: list[tuple[int, int, bool]] = []
     with trio.fail_after(240):
         async with open_runtime(config) as rt:
-            scheduler = rt.scheduler
-            assert isinstance(scheduler, SpeculativeScheduler)
-            original = scheduler.observe_counterfactual
-
-            def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
-                observed.append((offered, accepted, terminated))
-                original(handle, offered=offered, accepted=accepted, terminated=terminated)
-
-            scheduler.observe_counterfactual = record  # type: ignore[method-assign]
+            observed = _record_counterfactuals(rt.scheduler)
             results = await _serve_all(rt)
             await wait_until_idle(rt)
             stats = rt.statistics()
@@ -238,18 +244,9 @@ async def test_learned_depth_one_counterfactuals_reach_the_scheduler(
     config = config_for(tiny_llama, speculation="adaptive", draft_source="draft",
                         draft_model_dir=tiny_llama, draft_depth=3,
                         draft_counterfactuals=enabled, draft_catch_up=catch_up)
-    observed: list[tuple[int, int, bool]] = []
     with trio.fail_after(240):
         async with open_runtime(config) as rt:
-            scheduler = rt.scheduler
-            assert isinstance(scheduler, SpeculativeScheduler)
-            original = scheduler.observe_counterfactual
-
-            def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
-                observed.append((offered, accepted, terminated))
-                original(handle, offered=offered, accepted=accepted, terminated=terminated)
-
-            scheduler.observe_counterfactual = record  # type: ignore[method-assign]
+            observed = _record_counterfactuals(rt.scheduler)
             results = await _serve_all(rt)
             await wait_until_idle(rt)
             stats = rt.statistics()

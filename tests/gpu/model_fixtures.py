@@ -149,3 +149,20 @@ class HFReference:
         with torch.no_grad():
             logits = self.model(kind)(torch.tensor([prompt])).logits[0]  # type: ignore[operator]
         return torch.log_softmax(logits.float(), dim=-1)
+
+
+def build_draft_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny target (``build_checkpoint("llama")``) and a smaller random draft with
+    the same vocabulary, for the speculative program tests."""
+    import torch
+    import transformers as tf
+
+    target = build_checkpoint("llama", root / "target")
+    torch.manual_seed(11)
+    draft_dir = root / "draft"
+    config = tf.LlamaConfig(**_common(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1,
+                                      tie_word_embeddings=True))
+    assert config.vocab_size == VOCAB
+    tf.LlamaForCausalLM(config).eval().save_pretrained(draft_dir)
+    return target, draft_dir

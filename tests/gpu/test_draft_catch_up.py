@@ -17,7 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from model_fixtures import DECODE, PREFILL_64, RESTORE, SNAPSHOT, build_checkpoint, prompt_of
+from model_fixtures import (
+    DECODE,
+    PREFILL_64,
+    RESTORE,
+    SNAPSHOT,
+    build_draft_pair,
+    prompt_of,
+)
 
 from gpu.draft_state import DraftState
 from gpu.engine import ModelEngine
@@ -48,19 +55,7 @@ PROMPTS = (prompt_of(20, 1), prompt_of(13, 2))
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny target and a smaller random draft with the same vocabulary."""
-    import transformers as tf
-    from model_fixtures import VOCAB, _common
-
-    root = tmp_path_factory.mktemp("catch_up_pair")
-    target = build_checkpoint("llama", root / "target")
-    torch.manual_seed(11)
-    draft_dir = root / "draft"
-    config = tf.LlamaConfig(**_common(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1,
-                                      tie_word_embeddings=True))
-    assert config.vocab_size == VOCAB
-    tf.LlamaForCausalLM(config).eval().save_pretrained(draft_dir)
-    return target, draft_dir
+    return build_draft_pair(tmp_path_factory.mktemp("catch_up_pair"))
 
 
 def driver_for(pair: tuple[Path, Path], catch_up: int, *, static: bool = False,
