@@ -152,7 +152,8 @@ class PrefixEstimate:
         self._unobserved_weight = INITIAL_WEIGHT
         self._rows: dict[tuple[str, int], tuple[float, ...]] = {}
         """Memo of ``means``/``weights``/``optimistic_bounds`` per depth limit; cleared by
-        every change (``observe``, ``age``). Selection reads them on every decision."""
+        ``observe``, and of its weight rows by ``age``. Selection reads them on every
+        decision."""
 
     @classmethod
     def preseeded(cls, means: Sequence[float], weight: float) -> PrefixEstimate:
@@ -233,7 +234,8 @@ class PrefixEstimate:
             raise ValueError(f"generated tokens must be non-negative, got {generated_tokens}")
         if generated_tokens == 0:
             return
-        self._rows.clear()
+        # ageing moves weights only: the memoised means stay valid
+        self._rows = {key: row for key, row in self._rows.items() if key[0] == "mean"}
         factor = 0.5 ** (generated_tokens / AGEING_HALF_LIFE_TOKENS)
         self._weights = [w * factor for w in self._weights]
         self._unobserved_weight *= factor

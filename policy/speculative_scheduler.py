@@ -259,10 +259,11 @@ class SpeculativeScheduler(Scheduler):
         program when the incumbent is itself a refresh. None when no program qualifies."""
         times = self._shape_times()
         position = self._catalog.position
-        stale = times.stale(self._now_ns, self._estimates.ttl_ns)
+        stale = times.stale(self._now_ns, self._estimates.ttl_ns)  # implies a known estimate
+        if not stale.any():  # the usual case: no shape hashed, no estimate dict built
+            return None
         touched = times.last_touched_ns
-        eligible = [s for s in shapes if estimates.get(s, 0) > 0 and stale[position[s]]
-                    and s != incumbent.shape]
+        eligible = [s for s in shapes if stale[position[s]] and s != incumbent.shape]
         if not eligible:
             return None
         cands = round_candidates(lanes, eligible, estimates,
