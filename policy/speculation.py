@@ -197,11 +197,13 @@ class PrefixEstimate:
         return row
 
     def weights(self, depth_limit: int) -> tuple[float, ...]:
-        """Aged weights for depths 1..depth_limit."""
+        """Aged weights for depths 1..depth_limit (``weight`` per depth, built at once:
+        selection rebuilds the row after every ageing)."""
         row = self._rows.get(("weight", depth_limit))
         if row is None:
-            row = self._rows["weight", depth_limit] = tuple(
-                self.weight(d) for d in range(1, depth_limit + 1))
+            observed = self._weights[:depth_limit]
+            row = self._rows["weight", depth_limit] = (
+                *observed, *(self._unobserved_weight,) * (depth_limit - len(observed)))
         return row
 
     def optimistic_bounds(self, depth_limit: int) -> tuple[float, ...]:
@@ -209,7 +211,8 @@ class PrefixEstimate:
         row = self._rows.get(("optimistic", depth_limit))
         if row is None:
             row = self._rows["optimistic", depth_limit] = tuple(
-                self.optimistic(d) for d in range(1, depth_limit + 1))
+                optimistic_bound(m, w) for m, w in zip(
+                    self.means(depth_limit), self.weights(depth_limit), strict=True))
         return row
 
     def observe(self, values: Sequence[float]) -> None:
