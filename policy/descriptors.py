@@ -25,7 +25,16 @@ PROMPT_ALIGNMENT = 64
 """Prefill and mixed prompt capacities are positive multiples of 64."""
 
 
-class GraphKind(enum.Enum):
+class IdentityEnum(enum.Enum):
+    """An ``Enum`` hashed by identity, in C. Members are singletons compared by identity,
+    so equality is unchanged; ``Enum.__hash__`` is a Python function
+    (``hash(self._name_)``), and selection hashes shapes (whose fields hold these
+    enums) and proposal sources hundreds of times per decision."""
+
+    __hash__ = object.__hash__
+
+
+class GraphKind(IdentityEnum):
     """The seven program families of the native catalog (seed: intro, CAT-9)."""
 
     PREFILL = "prefill"
@@ -37,7 +46,7 @@ class GraphKind(enum.Enum):
     STATE = "state"
 
 
-class StateOp(enum.Enum):
+class StateOp(IdentityEnum):
     """Which state operation a ``GraphKind.STATE`` program performs (OPEN-39).
 
     Restore and initialization are state operations in flare.
@@ -49,7 +58,7 @@ class StateOp(enum.Enum):
     INITIALIZE = "initialize"
 
 
-class TargetBinding(enum.Enum):
+class TargetBinding(IdentityEnum):
     """Who allocates a speculative program's target rows (seed: SPEC-18).
 
     ``QUERY_LENGTH``: the host fixes per-lane lengths whose sum fits P.

@@ -42,7 +42,6 @@ scaled prices, as ``policy/decision.py`` builds them. Pure: numpy only.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -50,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.descriptors import GraphKind, GraphShape, IdentityEnum, TargetBinding
 from policy.round_search import (
     best_lengths,
     clean_forecast,
@@ -86,7 +85,7 @@ __all__ = [
 ]
 
 
-class SpeculationMode(enum.Enum):
+class SpeculationMode(IdentityEnum):
     """How the loaded catalog is driven (issue 6: modes selectable at ``flare run``)."""
 
     FIXED = "fixed"
@@ -95,7 +94,7 @@ class SpeculationMode(enum.Enum):
     """Adaptive: host lengths or device allocation, widths compete (SPEC-6)."""
 
 
-class Ordering(enum.Enum):
+class Ordering(IdentityEnum):
     """How a candidate's cohort was found."""
 
     HOST = "host"

@@ -25,9 +25,10 @@ Ordinary selection reads the means (ACC-25); funded acceptance learning reads
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Sequence
+
+from policy.descriptors import IdentityEnum
 
 __all__ = [
     "AGEING_HALF_LIFE_TOKENS",
@@ -54,7 +55,7 @@ PRIOR_STEP = 1.0 / 64.0
 _LN_20 = math.log(20.0)
 
 
-class ProposalSource(enum.Enum):
+class ProposalSource(IdentityEnum):
     """Where a speculative round's proposals come from (ACC-5, OPEN-18)."""
 
     LEARNED = "draft"

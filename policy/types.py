@@ -15,12 +15,11 @@ logical lane work, request epochs, estimated duration and selection score),
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass
 from typing import NamedTuple, NewType
 
-from policy.descriptors import GraphShape
+from policy.descriptors import GraphShape, IdentityEnum
 
 RequestHandle = NewType("RequestHandle", int)
 """A resident request's id. A reused handle always comes back with a larger epoch."""
@@ -29,7 +28,7 @@ Fence = NewType("Fence", int)
 """The runtime's id for one committed frame; strictly increasing per scheduler."""
 
 
-class Phase(enum.Enum):
+class Phase(IdentityEnum):
     """Where a resident request is in its life (seed: phase transitions)."""
 
     PREFILL = "prefill"
@@ -42,7 +41,7 @@ class Phase(enum.Enum):
     """Nothing more will be planned; resources free once its last fence retires."""
 
 
-class LaneRole(enum.Enum):
+class LaneRole(IdentityEnum):
     """What one lane of a step does for its request."""
 
     PROMPT = "prompt"
@@ -55,7 +54,7 @@ class LaneRole(enum.Enum):
     after a restore, PRE-1, PRE-21)."""
 
 
-class RestoreNeed(enum.Enum):
+class RestoreNeed(IdentityEnum):
     """Whether a resident request must have its state restored before more work."""
 
     NONE = "none"
@@ -66,7 +65,7 @@ class RestoreNeed(enum.Enum):
     """Its state can be restored by a prepared restore graph (PRE-1)."""
 
 
-class SelectionReason(enum.Enum):
+class SelectionReason(IdentityEnum):
     """Why a plan was chosen; also the execution-counter kind (ACCT, LRN-20)."""
 
     ORDINARY = "ordinary"
@@ -75,7 +74,7 @@ class SelectionReason(enum.Enum):
     ACCEPTANCE_LEARNING = "acceptance_learning"
 
 
-class DecodeMode(enum.Enum):
+class DecodeMode(IdentityEnum):
     """The decode mode a mixed step runs its decoder rows in (MIX-7, MIX-10).
 
     Only ``ORDINARY`` is selected today; speculative modes arrive with issue 6.
@@ -207,7 +206,7 @@ class CompletionRecord:
     ok: bool = True
 
 
-class FinishKind(enum.Enum):
+class FinishKind(IdentityEnum):
     """Why a request's output ended (carried on its last ``GeneratedToken``)."""
 
     STOP = "stop"
