@@ -176,6 +176,7 @@ class DraftMaintainingProgram:
         is reported per lane (``LaneSample.draft_proposal``)."""
         self.out_proposal = torch.full((inner.shape.batch_capacity,), -1, dtype=torch.int64,
                                        device=draft_state.history.device)
+
     @property
     def shape(self) -> GraphShape:
         return self.inner.shape
