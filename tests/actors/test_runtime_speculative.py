@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
+from actors.config import RuntimeConfig
+from actors.public import (
+    Finished,
+    GenerationRequest,
+    RuntimeStatistics,
+    SamplingParams,
+    TokenDelta,
+)
 from actors.system import Runtime, open_runtime
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.speculative_scheduler import SpeculativeScheduler
@@ -188,6 +195,19 @@ async def test_a_cache_hit_shares_the_draft_context(tiny_llama: Path) -> None:
     assert drafted > 0 and accepted == drafted
 
 
+async def _serve_recording_counterfactuals(
+        config: RuntimeConfig) -> tuple[list[tuple[list[int], int]], RuntimeStatistics,
+                                        list[tuple[int, int, bool]]]:
+    """Serve the module's prompts on ``config`` recording every counterfactual the
+    scheduler observes: (results, statistics once idle, observations)."""
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            observed = _record_counterfactuals(rt.scheduler)
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+            return results, rt.statistics(), observed
+
+
 def _record_counterfactuals(scheduler: object) -> list[tuple[int, int, bool]]:
     """Wrap ``scheduler.observe_counterfactual`` so each call is also recorded as
     ``(offered, accepted, terminated)`` in the returned list."""
@@ -212,12 +232,7 @@ async def test_copy_counterfactuals_reach_the_scheduler_and_keep_greedy_output(
     (``copy_counterfactuals=False``, the seed's ACC-9) none do. Output is unchanged."""
     config = config_for(tiny_llama, speculation="adaptive", draft_source="copy",
                         draft_depth=3, copy_counterfactuals=enabled)
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-            observed = _record_counterfactuals(rt.scheduler)
-            results = await _serve_all(rt)
-            await wait_until_idle(rt)
-            stats = rt.statistics()
+    results, stats, observed = await _serve_recording_counterfactuals(config)
     assert [tokens for tokens, _ in results] == plain_outputs
     assert stats.counterfactual_rounds == len(observed)
     assert stats.counterfactual_drafted_tokens == sum(o for o, _, _ in observed)
@@ -244,14 +259,9 @@ async def test_learned_depth_one_counterfactuals_reach_the_scheduler(
     config = config_for(tiny_llama, speculation="adaptive", draft_source="draft",
                         draft_model_dir=tiny_llama, draft_depth=3,
                         draft_counterfactuals=enabled, draft_catch_up=catch_up)
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-            observed = _record_counterfactuals(rt.scheduler)
-            results = await _serve_all(rt)
-            await wait_until_idle(rt)
-            stats = rt.statistics()
-            width_one = sum(n for label, n in stats.executions_by_graph
-                            if label.startswith("decode") or ",W=1," in label)
+    results, stats, observed = await _serve_recording_counterfactuals(config)
+    width_one = sum(n for label, n in stats.executions_by_graph
+                    if label.startswith("decode") or ",W=1," in label)
     assert [tokens for tokens, _ in results] == plain_outputs
     assert stats.counterfactual_rounds == len(observed)
     assert stats.counterfactual_accepted_tokens == sum(a for _, a, _ in observed)
