@@ -116,8 +116,9 @@ class RuntimeStatistics:
     speculative_accepted_by_position: tuple[int, ...] = ()
     """``[k]``: verified rounds whose draft at 0-based position ``k`` was accepted."""
     counterfactual_rounds: int = 0
-    """Counterfactual copy rounds decided (adaptive copy speculation,
-    ``actors.copy_counterfactuals``)."""
+    """Counterfactual rounds decided: copy rounds replayed by the host
+    (``actors.copy_counterfactuals``) or the learned draft's depth-one proposals of
+    width-one steps (adaptive speculation, ``docs/speculative-selection.md``)."""
     counterfactual_drafted_tokens: int = 0
     """Drafts those rounds offered."""
     counterfactual_accepted_tokens: int = 0

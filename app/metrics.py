@@ -106,13 +106,14 @@ def _speculative_metrics(stats: RuntimeStatistics) -> Iterator[Metric]:
             ("flare_speculative_accepted_tokens", "Draft tokens the target accepted.",
              stats.speculative_accepted_tokens),
             ("flare_speculative_counterfactual_rounds",
-             "Counterfactual copy rounds decided (frames that verified no copy drafts).",
+             "Counterfactual rounds decided (copy: replayed lookups on frames that "
+             "verified no copy drafts; learned: depth-one proposals of width-one steps).",
              stats.counterfactual_rounds),
             ("flare_speculative_counterfactual_drafted_tokens",
-             "Drafts the counterfactual copy rounds offered.",
+             "Drafts the counterfactual rounds offered.",
              stats.counterfactual_drafted_tokens),
             ("flare_speculative_counterfactual_accepted_tokens",
-             "Counterfactual copy drafts that equalled the following tokens.",
+             "Counterfactual drafts that equalled the following tokens.",
              stats.counterfactual_accepted_tokens)):
         family = CounterMetricFamily(name, text, labels=["source"])
         family.add_metric(source, value)
