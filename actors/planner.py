@@ -357,7 +357,6 @@ class Planner:
         that verified no copy drafts opens one from the context the frame started from
         (before its tokens are appended); every lane's new tokens decide the open ones,
         and the request's end censors the rest (ACC-8)."""
-        assert isinstance(self.scheduler, SpeculativeScheduler)
         verified = ({lane.handle: lane.evaluated for lane in frame.rounds.lanes}
                     if frame.rounds is not None else {})
         decoding = {lane.handle for lane in frame.plan.lanes if lane.role is LaneRole.DECODE}
@@ -379,11 +378,7 @@ class Planner:
             if token.finish is not None:
                 decided += [(o, a, True) for o, a in tracker.terminate()]
             for offered, accepted, ended in decided:
-                self.scheduler.observe_counterfactual(
-                    token.handle, offered=offered, accepted=accepted, terminated=ended)
-                self.counters.counterfactual_rounds += 1
-                self.counters.counterfactual_drafted_tokens += offered
-                self.counters.counterfactual_accepted_tokens += accepted
+                self._observe_counterfactual(token.handle, offered, accepted, ended)
 
     def _observe_draft_proposals(self, frame: ValidatedFrame,
                                  tokens: Sequence[GeneratedToken]) -> None:
@@ -392,19 +387,24 @@ class Planner:
         greedy request, the proposal equal to the emitted token is exactly what a
         depth-one round would have accepted. Sampled requests observe nothing (a match
         of two samples is not the acceptance event)."""
-        assert isinstance(self.scheduler, SpeculativeScheduler)
         emitted = {t.handle: t for t in tokens if t.token_ids}
         for handle, proposal in frame.draft_proposals:
             token, resident = emitted.get(handle), self._residents.get(handle)
             if token is None or resident is None or resident.source.epoch != token.epoch \
                     or not resident.source.sampling.temperature <= 0.0:
                 continue
-            accepted = int(token.token_ids[0] == proposal)
-            self.scheduler.observe_counterfactual(handle, offered=1, accepted=accepted,
-                                                  terminated=False)
-            self.counters.counterfactual_rounds += 1
-            self.counters.counterfactual_drafted_tokens += 1
-            self.counters.counterfactual_accepted_tokens += accepted
+            self._observe_counterfactual(handle, 1, int(token.token_ids[0] == proposal), False)
+
+    def _observe_counterfactual(self, handle: RequestHandle, offered: int, accepted: int,
+                                terminated: bool) -> None:
+        """One decided counterfactual round, of either source: to the scheduler and the
+        counters."""
+        assert isinstance(self.scheduler, SpeculativeScheduler)
+        self.scheduler.observe_counterfactual(handle, offered=offered, accepted=accepted,
+                                              terminated=terminated)
+        self.counters.counterfactual_rounds += 1
+        self.counters.counterfactual_drafted_tokens += offered
+        self.counters.counterfactual_accepted_tokens += accepted
 
     def _apply_extents(self, frame: ValidatedFrame) -> None:
         for lane, record in zip(frame.plan.lanes, frame.records, strict=True):

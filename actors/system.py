@@ -454,12 +454,7 @@ def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
     """Drafts per counterfactual copy round (the deepest copy round in the catalog), or
     0 where the planner keeps none: only the seed's adaptive scheduler with copy
     proposals learns from them (``RuntimeConfig.copy_counterfactuals``)."""
-    from policy.rounds import SpeculationMode
-    from policy.speculative_scheduler import SpeculativeScheduler
-
-    if not (parts.copy_counterfactuals and parts.draft_source == "copy"
-            and isinstance(scheduler, SpeculativeScheduler)
-            and scheduler.mode is SpeculationMode.ADAPTIVE):
+    if not (parts.copy_counterfactuals and _adaptive_for(parts, scheduler, "copy")):
         return 0
     return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
                default=0)
@@ -469,11 +464,16 @@ def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) ->
     """Whether the planner folds the learned draft's depth-one proposals into the
     scheduler: only the seed's adaptive scheduler with the learned source learns from
     them (``RuntimeConfig.draft_counterfactuals``)."""
+    return parts.draft_counterfactuals and _adaptive_for(parts, scheduler, "draft")
+
+
+def _adaptive_for(parts: RuntimeParts, scheduler: SchedulingPolicy, source: str) -> bool:
+    """Whether ``scheduler`` is the seed's adaptive speculative scheduler and the load's
+    proposals come from ``source``: only it reads acceptance estimates."""
     from policy.rounds import SpeculationMode
     from policy.speculative_scheduler import SpeculativeScheduler
 
-    return (parts.draft_counterfactuals and parts.draft_source == "draft"
-            and isinstance(scheduler, SpeculativeScheduler)
+    return (parts.draft_source == source and isinstance(scheduler, SpeculativeScheduler)
             and scheduler.mode is SpeculationMode.ADAPTIVE)
 
 

@@ -11,8 +11,9 @@ Funded acceptance learning, last paragraph, counts executions by kind):
 ``{source}``: ``flare_speculative_programs_total``, ``flare_speculative_drafted_tokens_total``,
 ``flare_speculative_accepted_tokens_total``,
 ``flare_speculative_accepted_by_position_total{source,position}`` and the counterfactual
-copy rounds' ``flare_speculative_counterfactual_{rounds,drafted_tokens,accepted_tokens}_total``
-(zero unless adaptive copy speculation replays them).
+rounds' ``flare_speculative_counterfactual_{rounds,drafted_tokens,accepted_tokens}_total``
+(zero unless adaptive speculation observes them: replayed copy lookups, or the learned
+draft's depth-one proposals for greedy requests).
 
 HTTP side: ``flare_prompt_tokens_total``, ``flare_generation_tokens_total``,
 ``flare_requests_finished_total{reason}``, ``flare_http_errors_total{status}`` and the

@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from ops.training.corpus import build_documents, list_source_files, split_files, stdlib_root
+from ops.training.corpus import (
+    CorpusSplit,
+    build_documents,
+    list_source_files,
+    split_files,
+    stdlib_root,
+)
 from ops.training.export import write_checkpoint
 from ops.training.llama import LlamaForCausalLM, LlamaShape, greedy_generate
 from ops.training.special_tokens import END, END_OF_TEXT, render_chat
@@ -124,8 +130,7 @@ def train_default_pair(settings: RecipeSettings, log: Log = print) -> RecipeRepo
         f"corpus: {len(files)} files under {settings.source_root} "
         f"({len(split.held_out_files)} held out)"
     )
-    train_documents = build_documents(split.train_files, seed=settings.seed)
-    held_out_documents = build_documents(split.held_out_files, seed=settings.seed + 1)
+    train_documents, held_out_documents = _documents(split, settings)
     started = time.monotonic()
     tokenizer = train_tokenizer(
         (d for d in train_documents if not d.startswith("<|")),
@@ -232,6 +237,12 @@ def _train_one(
     )
 
 
+def _documents(split: CorpusSplit, settings: RecipeSettings) -> tuple[list[str], list[str]]:
+    """The recipe's training and held-out documents (seeded, so every run sees the same)."""
+    return (build_documents(split.train_files, seed=settings.seed),
+            build_documents(split.held_out_files, seed=settings.seed + 1))
+
+
 def _encode(tokenizer: Tokenizer, documents: list[str]) -> torch.Tensor:
     ids: list[int] = []
     for encoding in tokenizer.encode_batch(documents, add_special_tokens=False):
@@ -334,8 +345,7 @@ def distill_draft(settings: RecipeSettings, log: Log = print) -> dict[str, objec
     target_dir = settings.output_root / TARGET_DIRECTORY
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     split = split_files(list_source_files(settings.source_root, settings.max_files))
-    train_tokens = _encode(tokenizer, build_documents(split.train_files, seed=settings.seed))
-    held_out = _encode(tokenizer, build_documents(split.held_out_files, seed=settings.seed + 1))
+    train_tokens, held_out = (_encode(tokenizer, docs) for docs in _documents(split, settings))
     distill = DistillSettings(
         max_seconds=settings.minutes_per_model * 60 if settings.minutes_per_model > 0
         else math.inf,
