@@ -23,7 +23,9 @@ Shapes follow the program's fixed buffers and its host-chosen context bucket (a 
 of two of blocks, ``gpu.programs.execution.context_blocks``), so a program sees a
 handful of graphs, all captured at its first launch (each costs a few eager
 forwards). Capture time is preparation: ``tracing_ns`` lets the CPU backend leave it
-out of the launch's execution interval.
+out of the launch's execution interval. It includes one warm-up replay per graph: a
+traced function's first call builds the executor's plan and runs two to four times
+slower than later replays, and a program's discovery estimate is one sample.
 """
 
 from __future__ import annotations
@@ -133,9 +135,9 @@ class ForwardCapture:
 
     def _trace(self, key: _GraphKey, tensors: list[torch.Tensor], batch: PackedBatch,
                cache: PagedKVCache) -> Callable[..., torch.Tensor]:
-        """Trace one graph (the caller holds the lock). Tracing runs the forward once:
-        it writes the same K/V at the same slots as the replay that follows, so the
-        pools end as one eager forward leaves them."""
+        """Trace one graph and replay it once (the caller holds the lock). Tracing and
+        the warm-up replay run the forward: each writes the same K/V at the same slots
+        as the replay that follows, so the pools end as one eager forward leaves them."""
         from gpu.model.decoder import PackedBatch, PhaseSplit
 
         decoder = self._decoder
@@ -184,6 +186,14 @@ class ForwardCapture:
                                     message=r".*torch\.jit\.trace")
             traced_run: Callable[..., torch.Tensor] = torch.jit.trace(  # type: ignore[no-untyped-call]
                 run, (*tensors, *weights), check_trace=False)
+        # The first call of a traced function builds the graph executor's plan and runs
+        # two to four times slower than later replays. Make that call here, inside the
+        # capture's time, so no launch (and no duration estimate) pays it: a shape's
+        # discovery sample is a single observation (seed: *Duration estimates*). It
+        # writes the same K/V at the same slots as the trace did (placeholders write
+        # only the sink page), so the pools are unchanged.
+        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+            traced_run(*tensors, *weights)
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
         self.traced += 1

@@ -69,6 +69,46 @@ def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
     assert capture.shared_graphs() == shared
 
 
+@pytest.mark.slow
+def test_every_traced_graph_makes_its_first_call_inside_its_capture(
+        monkeypatch: pytest.MonkeyPatch, tiny_checkpoints: dict[str, Path]) -> None:
+    """Covers DUR-8 (the first positive observation sets the estimate): a traced
+    function's first call builds the graph executor's plan and runs several times
+    slower than later replays, so capture makes that call itself, inside the time a
+    launch subtracts (``tracing_ns``); no launch's device interval, and so no
+    single-sample discovery estimate, pays it."""
+    monkeypatch.setattr(capture, "_shared_graphs", {})  # trace afresh, not share
+    traced: list[int] = []
+    first_call_inside: dict[int, bool] = {}
+    inside = [False]
+    real_trace = torch.jit.trace
+
+    def trace(fn: Any, example: Any, **kwargs: Any) -> Any:
+        graph, index = real_trace(fn, example, **kwargs), len(traced)
+        traced.append(index)
+
+        def counted(*args: torch.Tensor) -> torch.Tensor:
+            first_call_inside.setdefault(index, inside[0])
+            return graph(*args)
+        return counted
+
+    real_family = capture.ForwardCapture._capture_family
+
+    def family(self: capture.ForwardCapture, *args: Any) -> Any:
+        inside[0] = True
+        try:
+            return real_family(self, *args)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(capture.torch.jit, "trace", trace)
+    monkeypatch.setattr(capture.ForwardCapture, "_capture_family", family)
+    driver = ReferenceDriver(_engine(tiny_checkpoints["llama"], capture_forward=True))
+    _scenario(driver)
+    assert traced, "the scenario traced no graph"
+    assert first_call_inside == {index: True for index in traced}
+
+
 def test_context_buckets_are_every_bound_context_blocks_chooses() -> None:
     for blocks_per_row in (1, 2, 3, 8, 13, 128):
         chosen = {context_blocks(end, page_size=16, blocks_per_row=blocks_per_row)
