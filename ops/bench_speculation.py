@@ -16,7 +16,8 @@ token divided by the tokens after the first; then averaged over requests), with 
 draft acceptance rate and the share of speculative programs among those run (both over
 the measured load). The seed's target ("Speculative decoding"): adaptive is at least as
 good as the best fixed choice, including none, at every load, and strictly better than
-no speculation at one stream; ``target_verdicts`` prints it under the table.
+no speculation at one stream; ``ops.bench_verdicts`` prints it under the table, also
+with the best fixed choice picked on held-out repeats when ``--repeats`` is 2 or more.
 
 With ``--tiny`` it builds a random tiny Llama pair in a temporary directory.
 ``--scheduler-policy throughput`` runs every mode under the seed's throughput preset
@@ -41,7 +42,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -61,6 +62,7 @@ from actors.public import (
     TokenDelta,
 )
 from actors.system import Runtime, open_runtime
+from ops.bench_verdicts import held_out_verdicts, target_verdicts
 
 PROMPT_MODULES = ("argparse", "json", "heapq", "difflib", "pickle", "csv", "random", "string",
                   "collections", "typing", "statistics", "calendar", "configparser", "ftplib",
@@ -105,6 +107,8 @@ class Row:
     """Speculative programs / all programs run over the measured load."""
     diagnosis: str = field(default="", compare=False)
     """``--diagnose`` figures for this load (empty otherwise)."""
+    repeat: int = field(default=0, compare=False)
+    """Which of the ``--repeats`` interleaved runs measured this row (0-based)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -416,31 +420,6 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def target_verdicts(rows: list[Row]) -> list[str]:
-    """The issue's target per source and load, from the rows shown: adaptive against the
-    best fixed choice, "off" included (``adaptive<=dN`` only; the ``,acc9`` variant is a
-    comparison, not a candidate), and against "off" at one stream."""
-    by_key = {(r.mode, r.streams): r.tokens_per_s for r in rows}
-    out = []
-    for mode, streams in by_key:
-        source, _, kind = mode.partition(":")
-        if not kind.startswith("adaptive") or kind.endswith(",acc9"):
-            continue
-        fixed = {m: v for (m, n), v in by_key.items() if n == streams
-                 and (m == "off" or (m.startswith(f"{source}:d")))}
-        if not fixed:
-            continue
-        best = max(fixed, key=lambda m: fixed[m])
-        adaptive = by_key[(mode, streams)]
-        ratio = adaptive / fixed[best] - 1.0 if fixed[best] > 0 else 0.0
-        line = (f"{mode} @ {streams}: {ratio:+.1%} against the best fixed choice "
-                f"({best} {fixed[best]:.1f}): {'met' if ratio >= 0 else 'not met'}")
-        if streams == 1 and "off" in fixed:
-            line += f"; {'above' if adaptive > fixed['off'] else 'not above'} off"
-        out.append(line)
-    return out
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -451,14 +430,19 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_tiny_pair(Path(tmp)) if args.tiny else (args.model,
                                                                       args.draft_model)
-        for _ in range(max(args.repeats, 1)):
+        for repeat in range(max(args.repeats, 1)):
             for mode in modes_of(args):
-                rows += trio.run(bench_mode, mode, args, target, draft)
+                rows += [replace(r, repeat=repeat)
+                         for r in trio.run(bench_mode, mode, args, target, draft)]
     summary = median_rows(rows)
     if args.json:
         print(json.dumps([asdict(r) for r in summary], sort_keys=True))
     else:
         print(render(summary))
+        held_out = held_out_verdicts(rows)
+        if held_out:
+            print("\nbest fixed choice picked on held-out repeats "
+                  "(ops/bench_verdicts.py):", *held_out, sep="\n")
         if getattr(args, "diagnose", False):
             print()
             for r in rows:
