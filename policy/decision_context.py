@@ -130,10 +130,11 @@ class CatalogIndex:
             idx.sort(key=lambda i: key(shapes[i]))
             return np.array(idx, dtype=np.int64)
 
+        # Width-one mixed programs: ordinary rows, with draft-state maintenance in a
+        # speculative load (MIX-6, MIX-35) and without in an ordinary one (MIX-44); a
+        # loaded catalog holds one variant. Wider ones: ``policy/mixed_rounds.py``.
         mixed = pick(
-            lambda s: s.kind is GraphKind.MIXED
-            and s.token_capacity == 1
-            and not s.speculation_enabled,
+            lambda s: s.kind is GraphKind.MIXED and s.token_capacity == 1,
             lambda s: (s.batch_capacity, s.prefill_capacity),
         )
         prefill = pick(lambda s: s.kind is GraphKind.PREFILL, lambda s: s.token_capacity)
@@ -144,7 +145,6 @@ class CatalogIndex:
             decode=pick(lambda s: s.kind is GraphKind.DECODE, lambda s: s.batch_capacity),
             prefill=prefill,
             scored_prefill=scored,
-            # Ordinary mixed execution: width one without draft-state maintenance (MIX-44).
             mixed=mixed,
             snapshot=pick(
                 lambda s: s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT,

@@ -17,6 +17,7 @@ This module owns the three steps the Scheduler needs around ``policy/rounds.py``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from policy.config import PolicyConfig
 from policy.requests import RequestRecord
@@ -77,8 +78,22 @@ def _primary(known: bool, rate: float, useful: float) -> tuple[int, float]:
     return (0, useful) if not known else (1, rate)
 
 
-def round_wins(candidate: RoundCandidate | None, ordinary: ScheduledPlan | None) -> bool:
-    """Whether ``candidate`` outranks the ordinary winner (selection's ranking rule)."""
+class Ranked(Protocol):
+    """What ``round_wins`` reads of a candidate (``RoundCandidate``, ``MixedRound``)."""
+
+    @property
+    def rate(self) -> float | None: ...
+    @property
+    def useful_value(self) -> float: ...
+    @property
+    def estimate_ns(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+
+def round_wins(candidate: Ranked | None, ordinary: ScheduledPlan | None) -> bool:
+    """Whether ``candidate`` (a speculative round or a wider mixed candidate) outranks
+    the current winner (selection's ranking rule)."""
     if candidate is None:
         return False
     if ordinary is None:

@@ -73,7 +73,9 @@ __all__ = [
     "device_cohort_values",
     "forecast_observation",
     "frontier_allocation",
+    "host_round",
     "lane_ceiling",
+    "lane_table",
     "observe_completed_round",
     "plan_lanes",
     "price_rows",
@@ -413,9 +415,24 @@ def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bo
 
 def _host_candidates(shape: GraphShape, table: _LaneTable, estimate_ns: int,
                      waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
+    best = host_round(shape, table, estimate_ns, waiting, mode, batch=shape.batch_capacity,
+                      packed=shape.packed_capacity, width=_width(shape))
+    return [best] if best is not None else []
+
+
+def host_round(shape: GraphShape, table: _LaneTable, estimate_ns: int, waiting: float,
+               mode: SpeculationMode, *, batch: int, packed: int, width: int
+               ) -> RoundCandidate | None:
+    """The best host-allocated cohort of at most ``batch`` lanes, ``width`` rows each and
+    ``packed`` rows in all, priced over ``estimate_ns`` as ``shape`` (SEL-25, SEL-27).
+
+    A speculative program passes its own ``B``, ``P`` and ``min(D + 1, W, P)``; a wider
+    mixed program passes what its prompt chunk leaves (``policy/mixed_rounds.py``).
+    Fixed mode keeps complete prefixes. None when no lane has room."""
+    if batch <= 0 or packed <= 0 or width <= 0:
+        return None
     t_ms = estimate_ns / NS_PER_MS
-    batch, packed = shape.batch_capacity, shape.packed_capacity
-    ceilings, at_ceiling = table.at_width(_width(shape))
+    ceilings, at_ceiling = table.at_width(width)
     slope = table.slope
     full = at_ceiling + slope * t_ms
     top = np.argsort(-full, kind="stable")[:batch]
@@ -424,21 +441,28 @@ def _host_candidates(shape: GraphShape, table: _LaneTable, estimate_ns: int,
         keep = top_ceilings > 0
         top, top_ceilings = top[keep], top_ceilings[keep]
     if len(top) == 0:
-        return []
+        return None
     if int(top_ceilings.sum()) <= packed:
         # P does not constrain the best cohort: complete prefixes, top-B values (SEL-25).
         sums = (float(at_ceiling[top].sum()), float(slope[top].sum()))
-        return [_candidate(shape, table, top, top_ceilings, ceilings, estimate_ns, waiting,
-                           Ordering.HOST, sums=sums)]
+        return _candidate(shape, table, top, top_ceilings, ceilings, estimate_ns, waiting,
+                          Ordering.HOST, sums=sums)
     options = _options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
     picked = best_lengths(options, batch, packed)
     chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
     index = np.array([i for i, _ in chosen], dtype=np.int64)
     rows = np.array([r for _, r in chosen], dtype=np.int64)
     if len(index) == 0:
-        return []
-    return [_candidate(shape, table, index, rows, ceilings, estimate_ns, waiting,
-                       Ordering.HOST)]
+        return None
+    return _candidate(shape, table, index, rows, ceilings, estimate_ns, waiting,
+                      Ordering.HOST)
+
+
+def lane_table(lanes: Sequence[SpeculativeLane], max_rows: int, alpha: float) -> _LaneTable:
+    """The decision's lane values (means, not optimistic bounds) for lanes with room,
+    up to ``max_rows`` rows each: what ``host_round`` prices cohorts from."""
+    return _LaneTable([ln for ln in lanes if ln.request_limit > 0], max_rows, alpha,
+                      optimistic=False)
 
 
 class _HostPick(NamedTuple):

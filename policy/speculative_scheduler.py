@@ -21,17 +21,25 @@ that ordinary scheduling (``policy/scheduler.py``) is untouched:
 
 A funded timing refresh may also pick a stale speculative program and run one complete
 round (REF-13, REF-14: the base scheduler charges the refresh ledger its interval).
-Mixed speculative rows are not planned here.
+
+Wider mixed programs (``speculation_enabled``, ``W > 1``): their speculative decode rows
+beside a prompt chunk are candidates too (``policy/mixed_rounds.py``, *Mixed execution
+contract*), ranked against the winner by the same rule; their decode lanes learn
+acceptance like a separate round's (MIX-30). Refresh and probes consider separate
+programs only. Width-one mixed programs of a speculative load keep the draft context
+(MIX-6) and compete in ordinary selection.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from policy.config import PolicyConfig
 from policy.decision import build_context, projected_histories
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
 from policy.learning import find_probe, ordinary_from_plan, ordinary_from_round
+from policy.mixed_rounds import best_mixed_round, mixed_round_plan, wider_mixed_shapes
 from policy.refresh import (
     CreditLedger,
     acceptance_learning_ledger,
@@ -55,16 +63,36 @@ from policy.types import (
     CommitRejected,
     CompletionError,
     CompletionRecord,
+    DecodeMode,
     Fence,
     FinishKind,
     GeneratedToken,
+    LaneRole,
     RequestHandle,
     ScheduledPlan,
     SelectionReason,
     TraceRecord,
 )
 
-__all__ = ["SpeculativeScheduler"]
+__all__ = ["SpeculativeScheduler", "rounds_of"]
+
+
+def rounds_of(plan: ScheduledPlan) -> bool:
+    """Whether ``plan``'s decode lanes run speculative rounds: a complete speculative
+    program, or a wider mixed program's speculative decode rows (MIX-30)."""
+    mixed = plan.step.mixed
+    return plan.shape.kind is GraphKind.SPECULATIVE or (
+        mixed is not None and mixed.decode_mode is DecodeMode.SPECULATIVE)
+
+
+class _SpeculativeCatalog(NamedTuple):
+    catalog: object
+    pairs: list[tuple[GraphShape, int]]
+    programs: RoundPrograms
+    program_positions: list[int]
+    mixed: list[GraphShape]
+    """Wider speculative mixed programs (``policy/mixed_rounds.py``)."""
+    mixed_positions: list[int]
 
 Confidence = Sequence[Sequence[Sequence[float]]]
 """The sidecar ``[2, request_slots, draft_capacity]``; plane 1 is the joint prefix
@@ -86,8 +114,7 @@ class SpeculativeScheduler(Scheduler):
         self._priors = PopulationPriors()
         self._states: dict[RequestHandle, AcceptanceState] = {}
         self._learning: CreditLedger = acceptance_learning_ledger()
-        self._positions_cache: tuple[object, list[tuple[GraphShape, int]],
-                                     RoundPrograms, list[int]] | None = None
+        self._positions_cache: _SpeculativeCatalog | None = None
 
     # ---- acceptance state ----------------------------------------------------------
 
@@ -158,26 +185,28 @@ class SpeculativeScheduler(Scheduler):
     # ---- planning -------------------------------------------------------------------
 
     def _speculative_shapes(self) -> list[GraphShape]:
-        return [s for s, _ in self._speculative_positions()]
+        return [s for s, _ in self._speculative_catalog().pairs]
 
     def _speculative_positions(self) -> list[tuple[GraphShape, int]]:
         """The catalog's speculative programs with their catalog positions, computed
         once per catalog (``set_catalog`` replaces the catalog object)."""
-        return self._speculative_catalog()[1]
+        return self._speculative_catalog().pairs
 
-    def _speculative_catalog(self) -> tuple[object, list[tuple[GraphShape, int]],
-                                            RoundPrograms, list[int]]:
-        """Per catalog: the speculative (shape, position) pairs, their ``RoundPrograms``
-        and each program's catalog position in ``RoundPrograms`` order."""
+    def _speculative_catalog(self) -> _SpeculativeCatalog:
+        """Per catalog: the speculative (shape, position) pairs, their ``RoundPrograms``,
+        each program's catalog position in ``RoundPrograms`` order, and the wider
+        speculative mixed programs with their positions."""
         catalog = self._catalog
         cached = self._positions_cache
-        if cached is None or cached[0] is not catalog:
+        if cached is None or cached.catalog is not catalog:
             position = catalog.position
             pairs = [(s, position[s]) for s in catalog.shapes
                      if s.kind is GraphKind.SPECULATIVE]
             programs = RoundPrograms(s for s, _ in pairs)
-            cached = self._positions_cache = (
-                catalog, pairs, programs, [position[s] for s in programs.shapes])
+            mixed = wider_mixed_shapes(catalog.shapes)
+            cached = self._positions_cache = _SpeculativeCatalog(
+                catalog, pairs, programs, [position[s] for s in programs.shapes],
+                mixed, [position[s] for s in mixed])
         return cached
 
     def plan(self) -> ScheduledPlan | None:
@@ -189,7 +218,9 @@ class SpeculativeScheduler(Scheduler):
             ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
         )
         ordinary = select(ctx)
-        _, pairs, programs, program_positions = self._speculative_catalog()
+        speculative = self._speculative_catalog()
+        pairs, programs = speculative.pairs, speculative.programs
+        program_positions = speculative.program_positions
         decoders = ctx.decoders.records
         if not pairs or not decoders:
             return ordinary
@@ -228,6 +259,18 @@ class SpeculativeScheduler(Scheduler):
                 best, exponent=ctx.exponent, stale=bool(stale[position[best.shape]]),
                 reason=SelectionReason.ORDINARY if best.rate is not None
                 else SelectionReason.DISCOVERY, now_ns=self._now_ns, start_ns=ctx.start_ns)
+        if speculative.mixed:
+            mixed = best_mixed_round(
+                lanes, ctx.prompts, speculative.mixed,
+                [int(known_ns[i]) for i in speculative.mixed_positions], alpha=alpha,
+                waiting=ctx.waiting, mode=self._mode)
+            if mixed is not None and round_wins(mixed, winner):
+                won_round = None
+                winner = mixed_round_plan(
+                    mixed, exponent=ctx.exponent, stale=bool(stale[position[mixed.shape]]),
+                    reason=SelectionReason.ORDINARY if mixed.rate is not None
+                    else SelectionReason.DISCOVERY, now_ns=self._now_ns,
+                    start_ns=ctx.start_ns)
         if winner is None or winner.reason is not SelectionReason.ORDINARY:
             return winner
         if self._refresh.funded():
@@ -352,13 +395,14 @@ class SpeculativeScheduler(Scheduler):
             self._learning.end_episode()
         slots = {lane.handle: i for i, lane in enumerate(head.plan.lanes)}
         ceilings = {lane.handle: lane.token_ceiling for lane in head.plan.lanes}
+        roles = {lane.handle: lane.role for lane in head.plan.lanes}
         for token in out:
             if token.finish is FinishKind.ERROR or not token.token_ids:
                 continue
             state = self._states.get(token.handle)
             if state is None:
                 state = self._states[token.handle] = AcceptanceState(self._priors)
-            if shape.kind is GraphKind.SPECULATIVE:
+            if rounds_of(head.plan) and roles[token.handle] is LaneRole.DECODE:
                 self._observe(state, shape, token, slots[token.handle],
                               ceilings[token.handle], confidence, offered, survival)
             state.age(len(token.token_ids))
