@@ -7,13 +7,14 @@ while serving, it would stall the stream (and every request queued on it) in the
 middle of a load. ``open_runtime`` therefore launches every generation program once
 before serving, the CPU counterpart of capturing CUDA graphs at preparation.
 
-Each warm-up frame is empty (no lanes: every token writes the sink page, MIX-15), except
-the prefill programs', which take one token of prompt on row 0 and write page 0:
-nothing owns a row or page before serving, and every request's first frame
-re-initialises its row and reads only KV positions it wrote (as in
-``actors.calibration``). The warm-up launches' timings are discarded: they measured
-no real frame. Graphs are shared process-wide by model geometry and shapes, so a
-second runtime of the same model traces nothing.
+Each warm-up frame is empty (no lanes: every token writes the sink page, MIX-15; a
+wider ``speculation_enabled`` mixed program gets an empty ``SpeculativeMixedFrame``,
+no prompt row and no decode lanes), except the prefill programs', which take one
+token of prompt on row 0 and write page 0: nothing owns a row or page before serving,
+and every request's first frame re-initialises its row and reads only KV positions it
+wrote (as in ``actors.calibration``). The warm-up launches' timings are discarded:
+they measured no real frame. Graphs are shared process-wide by model geometry and
+shapes, so a second runtime of the same model traces nothing.
 
 Blocking: call it from a worker thread (``trio.to_thread.run_sync``).
 """
@@ -30,6 +31,7 @@ from gpu.backend import Backend
 from gpu.frames import FRAME_KEY, DecodeFrame, MixedFrame, PrefillFrame
 from gpu.program import PreparedProgram
 from gpu.programs.speculative import SpeculativeFrame
+from gpu.programs.speculative_mixed import SpeculativeMixedFrame
 from policy.descriptors import GraphKind, GraphShape
 
 log = structlog.get_logger("flare.actors.capture_warmup")
@@ -45,6 +47,8 @@ def warmup_frame(shape: GraphShape) -> Any | None:
     if shape.kind is GraphKind.SPECULATIVE:
         return SpeculativeFrame(rows=(), limits=())
     if shape.kind is GraphKind.MIXED:
+        if shape.speculation_enabled and shape.token_capacity > 1:
+            return SpeculativeMixedFrame(rows=(), limits=())
         return MixedFrame(rows=())
     if shape.kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
         return PrefillFrame(row=0, tokens=(0,), start_position=0, ends_prompt=False)

@@ -14,6 +14,13 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
   the vocabulary with a finite, non-positive log-probability; the burst is cut after
   its first EOS/stop token. However many tokens it carries, a lane's burst is one
   delivery (the publisher sends it as one event);
+- a mixed frame with speculative decode rows (``SpeculativeMixedResult``; seed *Mixed
+  execution contract*, MIX-26): each lane by its phase, in plan order. The prompt
+  lane commits its chunk and, when the chunk ends the prompt, needs a valid first
+  token (checked like any sample, MIX-28); each decode lane is checked and cut exactly
+  like a speculative round's lane (MIX-29), and the chunk plus the decode lanes'
+  target rows stay within ``P``. The valid decode lanes' rounds go to completion as
+  a speculative round's do;
 - a malformed lane fails only its own request (``ok=False`` with a message); a
   program fault fails every lane of its frame with the fault's message;
 - it then retires the fence at the checkpoint-allocator *before* handing the
@@ -24,10 +31,12 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import trio
 
+from actors.frame_inputs import runs_speculative_mixed
 from actors.messages import (
     AllocatorInbox,
     FenceRetired,
@@ -47,6 +56,7 @@ from gpu.programs.speculative import (
     SpeculativeResult,
     speculative_result_of,
 )
+from gpu.programs.speculative_mixed import SpeculativeMixedResult
 from policy.descriptors import ExecutionTiming, GraphKind
 from policy.types import CompletionRecord, Lane, LaneRole, RequestHandle
 
@@ -76,13 +86,93 @@ def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
     )
 
 
-def _fail_lane(lane: Lane, problem: str, records: list[CompletionRecord],
-               failures: list[LaneFailure], logprobs: list[tuple[float, ...]]) -> None:
-    """Record one malformed lane: it fails alone, with a clear message."""
-    records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
-    failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
-                                message=f"malformed completion: {problem}"))
-    logprobs.append(())
+@dataclass(slots=True)
+class _LaneRecords:
+    """A frame's per-lane outcome, built lane by lane in plan order."""
+
+    vocab_size: int
+    records: list[CompletionRecord] = field(default_factory=list)
+    failures: list[LaneFailure] = field(default_factory=list)
+    logprobs: list[tuple[float, ...]] = field(default_factory=list)
+    rounds: list[RoundLane] = field(default_factory=list)
+    proposals: list[tuple[RequestHandle, int]] = field(default_factory=list)
+
+    def fail(self, lane: Lane, problem: str) -> None:
+        """Record one malformed lane: it fails alone, with a clear message."""
+        self.records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch, ok=False))
+        self.failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
+                                         message=f"malformed completion: {problem}"))
+        self.logprobs.append(())
+
+    def sampled(self, lane: Lane, context: LaneContext, sample: LaneSample | None,
+                problem: str | None = None) -> None:
+        """A lane that sampled at most one token: checked (identity, the sample, a
+        ceiling of at least one for a sample) and recorded, or failed alone with its
+        first problem (``problem``: the caller's own finding)."""
+        problem = _sampled_problem(lane, context, sample, self.vocab_size) or problem
+        if problem is not None:
+            self.fail(lane, problem)
+            return
+        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
+        self.records.append(CompletionRecord(
+            handle=lane.handle, epoch=lane.epoch, token_ids=tokens,
+            prompt_tokens=lane.prompt_tokens if lane.role is LaneRole.PROMPT else 0,
+            terminated=any(t in context.eos_token_ids for t in tokens),
+        ))
+        self.logprobs.append((sample.logprob,) if sample is not None else ())
+        if sample is not None and 0 <= sample.draft_proposal < self.vocab_size:
+            self.proposals.append((lane.handle, sample.draft_proposal))
+
+    def speculative(self, lane: Lane, context: LaneContext, spec: SpeculativeLane) -> None:
+        """A speculative lane: checked against its ceiling, its burst cut after the
+        first EOS/stop token, its round kept for completion."""
+        problem = _identity_problem(lane, context) or _lane_problem(
+            spec, context, lane.token_ceiling, self.vocab_size)
+        if problem is not None:
+            self.fail(lane, problem)
+            return
+        stop = next((i for i, t in enumerate(spec.tokens) if t in context.eos_token_ids),
+                    None)
+        count = len(spec.tokens) if stop is None else stop + 1
+        self.records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
+                                             token_ids=spec.tokens[:count],
+                                             terminated=stop is not None))
+        self.logprobs.append(spec.logprobs[:count])
+        self.rounds.append(RoundLane(handle=lane.handle, proposed=spec.proposed,
+                                     evaluated=spec.evaluated, accepted=spec.accepted,
+                                     survival=spec.survival))
+        if 0 <= spec.draft_proposal < self.vocab_size:
+            self.proposals.append((lane.handle, spec.draft_proposal))
+
+    def check(self, *, prompt_logprobs: tuple[float, ...] | None = None,
+              confidence: np.ndarray | None = None) -> FrameCheck:
+        """The frame's check; ``confidence`` (the round's sidecar) marks a frame with
+        speculative rounds."""
+        rounds = None
+        if confidence is not None:
+            rounds = SpeculativeRounds(
+                confidence=tuple(tuple(tuple(float(v) for v in row) for row in plane)
+                                 for plane in confidence),
+                lanes=tuple(self.rounds))
+        return FrameCheck(records=tuple(self.records), failures=tuple(self.failures),
+                          logprobs=tuple(self.logprobs), prompt_logprobs=prompt_logprobs,
+                          rounds=rounds, draft_proposals=tuple(self.proposals))
+
+
+def _identity_problem(lane: Lane, context: LaneContext) -> str | None:
+    if (context.handle, context.epoch) != (lane.handle, lane.epoch):
+        return "lane identity does not match the committed plan"
+    return None
+
+
+def _sampled_problem(lane: Lane, context: LaneContext, sample: LaneSample | None,
+                     vocab_size: int) -> str | None:
+    problem = _identity_problem(lane, context)
+    if problem is None and sample is not None:
+        problem = _sample_problem(sample, context, vocab_size)
+        if problem is None and lane.token_ceiling < 1:
+            problem = "output beyond the lane's ceiling"
+    return problem
 
 
 def _sample_problem(sample: LaneSample, context: LaneContext, vocab_size: int) -> str | None:
@@ -107,6 +197,9 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
     if order.plan.shape.kind is GraphKind.SPECULATIVE:
         return check_speculative(order, speculative_result_of(outcome.completion.outputs),
                                  vocab_size=vocab_size)
+    if runs_speculative_mixed(order.plan):
+        return check_speculative_mixed(
+            order, speculative_result_of(outcome.completion.outputs), vocab_size=vocab_size)
     try:
         result = result_of(outcome.completion.outputs)
     except (KeyError, TypeError) as exc:
@@ -121,38 +214,14 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
         # Which sample belongs to which lane is unknowable: fail the whole frame.
         return _failed(lanes, f"{len(samples)} samples for {len(sampling)} sampling lanes")
     by_lane = dict(zip(sampling, samples, strict=True))
-    records: list[CompletionRecord] = []
-    failures: list[LaneFailure] = []
-    logprobs: list[tuple[float, ...]] = []
-    proposals: list[tuple[RequestHandle, int]] = []
+    out = _LaneRecords(vocab_size)
     for index, (lane, context) in enumerate(zip(lanes, order.lanes, strict=True)):
-        problem = None
-        if (context.handle, context.epoch) != (lane.handle, lane.epoch):
-            problem = "lane identity does not match the committed plan"
-        sample = by_lane.get(index)
-        if problem is None and sample is not None:
-            problem = _sample_problem(sample, context, vocab_size)
-            if problem is None and lane.token_ceiling < 1:
-                problem = "output beyond the lane's ceiling"
-        if problem is not None:
-            _fail_lane(lane, problem, records, failures, logprobs)
-            continue
-        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
-        records.append(CompletionRecord(
-            handle=lane.handle, epoch=lane.epoch, token_ids=tokens,
-            prompt_tokens=lane.prompt_tokens if lane.role is LaneRole.PROMPT else 0,
-            terminated=any(t in context.eos_token_ids for t in tokens),
-        ))
-        logprobs.append((sample.logprob,) if sample is not None else ())
-        if sample is not None and 0 <= sample.draft_proposal < vocab_size:
-            proposals.append((lane.handle, sample.draft_proposal))
+        out.sampled(lane, context, by_lane.get(index))
     if prompt_logprobs is not None and not all(
         math.isfinite(v) for v in prompt_logprobs[:-1]
     ):
         return _failed(lanes, "non-finite prompt log-probabilities")
-    return FrameCheck(records=tuple(records), failures=tuple(failures),
-                      logprobs=tuple(logprobs), prompt_logprobs=prompt_logprobs,
-                      draft_proposals=tuple(proposals))
+    return out.check(prompt_logprobs=prompt_logprobs)
 
 
 def _lane_problem(spec: SpeculativeLane, context: LaneContext, ceiling: int,
@@ -187,38 +256,52 @@ def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> 
     shape = order.plan.shape
     if sum(spec.target_rows for spec in result.lanes) > shape.packed_capacity:
         return _failed(lanes, f"target rows exceed P={shape.packed_capacity}")
-    records: list[CompletionRecord] = []
-    failures: list[LaneFailure] = []
-    logprobs: list[tuple[float, ...]] = []
-    rounds: list[RoundLane] = []
-    proposals: list[tuple[RequestHandle, int]] = []
+    out = _LaneRecords(vocab_size)
     for lane, context, spec in zip(lanes, order.lanes, result.lanes, strict=True):
-        problem = None
-        if (context.handle, context.epoch) != (lane.handle, lane.epoch):
-            problem = "lane identity does not match the committed plan"
-        if problem is None:
-            problem = _lane_problem(spec, context, lane.token_ceiling, vocab_size)
-        if problem is not None:
-            _fail_lane(lane, problem, records, failures, logprobs)
+        out.speculative(lane, context, spec)
+    return out.check(confidence=result.confidence)
+
+
+def check_speculative_mixed(order: FrameOrder, result: object, *,
+                            vocab_size: int) -> FrameCheck:
+    """Validate a mixed frame with speculative decode rows lane by lane, each by its
+    phase (MIX-26, MIX-28, MIX-29, VER-28): the prompt lane like a sampled lane (a
+    first token exactly when its chunk ends the prompt), the decode lanes like a
+    speculative round's, in plan order. Whatever cannot be attributed to one lane (no
+    result, a round missing, a first token without a prompt lane, the chunk plus the
+    target rows beyond ``P``) fails the frame."""
+    lanes = order.plan.lanes
+    if not isinstance(result, SpeculativeMixedResult) \
+            or not isinstance(result.speculative, SpeculativeResult):
+        return _failed(lanes, "a speculative mixed frame returned no result")
+    prompt = [lane for lane in lanes if lane.role is LaneRole.PROMPT]
+    rounds = result.speculative.lanes
+    if len(prompt) > 1:
+        return _failed(lanes, f"{len(prompt)} prompt lanes in one mixed frame")
+    if len(rounds) != len(lanes) - len(prompt):
+        return _failed(lanes, f"{len(rounds)} rounds for {len(lanes) - len(prompt)} "
+                              "decode lanes")
+    if result.prompt_sample is not None and not prompt:
+        return _failed(lanes, "a first token without a prompt lane")
+    shape = order.plan.shape
+    chunk = prompt[0].prompt_tokens if prompt else 0
+    if chunk + sum(spec.target_rows for spec in rounds) > shape.packed_capacity:
+        return _failed(lanes, f"the prompt chunk and target rows exceed "
+                              f"P={shape.packed_capacity}")
+    out = _LaneRecords(vocab_size)
+    decode = iter(rounds)
+    for lane, context in zip(lanes, order.lanes, strict=True):
+        if lane.role is not LaneRole.PROMPT:
+            out.speculative(lane, context, next(decode))
             continue
-        stop = next((i for i, t in enumerate(spec.tokens) if t in context.eos_token_ids),
-                    None)
-        count = len(spec.tokens) if stop is None else stop + 1
-        records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
-                                        token_ids=spec.tokens[:count],
-                                        terminated=stop is not None))
-        logprobs.append(spec.logprobs[:count])
-        rounds.append(RoundLane(handle=lane.handle, proposed=spec.proposed,
-                                evaluated=spec.evaluated, accepted=spec.accepted,
-                                survival=spec.survival))
-        if 0 <= spec.draft_proposal < vocab_size:
-            proposals.append((lane.handle, spec.draft_proposal))
-    confidence = tuple(tuple(tuple(float(v) for v in row) for row in plane)
-                       for plane in result.confidence)
-    return FrameCheck(records=tuple(records), failures=tuple(failures),
-                      logprobs=tuple(logprobs), prompt_logprobs=None,
-                      rounds=SpeculativeRounds(confidence=confidence, lanes=tuple(rounds)),
-                      draft_proposals=tuple(proposals))
+        sample = result.prompt_sample
+        problem = None
+        if sample is None and context.samples:
+            problem = "the prompt's last chunk returned no first token"
+        elif sample is not None and not context.samples:
+            problem = "a first token before the prompt's last chunk"
+        out.sampled(lane, context, sample, problem)
+    return out.check(confidence=result.speculative.confidence)
 
 
 def zero_timing(wall_ns: int) -> ExecutionTiming:

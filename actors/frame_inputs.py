@@ -20,6 +20,12 @@ Owns three rules:
   ``SpeculativePrefixLimit``). Pages are reserved for the whole limit; a round emits
   between 1 and ``limit`` tokens, and ``settle_decodes`` gives back the difference
   once the frame is validated so that later extents stay exact upper bounds.
+- **Speculative mixed frames** (``GraphKind.MIXED`` with ``MixedRole.decode_mode``
+  SPECULATIVE, the wider ``speculation_enabled`` mixed programs; seed *Mixed execution
+  contract*) become a ``SpeculativeMixedFrame``: the prompt lane (if any) at
+  ``prefill_row`` with limit 0 and its chunk, then the decode lanes with their
+  ``token_ceiling`` as exact host query lengths, reserved and settled like a
+  speculative round's. Ordinary mixed plans stay ``MixedFrame``.
 - **Lane order is plan order.** Rows, samples and records line up lane by lane.
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
@@ -54,8 +60,12 @@ from gpu.frames import (
     StateUpdate,
 )
 from gpu.programs.speculative import SpeculativeFrame
+from gpu.programs.speculative_mixed import SpeculativeMixedFrame
 from policy.descriptors import GraphKind, StateOp
-from policy.types import Lane, LaneRole, ScheduledPlan
+from policy.types import DecodeMode, Lane, LaneRole, ScheduledPlan
+
+PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
+"""Every frame value ``pack_frame`` produces."""
 
 
 class PackingError(ValueError):
@@ -141,12 +151,60 @@ def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSou
     return StateOpFrame(copies=tuple(copies), updates=tuple(updates))
 
 
+def runs_speculative_mixed(plan: ScheduledPlan) -> bool:
+    """Whether ``plan`` is a mixed step with speculative decode rows (packed as a
+    ``SpeculativeMixedFrame``, validated as one)."""
+    mixed = plan.step.mixed
+    return plan.shape.kind is GraphKind.MIXED and mixed is not None \
+        and mixed.decode_mode is DecodeMode.SPECULATIVE
+
+
+def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource],
+                 updates: tuple[StateUpdate, ...]) -> MixedFrame | SpeculativeMixedFrame:
+    """An ordinary ``MixedFrame``, or with speculative decode rows a
+    ``SpeculativeMixedFrame``; the prompt lane is located by its role (MIX-9)."""
+    lanes = plan.lanes
+    rows = tuple(sources[lane.handle].row for lane in lanes)
+    prompt_row = next((i for i, lane in enumerate(lanes) if lane.role is LaneRole.PROMPT),
+                      NO_PROMPT_ROW)
+    prompt_tokens: tuple[int, ...] = ()
+    prompt_start = 0
+    ends = False
+    if prompt_row != NO_PROMPT_ROW:
+        lane = lanes[prompt_row]
+        source = sources[lane.handle]
+        prompt_start = lane.prompt_start
+        prompt_tokens = source.prompt[prompt_start:prompt_start + lane.prompt_tokens]
+        ends = prompt_start + lane.prompt_tokens == len(source.prompt)
+    mixed = plan.step.mixed
+    speculative = runs_speculative_mixed(plan)
+    wider = plan.shape.speculation_enabled and plan.shape.token_capacity > 1
+    if speculative != wider:
+        # the shape's program takes one frame type: a mismatch is a planning bug
+        raise PackingError(f"{plan.shape.label()}: decode mode "
+                           f"{mixed.decode_mode.value if mixed else None} does not match "
+                           "the program (speculative decode rows need a wider "
+                           "speculation_enabled mixed program, and it needs them)")
+    if not speculative:
+        return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
+                          prompt_start=prompt_start, prompt_ends=ends, updates=updates)
+    assert mixed is not None
+    if mixed.prefill_row != prompt_row:
+        raise PackingError(f"{plan.shape.label()}: the plan's prefill_row "
+                           f"{mixed.prefill_row} is not its prompt lane {prompt_row}")
+    return SpeculativeMixedFrame(
+        rows=rows, limits=tuple(0 if i == prompt_row else lane.token_ceiling
+                                for i, lane in enumerate(lanes)),
+        prefill_row=prompt_row, prompt_tokens=prompt_tokens, prompt_start=prompt_start,
+        prompt_ends=ends, updates=updates)
+
+
 def pack_frame(
     plan: ScheduledPlan,
     sources: Mapping[RequestHandle, LaneSource],
     pages: Sequence[PagePlan],
     snapshots: Sequence[SnapshotPlan] = (),
-) -> tuple[Frame | SpeculativeFrame, tuple[LaneContext, ...]]:
+) -> tuple[PackedFrame, tuple[LaneContext, ...]]:
     """The frame value and lane contexts for ``plan`` (sources must hold every lane)."""
     if plan.shape.kind is GraphKind.STATE:
         if plan.shape.state_op is not StateOp.SNAPSHOT:
@@ -162,7 +220,7 @@ def pack_frame(
     updates = _updates(lanes, sources, by_handle)
     contexts = tuple(_context(lane, sources[lane.handle]) for lane in lanes)
     kind = plan.shape.kind
-    frame: Frame | SpeculativeFrame
+    frame: PackedFrame
     if kind is GraphKind.SPECULATIVE:
         frame = SpeculativeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
                                  limits=tuple(lane.token_ceiling for lane in lanes),
@@ -181,20 +239,7 @@ def pack_frame(
         frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
                             updates=updates)
     elif kind is GraphKind.MIXED:
-        prompt_row = next((i for i, lane in enumerate(lanes) if lane.role is LaneRole.PROMPT),
-                          NO_PROMPT_ROW)
-        prompt_tokens: tuple[int, ...] = ()
-        prompt_start = 0
-        ends = False
-        if prompt_row != NO_PROMPT_ROW:
-            lane = lanes[prompt_row]
-            source = sources[lane.handle]
-            prompt_start = lane.prompt_start
-            prompt_tokens = source.prompt[prompt_start:prompt_start + lane.prompt_tokens]
-            ends = prompt_start + lane.prompt_tokens == len(source.prompt)
-        frame = MixedFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
-                           prefill_row=prompt_row, prompt_tokens=prompt_tokens,
-                           prompt_start=prompt_start, prompt_ends=ends, updates=updates)
+        frame = _mixed_frame(plan, sources, updates)
     else:
         raise PackingError(f"{plan.shape.label()}: the runtime does not run {kind.value} frames")
     return frame, contexts

@@ -31,6 +31,7 @@ from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle,
 
 if TYPE_CHECKING:
     from gpu.programs.speculative import SpeculativeFrame
+    from gpu.programs.speculative_mixed import SpeculativeMixedFrame
 
 __all__ = [
     "Fence",
@@ -338,7 +339,7 @@ class FrameOrder:
 
     fence: Fence
     plan: ScheduledPlan
-    frame: Frame | SpeculativeFrame
+    frame: Frame | SpeculativeFrame | SpeculativeMixedFrame
     lanes: tuple[LaneContext, ...]
 
 

@@ -415,21 +415,32 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
 def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[GraphShape, ...]:
     """The generated catalog less what the configured mode does not run.
 
-    The speculative scheduler plans no mixed speculative rows, so wider mixed programs
-    are left out (width-one ones keep the draft context, MIX-6). Fixed-width mode
-    (MIX-7, LRN-10) keeps only the speculative programs of width ``D + 1`` (the widest
-    the envelope allows at each bucket) and no ordinary decode: every decode step is a
-    complete round of that width."""
-    kept = [s for s in shapes if not (s.kind is GraphKind.MIXED and s.token_capacity > 1)]
+    A speculative load serves every ``speculation_enabled`` mixed program: width one
+    keeps the draft context (MIX-6) and the wider ones carry speculative decode rows,
+    which the ``SpeculativeScheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
+    Fixed-width mode (MIX-7, LRN-10) keeps, per batch bucket, only the programs of
+    the fixed width ``D + 1`` (the widest speculative width the envelope allows at
+    that bucket), mixed and separate speculative alike, and no ordinary decode: every
+    decode row is verified at that width, so width-one mixed programs go too (a
+    mixed batch bucket without a wider mixed program of that width keeps none)."""
+    kept = list(shapes)
     kept += [s for s in config.extra_speculative_shapes if s not in kept]
     if config.speculation != "fixed":
         return tuple(kept)
+    return _fixed_width(kept)
+
+
+def _fixed_width(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
+    """Fixed-width mode's subset of a speculative load (``served_shapes``): per batch
+    bucket the speculative and mixed programs of the bucket's widest speculative
+    width, no ordinary decode, everything else as it is."""
     widest: dict[int, int] = {}
-    for s in kept:
+    for s in shapes:
         if s.kind is GraphKind.SPECULATIVE:
             widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
-    return tuple(s for s in kept if s.kind is not GraphKind.DECODE and (
-        s.kind is not GraphKind.SPECULATIVE or s.token_capacity == widest[s.batch_capacity]))
+    return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
+        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
+        or s.token_capacity == widest.get(s.batch_capacity)))
 
 
 def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,

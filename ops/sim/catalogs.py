@@ -3,16 +3,16 @@
 A server without speculation prepares the ordinary catalog; one with a draft (``flare
 run --draft-model``/``--draft-source copy``, draft depth D) prepares the speculative
 load of ``gpu.catalog.build_catalog`` (rectangular ``QueryLength`` programs of widths
-1..D+1, width-one mixed programs that keep the draft context). Like
+1..D+1, width-one mixed programs that keep the draft context, and wider mixed programs
+whose speculative decode rows the ``SpeculativeScheduler`` plans). Like
 ``actors.system.served_shapes`` (which this module mirrors without importing the
-runtime), the speculative load drops wider mixed programs (the speculative scheduler
-plans no mixed speculative rows), and fixed-width mode (``spec-fixed``) keeps only the
-widest speculative program per batch bucket and no ordinary decode (MIX-7, LRN-10).
+runtime), fixed-width mode (``spec-fixed``) keeps per batch bucket only the speculative
+and mixed programs of the widest speculative width, and no ordinary decode (MIX-7,
+LRN-10).
 
 So a simulated comparison puts each policy on the catalog its real server would have:
 non-speculative policies on the ordinary catalog, ``spec-adaptive`` and ``fixed-spec-K``
-on the speculative load, ``spec-fixed`` on its fixed-width subset.
-"""
+on the speculative load, ``spec-fixed`` on its fixed-width subset."""
 
 from __future__ import annotations
 
@@ -59,20 +59,17 @@ def build_catalogs(*, max_batch: int, prefill_capacities: Sequence[int], mixed_p
     ordinary = catalog(0)
     if draft_depth <= 0:
         return Catalogs(ordinary, (), ())
-    load = served_speculative_shapes(catalog(draft_depth))
+    load = catalog(draft_depth)  # adaptive mode serves every generated program
     return Catalogs(ordinary, load, fixed_width_shapes(load))
 
 
-def served_speculative_shapes(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
-    """A speculative load less the mixed programs wider than one row per lane."""
-    return tuple(s for s in shapes if not (s.kind is GraphKind.MIXED and s.token_capacity > 1))
-
-
 def fixed_width_shapes(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
-    """Fixed-width mode: the widest speculative program per batch bucket, no decode."""
+    """Fixed-width mode: per batch bucket the speculative and mixed programs of the
+    widest speculative width, no decode (MIX-7)."""
     widest: dict[int, int] = {}
     for s in shapes:
         if s.kind is GraphKind.SPECULATIVE:
             widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
     return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
-        s.kind is not GraphKind.SPECULATIVE or s.token_capacity == widest[s.batch_capacity]))
+        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
+        or s.token_capacity == widest.get(s.batch_capacity)))
