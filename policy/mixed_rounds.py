@@ -10,9 +10,11 @@ its candidates and their plans:
   highest-value decoders fitting the rows its chunk leaves (``B - 1`` lanes,
   ``P - chunk`` rows; MIX-18..20); a prompt-only population is legal (MIX-19);
 - decoders are host-allocated (``QueryLength`` semantics: each lane's rows are fixed
-  before proposal) by ``rounds.host_round``, so their expected output is the same
-  ``1 + sum(s_i ** alpha)`` a separate round earns (ACC-1..3); fixed mode keeps
-  complete prefixes (MIX-7, LRN-10);
+  before proposal) at complete ceilings ``min(limit, W)``: a chunk is at most ``C``, so
+  ``P`` never binds, and the best cohort is the top lanes by value over the program
+  (``rounds.top_cohorts``, SEL-25); their expected output is the same
+  ``1 + sum(s_i ** alpha)`` a separate round earns (ACC-1..3), and prefixes are
+  complete in either mode (MIX-7, LRN-10);
 - every candidate is priced as useful value per full graph duration, with the same lane
   values as every other candidate; padding earns nothing (MIX-21); unknown durations
   rank first by useful value (DUR-22, DUR-23), so a wider mixed program is discovered
@@ -35,12 +37,12 @@ from policy.decision_context import PromptGroup
 from policy.descriptors import GraphKind, GraphShape
 from policy.requests import RequestRecord
 from policy.rounds import (
+    HostCohort,
+    LaneTable,
     RoundCandidate,
-    SpeculationMode,
-    SpeculativeLane,
-    host_round,
-    lane_table,
+    cohort_round,
     plan_lanes,
+    top_cohorts,
 )
 from policy.types import (
     DecodeMode,
@@ -124,57 +126,59 @@ class MixedRound:
     def size(self) -> int:
         return (self.prompt is not None) + (self.decoders.size if self.decoders else 0)
 
-    def rank(self) -> tuple[float, ...]:
-        """Best first: unknown durations by useful value, then value rate, shorter time,
-        more lanes, less padding (DUR-22..24)."""
-        known = self.rate is not None
-        primary = self.rate if self.rate is not None else self.useful_value
-        rows = (self.prompt.tokens if self.prompt else 0) + (
-            self.decoders.rows_used if self.decoders else 0)
-        return (float(known), -primary, float(self.estimate_ns), -float(self.size),
-                float(self.shape.packed_capacity - rows))
-
-
-def _priced(shape: GraphShape, prompt: MixedPrompt | None, decoders: RoundCandidate | None,
-            estimate_ns: int, waiting: float) -> MixedRound:
-    base = (prompt.value if prompt else 0.0) + (decoders.base if decoders else 0.0)
-    slope = decoders.slope if decoders else 0.0
-    rate = value_rate(base, slope, estimate_ns / NS_PER_MS, waiting) if estimate_ns > 0 \
-        else None
-    return MixedRound(shape=shape, prompt=prompt, decoders=decoders, estimate_ns=estimate_ns,
-                      base=base, slope=slope, rate=rate)
-
 
 def best_mixed_round(
-    lanes: Sequence[SpeculativeLane],
+    table: LaneTable,
     prompts: PromptGroup,
     shapes: Sequence[GraphShape],
     estimates_ns: Sequence[int],
     *,
-    alpha: float,
     waiting: float,
-    mode: SpeculationMode,
 ) -> MixedRound | None:
     """The best candidate over the wider mixed ``shapes`` (``estimates_ns`` aligned, 0 =
-    unknown): per shape, the decode-only cohort and the best prompt row with the
-    decoders its chunk leaves room for (module docstring). None when nothing fits."""
-    if not shapes:
-        return None
-    table = lane_table(lanes, max(s.token_capacity for s in shapes), alpha)
-    out: list[MixedRound] = []
+    unknown) from the decision's ``lane_table``: per shape, the decode-only cohort and
+    the best prompt row with the decoders its chunk leaves room for (module
+    docstring). ``P`` never binds here, so each cohort is the top lanes at complete
+    ceilings (``rounds.top_cohorts``, as a separate host program's unconstrained
+    choice). None when nothing fits."""
+    specs: list[tuple[int, int, int]] = []
+    chosen: list[MixedPrompt | None] = []
     for shape, estimate in zip(shapes, estimates_ns, strict=True):
-        b, w, p = shape.batch_capacity, shape.token_capacity, shape.packed_capacity
-        if table.lanes:
-            alone = host_round(shape, table, estimate, waiting, mode, batch=b, packed=p,
-                               width=w)
-            if alone is not None:
-                out.append(_priced(shape, None, alone, estimate, waiting))
+        b, w = shape.batch_capacity, shape.token_capacity
         prompt = best_prompt(prompts, shape.prefill_capacity)
+        chosen.append(prompt)
+        specs += [(b, w, estimate), (b - 1 if prompt is not None else 0, w, estimate)]
+    cohorts = top_cohorts(table, specs)
+    best: tuple[tuple[float, ...], GraphShape, MixedPrompt | None, HostCohort | None,
+                int, float, float, float | None] | None = None
+    for k, (shape, estimate) in enumerate(zip(shapes, estimates_ns, strict=True)):
+        prompt = chosen[k]
+        options: list[tuple[MixedPrompt | None, HostCohort | None]] = (
+            [(None, cohorts[2 * k])] if cohorts[2 * k] is not None else [])
         if prompt is not None:
-            decoders = host_round(shape, table, estimate, waiting, mode, batch=b - 1,
-                                  packed=p - prompt.tokens, width=w) if table.lanes else None
-            out.append(_priced(shape, prompt, decoders, estimate, waiting))
-    return min(out, key=MixedRound.rank) if out else None
+            options.append((prompt, cohorts[2 * k + 1]))
+        for option_prompt, cohort in options:
+            base = (option_prompt.value if option_prompt else 0.0) + (
+                cohort.base if cohort else 0.0)
+            slope = cohort.slope if cohort else 0.0
+            t_ms = estimate / NS_PER_MS
+            rate = value_rate(base, slope, t_ms, waiting) if estimate > 0 else None
+            size = (option_prompt is not None) + (len(cohort.cohort) if cohort else 0)
+            rows = (option_prompt.tokens if option_prompt else 0) + (
+                sum(cohort.rows) if cohort else 0)
+            # unknown durations by useful value, then rate, shorter time, more lanes,
+            # less padding (DUR-22..24)
+            key = (float(rate is not None),
+                   -(rate if rate is not None else base + slope * t_ms), float(estimate),
+                   -float(size), float(shape.packed_capacity - rows))
+            if best is None or key < best[0]:
+                best = (key, shape, option_prompt, cohort, estimate, base, slope, rate)
+    if best is None:
+        return None
+    _, shape, prompt, cohort, estimate, base, slope, rate = best
+    decoders = cohort_round(shape, table, cohort, estimate, waiting) if cohort else None
+    return MixedRound(shape=shape, prompt=prompt, decoders=decoders, estimate_ns=estimate,
+                      base=base, slope=slope, rate=rate)
 
 
 def mixed_round_plan(candidate: MixedRound, *, reason: SelectionReason, exponent: int,

@@ -63,6 +63,8 @@ from policy.utility import NS_PER_MS, FloatArray, value_rate
 IntArray = npt.NDArray[np.int64]
 
 __all__ = [
+    "HostCohort",
+    "LaneTable",
     "Ordering",
     "RoundCandidate",
     "RoundLane",
@@ -70,10 +72,10 @@ __all__ = [
     "SpeculationMode",
     "SpeculativeLane",
     "best_round",
+    "cohort_round",
     "device_cohort_values",
     "forecast_observation",
     "frontier_allocation",
-    "host_round",
     "lane_ceiling",
     "lane_table",
     "observe_completed_round",
@@ -84,6 +86,7 @@ __all__ = [
     "ranked_rounds",
     "round_candidates",
     "speculative_lane",
+    "top_cohorts",
 ]
 
 
@@ -305,6 +308,10 @@ class _LaneTable:
         return got
 
 
+LaneTable = _LaneTable
+"""The decision's lane table, as other policy modules name it (``lane_table`` builds it)."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class RoundCandidate:
     """One speculative program with its cohort, priced as a complete program.
@@ -415,19 +422,18 @@ def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bo
 
 def _host_candidates(shape: GraphShape, table: _LaneTable, estimate_ns: int,
                      waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
-    best = host_round(shape, table, estimate_ns, waiting, mode, batch=shape.batch_capacity,
-                      packed=shape.packed_capacity, width=_width(shape))
+    best = _host_round(shape, table, estimate_ns, waiting, mode,
+                       batch=shape.batch_capacity, packed=shape.packed_capacity,
+                       width=_width(shape))
     return [best] if best is not None else []
 
 
-def host_round(shape: GraphShape, table: _LaneTable, estimate_ns: int, waiting: float,
-               mode: SpeculationMode, *, batch: int, packed: int, width: int
-               ) -> RoundCandidate | None:
+def _host_round(shape: GraphShape, table: _LaneTable, estimate_ns: int, waiting: float,
+                mode: SpeculationMode, *, batch: int, packed: int, width: int
+                ) -> RoundCandidate | None:
     """The best host-allocated cohort of at most ``batch`` lanes, ``width`` rows each and
     ``packed`` rows in all, priced over ``estimate_ns`` as ``shape`` (SEL-25, SEL-27).
 
-    A speculative program passes its own ``B``, ``P`` and ``min(D + 1, W, P)``; a wider
-    mixed program passes what its prompt chunk leaves (``policy/mixed_rounds.py``).
     Fixed mode keeps complete prefixes. None when no lane has room."""
     if batch <= 0 or packed <= 0 or width <= 0:
         return None
@@ -458,9 +464,67 @@ def host_round(shape: GraphShape, table: _LaneTable, estimate_ns: int, waiting: 
                       Ordering.HOST)
 
 
+class HostCohort(NamedTuple):
+    """A top-``batch`` cohort at complete ceilings (``top_cohorts``): table indices in
+    slot order, rows, and the value at ``T = 0`` and age slope summed over it."""
+
+    cohort: list[int]
+    rows: list[int]
+    base: float
+    slope: float
+
+
+def top_cohorts(table: _LaneTable, specs: Sequence[tuple[int, int, int]]
+                ) -> list[HostCohort | None]:
+    """For each ``(batch, width, estimate_ns)``: the best ``batch`` lanes of ``table``
+    at complete ceilings ``min(request limit, width)``, by value over the estimate (the
+    ``_host_picks`` pass, on the table's Python lists: same order, same sums). For
+    programs whose ``P`` cannot bind (a wider mixed program, ``policy/mixed_rounds``);
+    None where ``batch`` is 0."""
+    limits, slopes, base_rows = table.python_rows()
+    n = len(limits)
+    lanes = range(n)
+    by_width: dict[int, tuple[list[int], list[float]]] = {}
+    out: list[HostCohort | None] = []
+    for batch, width, estimate in specs:
+        if batch <= 0 or n == 0:
+            out.append(None)
+            continue
+        got = by_width.get(width)
+        if got is None:
+            ceil = [limit if limit < width else width for limit in limits]
+            got = by_width[width] = (ceil, [base_rows[i][c] for i, c in enumerate(ceil)])
+        ceil, at = got
+        t_ms = estimate / NS_PER_MS
+        if n == 1:
+            top = [0]
+        else:
+            keys = [-(a + s * t_ms) for a, s in zip(at, slopes, strict=True)]
+            top = sorted(lanes, key=keys.__getitem__)[:batch]
+        base = 0.0
+        slope = 0.0
+        for i in top:
+            base += at[i]
+            slope += slopes[i]
+        out.append(HostCohort(cohort=top, rows=[ceil[i] for i in top], base=base,
+                              slope=slope))
+    return out
+
+
+def cohort_round(shape: GraphShape, table: _LaneTable, cohort: HostCohort, estimate_ns: int,
+                 waiting: float) -> RoundCandidate:
+    """``cohort`` as a host-allocated ``RoundCandidate`` of ``shape``."""
+    t_ms = estimate_ns / NS_PER_MS
+    return _HostPick(
+        shape=shape, base=cohort.base, slope=cohort.slope, estimate_ns=estimate_ns,
+        rate=value_rate(cohort.base, cohort.slope, t_ms, waiting) if estimate_ns > 0
+        else None, cohort=cohort.cohort, rows=cohort.rows,
+        rows_used=sum(cohort.rows)).candidate(table)
+
+
 def lane_table(lanes: Sequence[SpeculativeLane], max_rows: int, alpha: float) -> _LaneTable:
     """The decision's lane values (means, not optimistic bounds) for lanes with room,
-    up to ``max_rows`` rows each: what ``host_round`` prices cohorts from."""
+    up to ``max_rows`` rows each, for ``ranked_rounds(table=...)`` and ``top_cohorts``."""
     return _LaneTable([ln for ln in lanes if ln.request_limit > 0], max_rows, alpha,
                       optimistic=False)
 
@@ -761,16 +825,22 @@ def ranked_rounds(
     keep_dominated: bool = False,
     every_cohort: bool = False,
     limit: int | None = None,
+    table: _LaneTable | None = None,
 ) -> list[RoundCandidate]:
     """``round_candidates`` over a catalog's precomputed ``programs``; ``estimates_ns``
     aligned with ``programs.shapes`` (0 = unknown). The scheduler's per-decision path:
     no shape is hashed or re-measured. ``limit``: build only the best ``limit``
-    candidates (ordinary selection reads the first)."""
+    candidates (ordinary selection reads the first). ``table``: the decision's
+    ``lane_table`` of ``lanes`` (means, at least ``programs.max_rows`` rows), when the
+    caller shares it with other candidates (``policy/mixed_rounds.py``)."""
     spec, est = programs.shapes, estimates_ns
-    live = [ln for ln in lanes if ln.request_limit > 0]
-    if not spec or not live:
+    if table is None:
+        live = [ln for ln in lanes if ln.request_limit > 0]
+        if not spec or not live:
+            return []
+        table = _LaneTable(live, programs.max_rows, alpha, optimistic=optimistic)
+    elif not spec or not table.lanes:
         return []
-    table = _LaneTable(live, programs.max_rows, alpha, optimistic=optimistic)
     host = programs.host
     out = _host_picks([spec[i] for i in host], [est[i] for i in host], table, waiting, mode)
     if mode is not SpeculationMode.FIXED:

@@ -51,6 +51,7 @@ from policy.rounds import (
     RoundPrograms,
     SpeculationMode,
     SpeculativeLane,
+    lane_table,
     observe_completed_round,
     rank_key,
     ranked_rounds,
@@ -93,6 +94,8 @@ class _SpeculativeCatalog(NamedTuple):
     mixed: list[GraphShape]
     """Wider speculative mixed programs (``policy/mixed_rounds.py``)."""
     mixed_positions: list[int]
+    mixed_rows: int
+    """The widest wider mixed program's ``W`` (0 without one)."""
 
 Confidence = Sequence[Sequence[Sequence[float]]]
 """The sidecar ``[2, request_slots, draft_capacity]``; plane 1 is the joint prefix
@@ -206,7 +209,8 @@ class SpeculativeScheduler(Scheduler):
             mixed = wider_mixed_shapes(catalog.shapes)
             cached = self._positions_cache = _SpeculativeCatalog(
                 catalog, pairs, programs, [position[s] for s in programs.shapes],
-                mixed, [position[s] for s in mixed])
+                mixed, [position[s] for s in mixed],
+                max((s.token_capacity for s in mixed), default=0))
         return cached
 
     def plan(self) -> ScheduledPlan | None:
@@ -248,8 +252,11 @@ class SpeculativeScheduler(Scheduler):
             # recently than the ordinary refresh choice takes its place (REF-8, REF-13).
             return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx.waiting,
                                              ctx.exponent, ctx.start_ns) or ordinary
+        # one lane table serves the separate programs and the wider mixed ones
+        table = lane_table(lanes, max(programs.max_rows, speculative.mixed_rows), alpha) \
+            if speculative.mixed else None
         ranked = ranked_rounds(lanes, programs, program_estimates, alpha=alpha,
-                               waiting=ctx.waiting, mode=self._mode, limit=1)
+                               waiting=ctx.waiting, mode=self._mode, limit=1, table=table)
         best = ranked[0] if ranked else None  # best first (rank_key)
         winner = ordinary
         won_round = None  # the winning round, when a speculative round won
@@ -259,11 +266,11 @@ class SpeculativeScheduler(Scheduler):
                 best, exponent=ctx.exponent, stale=bool(stale[position[best.shape]]),
                 reason=SelectionReason.ORDINARY if best.rate is not None
                 else SelectionReason.DISCOVERY, now_ns=self._now_ns, start_ns=ctx.start_ns)
-        if speculative.mixed:
+        if table is not None:
             mixed = best_mixed_round(
-                lanes, ctx.prompts, speculative.mixed,
-                [int(known_ns[i]) for i in speculative.mixed_positions], alpha=alpha,
-                waiting=ctx.waiting, mode=self._mode)
+                table, ctx.prompts, speculative.mixed,
+                [int(known_ns[i]) for i in speculative.mixed_positions],
+                waiting=ctx.waiting)
             if mixed is not None and round_wins(mixed, winner):
                 won_round = None
                 winner = mixed_round_plan(

@@ -9,7 +9,8 @@ draws each execution's duration, optionally with multiplicative noise. Two sourc
 
   - prefill / scored prefill, chunk capacity C: ``3.0 ms + 0.02 ms * C``
   - decode, batch B: ``8.0 ms + 0.05 ms * B``
-  - mixed, batch B, prompt capacity C: ``decode(B) + 0.9 * 0.02 ms * C``
+  - mixed, batch B, width W, prompt capacity C: ``decode(B * W) + 0.9 * 0.02 ms * C``,
+    plus ``0.8 ms * D`` draft steps for a wider speculative mixed program (``D = W - 1``)
   - speculative, batch B, packed P, proposal depth D: ``8.0 ms + 0.05 ms * P + 0.8 ms * D``
     (the target verifies P rows in one pass; the draft, about a tenth of the target,
     proposes D tokens one sequential step at a time)
@@ -65,7 +66,7 @@ class SyntheticCosts:
             rows = shape.batch_capacity * shape.token_capacity
             return (self.decode_fixed_ms + self.decode_per_row_ms * rows
                     + self.mixed_prompt_factor * self.prefill_per_token_ms
-                    * shape.prefill_capacity)
+                    * shape.prefill_capacity + self.draft_step_ms * shape.proposal_depth)
         if k is GraphKind.SPECULATIVE:
             return (self.decode_fixed_ms + self.decode_per_row_ms * shape.max_packed_extent
                     + self.draft_step_ms * shape.proposal_depth)

@@ -38,6 +38,12 @@ def test_synthetic_formulas() -> None:
                         proposal_depth=3, packed_capacity=16,
                         binding=TargetBinding.QUERY_LENGTH)
     assert costs.mean_ms(round_) == pytest.approx(8.0 + 0.05 * 16 + 0.8 * 3)
+    # a wider speculative mixed program pays its D = W - 1 draft steps too
+    wide = GraphShape(kind=GraphKind.MIXED, batch_capacity=4, token_capacity=3,
+                      proposal_depth=2, prefill_capacity=256, packed_capacity=265,
+                      speculation_enabled=True)
+    assert costs.mean_ms(wide) == pytest.approx(
+        8.0 + 0.05 * 12 + 0.9 * 0.02 * 256 + 0.8 * 2)
     table = costs.table([prefill, decode])
     assert table.mean_ns[prefill] == round((3.0 + 0.02 * 1024) * MS)
     assert table.source == "synthetic"
