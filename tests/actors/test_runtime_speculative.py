@@ -113,6 +113,36 @@ async def test_spec_5_greedy_speculation_equals_greedy_without_it(
         assert any(deltas < len(tokens) for tokens, deltas in results)
 
 
+@pytest.mark.parametrize(("mode", "source", "draft"), [
+    ("adaptive", "draft", "perfect"), ("fixed", "draft", "small"), ("adaptive", "copy", None)])
+async def test_mix_43_speculative_mixed_rows_keep_greedy_output(
+        tiny_llama: Path, tiny_draft: Path, plain_outputs: list[list[int]], mode: str,
+        source: str, draft: str | None) -> None:
+    """Covers MIX-6, MIX-7, MIX-28..31, MIX-43, VER-13 end to end: with mixed prefill
+    on, a speculative load serves wider mixed programs (a prompt chunk beside
+    speculative decode rows, planned by the SpeculativeScheduler) and greedy output
+    equals plain greedy output; every state row returns. Four prompts arriving at once
+    leave prompts waiting while earlier requests decode, so an unmeasured wider mixed
+    program is discovered (DUR-22). Fixed mode serves only width ``D + 1`` (MIX-7)."""
+    draft_dir = {"small": tiny_draft, "perfect": tiny_llama, None: None}[draft]
+    config = config_for(tiny_llama, speculation=mode, draft_source=source,
+                        draft_model_dir=draft_dir, draft_depth=3, mixed_prefill=True)
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+            graphs = dict(rt.statistics().executions_by_graph)
+            resources = rt.resources.statistics()
+    assert [tokens for tokens, _ in results] == plain_outputs
+    assert resources.rows_free == resources.rows_total
+    wider = {label: n for label, n in graphs.items()
+             if label.startswith("mixed[") and ",spec" in label and ",W=1," not in label}
+    assert wider, graphs
+    if mode == "fixed":
+        assert all(",W=4," in label for label in graphs
+                   if not label.startswith("prefill")), graphs
+
+
 @pytest.mark.parametrize("source", ["draft", "copy"])
 async def test_queue_3_device_allocated_rounds_keep_greedy_output(
         tiny_llama: Path, tiny_draft: Path, plain_outputs: list[list[int]], source: str) -> None:
