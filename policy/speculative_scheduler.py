@@ -25,8 +25,8 @@ round (REF-13, REF-14: the base scheduler charges the refresh ledger its interva
 Wider mixed programs (``speculation_enabled``, ``W > 1``): their speculative decode rows
 beside a prompt chunk are candidates too (``policy/mixed_rounds.py``, *Mixed execution
 contract*), ranked against the winner by the same rule; their decode lanes learn
-acceptance like a separate round's (MIX-30). Refresh and probes consider separate
-programs only. Width-one mixed programs of a speculative load keep the draft context
+acceptance like a separate round's (MIX-30); a stale one may be the funded refresh
+choice. Acceptance probes consider separate programs only. Width-one mixed programs of a speculative load keep the draft context
 (MIX-6) and compete in ordinary selection.
 """
 
@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from policy.config import PolicyConfig
 from policy.decision import build_context, projected_histories
+from policy.decision_context import DecisionContext
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
 from policy.learning import find_probe, ordinary_from_plan, ordinary_from_round
 from policy.mixed_rounds import best_mixed_round, mixed_round_plan, wider_mixed_shapes
@@ -48,6 +49,7 @@ from policy.refresh import (
 )
 from policy.round_plans import round_plan, round_wins, speculative_lanes
 from policy.rounds import (
+    LaneTable,
     RoundPrograms,
     SpeculationMode,
     SpeculativeLane,
@@ -247,14 +249,14 @@ class SpeculativeScheduler(Scheduler):
             config=self._config, exponent=ctx.exponent, age_slope=ctx.decoders.slope,
             start_ns=ctx.start_ns)
         alpha = self._config.adaptive_verification_alpha
-        if ordinary is not None and ordinary.reason is SelectionReason.TIMING_REFRESH:
-            # Refresh goes first (REF-7, LRN-7); a speculative program touched less
-            # recently than the ordinary refresh choice takes its place (REF-8, REF-13).
-            return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx.waiting,
-                                             ctx.exponent, ctx.start_ns) or ordinary
         # one lane table serves the separate programs and the wider mixed ones
         table = lane_table(lanes, max(programs.max_rows, speculative.mixed_rows), alpha) \
             if speculative.mixed else None
+        if ordinary is not None and ordinary.reason is SelectionReason.TIMING_REFRESH:
+            # Refresh goes first (REF-7, LRN-7); a speculative program touched less
+            # recently than the ordinary refresh choice takes its place (REF-8, REF-13).
+            return self._speculative_refresh(ordinary, lanes, shapes, estimates, ctx,
+                                             table) or ordinary
         ranked = ranked_rounds(lanes, programs, program_estimates, alpha=alpha,
                                waiting=ctx.waiting, mode=self._mode, limit=1, table=table)
         best = ranked[0] if ranked else None  # best first (rank_key)
@@ -281,8 +283,7 @@ class SpeculativeScheduler(Scheduler):
         if winner is None or winner.reason is not SelectionReason.ORDINARY:
             return winner
         if self._refresh.funded():
-            refresh = self._speculative_refresh(winner, lanes, shapes, estimates, ctx.waiting,
-                                                ctx.exponent, ctx.start_ns)
+            refresh = self._speculative_refresh(winner, lanes, shapes, estimates, ctx, table)
             if refresh is not None:
                 return refresh
         if self._mode is SpeculationMode.FIXED or not self._learning.funded():
@@ -301,11 +302,13 @@ class SpeculativeScheduler(Scheduler):
 
     def _speculative_refresh(self, incumbent: ScheduledPlan, lanes: Sequence[SpeculativeLane],
                              shapes: Sequence[GraphShape], estimates: Mapping[GraphShape, int],
-                             waiting: float, exponent: int, start_ns: int
+                             ctx: DecisionContext, table: LaneTable | None
                              ) -> ScheduledPlan | None:
         """A funded refresh of one stale speculative program: one complete captured
-        round (REF-13), the least recently touched stale program first (REF-8, OPEN-9),
-        ties by its ordinary ranking. Only when it was touched before the incumbent's
+        round (REF-13), or a wider mixed program's frame (``table``: the decision's lane
+        table when the catalog has them), the least recently touched stale program first
+        (REF-8, OPEN-9), ties by its ordinary ranking (a separate round before a mixed
+        frame touched at the same time). Only when it was touched before the incumbent's
         program when the incumbent is itself a refresh. None when no program qualifies."""
         times = self._shape_times()
         position = self._catalog.position
@@ -313,21 +316,38 @@ class SpeculativeScheduler(Scheduler):
         if not stale.any():  # the usual case: no shape hashed, no estimate dict built
             return None
         touched = times.last_touched_ns
+        picks: list[tuple[int, ScheduledPlan]] = []
         eligible = [s for s in shapes if stale[position[s]] and s != incumbent.shape]
-        if not eligible:
-            return None
         cands = round_candidates(lanes, eligible, estimates,
                                  alpha=self._config.adaptive_verification_alpha,
-                                 waiting=waiting, mode=self._mode, keep_dominated=True)
-        if not cands:
+                                 waiting=ctx.waiting, mode=self._mode,
+                                 keep_dominated=True) if eligible else []
+        if cands:
+            pick = min(cands, key=lambda c: (int(touched[position[c.shape]]), rank_key(c)))
+            picks.append((int(touched[position[pick.shape]]), round_plan(
+                pick, reason=SelectionReason.TIMING_REFRESH, exponent=ctx.exponent,
+                stale=True, now_ns=self._now_ns, start_ns=ctx.start_ns)))
+        if table is not None:
+            mixed = sorted((s for s in self._speculative_catalog().mixed
+                            if stale[position[s]] and s != incumbent.shape),
+                           key=lambda s: int(touched[position[s]]))
+            for shape in mixed:  # the oldest one that has a feasible frame
+                candidate = best_mixed_round(table, ctx.prompts, [shape],
+                                             [self._estimates.estimate_ns(shape)],
+                                             waiting=ctx.waiting)
+                if candidate is not None:
+                    picks.append((int(touched[position[shape]]), mixed_round_plan(
+                        candidate, reason=SelectionReason.TIMING_REFRESH,
+                        exponent=ctx.exponent, stale=True, now_ns=self._now_ns,
+                        start_ns=ctx.start_ns)))
+                    break
+        if not picks:
             return None
-        pick = min(cands, key=lambda c: (int(touched[position[c.shape]]), rank_key(c)))
-        if incumbent.reason is SelectionReason.TIMING_REFRESH:
-            mine = int(touched[position[pick.shape]])
-            if mine >= int(touched[position[incumbent.shape]]):
-                return None
-        return round_plan(pick, reason=SelectionReason.TIMING_REFRESH, exponent=exponent,
-                          stale=True, now_ns=self._now_ns, start_ns=start_ns)
+        mine, plan = min(picks, key=lambda p: p[0])
+        if incumbent.reason is SelectionReason.TIMING_REFRESH \
+                and mine >= int(touched[position[incumbent.shape]]):
+            return None
+        return plan
 
     def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord:
         """As ``Scheduler.commit``; a probe also opens an acceptance episode (LRN-8)."""

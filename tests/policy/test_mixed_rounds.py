@@ -164,3 +164,25 @@ def test_mix_6_width_one_draft_maintaining_mixed_competes_in_ordinary_selection(
 
 def test_wider_mixed_shapes_are_the_speculative_ones_above_width_one() -> None:
     assert wider_mixed_shapes(CATALOG) == [mixed(3)]
+
+
+def test_ref_8_a_stale_wider_mixed_program_is_the_funded_refresh_choice() -> None:
+    """Covers REF-7, REF-8, MIX-42: with full refresh credit, the least recently touched
+    stale program is refreshed even when it is a wider mixed program (a prompt chunk
+    beside speculative decode rows), in place of the measured winner."""
+    s = scheduler({**CHEAP_MIXED, mixed(3): 60})
+    stale_shape = mixed(3)
+    s.advance_to(s.now_ns + 31_000 * MS)  # every estimate is now stale ...
+    for shape in s.catalog:
+        if shape != stale_shape:  # ... except those observed again
+            s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
+    decoders(s, 3)
+    s.admit(prompt_len=40, max_output_tokens=50)
+    plan = s.plan()
+    assert plan is not None and plan.reason is SelectionReason.ORDINARY
+    assert plan.shape != stale_shape
+    s.refresh_ledger.earn(2_495 * MS)
+    plan = s.plan()
+    assert plan is not None and plan.reason is SelectionReason.TIMING_REFRESH
+    assert plan.shape == stale_shape and plan.requires_empty_window
+    assert plan.step.mixed == MixedRole(prefill_row=0, decode_mode=DecodeMode.SPECULATIVE)
