@@ -29,7 +29,8 @@ the modes N times, interleaved, and prints each cell's median.
 tokens per frame, the share of frames launched only after the previous frame was
 observed (the window ran empty) with the mean gap, device-busy share of the load's
 span, ``plan()`` calls per frame with mean wall and thread-CPU time per call, and the
-programs run. These separate host cost (planning, empty windows) from the choices.
+programs run with each one's median device interval. These separate host cost
+(planning, empty windows) from the choices.
 """
 
 from __future__ import annotations
@@ -392,7 +393,12 @@ def diagnose(rt: Runtime, before: RuntimeStatistics, after: RuntimeStatistics, r
     span = frames[-1].observed_ns - frames[0].launched_ns if frames else 0
     busy = sum(f.device_ns for f in frames)
     calls = len(timer.wall_ns)
-    mix = ", ".join(f"{n} {g}" for g, n in sorted(ran.items(), key=lambda x: -x[1]) if n)
+    device_ms: dict[str, list[float]] = {}
+    for f in frames:
+        device_ms.setdefault(f.graph, []).append(f.device_ns / 1e6)
+    mix = ", ".join(
+        f"{n} {g} ({statistics.median(device_ms[g]):.1f} ms)" if g in device_ms else f"{n} {g}"
+        for g, n in sorted(ran.items(), key=lambda x: -x[1]) if n)
     return (f"frames {frames_run}, {row.tokens / max(frames_run, 1):.2f} tok/frame; "
             f"window empty at {len(empty)}/{len(gaps)} launches (mean gap "
             f"{statistics.fmean(empty) / 1e6 if empty else 0.0:.2f} ms); device busy "

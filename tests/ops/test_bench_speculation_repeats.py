@@ -13,3 +13,31 @@ def test_median_rows_one_row_per_mode_and_load_with_each_figures_median() -> Non
     assert got["off", 1].seconds == 2.0 and got["off", 1].tokens_per_s == 24.0
     assert got["off", 1].mean_itl_ms == 20.0
     assert got["copy:d1", 1].acceptance == 0.4 and got["copy:d1", 1].speculative_share == 0.9
+
+
+def test_diagnose_reports_each_programs_median_device_interval() -> None:
+    """``--diagnose``: per load, the programs run with their median device interval
+    (from the frame log) beside the host figures."""
+    from types import SimpleNamespace
+
+    from actors.planner import FrameRecord
+    from actors.public import RuntimeStatistics
+    from ops.bench_speculation import PlanTimer, diagnose
+    from policy.types import Fence
+
+    def stats(runs: tuple[tuple[str, int], ...]) -> RuntimeStatistics:
+        return RuntimeStatistics(
+            requests_running=0, requests_waiting=0, kv_pages_used=0, kv_pages_total=0,
+            prefix_cache_hit_tokens=0, prompt_tokens_total=0, generation_tokens_total=0,
+            executions_by_kind=(), execution_ns_by_kind=(), executions_by_graph=runs)
+
+    ms = 1_000_000
+    frames = [FrameRecord(fence=Fence(i), graph=g, lanes=1, launched_ns=10 * i * ms,
+                          observed_ns=(10 * i + 9) * ms, device_ns=d * ms)
+              for i, (g, d) in enumerate([("a", 8), ("a", 6), ("b", 2), ("a", 7)])]
+    rt = SimpleNamespace(frame_log=lambda: tuple(frames))
+    timer = PlanTimer(lambda: None)
+    text = diagnose(rt, stats(()), stats((("a", 3), ("b", 1))),  # type: ignore[arg-type]
+                    Row("off", 1, 8, 1.0, 8.0, 1.0), timer)
+    assert "frames 4, 2.00 tok/frame" in text
+    assert "programs: 3 a (7.0 ms), 1 b (2.0 ms)" in text
