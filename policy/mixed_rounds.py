@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from policy.decision_context import PromptGroup
 from policy.descriptors import GraphKind, GraphShape
 from policy.requests import RequestRecord
+from policy.round_plans import ranked_plan
 from policy.rounds import (
     HostCohort,
     LaneTable,
@@ -53,7 +54,7 @@ from policy.types import (
     ScheduledStep,
     SelectionReason,
 )
-from policy.utility import NS_PER_MS, optimistic_rate, value_rate
+from policy.utility import NS_PER_MS, value_rate
 
 __all__ = ["MixedPrompt", "MixedRound", "best_mixed_round", "best_prompt",
            "mixed_round_plan", "wider_mixed_shapes"]
@@ -188,20 +189,9 @@ def mixed_round_plan(candidate: MixedRound, *, reason: SelectionReason, exponent
     lanes: list[Lane] = [candidate.prompt.lane()] if candidate.prompt is not None else []
     if candidate.decoders is not None:
         lanes.extend(plan_lanes(candidate.decoders))
-    known = candidate.rate is not None
-    return ScheduledPlan(
-        step=ScheduledStep(shape=candidate.shape, lanes=tuple(lanes), mixed=MixedRole(
-            prefill_row=0 if candidate.prompt is not None else -1,
-            decode_mode=DecodeMode.SPECULATIVE)),
-        estimated_duration_ns=candidate.estimate_ns,
-        scaled_score=candidate.rate if candidate.rate is not None
-        else optimistic_rate(candidate.useful_value),
-        scale_exponent=exponent,
-        duration_known=known,
-        stale=stale,
-        reason=reason,
-        requires_empty_window=True,  # not a generation frame (MIX-31, QUEUE-11)
-        planned_at_ns=now_ns,
-        start_ns=start_ns,
-        useful_value=candidate.useful_value,
-    )
+    step = ScheduledStep(shape=candidate.shape, lanes=tuple(lanes), mixed=MixedRole(
+        prefill_row=0 if candidate.prompt is not None else -1,
+        decode_mode=DecodeMode.SPECULATIVE))
+    # not a generation frame: it drains the window (MIX-31, QUEUE-11)
+    return ranked_plan(candidate, step, reason=reason, exponent=exponent, stale=stale,
+                       now_ns=now_ns, start_ns=start_ns, requires_empty_window=True)

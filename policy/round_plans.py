@@ -32,7 +32,7 @@ from policy.types import (
 )
 from policy.utility import NS_PER_MS, optimistic_rate, scaled
 
-__all__ = ["round_plan", "round_wins", "speculative_lanes"]
+__all__ = ["Ranked", "ranked_plan", "round_plan", "round_wins", "speculative_lanes"]
 
 
 def speculative_lanes(
@@ -121,16 +121,28 @@ def round_plan(
     """The frozen plan for ``candidate`` (for a probe, pass ``Probe.expected`` so the
     plan freezes mean-based service, ACC-25, with reason ACCEPTANCE_LEARNING)."""
     known = candidate.rate is not None
+    return ranked_plan(
+        candidate, ScheduledStep(shape=candidate.shape, lanes=plan_lanes(candidate)),
+        reason=reason, exponent=exponent, stale=stale, now_ns=now_ns, start_ns=start_ns,
+        requires_empty_window=(not known) or stale or reason is not SelectionReason.ORDINARY)
+
+
+def ranked_plan(candidate: Ranked, step: ScheduledStep, *, reason: SelectionReason,
+                exponent: int, stale: bool, now_ns: int, start_ns: int,
+                requires_empty_window: bool) -> ScheduledPlan:
+    """The frozen plan running ``step`` for a priced ``candidate``: its estimate, its
+    value rate (the optimistic work score when the duration is unknown, OPEN-13) and
+    useful value."""
     return ScheduledPlan(
-        step=ScheduledStep(shape=candidate.shape, lanes=plan_lanes(candidate)),
+        step=step,
         estimated_duration_ns=candidate.estimate_ns,
         scaled_score=candidate.rate if candidate.rate is not None
         else optimistic_rate(candidate.useful_value),
         scale_exponent=exponent,
-        duration_known=known,
+        duration_known=candidate.rate is not None,
         stale=stale,
         reason=reason,
-        requires_empty_window=(not known) or stale or reason is not SelectionReason.ORDINARY,
+        requires_empty_window=requires_empty_window,
         planned_at_ns=now_ns,
         start_ns=start_ns,
         useful_value=candidate.useful_value,
