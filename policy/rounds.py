@@ -771,7 +771,7 @@ class RoundPrograms:
     """The speculative programs of one catalog with what every decision reads of them
     (widths, bindings), computed once per catalog rather than once per decision."""
 
-    __slots__ = ("device", "host", "max_rows", "shapes", "widths")
+    __slots__ = ("_host_for", "device", "host", "max_rows", "shapes", "widths")
 
     def __init__(self, shapes: Iterable[GraphShape]) -> None:
         self.shapes = [s for s in shapes if s.kind is GraphKind.SPECULATIVE]
@@ -781,6 +781,36 @@ class RoundPrograms:
         device = set(self.device)
         self.host = [i for i in range(len(self.shapes)) if i not in device]
         self.max_rows = max(self.widths, default=0)
+        self._host_for: dict[int, list[int]] = {}
+
+    def host_for(self, lanes: int) -> list[int]:
+        """``host`` less the rectangular programs the dominance filter would drop for a
+        decision with ``lanes`` lanes, in catalog order (SEL-32).
+
+        A rectangular host program (``P = B * W``) with ``B >= lanes`` takes every lane at
+        complete ceilings; among those of one ``(D, W)`` the smallest ``B`` does the same
+        work on smaller capacities, so the others can never survive the filter, and
+        they dominate nothing it does not. Pricing them was most of a one-stream
+        decision's cost. Refresh and probes (``keep_dominated``) still see every program.
+        """
+        got = self._host_for.get(lanes)
+        if got is None:
+            smallest: dict[tuple[int, int], tuple[int, int]] = {}
+            for i in self.host:
+                s = self.shapes[i]
+                if s.packed_capacity == s.batch_capacity * s.token_capacity \
+                        and s.batch_capacity >= lanes:
+                    key = (s.proposal_depth, s.token_capacity)
+                    if key not in smallest or s.batch_capacity < smallest[key][0]:
+                        smallest[key] = (s.batch_capacity, i)
+            kept = {i for _, i in smallest.values()}
+            got = self._host_for[lanes] = [
+                i for i in self.host
+                if i in kept or not (
+                    self.shapes[i].packed_capacity
+                    == self.shapes[i].batch_capacity * self.shapes[i].token_capacity
+                    and self.shapes[i].batch_capacity >= lanes)]
+        return got
 
 
 def round_candidates(
@@ -841,7 +871,7 @@ def ranked_rounds(
         table = _LaneTable(live, programs.max_rows, alpha, optimistic=optimistic)
     elif not spec or not table.lanes:
         return []
-    host = programs.host
+    host = programs.host if keep_dominated else programs.host_for(len(table.lanes))
     out = _host_picks([spec[i] for i in host], [est[i] for i in host], table, waiting, mode)
     if mode is not SpeculationMode.FIXED:
         for i in programs.device:

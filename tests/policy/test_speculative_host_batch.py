@@ -20,6 +20,7 @@ from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.rounds import (
     Ordering,
     RoundCandidate,
+    RoundPrograms,
     SpeculationMode,
     SpeculativeLane,
     _host_batch,
@@ -182,3 +183,33 @@ def test_sel_24_ranked_candidates_unchanged() -> None:
     assert ranked[0].shape == best.shape
     assert ranked[0].lane_index.tolist() == best.lane_index.tolist()
     assert ranked[0].rate == pytest.approx(best.rate)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_sel_32_prefiltered_programs_rank_exactly_as_the_full_filter(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RoundPrograms.host_for`` drops rectangular programs with ``B`` >= lanes beyond
+    the smallest of their ``(D, W)`` before pricing: every ranked candidate, to the bit
+    and in order, equals the ranking over every host program with the dominance filter
+    alone (SEL-32), at every lane count."""
+    rng = random.Random(500 + seed)
+    shapes = catalog(rng)
+    spec_lanes = lanes(rng, rng.randint(1, 8), ties=seed % 3 == 0)
+    estimates = {s: 0 if rng.random() < 0.2 else rng.randint(3, 40) * 1_000_000
+                 for s in shapes}
+    kwargs = dict(alpha=rng.choice((0.5, 1.0)), waiting=rng.uniform(0.0, 0.3),
+                  mode=rng.choice(list(SpeculationMode)))
+    got = round_candidates(spec_lanes, shapes, estimates, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(RoundPrograms, "host_for", lambda self, lanes: self.host)
+    want = round_candidates(spec_lanes, shapes, estimates, **kwargs)  # type: ignore[arg-type]
+    assert len(got) == len(want) and got
+    for a, b in zip(got, want, strict=True):
+        same(a, b)
+
+
+def test_sel_32_host_for_keeps_the_smallest_batch_holding_every_lane() -> None:
+    programs = RoundPrograms(catalog(random.Random(1))[:20])  # the rectangular B x D grid
+    kept = {(programs.shapes[i].batch_capacity, programs.shapes[i].proposal_depth)
+            for i in programs.host_for(3)}
+    assert kept == {(b, d) for b in (1, 2, 4) for d in range(5)}
+    assert {programs.shapes[i].batch_capacity for i in programs.host_for(1)} == {1}
