@@ -73,6 +73,9 @@ class FrameCheck:
     rounds: SpeculativeRounds | None = None
     draft_proposals: tuple[tuple[RequestHandle, int], ...] = ()
     """Valid lanes whose width-one step reported the learned draft's greedy proposal."""
+    draft_acceptances: tuple[tuple[RequestHandle, float], ...] = ()
+    """Valid lanes whose width-one step reported a depth-one draft's acceptance
+    probability (sampled lanes, ``LaneSample.draft_acceptance``)."""
 
 
 def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
@@ -96,6 +99,7 @@ class _LaneRecords:
     logprobs: list[tuple[float, ...]] = field(default_factory=list)
     rounds: list[RoundLane] = field(default_factory=list)
     proposals: list[tuple[RequestHandle, int]] = field(default_factory=list)
+    acceptances: list[tuple[RequestHandle, float]] = field(default_factory=list)
 
     def fail(self, lane: Lane, problem: str) -> None:
         """Record one malformed lane: it fails alone, with a clear message."""
@@ -122,6 +126,8 @@ class _LaneRecords:
         self.logprobs.append((sample.logprob,) if sample is not None else ())
         if sample is not None and 0 <= sample.draft_proposal < self.vocab_size:
             self.proposals.append((lane.handle, sample.draft_proposal))
+        if sample is not None and 0.0 <= sample.draft_acceptance <= 1.0:  # NaN fails
+            self.acceptances.append((lane.handle, sample.draft_acceptance))
 
     def speculative(self, lane: Lane, context: LaneContext, spec: SpeculativeLane) -> None:
         """A speculative lane: checked against its ceiling, its burst cut after the
@@ -143,6 +149,8 @@ class _LaneRecords:
                                      survival=spec.survival))
         if 0 <= spec.draft_proposal < self.vocab_size:
             self.proposals.append((lane.handle, spec.draft_proposal))
+        if 0.0 <= spec.draft_acceptance <= 1.0:  # NaN fails
+            self.acceptances.append((lane.handle, spec.draft_acceptance))
 
     def check(self, *, prompt_logprobs: tuple[float, ...] | None = None,
               confidence: np.ndarray | None = None) -> FrameCheck:
@@ -156,7 +164,8 @@ class _LaneRecords:
                 lanes=tuple(self.rounds))
         return FrameCheck(records=tuple(self.records), failures=tuple(self.failures),
                           logprobs=tuple(self.logprobs), prompt_logprobs=prompt_logprobs,
-                          rounds=rounds, draft_proposals=tuple(self.proposals))
+                          rounds=rounds, draft_proposals=tuple(self.proposals),
+                          draft_acceptances=tuple(self.acceptances))
 
 
 def _identity_problem(lane: Lane, context: LaneContext) -> str | None:
@@ -334,4 +343,5 @@ async def run(
                 launched_ns=outcome.launched_ns,
                 observed_ns=outcome.launched_ns + outcome.wall_ns,
                 rounds=check.rounds, draft_proposals=check.draft_proposals,
+                draft_acceptances=check.draft_acceptances,
             ))

@@ -272,6 +272,9 @@ class ValidatedFrame:
     draft_proposals: tuple[tuple[RequestHandle, int], ...] = ()
     """Lanes whose width-one step kept the learned draft's context, with the draft's
     greedy proposal for the token the lane emitted (``gpu.frames.LaneSample``)."""
+    draft_acceptances: tuple[tuple[RequestHandle, float], ...] = ()
+    """Sampled lanes of such steps, with a depth-one draft's acceptance probability
+    ``sum min(p, q)`` for the token the lane emitted (``gpu.frames.LaneSample``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -304,7 +304,8 @@ class Planner:
         tokens = self._complete_in_scheduler(frame)
         if self._counterfactual_depth:
             self._observe_counterfactuals(frame, tokens)
-        if self._learned_counterfactuals and frame.draft_proposals:
+        if self._learned_counterfactuals and (frame.draft_proposals
+                                              or frame.draft_acceptances):
             self._observe_draft_proposals(frame, tokens)
         self.counters.frames += 1
         label = frame.plan.shape.label()
@@ -385,23 +386,40 @@ class Planner:
         """Depth-one counterfactual learned rounds: a width-one step that kept the
         draft context reported the draft's greedy proposal for each lane's token; for a
         greedy request, the proposal equal to the emitted token is exactly what a
-        depth-one round would have accepted. Sampled requests observe nothing (a match
-        of two samples is not the acceptance event)."""
+        depth-one round would have accepted. A sampled request observes the step's
+        ``sum min(p, q)`` instead, the probability that the round's rejection sampling
+        would have accepted a draft (as survival values replace binary observations,
+        ACC-28); a match of two samples is not the acceptance event."""
         emitted = {t.handle: t for t in tokens if t.token_ids}
-        for handle, proposal in frame.draft_proposals:
+
+        def live(handle: RequestHandle) -> GeneratedToken | None:
             token, resident = emitted.get(handle), self._residents.get(handle)
-            if token is None or resident is None or resident.source.epoch != token.epoch \
-                    or not resident.source.sampling.temperature <= 0.0:
-                continue
-            self._observe_counterfactual(handle, 1, int(token.token_ids[0] == proposal), False)
+            if token is None or resident is None or resident.source.epoch != token.epoch:
+                return None
+            return token
+
+        def greedy(handle: RequestHandle) -> bool:
+            return self._residents[handle].source.sampling.temperature <= 0.0
+
+        for handle, proposal in frame.draft_proposals:
+            token = live(handle)
+            if token is not None and greedy(handle):
+                self._observe_counterfactual(handle, 1, int(token.token_ids[0] == proposal),
+                                             False)
+        for handle, acceptance in frame.draft_acceptances:
+            if live(handle) is not None and not greedy(handle):
+                self._observe_counterfactual(handle, 1, int(acceptance >= 0.5), False,
+                                             survival=(acceptance,))
 
     def _observe_counterfactual(self, handle: RequestHandle, offered: int, accepted: int,
-                                terminated: bool) -> None:
+                                terminated: bool,
+                                survival: tuple[float, ...] | None = None) -> None:
         """One decided counterfactual round, of either source: to the scheduler and the
-        counters."""
+        counters (a sampled depth-one round counts as accepted when its acceptance
+        probability is at least one half)."""
         assert isinstance(self.scheduler, SpeculativeScheduler)
         self.scheduler.observe_counterfactual(handle, offered=offered, accepted=accepted,
-                                              terminated=terminated)
+                                              terminated=terminated, survival=survival)
         self.counters.counterfactual_rounds += 1
         self.counters.counterfactual_drafted_tokens += offered
         self.counters.counterfactual_accepted_tokens += accepted

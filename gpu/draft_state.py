@@ -51,6 +51,7 @@ from gpu.model_config import load_model_config
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StagedFrame, StepProgram, StepReadout
 from gpu.request_state import RequestState
+from gpu.speculative.distributions import filtered_probs
 from gpu.weights import load_weights
 from policy.descriptors import GraphKind, GraphShape, StateOp
 
@@ -176,6 +177,11 @@ class DraftMaintainingProgram:
         is reported per lane (``LaneSample.draft_proposal``)."""
         self.out_proposal = torch.full((inner.shape.batch_capacity,), -1, dtype=torch.int64,
                                        device=draft_state.history.device)
+        self.out_acceptance = torch.full((inner.shape.batch_capacity,), -1.0,
+                                         dtype=torch.float32, device=draft_state.history.device)
+        """Per lane, ``sum min(p, q)`` of the target's and the draft's filtered
+        distributions (``LaneSample.draft_acceptance``); -1 for greedy-only steps."""
+        self._draft_logits: torch.Tensor | None = None
 
     @property
     def shape(self) -> GraphShape:
@@ -223,9 +229,30 @@ class DraftMaintainingProgram:
                 ds.advance_draft_position(rows, b.token_lane, pos, valid)
             if self._proposes and hidden is not None and ds.draft is not None:
                 # decode: token i is lane i's pending token (lane-major, width one)
-                self.out_proposal.copy_(ds.draft.decoder.logits(hidden).argmax(dim=-1))
+                self._draft_logits = ds.draft.decoder.logits(hidden)
+                self.out_proposal.copy_(self._draft_logits.argmax(dim=-1))
         self.inner.execute()
         ds.record_pending(rows)
+        if self._proposes and self._draft_logits is not None:
+            self._draft_acceptance(rows)
+
+    def _draft_acceptance(self, rows: torch.Tensor) -> None:
+        """Each lane's depth-one acceptance probability ``sum min(p, q)`` under its own
+        sampling parameters, when any lane samples (greedy-only steps keep -1: their
+        greedy proposal decides the counterfactual exactly). A decode's lanes all
+        sample, in lane order, so the target's lane logits align with the draft's."""
+        inner, target, draft = self.inner, self.inner.lane_logits, self._draft_logits
+        self._draft_logits = None
+        if not inner.any_sampled or target is None or draft is None \
+                or target.shape != draft.shape:
+            self.out_acceptance.fill_(-1.0)
+            return
+        st = self.draft_state.state
+        params = {"temperature": st.temperature[rows], "top_p": st.top_p[rows],
+                  "top_k": st.top_k[rows]}
+        p = filtered_probs(target, **params)
+        q = filtered_probs(draft, **params)
+        self.out_acceptance.copy_(torch.minimum(p, q).sum(dim=-1).clamp(0.0, 1.0))
 
     def _phase_split(self, rows: torch.Tensor) -> PhaseSplit | None:
         """Mixed frames: the draft attends per phase exactly as the target does (the
@@ -248,8 +275,10 @@ class DraftMaintainingProgram:
         readout = outputs.get(RESULT_KEY)
         if self._proposes and isinstance(readout, StepReadout):
             lanes = len(readout.rows)  # a decode's lanes all sample, in lane order
+            acceptances = self.out_acceptance[:lanes].cpu().numpy().copy()
             outputs = {**outputs, RESULT_KEY: replace(
-                readout, draft_proposals=self.out_proposal[:lanes].cpu().numpy().copy())}
+                readout, draft_proposals=self.out_proposal[:lanes].cpu().numpy().copy(),
+                draft_acceptances=acceptances if (acceptances >= 0.0).any() else None)}
         return outputs
 
 

@@ -192,6 +192,11 @@ class LaneSample:
     pending token was fed to it), when a width-one step kept the draft context
     (``gpu.draft_state``); -1 otherwise. A depth-one counterfactual round for greedy
     requests (``docs/speculative-selection.md``, *Counterfactual rounds*)."""
+    draft_acceptance: float = -1.0
+    """For a sampled lane of such a step: ``sum_x min(p(x), q(x))`` of the target's and
+    the draft's filtered distributions for this token, the probability that a
+    depth-one round would have accepted its draft (rejection sampling accepts a draft
+    ``x ~ q`` with probability ``min(1, p(x)/q(x))``); -1 where not computed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -145,7 +145,8 @@ class SpeculativeScheduler(Scheduler):
         self.acceptance(handle).preseed(self._source, means, weight)
 
     def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
-                               accepted: int, terminated: bool) -> None:
+                               accepted: int, terminated: bool,
+                               survival: Sequence[float] | None = None) -> None:
         """Fold a *counterfactual* round of this scheduler's proposal source into the
         request's acceptance and the population prior, with the seed's estimator
         (ACC-6..8, ACC-20).
@@ -168,13 +169,15 @@ class SpeculativeScheduler(Scheduler):
         the draft context feeds the draft the pending token, so the draft's greedy
         proposal for the next token is known; for a greedy request, whether it equals
         the emitted token is exactly what a depth-one round would have accepted
-        (``offered = 1``).
+        (``offered = 1``). For a sampled request the step reports ``sum min(p, q)``,
+        the probability a depth-one round would have accepted its draft: passed as
+        ``survival``, it replaces the binary observation (ACC-28).
         """
         # a request already released still teaches the population prior
         state = (self.acceptance(handle) if handle in self._records
                  else AcceptanceState(self._priors))
         state.observe_round(self._source, offered=offered, accepted=accepted,
-                            terminated=terminated)
+                            terminated=terminated, survival=survival)
 
     def take_released(self) -> list[RequestHandle]:
         done = super().take_released()

@@ -130,6 +130,9 @@ class SpeculativeLane:
     draft_proposal: int = -1
     """Width-one learned rounds that keep the draft context: the draft's greedy
     proposal for the emitted token (``LaneSample.draft_proposal``); -1 otherwise."""
+    draft_acceptance: float = -1.0
+    """Such a round's sampled lanes: ``sum min(p, q)`` for the emitted token
+    (``LaneSample.draft_acceptance``); -1 otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -200,9 +203,13 @@ class SpeculativeProgram:
         self.out_confidence = torch.zeros((2, b, d), dtype=f32, device=dev)
         self.out_drafts = torch.full((b, d), PAD_TOKEN, dtype=i64, device=dev)
         self.out_proposal = torch.full((b,), -1, dtype=i64, device=dev)
+        self.out_acceptance = torch.full((b,), -1.0, dtype=f32, device=dev)
         self.reports_proposal = source == LEARNED and d == 0 and not draft_state.lagging
         """A width-one learned round feeds the draft each lane's pending token (SPEC-5),
-        so it reports the draft's argmax there: a depth-one counterfactual proposal."""
+        so it reports the draft's argmax there: a depth-one counterfactual proposal, and
+        for sampled lanes ``sum min(p, q)`` with the target's distribution
+        (``out_acceptance``, ``LaneSample.draft_acceptance``)."""
+        self._proposal_logits: torch.Tensor | None = None
         self._bound: SpeculativeFrame | None = None
         self.execution = execution or ExecutionOptions.static()
         # host-known bounds chosen in bind (static options: the full row, always sample)
@@ -434,8 +441,9 @@ class SpeculativeProgram:
                 ), draft.cache)
             if j == self.depth:
                 if self.reports_proposal:
+                    self._proposal_logits = draft.decoder.logits(hidden)
                     self.out_proposal.copy_(
-                        torch.where(limit > 0, greedy_tokens(draft.decoder.logits(hidden)), -1))
+                        torch.where(limit > 0, greedy_tokens(self._proposal_logits), -1))
                 break  # this step only caches the last draft's KV (see caches_last_draft)
             logits = draft.decoder.logits(hidden)
             if greedy:
@@ -538,6 +546,11 @@ class SpeculativeProgram:
             result = verify_drafts(draft_tokens=drafts, draft_probs=draft_probs,
                                    target_probs=target_probs, lengths=lengths, seed=seed,
                                    position=n + 1)
+            if self._proposal_logits is not None:  # depth one: sum min(p, q)
+                q = filtered_probs(self._proposal_logits, **params)
+                self.out_acceptance.copy_(torch.where(
+                    active, torch.minimum(target_probs[:, 0], q).sum(dim=-1).clamp(0.0, 1.0),
+                    -1.0))
         else:  # every lane greedy: the same verification from argmax tokens
             result = verify_greedy(draft_tokens=drafts, target_tokens=greedy_tokens(lane_logits),
                                    lengths=lengths, vocab_size=lane_logits.shape[-1])
@@ -617,7 +630,9 @@ class SpeculativeProgram:
             top_logprobs=_copied(self.out_top_logprob), finite=_copied(self.out_finite),
             counts=_copied(self.out_counts), survival=_copied(self.out_survival),
             drafts=_copied(self.out_drafts), confidence=_copied(self.out_confidence),
-            proposals=_copied(self.out_proposal) if self.reports_proposal else None)}
+            proposals=_copied(self.out_proposal) if self.reports_proposal else None,
+            acceptances=_copied(self.out_acceptance)
+            if self.reports_proposal and self.any_sampled else None)}
 
 
 def _copied(values: torch.Tensor) -> np.ndarray:
@@ -644,6 +659,9 @@ class SpeculativeReadout:
     confidence: np.ndarray
     proposals: np.ndarray | None = None
     """Width-one learned rounds: the draft's greedy proposal per slot (-1: none)."""
+    acceptances: np.ndarray | None = None
+    """Width-one learned rounds with a sampled lane: ``sum min(p, q)`` per slot (-1:
+    none)."""
 
     def result(self) -> SpeculativeResult:
         accepted, evaluated, target_rows, proposed = self.counts.tolist()
@@ -653,6 +671,8 @@ class SpeculativeReadout:
                                     self.drafts.tolist())
         proposals = (self.proposals.tolist() if self.proposals is not None
                      else [-1] * len(self.rows))
+        acceptances = (self.acceptances.tolist() if self.acceptances is not None
+                       else [-1.0] * len(self.rows))
         lanes = []
         for i, row in enumerate(self.rows):
             count = accepted[i] + 1
@@ -664,6 +684,7 @@ class SpeculativeReadout:
                 target_rows=target_rows[i], proposed=proposed[i],
                 survival=tuple(survival[i][:evaluated[i]]),
                 drafts=tuple(drafts[i][:proposed[i]]), draft_proposal=proposals[i],
+                draft_acceptance=acceptances[i],
             ))
         return SpeculativeResult(lanes=tuple(lanes), confidence=self.confidence,
                                  survival=self.survival)

@@ -108,6 +108,9 @@ class StepProgram:
         """Blocks of the prompt lane's table that mixed prompt attention gathers."""
         self.any_sampled = True
         """False when every active lane is greedy and the shortcut is enabled."""
+        self.lane_logits: torch.Tensor | None = None
+        """The last execution's target logits ``[sampled lanes, V]`` in sample order,
+        for a wrapper that compares them with a draft's (``gpu.draft_state``)."""
         # decode packs lane i at slots i*W..: attention can run per lane (a static choice)
         self._lane_major_width = shape.token_capacity if kind is GraphKind.DECODE else 0
         # mixed: prompt and decode queries attend in their own fixed phase workspaces
@@ -268,6 +271,7 @@ class StepProgram:
             lane_logits = all_logits[b.sample_index]
         else:
             lane_logits = self._decoder.logits(hidden[b.sample_index])
+        self.lane_logits = lane_logits
         token, logprob, finite = sample(
             lane_logits,
             temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
@@ -333,6 +337,8 @@ class StepReadout:
     prompt_top_logprobs: np.ndarray | None = None
     draft_proposals: np.ndarray | None = None
     """Per sampled lane, the learned draft's greedy proposal (``LaneSample``)."""
+    draft_acceptances: np.ndarray | None = None
+    """Per sampled lane, a depth-one draft's acceptance probability (``LaneSample``)."""
 
     def result(self) -> StepResult:
         tokens, logprobs, finite = (self.tokens.tolist(), self.logprobs.tolist(),
@@ -340,10 +346,12 @@ class StepReadout:
         top_ids, top_lps = self.top_ids.tolist(), self.top_logprobs.tolist()
         proposals = (self.draft_proposals.tolist() if self.draft_proposals is not None
                      else [-1] * len(self.rows))
+        acceptances = (self.draft_acceptances.tolist() if self.draft_acceptances is not None
+                       else [-1.0] * len(self.rows))
         samples = tuple(
             LaneSample(row=row, token=tokens[i], logprob=logprobs[i], finite=finite[i],
                        top_logprobs=tuple(zip(top_ids[i], top_lps[i], strict=True)),
-                       draft_proposal=proposals[i])
+                       draft_proposal=proposals[i], draft_acceptance=acceptances[i])
             for i, row in enumerate(self.rows))
         if self.prompt_logprobs is None:
             return StepResult(samples=samples)

@@ -238,16 +238,22 @@ async def _serve_recording_counterfactuals(
             return results, rt.statistics(), observed
 
 
-def _record_counterfactuals(scheduler: object) -> list[tuple[int, int, bool]]:
+def _record_counterfactuals(scheduler: object, survivals: list[tuple[float, ...]] | None = None
+                            ) -> list[tuple[int, int, bool]]:
     """Wrap ``scheduler.observe_counterfactual`` so each call is also recorded as
-    ``(offered, accepted, terminated)`` in the returned list."""
+    ``(offered, accepted, terminated)`` in the returned list (and its survival values,
+    when given, in ``survivals``)."""
     assert isinstance(scheduler, SpeculativeScheduler)
     observed: list[tuple[int, int, bool]] = []
     original = scheduler.observe_counterfactual
 
-    def record(handle: int, *, offered: int, accepted: int, terminated: bool) -> None:
+    def record(handle: int, *, offered: int, accepted: int, terminated: bool,
+               survival: tuple[float, ...] | None = None) -> None:
         observed.append((offered, accepted, terminated))
-        original(handle, offered=offered, accepted=accepted, terminated=terminated)
+        if survivals is not None and survival is not None:
+            survivals.append(tuple(survival))
+        original(handle, offered=offered, accepted=accepted, terminated=terminated,
+                 survival=survival)
 
     scheduler.observe_counterfactual = record  # type: ignore[method-assign]
     return observed
@@ -300,3 +306,41 @@ async def test_learned_depth_one_counterfactuals_reach_the_scheduler(
         return
     assert width_one > 0 and observed
     assert set(observed) == {(1, 1, False)}
+
+
+@pytest.mark.parametrize("draft", ["perfect", "small"])
+async def test_sampled_requests_learn_from_depth_one_acceptance_probabilities(
+        tiny_llama: Path, tiny_draft: Path, draft: str) -> None:
+    """Sampled requests (temperature 0.8) in adaptive learned mode: each decode that
+    keeps the draft context reports ``sum min(p, q)`` for the lane's token, which
+    reaches ``observe_counterfactual`` as the depth-one survival value (ACC-28). With
+    the target as its own draft the two distributions are equal, so every value is 1;
+    the small random draft disagrees, so values lie in [0, 1] and some below 1."""
+    config = config_for(tiny_llama, speculation="adaptive", draft_source="draft",
+                        draft_model_dir=tiny_llama if draft == "perfect" else tiny_draft,
+                        draft_depth=3)
+    survivals: list[tuple[float, ...]] = []
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            _record_counterfactuals(rt.scheduler, survivals)
+
+            async def one(i: int, prompt: list[int]) -> None:
+                request = GenerationRequest(
+                    prompt_token_ids=tuple(prompt), max_tokens=MAX_TOKENS, ignore_eos=True,
+                    sampling=SamplingParams(temperature=0.8, seed=40 + i))
+                async with rt.generate(request) as events:
+                    async for _ in events:
+                        pass
+
+            async with trio.open_nursery() as nursery:
+                for i, prompt in enumerate(_prompts()):
+                    nursery.start_soon(one, i, prompt)
+            await wait_until_idle(rt)
+            stats = rt.statistics()
+    decodes = sum(n for label, n in stats.executions_by_graph if label.startswith("decode"))
+    assert survivals, (decodes, stats.executions_by_graph)
+    assert all(len(v) == 1 and 0.0 <= v[0] <= 1.0 for v in survivals)
+    if draft == "perfect":
+        assert min(v[0] for v in survivals) > 0.999
+    else:
+        assert min(v[0] for v in survivals) < 0.999

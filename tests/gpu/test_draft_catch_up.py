@@ -280,3 +280,35 @@ def test_maintained_width_one_steps_report_the_drafts_first_proposal(
     reference.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64)
     first_draft = reference.speculate(WIDE, [0], [4]).lanes[0].drafts[0]
     assert reported == {0: first_draft, 8: -1}
+
+
+def _width_one_acceptance(driver: SpeculativeDriver, kind: str,
+                          sampling: SamplingParams) -> float:
+    """Prefill row 0 with ``sampling``, run one maintained width-one step of ``kind``
+    and return the ``draft_acceptance`` it reports for the lane."""
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling)
+    if kind == "decode":
+        step = driver.run(DECODE[1], DecodeFrame(rows=(0,), updates=driver.pages_for(0, 21)))
+        assert isinstance(step, StepResult)
+        return step.samples[0].draft_acceptance
+    return driver.speculate(ONE, [0], [1]).lanes[0].draft_acceptance
+
+
+def test_sampled_width_one_steps_report_the_depth_one_acceptance_probability(
+        pair: tuple[Path, Path]) -> None:
+    """A maintained width-one step with a sampled lane reports ``sum min(p, q)`` of the
+    target's and the draft's filtered distributions for its token: a decode
+    (``DraftMaintainingProgram``) and a ``W = 1`` round (``SpeculativeProgram``) from the
+    same context compute it independently and agree; the small random draft gives a
+    value strictly inside (0, 1), the target as its own draft exactly what identical
+    distributions give (1); greedy lanes report none (-1, their proposal decides)."""
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, top_k=0, seed=3)
+    small = {kind: _width_one_acceptance(driver_for(pair, 0)[0], kind, sampling)
+             for kind in ("decode", "round")}
+    assert 0.0 < small["decode"] < 1.0
+    assert small["decode"] == pytest.approx(small["round"], abs=1e-5)
+    for kind in ("decode", "round"):
+        perfect = _width_one_acceptance(driver_for(pair, 0, draft=pair[0])[0], kind, sampling)
+        assert perfect == pytest.approx(1.0, abs=1e-5)
+        greedy = _width_one_acceptance(driver_for(pair, 0)[0], kind, SamplingParams())
+        assert greedy == -1.0
