@@ -3,7 +3,10 @@ the ``SpeculativeScheduler`` (seed: *Mixed execution contract*)."""
 
 from __future__ import annotations
 
-from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from test_speculative_scheduler import stale_except
+from test_speculative_window import DECODE4, MS, PREFILL64, spec
+
+from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.mixed_rounds import wider_mixed_shapes
 from policy.speculation import INITIAL_WEIGHT, ProposalSource
 from policy.speculative_scheduler import SpeculativeScheduler
@@ -17,17 +20,6 @@ from policy.types import (
     RequestHandle,
     SelectionReason,
 )
-
-MS = 1_000_000
-DECODE4 = GraphShape(kind=GraphKind.DECODE, batch_capacity=4, token_capacity=1,
-                     packed_capacity=4)
-PREFILL64 = GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64)
-
-
-def spec(w: int, b: int = 4) -> GraphShape:
-    return GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
-                      proposal_depth=w - 1, packed_capacity=b * w,
-                      binding=TargetBinding.QUERY_LENGTH)
 
 
 def mixed(w: int, b: int = 4, c: int = 64) -> GraphShape:
@@ -172,10 +164,7 @@ def test_ref_8_a_stale_wider_mixed_program_is_the_funded_refresh_choice() -> Non
     beside speculative decode rows), in place of the measured winner."""
     s = scheduler({**CHEAP_MIXED, mixed(3): 60})
     stale_shape = mixed(3)
-    s.advance_to(s.now_ns + 31_000 * MS)  # every estimate is now stale ...
-    for shape in s.catalog:
-        if shape != stale_shape:  # ... except those observed again
-            s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
+    stale_except(s, stale_shape)
     decoders(s, 3)
     s.admit(prompt_len=40, max_output_tokens=50)
     plan = s.plan()

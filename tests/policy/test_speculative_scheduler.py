@@ -57,6 +57,15 @@ def decoders(s: SpeculativeScheduler, n: int = 4, *,
     return out
 
 
+def stale_except(s: SpeculativeScheduler, stale_shape: GraphShape) -> None:
+    """Advance past the estimates' freshness (DUR-10) and observe every program again
+    except ``stale_shape``, which alone is left stale."""
+    s.advance_to(s.now_ns + 31_000 * MS)
+    for shape in s.catalog:
+        if shape != stale_shape:
+            s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
+
+
 def timing(ms: int) -> ExecutionTiming:
     return ExecutionTiming(device_intervals_ns=(ms * MS,), wall_ns=ms * MS)
 
@@ -206,10 +215,7 @@ def test_ref_13_funded_refresh_runs_one_complete_speculative_round() -> None:
     to the refresh ledger only."""
     s = scheduler()
     stale_shape = spec(2)
-    s.advance_to(s.now_ns + 31_000 * MS)  # every estimate is now stale ...
-    for shape in s.catalog:
-        if shape != stale_shape:  # ... except those observed again
-            s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
+    stale_except(s, stale_shape)
     decoders(s, means=(0.02, 0.01, 0.0))
     plan = s.plan()
     assert plan is not None and plan.reason is SelectionReason.ORDINARY
