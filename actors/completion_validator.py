@@ -144,9 +144,10 @@ class _LaneRecords:
                                              token_ids=spec.tokens[:count],
                                              terminated=stop is not None))
         self.logprobs.append(spec.logprobs[:count])
+        beyond = spec.beyond if 0.0 <= spec.beyond <= 1.0 else -1.0  # NaN: none
         self.rounds.append(RoundLane(handle=lane.handle, proposed=spec.proposed,
                                      evaluated=spec.evaluated, accepted=spec.accepted,
-                                     survival=spec.survival))
+                                     survival=spec.survival, beyond=beyond))
         if 0 <= spec.draft_proposal < self.vocab_size:
             self.proposals.append((lane.handle, spec.draft_proposal))
         if 0.0 <= spec.draft_acceptance <= 1.0:  # NaN fails

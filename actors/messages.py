@@ -287,6 +287,9 @@ class RoundLane:
     evaluated: int
     accepted: int
     survival: tuple[float, ...]
+    beyond: float = -1.0
+    """A learned round whose drafts were all accepted: the probability that one more
+    draft would have been accepted too (``SpeculativeLane.beyond``); -1 otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

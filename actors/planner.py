@@ -281,6 +281,8 @@ class Planner:
         # the drafts each lane's source supplied and the target verified (copy
         # proposals may supply fewer than the allocation)
         offered = {lane.handle: lane.evaluated for lane in rounds.lanes}
+        if self._learned_counterfactuals:
+            self._extend_by_beyond(rounds, survival, offered)
         shape = frame.plan.shape
         if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth:
             return self.scheduler.complete_packed_round_with_survival(
@@ -288,6 +290,24 @@ class Planner:
                 survival)
         return self.scheduler.complete_with_survival(frame.fence, frame.records, frame.timing,
                                                      survival, offered)
+
+    @staticmethod
+    def _extend_by_beyond(rounds: SpeculativeRounds,
+                          survival: dict[RequestHandle, tuple[float, ...]],
+                          offered: dict[RequestHandle, int]) -> None:
+        """Depth-``(D + 1)`` counterfactuals of learned rounds: a lane that accepted all
+        ``D`` of its drafts also reports whether the draft's next proposal would have
+        held at the bonus row (``RoundLane.beyond``). It becomes one more offered depth
+        whose survival value is the last verified depth's times that probability
+        (ACC-28), so a request whose deeper means fell can recover them one depth per
+        round instead of only through probes (ACC-9 leaves them unobserved)."""
+        for lane in rounds.lanes:
+            if lane.beyond < 0.0 or lane.proposed < 1 \
+                    or not lane.accepted == lane.evaluated == lane.proposed:
+                continue
+            prefix = lane.survival or (1.0,) * lane.evaluated
+            survival[lane.handle] = (*prefix, prefix[-1] * lane.beyond)
+            offered[lane.handle] = lane.evaluated + 1
 
     def _count_round(self, rounds: SpeculativeRounds) -> None:
         c = self.counters

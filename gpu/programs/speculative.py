@@ -133,6 +133,11 @@ class SpeculativeLane:
     draft_acceptance: float = -1.0
     """Such a round's sampled lanes: ``sum min(p, q)`` for the emitted token
     (``LaneSample.draft_acceptance``); -1 otherwise."""
+    beyond: float = -1.0
+    """Learned rounds with ``D >= 1`` whose ``D`` drafts were all verified and accepted:
+    the probability that the draft's next proposal would have been accepted at depth
+    ``D + 1`` (greedy: whether it equals the bonus token; sampled: ``sum min(p, q)``
+    over the bonus row); -1 otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -210,6 +215,12 @@ class SpeculativeProgram:
         for sampled lanes ``sum min(p, q)`` with the target's distribution
         (``out_acceptance``, ``LaneSample.draft_acceptance``)."""
         self._proposal_logits: torch.Tensor | None = None
+        self.out_beyond = torch.full((b,), -1.0, dtype=f32, device=dev)
+        """Learned rounds with ``D >= 1``: for a lane whose ``D`` drafts were all verified
+        and accepted, the probability that a ``(D + 1)``-th draft would have been accepted
+        too (``SpeculativeLane.beyond``); -1 elsewhere."""
+        self._beyond_logits: torch.Tensor | None = None
+        self.reports_beyond = source == LEARNED and d > 0
         self._bound: SpeculativeFrame | None = None
         self.execution = execution or ExecutionOptions.static()
         # host-known bounds chosen in bind (static options: the full row, always sample)
@@ -444,6 +455,8 @@ class SpeculativeProgram:
                     self._proposal_logits = draft.decoder.logits(hidden)
                     self.out_proposal.copy_(
                         torch.where(limit > 0, greedy_tokens(self._proposal_logits), -1))
+                elif self.depth > 0:  # the draft's next proposal after its last draft
+                    self._beyond_logits = draft.decoder.logits(hidden)
                 break  # this step only caches the last draft's KV (see caches_last_draft)
             logits = draft.decoder.logits(hidden)
             if greedy:
@@ -497,6 +510,8 @@ class SpeculativeProgram:
                   "top_k": st.top_k[rows]}
         seed = st.seed[rows]
         ds.record(rows, n, pending, active)
+        if self.reports_beyond:
+            self.out_beyond.fill_(-1.0)  # set again below where a lane qualifies
 
         # 1-2. proposals and their confidences
         draft_probs: torch.Tensor | None
@@ -551,9 +566,21 @@ class SpeculativeProgram:
                 self.out_acceptance.copy_(torch.where(
                     active, torch.minimum(target_probs[:, 0], q).sum(dim=-1).clamp(0.0, 1.0),
                     -1.0))
+            if self._beyond_logits is not None:
+                q = filtered_probs(self._beyond_logits, **params)
+                self._report_beyond(torch.minimum(target_probs[:, d], q).sum(dim=-1),
+                                    result.accepted, lengths, active)
         else:  # every lane greedy: the same verification from argmax tokens
             result = verify_greedy(draft_tokens=drafts, target_tokens=greedy_tokens(lane_logits),
                                    lengths=lengths, vocab_size=lane_logits.shape[-1])
+            if self._beyond_logits is not None:
+                # greedy: the next proposal holds iff it is the bonus token the target
+                # emitted after the D accepted drafts
+                bonus = result.tokens[:, d] if d < result.tokens.shape[1] else None
+                if bonus is not None:
+                    match = greedy_tokens(self._beyond_logits) == bonus
+                    self._report_beyond(match.to(torch.float32), result.accepted, lengths,
+                                        active)
 
         # outputs
         j = torch.arange(w, device=rows.device)[None, :]
@@ -616,6 +643,17 @@ class SpeculativeProgram:
         return PackedLayout(row_lane=lane, row_depth=depth, row_used=depth < lengths[lane],
                             lane_offset=offset)
 
+    def _report_beyond(self, value: torch.Tensor, accepted: torch.Tensor,
+                       lengths: torch.Tensor, active: torch.Tensor) -> None:
+        """``out_beyond``: ``value`` for lanes that verified all ``D`` drafts (``D + 1``
+        target rows) and accepted them, so the target's bonus row is the position a
+        ``(D + 1)``-th draft would have taken; -1 for the others. A depth-``(D + 1)``
+        counterfactual for learned rounds (``docs/speculative-selection.md``)."""
+        d = self.depth
+        full = active & (accepted == d) & (lengths == d + 1)
+        self.out_beyond.copy_(torch.where(full, value.clamp(0.0, 1.0), -1.0))
+        self._beyond_logits = None
+
     # ---------------------------------------------------------- read outputs
 
     def read_outputs(self) -> dict[str, Any]:
@@ -632,7 +670,8 @@ class SpeculativeProgram:
             drafts=_copied(self.out_drafts), confidence=_copied(self.out_confidence),
             proposals=_copied(self.out_proposal) if self.reports_proposal else None,
             acceptances=_copied(self.out_acceptance)
-            if self.reports_proposal and self.any_sampled else None)}
+            if self.reports_proposal and self.any_sampled else None,
+            beyond=_copied(self.out_beyond) if self.reports_beyond else None)}
 
 
 def _copied(values: torch.Tensor) -> np.ndarray:
@@ -662,6 +701,9 @@ class SpeculativeReadout:
     acceptances: np.ndarray | None = None
     """Width-one learned rounds with a sampled lane: ``sum min(p, q)`` per slot (-1:
     none)."""
+    beyond: np.ndarray | None = None
+    """Learned rounds with ``D >= 1``: the depth-``(D + 1)`` counterfactual per slot
+    (-1: none)."""
 
     def result(self) -> SpeculativeResult:
         accepted, evaluated, target_rows, proposed = self.counts.tolist()
@@ -673,6 +715,7 @@ class SpeculativeReadout:
                      else [-1] * len(self.rows))
         acceptances = (self.acceptances.tolist() if self.acceptances is not None
                        else [-1.0] * len(self.rows))
+        beyond = self.beyond.tolist() if self.beyond is not None else [-1.0] * len(self.rows)
         lanes = []
         for i, row in enumerate(self.rows):
             count = accepted[i] + 1
@@ -684,7 +727,7 @@ class SpeculativeReadout:
                 target_rows=target_rows[i], proposed=proposed[i],
                 survival=tuple(survival[i][:evaluated[i]]),
                 drafts=tuple(drafts[i][:proposed[i]]), draft_proposal=proposals[i],
-                draft_acceptance=acceptances[i],
+                draft_acceptance=acceptances[i], beyond=beyond[i],
             ))
         return SpeculativeResult(lanes=tuple(lanes), confidence=self.confidence,
                                  survival=self.survival)

@@ -344,3 +344,39 @@ async def test_sampled_requests_learn_from_depth_one_acceptance_probabilities(
         assert min(v[0] for v in survivals) > 0.999
     else:
         assert min(v[0] for v in survivals) < 0.999
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_fully_accepted_learned_rounds_observe_one_depth_more(
+        tiny_llama: Path, plain_outputs: list[list[int]], enabled: bool) -> None:
+    """Adaptive learned speculation with the target as its own draft: every round
+    accepts its drafts and reports that one more would have held (``RoundLane.beyond``),
+    so the planner completes a ``D = 3`` round as four offered depths with survival
+    values (1, 1, 1, 1): the depth-``(D + 1)`` counterfactual. With
+    ``draft_counterfactuals=False`` (the seed's ACC-9) no lane is offered more than the
+    deepest program's three drafts. Output is unchanged."""
+    config = config_for(tiny_llama, speculation="adaptive", draft_source="draft",
+                        draft_model_dir=tiny_llama, draft_depth=3,
+                        draft_counterfactuals=enabled)
+    offered_seen: list[int] = []
+    survival_seen: list[tuple[float, ...]] = []
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            scheduler = rt.scheduler
+            assert isinstance(scheduler, SpeculativeScheduler)
+            original = scheduler.complete_with_survival
+
+            def record(fence, records, timing, survival, offered=None):  # type: ignore[no-untyped-def]
+                offered_seen.extend((offered or {}).values())
+                survival_seen.extend(tuple(v) for v in survival.values())
+                return original(fence, records, timing, survival, offered)
+
+            scheduler.complete_with_survival = record  # type: ignore[method-assign]
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+    assert [tokens for tokens, _ in results] == plain_outputs
+    assert offered_seen
+    if enabled:
+        assert 4 in offered_seen and (1.0, 1.0, 1.0, 1.0) in survival_seen
+    else:
+        assert max(offered_seen) <= 3

@@ -312,3 +312,38 @@ def test_sampled_width_one_steps_report_the_depth_one_acceptance_probability(
         assert perfect == pytest.approx(1.0, abs=1e-5)
         greedy = _width_one_acceptance(driver_for(pair, 0)[0], kind, SamplingParams())
         assert greedy == -1.0
+
+
+def _round_beyond(pair: tuple[Path, Path], shape: GraphShape, *, draft: Path | None = None,
+                  sampling: SamplingParams | None = None) -> tuple[float, int, int]:
+    """Prefill row 0, run one full-width learned round of ``shape``: (beyond, accepted,
+    the drafts' count)."""
+    driver, _ = driver_for(pair, 0, draft=draft)
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling or SamplingParams())
+    lane = driver.speculate(shape, [0], [shape.token_capacity]).lanes[0]
+    return lane.beyond, lane.accepted, shape.proposal_depth
+
+
+def test_a_fully_accepted_learned_round_reports_whether_one_more_draft_would_hold(
+        pair: tuple[Path, Path]) -> None:
+    """A learned round of depth ``D`` runs the draft once more to cache its last draft's
+    KV; that step's proposal is the ``(D + 1)``-th draft a wider round from the same
+    context would draft. Where all ``D`` drafts were accepted, the round reports whether
+    it would have held at the bonus row (``SpeculativeLane.beyond``): the target as its
+    own draft always holds (greedy 1; sampled ``sum min(p, p)`` = 1). A round that
+    rejected a draft reports none (-1), as the small random draft's does here; where it
+    accepts, its ``D = 1`` verdict must agree with a ``D = 3`` round from the same
+    context."""
+    for shape in (NARROW, WIDE):
+        assert _round_beyond(pair, shape, draft=pair[0]) == (1.0, shape.proposal_depth,
+                                                             shape.proposal_depth)
+        sampled, accepted, depth = _round_beyond(
+            pair, shape, draft=pair[0],
+            sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=4))
+        assert accepted == depth and sampled == pytest.approx(1.0, abs=1e-5)
+    beyond, accepted, depth = _round_beyond(pair, NARROW)
+    if accepted < depth:
+        assert beyond == -1.0
+    else:
+        wide = _round_beyond(pair, WIDE)
+        assert beyond == float(wide[1] >= 2)
