@@ -166,6 +166,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--diagnose", action="store_true",
                         help="also print host-side figures per mode and load: empty-window "
                              "launches, plan() cost per frame, device-busy share, programs run")
+    parser.add_argument("--mixed-prefill", action="store_true",
+                        help="every mode also loads mixed prefill/decode programs (as flare "
+                             "run's flag): prompt chunks ride beside decode rows, with "
+                             "speculative rows in speculative modes")
     parser.add_argument("--eager-forward", action="store_true",
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")
@@ -305,6 +309,7 @@ def runtime_config(mode: Mode, args: argparse.Namespace, target: Path,
     return RuntimeConfig(
         model_dir=target, backend=args.backend, max_batch=args.max_batch,
         capture_forward=not getattr(args, "eager_forward", False),
+        mixed_prefill=getattr(args, "mixed_prefill", False),
         prefill_capacities=(64,), max_queue=max(max(loads), 1),
         scheduler_policy=args.scheduler_policy, speculation=mode.speculation,  # type: ignore[arg-type]
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]

@@ -63,6 +63,15 @@ def test_adaptive_options_reach_only_the_adaptive_runtimes(tmp_path: Path) -> No
     assert configs["copy:d2"].draft_depth == 2 and configs["copy:d2"].speculation == "fixed"
 
 
+def test_mixed_prefill_reaches_every_mode(tmp_path: Path) -> None:
+    """``--mixed-prefill`` loads mixed programs in every mode (so speculative modes plan
+    speculative mixed rows, MIX-43); without it none does."""
+    for flag, want in (((), False), (("--mixed-prefill",), True)):
+        args = _args("--depths", "2", "--sources", "draft", *flag)
+        assert {bench_speculation.runtime_config(m, args, tmp_path, tmp_path).mixed_prefill
+                for m in bench_speculation.modes_of(args)} == {want}
+
+
 def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
