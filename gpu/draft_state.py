@@ -51,7 +51,7 @@ from gpu.model_config import load_model_config
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StagedFrame, StepProgram, StepReadout
 from gpu.request_state import RequestState
-from gpu.speculative.distributions import filtered_probs
+from gpu.speculative.distributions import acceptance_probability, filtered_probs
 from gpu.weights import load_weights
 from policy.descriptors import GraphKind, GraphShape, StateOp
 
@@ -250,9 +250,8 @@ class DraftMaintainingProgram:
         st = self.draft_state.state
         params = {"temperature": st.temperature[rows], "top_p": st.top_p[rows],
                   "top_k": st.top_k[rows]}
-        p = filtered_probs(target, **params)
-        q = filtered_probs(draft, **params)
-        self.out_acceptance.copy_(torch.minimum(p, q).sum(dim=-1).clamp(0.0, 1.0))
+        self.out_acceptance.copy_(acceptance_probability(filtered_probs(target, **params),
+                                                         filtered_probs(draft, **params)))
 
     def _phase_split(self, rows: torch.Tensor) -> PhaseSplit | None:
         """Mixed frames: the draft attends per phase exactly as the target does (the

@@ -68,6 +68,7 @@ from gpu.request_state import RequestState
 from gpu.speculative import (
     PAD_TOKEN,
     PackedLayout,
+    acceptance_probability,
     allocate_target_rows,
     copy_confidence,
     draft_confidence,
@@ -510,6 +511,8 @@ class SpeculativeProgram:
                   "top_k": st.top_k[rows]}
         seed = st.seed[rows]
         ds.record(rows, n, pending, active)
+        # this round's draft logits for the counterfactuals, set by ``_learned``
+        self._proposal_logits = self._beyond_logits = None
         if self.reports_beyond:
             self.out_beyond.fill_(-1.0)  # set again below where a lane qualifies
 
@@ -564,23 +567,19 @@ class SpeculativeProgram:
             if self._proposal_logits is not None:  # depth one: sum min(p, q)
                 q = filtered_probs(self._proposal_logits, **params)
                 self.out_acceptance.copy_(torch.where(
-                    active, torch.minimum(target_probs[:, 0], q).sum(dim=-1).clamp(0.0, 1.0),
-                    -1.0))
+                    active, acceptance_probability(target_probs[:, 0], q), -1.0))
             if self._beyond_logits is not None:
                 q = filtered_probs(self._beyond_logits, **params)
-                self._report_beyond(torch.minimum(target_probs[:, d], q).sum(dim=-1),
+                self._report_beyond(acceptance_probability(target_probs[:, d], q),
                                     result.accepted, lengths, active)
         else:  # every lane greedy: the same verification from argmax tokens
             result = verify_greedy(draft_tokens=drafts, target_tokens=greedy_tokens(lane_logits),
                                    lengths=lengths, vocab_size=lane_logits.shape[-1])
             if self._beyond_logits is not None:
                 # greedy: the next proposal holds iff it is the bonus token the target
-                # emitted after the D accepted drafts
-                bonus = result.tokens[:, d] if d < result.tokens.shape[1] else None
-                if bonus is not None:
-                    match = greedy_tokens(self._beyond_logits) == bonus
-                    self._report_beyond(match.to(torch.float32), result.accepted, lengths,
-                                        active)
+                # emitted after the D accepted drafts (tokens are [B, W], W = D + 1)
+                match = greedy_tokens(self._beyond_logits) == result.tokens[:, d]
+                self._report_beyond(match.to(torch.float32), result.accepted, lengths, active)
 
         # outputs
         j = torch.arange(w, device=rows.device)[None, :]
@@ -652,7 +651,6 @@ class SpeculativeProgram:
         d = self.depth
         full = active & (accepted == d) & (lengths == d + 1)
         self.out_beyond.copy_(torch.where(full, value.clamp(0.0, 1.0), -1.0))
-        self._beyond_logits = None
 
     # ---------------------------------------------------------- read outputs
 

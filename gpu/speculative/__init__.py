@@ -33,7 +33,12 @@ from gpu.speculative.copy_proposals import (
     propose_copy,
     reference_copy_proposal,
 )
-from gpu.speculative.distributions import filtered_probs, filtered_probs_by_lane, greedy_tokens
+from gpu.speculative.distributions import (
+    acceptance_probability,
+    filtered_probs,
+    filtered_probs_by_lane,
+    greedy_tokens,
+)
 from gpu.speculative.randomness import (
     acceptance_uniforms,
     sample_draft_tokens,
@@ -61,6 +66,7 @@ __all__ = [
     "CopyProposal",
     "PackedLayout",
     "Verification",
+    "acceptance_probability",
     "acceptance_uniforms",
     "allocate_target_rows",
     "append_context",

@@ -8,6 +8,8 @@ returns probabilities. Greedy rows (temperature 0) become a one-hot at the raw-l
 argmax, the token ``sample`` picks; rejection sampling between one-hot rows is exact
 greedy verification, so greedy requests need no separate code path. ``greedy_tokens``
 gives those argmax tokens alone, for programs that know every lane is greedy.
+``acceptance_probability`` is ``sum_x min(p(x), q(x))``: the chance that rejection
+sampling keeps a draft ``x ~ q`` (the learned counterfactuals' observation).
 Capturable: fixed shapes, no host sync.
 """
 
@@ -71,3 +73,10 @@ def filtered_probs_by_lane(
         top_p=per_row(top_p), top_k=per_row(top_k),
     )
     return probs.reshape(batch, width, vocab)
+
+
+def acceptance_probability(target_probs: torch.Tensor, draft_probs: torch.Tensor
+                           ) -> torch.Tensor:
+    """``sum_x min(p(x), q(x))`` over the last axis, in [0, 1]: the probability that a
+    draft drawn from ``q`` is accepted against ``p`` (kept with ``min(1, p(x)/q(x))``)."""
+    return torch.minimum(target_probs, draft_probs).sum(dim=-1).clamp(0.0, 1.0)
