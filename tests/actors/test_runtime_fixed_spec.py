@@ -9,13 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import trio
 
 from actors.config import ConfigError
-from actors.system import open_runtime
 from policy.baselines import FixedSpecPolicy
-from tests.actors.test_runtime_cpu import config_for, wait_until_idle
-from tests.actors.test_runtime_speculative import _serve_all
+from tests.actors.test_runtime_cpu import config_for
+from tests.actors.test_runtime_speculative import _serve
 from tests.actors.test_runtime_speculative import plain_outputs as plain_outputs
 
 pytestmark = pytest.mark.slow
@@ -31,14 +29,10 @@ async def test_fixed_spec_rounds_keep_greedy_output(
     config = config_for(tiny_llama, speculation="adaptive", draft_source=source,
                         draft_model_dir=tiny_llama if source == "draft" else None,
                         draft_depth=3, scheduler_policy=policy)
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-            assert isinstance(rt.scheduler, FixedSpecPolicy)
-            assert rt.scheduler.depth == depth
-            results = await _serve_all(rt)
-            await wait_until_idle(rt)
-            graphs = dict(rt.statistics().executions_by_graph)
-            resources = rt.resources.statistics()
+    served = await _serve(config)
+    results, resources, graphs = served.results, served.resources, served.graphs
+    assert isinstance(served.scheduler, FixedSpecPolicy)
+    assert served.scheduler.depth == depth
     assert [tokens for tokens, _ in results] == plain_outputs
     assert resources.rows_free == resources.rows_total
     decoding = [label for label in graphs if not label.startswith("prefill")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import trio
@@ -20,6 +21,7 @@ from actors.public import (
     SamplingParams,
     TokenDelta,
 )
+from actors.resource_book import ResourceStatistics
 from actors.system import Runtime, open_runtime
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.speculative_scheduler import SpeculativeScheduler
@@ -63,6 +65,29 @@ async def _serve_all(rt: Runtime) -> list[tuple[list[int], int]]:
     return results
 
 
+class Served(NamedTuple):
+    """One ``_serve`` run: each prompt's (tokens, deltas), the runtime statistics and
+    resource book once idle, and the scheduler it ran."""
+
+    results: list[tuple[list[int], int]]
+    stats: RuntimeStatistics
+    resources: ResourceStatistics
+    scheduler: object
+
+    @property
+    def graphs(self) -> dict[str, int]:
+        return dict(self.stats.executions_by_graph)
+
+
+async def _serve(config: RuntimeConfig) -> Served:
+    """Serve the module's prompts on ``config`` and wait until the runtime is idle."""
+    with trio.fail_after(240):
+        async with open_runtime(config) as rt:
+            results = await _serve_all(rt)
+            await wait_until_idle(rt)
+            return Served(results, rt.statistics(), rt.resources.statistics(), rt.scheduler)
+
+
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_llama: Path) -> list[list[int]]:
     """Greedy outputs of the same runtime without speculation (run once per module)."""
@@ -89,14 +114,10 @@ async def test_spec_5_greedy_speculation_equals_greedy_without_it(
     draft_dir = {"small": tiny_draft, "perfect": tiny_llama, None: None}[draft]
     config = config_for(tiny_llama, speculation=mode, draft_source=source,
                         draft_model_dir=draft_dir, draft_depth=3, draft_catch_up=catch_up)
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-            assert isinstance(rt.scheduler, SpeculativeScheduler)
-            results = await _serve_all(rt)
-            await wait_until_idle(rt)
-            stats = rt.statistics()
-            graphs = dict(stats.executions_by_graph)
-            resources = rt.resources.statistics()
+    served = await _serve(config)
+    results, stats, resources, graphs = (served.results, served.stats, served.resources,
+                                         served.graphs)
+    assert isinstance(served.scheduler, SpeculativeScheduler)
     assert [tokens for tokens, _ in results] == plain_outputs
     assert resources.rows_free == resources.rows_total
     speculative = sum(n for label, n in graphs.items() if label.startswith("spec"))
@@ -127,14 +148,10 @@ async def test_mix_43_speculative_mixed_rows_keep_greedy_output(
     draft_dir = {"small": tiny_draft, "perfect": tiny_llama, None: None}[draft]
     config = config_for(tiny_llama, speculation=mode, draft_source=source,
                         draft_model_dir=draft_dir, draft_depth=3, mixed_prefill=True)
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-            results = await _serve_all(rt)
-            await wait_until_idle(rt)
-            graphs = dict(rt.statistics().executions_by_graph)
-            resources = rt.resources.statistics()
-    assert [tokens for tokens, _ in results] == plain_outputs
-    assert resources.rows_free == resources.rows_total
+    served = await _serve(config)
+    graphs = served.graphs
+    assert [tokens for tokens, _ in served.results] == plain_outputs
+    assert served.resources.rows_free == served.resources.rows_total
     wider = {label: n for label, n in graphs.items()
              if label.startswith("mixed[") and ",spec" in label and ",W=1," not in label}
     assert wider, graphs
@@ -157,13 +174,9 @@ async def test_queue_3_device_allocated_rounds_keep_greedy_output(
     config = config_for(tiny_llama, speculation="adaptive", draft_source=source,
                         draft_model_dir=tiny_draft if source == "draft" else None,
                         draft_depth=3, extra_speculative_shapes=extra)
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-            results = await _serve_all(rt)
-            await wait_until_idle(rt)
-            graphs = dict(rt.statistics().executions_by_graph)
-    assert [tokens for tokens, _ in results] == plain_outputs
-    assert any("SpeculativePrefixLimit" in label for label in graphs), graphs
+    served = await _serve(config)
+    assert [tokens for tokens, _ in served.results] == plain_outputs
+    assert any("SpeculativePrefixLimit" in label for label in served.graphs), served.graphs
 
 
 async def test_random_cancellations_with_speculation_return_every_page_and_row(
