@@ -26,8 +26,8 @@ Wider mixed programs (``speculation_enabled``, ``W > 1``): their speculative dec
 beside a prompt chunk are candidates too (``policy/mixed_rounds.py``, *Mixed execution
 contract*), ranked against the winner by the same rule; their decode lanes learn
 acceptance like a separate round's (MIX-30); a stale one may be the funded refresh
-choice. Acceptance probes consider separate programs only. Width-one mixed programs of a speculative load keep the draft context
-(MIX-6) and compete in ordinary selection.
+choice. Acceptance probes consider separate programs only. Width-one mixed programs of
+a speculative load keep the draft context (MIX-6) and compete in ordinary selection.
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ from policy.types import (
     TraceRecord,
 )
 
-__all__ = ["SpeculativeScheduler", "rounds_of"]
+__all__ = ["SpeculativeScheduler"]
 
 
-def rounds_of(plan: ScheduledPlan) -> bool:
+def _runs_rounds(plan: ScheduledPlan) -> bool:
     """Whether ``plan``'s decode lanes run speculative rounds: a complete speculative
     program, or a wider mixed program's speculative decode rows (MIX-30)."""
     mixed = plan.step.mixed
@@ -191,14 +191,6 @@ class SpeculativeScheduler(Scheduler):
             self._learning.on_idle()
 
     # ---- planning -------------------------------------------------------------------
-
-    def _speculative_shapes(self) -> list[GraphShape]:
-        return [s for s, _ in self._speculative_catalog().pairs]
-
-    def _speculative_positions(self) -> list[tuple[GraphShape, int]]:
-        """The catalog's speculative programs with their catalog positions, computed
-        once per catalog (``set_catalog`` replaces the catalog object)."""
-        return self._speculative_catalog().pairs
 
     def _speculative_catalog(self) -> _SpeculativeCatalog:
         """Per catalog: the speculative (shape, position) pairs, their ``RoundPrograms``,
@@ -432,7 +424,7 @@ class SpeculativeScheduler(Scheduler):
             state = self._states.get(token.handle)
             if state is None:
                 state = self._states[token.handle] = AcceptanceState(self._priors)
-            if rounds_of(head.plan) and roles[token.handle] is LaneRole.DECODE:
+            if _runs_rounds(head.plan) and roles[token.handle] is LaneRole.DECODE:
                 self._observe(state, shape, token, slots[token.handle],
                               ceilings[token.handle], confidence, offered, survival)
             state.age(len(token.token_ids))
