@@ -288,8 +288,9 @@ class RoundLane:
     accepted: int
     survival: tuple[float, ...]
     beyond: float = -1.0
-    """A learned round whose drafts were all accepted: the probability that one more
-    draft would have been accepted too (``SpeculativeLane.beyond``); -1 otherwise."""
+    """A learned round's lane that verified all its drafts: the probability that one
+    more draft would have been accepted at the target's last row, along the drafted
+    prefix (``SpeculativeLane.beyond``); -1 otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -295,17 +295,21 @@ class Planner:
     def _extend_by_beyond(rounds: SpeculativeRounds,
                           survival: dict[RequestHandle, tuple[float, ...]],
                           offered: dict[RequestHandle, int]) -> None:
-        """Depth-``(D + 1)`` counterfactuals of learned rounds: a lane that accepted all
+        """Depth-``(D + 1)`` counterfactuals of learned rounds: a lane that verified all
         ``D`` of its drafts also reports whether the draft's next proposal would have
-        held at the bonus row (``RoundLane.beyond``). It becomes one more offered depth
-        whose survival value is the last verified depth's times that probability
-        (ACC-28), so a request whose deeper means fell can recover them one depth per
-        round instead of only through probes (ACC-9 leaves them unobserved)."""
+        held at the target's row ``D`` (``RoundLane.beyond``). It becomes one more
+        offered depth whose survival value is the last verified depth's times that
+        probability (ACC-28): ``beyond`` after a fully accepted prefix, zero after a
+        rejected one. Every such lane observes the extra depth, whatever it accepted,
+        so the depth's mean stays an estimate of ``s_(D+1)`` (observing it only after
+        full acceptance would estimate ``s_(D+1) / s_D``). A request whose deeper means
+        fell can recover them one depth per round instead of only through probes (ACC-9
+        leaves them unobserved)."""
         for lane in rounds.lanes:
-            if lane.beyond < 0.0 or lane.proposed < 1 \
-                    or not lane.accepted == lane.evaluated == lane.proposed:
+            if lane.beyond < 0.0 or lane.proposed < 1 or lane.evaluated != lane.proposed:
                 continue
-            prefix = lane.survival or (1.0,) * lane.evaluated
+            prefix = lane.survival or (
+                (1.0,) * lane.accepted + (0.0,) * (lane.evaluated - lane.accepted))
             survival[lane.handle] = (*prefix, prefix[-1] * lane.beyond)
             offered[lane.handle] = lane.evaluated + 1
 

@@ -21,7 +21,12 @@ with the best fixed choice picked on held-out repeats when ``--repeats`` is 2 or
 
 With ``--tiny`` it builds a random tiny Llama pair in a temporary directory.
 ``--scheduler-policy throughput`` runs every mode under the seed's throughput preset
-(token value only); the default is ``balanced``, as ``flare run``. ``--repeats N`` runs
+(token value only); the default is ``balanced``, as ``flare run``.
+``--adaptive-policies balanced,throughput`` runs each adaptive mode under both presets
+in the same run (labels ``...,balanced`` and ``...,throughput``): the balanced preset's
+delivery and output-age prices trade tokens per second for delivery cadence, which the
+``gap ms`` column (mean time between a request's visible bursts) shows beside ``ITL ms``
+(mean time per token). ``--repeats N`` runs
 the modes N times, interleaved, and prints each cell's median.
 
 ``--diagnose`` also prints, per mode and load (from ``rt.frame_log()``,
@@ -84,6 +89,8 @@ class Mode:
     """Adaptive copy: counterfactual copy rounds on (flare) or off (the seed's ACC-9)."""
     catch_up: int | None = None
     """Learned draft: this mode's ``--draft-catch-up`` (None: the command's flag)."""
+    policy: str | None = None
+    """Adaptive: this mode's policy preset (None: the command's ``--scheduler-policy``)."""
 
     def label(self) -> str:
         if self.speculation == "off":
@@ -91,7 +98,8 @@ class Mode:
         depth = f"d{self.depth}" if self.speculation == "fixed" else f"adaptive<=d{self.depth}"
         seed_only = "" if self.counterfactuals else ",acc9"
         lag = f",lag<={self.catch_up}" if self.catch_up else ""
-        return f"{self.source}:{depth}{seed_only}{lag}"
+        preset = f",{self.policy}" if self.policy else ""
+        return f"{self.source}:{depth}{seed_only}{lag}{preset}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,10 @@ class Row:
     """Accepted / drafted tokens over the measured load (0 without speculation)."""
     speculative_share: float = 0.0
     """Speculative programs / all programs run over the measured load."""
+    mean_gap_ms: float = 0.0
+    """Delivery cadence: per request, the time from its first to its last visible burst
+    over the bursts after the first; averaged over requests. A speculative burst of
+    several tokens is one delivery (what the balanced preset's delivery price values)."""
     diagnosis: str = field(default="", compare=False)
     """``--diagnose`` figures for this load (empty otherwise)."""
     repeat: int = field(default=0, compare=False)
@@ -160,6 +172,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the seed's policy preset for every mode (default balanced, as "
                              "flare run; throughput values tokens only: no delivery or "
                              "output-age preference)")
+    parser.add_argument("--adaptive-policies", type=_presets, default=(),
+                        help="comma-separated presets: run each adaptive mode once under "
+                             "each (label suffix ',<preset>'); default: once, under "
+                             "--scheduler-policy")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every mode this many times, interleaved, and report the "
                              "median of each cell (a shared machine is noisy; default 1)")
@@ -174,6 +190,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    sim = parser.add_argument_group(
+        "simulated device (ops/sim/speculation_sweep.py): the same modes and loads on "
+        "measured program durations, deterministic, no model run")
+    sim.add_argument("--simulate", type=Path, default=None, metavar="PROGRAMS_JSON",
+                     help="flare bench programs --json of the speculative load (--speculation "
+                          "draft --draft-depth <largest depth>, same --max-batch and "
+                          "--mixed-prefill): simulate instead of running the model")
+    sim.add_argument("--simulate-off", type=Path, default=None, metavar="PROGRAMS_JSON",
+                     help="flare bench programs --json without speculation, for the 'off' "
+                          "row (omitted without it)")
+    sim.add_argument("--simulate-host-ms", type=float, default=0.0,
+                     help="host time added to every simulated frame (on the 2-vCPU CPU "
+                          "backend the server's planning and publishing share the core "
+                          "with the model: about 2-3 ms per frame; default 0)")
+    sim.add_argument("--simulate-acceptance", type=float, default=0.8,
+                     help="per-token draft acceptance of each simulated request, spread "
+                          "by +-0.1 (default 0.8); --repeats N draws N acceptance seeds")
+
+
+def _presets(text: str) -> tuple[str, ...]:
+    """``--adaptive-policies``: known preset names, comma-separated."""
+    from policy.config import POLICY_PRESETS
+
+    names = tuple(dict.fromkeys(n for n in text.split(",") if n))
+    unknown = [n for n in names if n not in POLICY_PRESETS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown preset {', '.join(unknown)}; expected {', '.join(sorted(POLICY_PRESETS))}")
+    return names
 
 
 def build_tiny_pair(directory: Path) -> tuple[Path, Path]:
@@ -209,9 +254,10 @@ def build_tiny_pair(directory: Path) -> tuple[Path, Path]:
 def modes_of(args: argparse.Namespace) -> list[Mode]:
     depths = [int(d) for d in args.depths.split(",") if d]
     modes = [Mode("off", "-", 0)]
+    presets: list[str | None] = list(getattr(args, "adaptive_policies", ())) or [None]
     for source in (s for s in args.sources.split(",") if s):
         modes += [Mode("fixed", source, d) for d in depths]
-        modes.append(Mode("adaptive", source, max(depths)))
+        modes += [Mode("adaptive", source, max(depths), policy=p) for p in presets]
         if getattr(args, "seed_adaptive", False):
             modes.append(Mode("adaptive", source, max(depths), counterfactuals=False))
         if source == "draft" and getattr(args, "lagging_adaptive", 0) > 0:
@@ -242,6 +288,7 @@ async def run_load(rt: Runtime, streams: int, args: argparse.Namespace,
     (request ``k`` of stream ``i`` uses prompt ``k * streams + i``)."""
     produced = 0
     itls: list[float] = []
+    gaps: list[float] = []
     every = prompts(rt, streams * per_stream, args.prompt_tokens, modules)
 
     async def stream(i: int) -> None:
@@ -254,7 +301,7 @@ async def run_load(rt: Runtime, streams: int, args: argparse.Namespace,
                                     sampling=SamplingParams(temperature=0.0), ignore_eos=True)
         first: float | None = None
         last = 0.0
-        count = 0
+        count = bursts = 0
         async with rt.generate(request) as events:
             async for event in events:
                 if isinstance(event, TokenDelta) and event.token_ids:
@@ -263,11 +310,14 @@ async def run_load(rt: Runtime, streams: int, args: argparse.Namespace,
                         first, count = now, len(event.token_ids) - 1
                     else:
                         count += len(event.token_ids)
+                        bursts += 1
                     last = now
                 elif isinstance(event, Finished):
                     produced += event.completion_tokens
         if first is not None and count > 0:
             itls.append((last - first) / count)
+        if first is not None and bursts > 0:
+            gaps.append((last - first) / bursts)
 
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
@@ -276,7 +326,8 @@ async def run_load(rt: Runtime, streams: int, args: argparse.Namespace,
     elapsed = trio.current_time() - start
     return Row(mode="", streams=streams, tokens=produced, seconds=elapsed,
                tokens_per_s=produced / elapsed if elapsed > 0 else 0.0,
-               mean_itl_ms=1e3 * sum(itls) / len(itls) if itls else 0.0)
+               mean_itl_ms=1e3 * sum(itls) / len(itls) if itls else 0.0,
+               mean_gap_ms=1e3 * sum(gaps) / len(gaps) if gaps else 0.0)
 
 
 WARMUP_PASSES = 6
@@ -311,7 +362,8 @@ def runtime_config(mode: Mode, args: argparse.Namespace, target: Path,
         capture_forward=not getattr(args, "eager_forward", False),
         mixed_prefill=getattr(args, "mixed_prefill", False),
         prefill_capacities=(64,), max_queue=max(max(loads), 1),
-        scheduler_policy=args.scheduler_policy, speculation=mode.speculation,  # type: ignore[arg-type]
+        scheduler_policy=mode.policy or args.scheduler_policy,  # type: ignore[arg-type]
+        speculation=mode.speculation,  # type: ignore[arg-type]
         draft_source="draft" if mode.source == "-" else mode.source,  # type: ignore[arg-type]
         draft_model_dir=draft if mode.source == "draft" else None,
         copy_counterfactuals=mode.counterfactuals,
@@ -349,7 +401,7 @@ async def bench_mode(mode: Mode, args: argparse.Namespace, target: Path,
                     - sum(n for _, n in before.executions_by_kind))
             speculative = after.speculative_frames - before.speculative_frames
             rows.append(Row(mode.label(), row.streams, row.tokens, row.seconds,
-                            row.tokens_per_s, row.mean_itl_ms,
+                            row.tokens_per_s, row.mean_itl_ms, mean_gap_ms=row.mean_gap_ms,
                             acceptance=accepted / drafted if drafted else 0.0,
                             speculative_share=speculative / runs if runs else 0.0,
                             diagnosis=diagnose(rt, before, after, row, timer)
@@ -417,14 +469,17 @@ def render(rows: list[Row]) -> str:
     loads = sorted({r.streams for r in rows})
     labels = list(dict.fromkeys(r.mode for r in rows))
     by_key = {(r.mode, r.streams): r for r in rows}
-    header = f"{'mode':<20}" + "".join(
-        f"{f'{n} stream tok/s':>18}{'ITL ms':>9}{'acc':>6}{'spec':>6}" for n in loads)
+    width = max(20, *(len(label) + 2 for label in labels))
+    header = f"{'mode':<{width}}" + "".join(
+        f"{f'{n} stream tok/s':>18}{'ITL ms':>9}{'gap ms':>8}{'acc':>6}{'spec':>6}"
+        for n in loads)
     lines = [header, "-" * len(header)]
     for label in labels:
         cells = "".join(
-            f"{r.tokens_per_s:>18.1f}{r.mean_itl_ms:>9.2f}{r.acceptance:>6.2f}"
-            f"{r.speculative_share:>6.2f}" for r in (by_key[(label, n)] for n in loads))
-        lines.append(f"{label:<20}{cells}")
+            f"{r.tokens_per_s:>18.1f}{r.mean_itl_ms:>9.2f}{r.mean_gap_ms:>8.2f}"
+            f"{r.acceptance:>6.2f}{r.speculative_share:>6.2f}"
+            for r in (by_key[(label, n)] for n in loads))
+        lines.append(f"{label:<{width}}{cells}")
     verdicts = target_verdicts(rows)
     if verdicts:
         lines += ["", *verdicts]
@@ -437,14 +492,8 @@ def main(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     if args.backend == "cpu":
         torch.set_num_threads(args.threads)
-    rows: list[Row] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        target, draft = build_tiny_pair(Path(tmp)) if args.tiny else (args.model,
-                                                                      args.draft_model)
-        for repeat in range(max(args.repeats, 1)):
-            for mode in modes_of(args):
-                rows += [replace(r, repeat=repeat)
-                         for r in trio.run(bench_mode, mode, args, target, draft)]
+    rows = (simulated_rows(args) if getattr(args, "simulate", None) is not None
+            else measured_rows(args))
     summary = median_rows(rows)
     if args.json:
         print(json.dumps([asdict(r) for r in summary], sort_keys=True))
@@ -461,6 +510,72 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def measured_rows(args: argparse.Namespace) -> list[Row]:
+    """Every mode and load on the real runtime, ``--repeats`` times interleaved."""
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft = build_tiny_pair(Path(tmp)) if args.tiny else (args.model,
+                                                                      args.draft_model)
+        for repeat in range(max(args.repeats, 1)):
+            for mode in modes_of(args):
+                rows += [replace(r, repeat=repeat)
+                         for r in trio.run(bench_mode, mode, args, target, draft)]
+    return rows
+
+
+def simulated_modes(args: argparse.Namespace) -> list[Mode]:
+    """``--simulate``'s modes: ``off`` (with ``--simulate-off``), each fixed depth and
+    adaptive per preset, under the source label ``sim``."""
+    depths = [int(d) for d in args.depths.split(",") if d]
+    presets: list[str | None] = list(args.adaptive_policies) or [None]
+    modes = [Mode("off", "-", 0)] if args.simulate_off is not None else []
+    modes += [Mode("fixed", "sim", d) for d in depths]
+    return modes + [Mode("adaptive", "sim", max(depths), policy=p) for p in presets]
+
+
+def simulated_rows(args: argparse.Namespace) -> list[Row]:
+    """``--simulate``: every mode and load on the simulated device; repeat ``r`` draws
+    the acceptance with seed ``r``."""
+    from ops.sim.costs import load_bench_programs
+    from ops.sim.speculation_sweep import (
+        SweepLoad,
+        SweepMode,
+        mode_catalog,
+        simulate_mode,
+        sweep_catalogs,
+    )
+
+    depths = [int(d) for d in args.depths.split(",") if d]
+    catalogs = sweep_catalogs(max_batch=args.max_batch, mixed_prefill=args.mixed_prefill,
+                              depths=depths)
+    modes = {m: SweepMode(m.speculation, m.depth, m.policy or args.scheduler_policy)
+             for m in simulated_modes(args)}
+    speculative = {s for m in modes.values() if m.speculation != "off"
+                   for s in mode_catalog(m, catalogs)}
+    host_ns = round(args.simulate_host_ms * 1e6)
+    costs = load_bench_programs(args.simulate, speculative).plus(host_ns)
+    # a learned load's decode also runs the draft: "off" has its own table
+    off_costs = (load_bench_programs(args.simulate_off, catalogs[0].ordinary).plus(host_ns)
+                 if args.simulate_off is not None else costs)
+    rows = []
+    for repeat in range(max(args.repeats, 1)):
+        for mode, sweep in modes.items():
+            for streams in (int(n) for n in args.loads.split(",") if n):
+                load = SweepLoad(streams=streams, requests_per_stream=args.requests_per_stream,
+                                 warm_up_requests=args.warm_up_requests,
+                                 prompt_tokens=args.prompt_tokens,
+                                 output_tokens=args.max_tokens,
+                                 acceptance=args.simulate_acceptance, seed=repeat)
+                f = simulate_mode(sweep, load, catalogs=catalogs,
+                                  costs=off_costs if sweep.speculation == "off" else costs)
+                rows.append(Row(mode.label(), streams, f.tokens, f.seconds,
+                                f.tokens / f.seconds if f.seconds > 0 else 0.0,
+                                f.mean_itl_ms, acceptance=f.acceptance,
+                                speculative_share=f.speculative_share,
+                                mean_gap_ms=f.mean_gap_ms, repeat=repeat))
+    return rows
+
+
 def median_rows(rows: list[Row]) -> list[Row]:
     """One row per (mode, load): the median of every figure over the repeats."""
     groups: dict[tuple[str, int], list[Row]] = {}
@@ -472,6 +587,7 @@ def median_rows(rows: list[Row]) -> list[Row]:
             return float(statistics.median(getattr(r, field) for r in group))
         out.append(Row(mode=mode, streams=streams, tokens=int(med("tokens")),
                        seconds=med("seconds"), tokens_per_s=med("tokens_per_s"),
-                       mean_itl_ms=med("mean_itl_ms"), acceptance=med("acceptance"),
+                       mean_itl_ms=med("mean_itl_ms"), mean_gap_ms=med("mean_gap_ms"),
+                       acceptance=med("acceptance"),
                        speculative_share=med("speculative_share")))
     return out

@@ -135,10 +135,12 @@ class SpeculativeLane:
     """Such a round's sampled lanes: ``sum min(p, q)`` for the emitted token
     (``LaneSample.draft_acceptance``); -1 otherwise."""
     beyond: float = -1.0
-    """Learned rounds with ``D >= 1`` whose ``D`` drafts were all verified and accepted:
-    the probability that the draft's next proposal would have been accepted at depth
-    ``D + 1`` (greedy: whether it equals the bonus token; sampled: ``sum min(p, q)``
-    over the bonus row); -1 otherwise."""
+    """Learned rounds with ``D >= 1``, lanes that verified all ``D`` drafts: the
+    probability that the draft's next proposal would have been accepted at the target's
+    row ``D`` along the drafted prefix (greedy: whether it equals the target's argmax
+    there; sampled: ``sum min(p, q)`` over that row); -1 for other lanes. Reported
+    whatever the lane accepted, so that observing depth ``D + 1`` does not depend on the
+    outcome (the prefix's own survival multiplies it: ``Planner._extend_by_beyond``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -217,9 +219,9 @@ class SpeculativeProgram:
         (``out_acceptance``, ``LaneSample.draft_acceptance``)."""
         self._proposal_logits: torch.Tensor | None = None
         self.out_beyond = torch.full((b,), -1.0, dtype=f32, device=dev)
-        """Learned rounds with ``D >= 1``: for a lane whose ``D`` drafts were all verified
-        and accepted, the probability that a ``(D + 1)``-th draft would have been accepted
-        too (``SpeculativeLane.beyond``); -1 elsewhere."""
+        """Learned rounds with ``D >= 1``: for a lane that verified all ``D`` drafts, the
+        probability that a ``(D + 1)``-th draft would have been accepted at the target's
+        row ``D`` (``SpeculativeLane.beyond``); -1 elsewhere."""
         self._beyond_logits: torch.Tensor | None = None
         self.reports_beyond = source == LEARNED and d > 0
         self._bound: SpeculativeFrame | None = None
@@ -571,15 +573,16 @@ class SpeculativeProgram:
             if self._beyond_logits is not None:
                 q = filtered_probs(self._beyond_logits, **params)
                 self._report_beyond(acceptance_probability(target_probs[:, d], q),
-                                    result.accepted, lengths, active)
+                                    lengths, active)
         else:  # every lane greedy: the same verification from argmax tokens
-            result = verify_greedy(draft_tokens=drafts, target_tokens=greedy_tokens(lane_logits),
+            target_tokens = greedy_tokens(lane_logits)
+            result = verify_greedy(draft_tokens=drafts, target_tokens=target_tokens,
                                    lengths=lengths, vocab_size=lane_logits.shape[-1])
             if self._beyond_logits is not None:
-                # greedy: the next proposal holds iff it is the bonus token the target
-                # emitted after the D accepted drafts (tokens are [B, W], W = D + 1)
-                match = greedy_tokens(self._beyond_logits) == result.tokens[:, d]
-                self._report_beyond(match.to(torch.float32), result.accepted, lengths, active)
+                # greedy: the next proposal holds iff it is the target's argmax at row D,
+                # after the drafted prefix (for a fully accepted lane: the bonus token)
+                match = greedy_tokens(self._beyond_logits) == target_tokens[:, d]
+                self._report_beyond(match.to(torch.float32), lengths, active)
 
         # outputs
         j = torch.arange(w, device=rows.device)[None, :]
@@ -642,15 +645,16 @@ class SpeculativeProgram:
         return PackedLayout(row_lane=lane, row_depth=depth, row_used=depth < lengths[lane],
                             lane_offset=offset)
 
-    def _report_beyond(self, value: torch.Tensor, accepted: torch.Tensor,
-                       lengths: torch.Tensor, active: torch.Tensor) -> None:
+    def _report_beyond(self, value: torch.Tensor, lengths: torch.Tensor,
+                       active: torch.Tensor) -> None:
         """``out_beyond``: ``value`` for lanes that verified all ``D`` drafts (``D + 1``
-        target rows) and accepted them, so the target's bonus row is the position a
-        ``(D + 1)``-th draft would have taken; -1 for the others. A depth-``(D + 1)``
-        counterfactual for learned rounds (``docs/speculative-selection.md``)."""
-        d = self.depth
-        full = active & (accepted == d) & (lengths == d + 1)
-        self.out_beyond.copy_(torch.where(full, value.clamp(0.0, 1.0), -1.0))
+        target rows: row ``D`` is where a ``(D + 1)``-th draft would have been verified),
+        whatever they accepted; -1 for the others. A depth-``(D + 1)`` counterfactual for
+        learned rounds (``docs/speculative-selection.md``). Reporting it only for fully
+        accepted lanes would observe depth ``D + 1`` only after success and bias its
+        mean up to ``s_(D+1) / s_D``."""
+        verified = active & (lengths == self.depth + 1)
+        self.out_beyond.copy_(torch.where(verified, value.clamp(0.0, 1.0), -1.0))
 
     # ---------------------------------------------------------- read outputs
 

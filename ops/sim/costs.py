@@ -92,6 +92,15 @@ class CostTable:
         factor = math.exp(noise * float(rng.standard_normal()) - noise * noise / 2)
         return max(1, round(mean * factor))
 
+    def plus(self, extra_ns: int) -> CostTable:
+        """Every mean lengthened by ``extra_ns`` (host time serialised with each frame)."""
+        if extra_ns < 0:
+            raise CostTableError(f"extra time must be non-negative, got {extra_ns} ns")
+        if extra_ns == 0:
+            return self
+        return CostTable({s: n + extra_ns for s, n in self.mean_ns.items()},
+                         source=f"{self.source} + {extra_ns / NS_PER_MS:g} ms per frame")
+
     def to_json(self) -> dict[str, object]:
         return {"source": self.source,
                 "mean_ms": {s.label(): n / NS_PER_MS for s, n in self.mean_ns.items()}}

@@ -315,25 +315,27 @@ def test_sampled_width_one_steps_report_the_depth_one_acceptance_probability(
 
 
 def _round_beyond(pair: tuple[Path, Path], shape: GraphShape, *, draft: Path | None = None,
-                  sampling: SamplingParams | None = None) -> tuple[float, int, int]:
-    """Prefill row 0, run one full-width learned round of ``shape``: (beyond, accepted,
-    the drafts' count)."""
+                  sampling: SamplingParams | None = None,
+                  ceiling: int | None = None) -> tuple[float, int, int]:
+    """Prefill row 0, run one learned round of ``shape`` (full width unless ``ceiling``):
+    (beyond, accepted, the drafts the target verified)."""
     driver, _ = driver_for(pair, 0, draft=draft)
     driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling or SamplingParams())
-    lane = driver.speculate(shape, [0], [shape.token_capacity]).lanes[0]
-    return lane.beyond, lane.accepted, shape.proposal_depth
+    lane = driver.speculate(shape, [0], [ceiling or shape.token_capacity]).lanes[0]
+    return lane.beyond, lane.accepted, lane.evaluated
 
 
-def test_a_fully_accepted_learned_round_reports_whether_one_more_draft_would_hold(
+def test_a_learned_round_reports_whether_one_more_draft_would_hold(
         pair: tuple[Path, Path]) -> None:
     """A learned round of depth ``D`` runs the draft once more to cache its last draft's
     KV; that step's proposal is the ``(D + 1)``-th draft a wider round from the same
-    context would draft. Where all ``D`` drafts were accepted, the round reports whether
-    it would have held at the bonus row (``SpeculativeLane.beyond``): the target as its
-    own draft always holds (greedy 1; sampled ``sum min(p, p)`` = 1). A round that
-    rejected a draft reports none (-1), as the small random draft's does here; where it
-    accepts, its ``D = 1`` verdict must agree with a ``D = 3`` round from the same
-    context."""
+    context would draft. A lane that verified all ``D`` drafts reports whether it would
+    have held at the target's row ``D`` (``SpeculativeLane.beyond``): the target as its
+    own draft always holds (greedy 1; sampled ``sum min(p, p)`` = 1). The small random
+    draft's lane reports a value too, whatever it accepted (the planner multiplies it by
+    the prefix's survival, so observing depth ``D + 1`` never depends on the outcome);
+    where it accepted, its ``D = 1`` verdict must agree with a ``D = 3`` round from the
+    same context. A lane whose ceiling cut its drafts verified no row ``D``: -1."""
     for shape in (NARROW, WIDE):
         assert _round_beyond(pair, shape, draft=pair[0]) == (1.0, shape.proposal_depth,
                                                              shape.proposal_depth)
@@ -342,8 +344,12 @@ def test_a_fully_accepted_learned_round_reports_whether_one_more_draft_would_hol
             sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=4))
         assert accepted == depth and sampled == pytest.approx(1.0, abs=1e-5)
     beyond, accepted, depth = _round_beyond(pair, NARROW)
-    if accepted < depth:
-        assert beyond == -1.0
-    else:
+    assert beyond in (0.0, 1.0)
+    if accepted == depth:
         wide = _round_beyond(pair, WIDE)
         assert beyond == float(wide[1] >= 2)
+    sampled, _, _ = _round_beyond(pair, WIDE,
+                                  sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=4))
+    assert 0.0 <= sampled <= 1.0
+    cut, _, verified = _round_beyond(pair, WIDE, draft=pair[0], ceiling=2)
+    assert (cut, verified) == (-1.0, 1)

@@ -63,6 +63,23 @@ def test_adaptive_options_reach_only_the_adaptive_runtimes(tmp_path: Path) -> No
     assert configs["copy:d2"].draft_depth == 2 and configs["copy:d2"].speculation == "fixed"
 
 
+def test_adaptive_policies_run_each_adaptive_mode_under_each_preset(tmp_path: Path) -> None:
+    """``--adaptive-policies balanced,throughput``: adaptive runs once per preset, in the
+    same run as the fixed depths, which keep the command's ``--scheduler-policy``."""
+    args = _args("--depths", "2", "--sources", "draft",
+                 "--adaptive-policies", "balanced,throughput")
+    configs = {m.label(): bench_speculation.runtime_config(m, args, tmp_path, tmp_path)
+               for m in bench_speculation.modes_of(args)}
+    assert list(configs) == ["off", "draft:d2", "draft:adaptive<=d2,balanced",
+                             "draft:adaptive<=d2,throughput"]
+    assert {label: c.scheduler_policy for label, c in configs.items()} == {
+        "off": "balanced", "draft:d2": "balanced",
+        "draft:adaptive<=d2,balanced": "balanced",
+        "draft:adaptive<=d2,throughput": "throughput"}
+    with pytest.raises(SystemExit):
+        _args("--adaptive-policies", "balanced,fastest")
+
+
 def test_mixed_prefill_reaches_every_mode(tmp_path: Path) -> None:
     """``--mixed-prefill`` loads mixed programs in every mode (so speculative modes plan
     speculative mixed rows, MIX-43); without it none does."""
@@ -93,6 +110,8 @@ def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
         # greedy, ignore_eos: every measured request delivers all its tokens
         assert row["tokens"] == 6 * 2 * row["streams"], row
         assert row["tokens_per_s"] > 0 and row["mean_itl_ms"] > 0 and row["seconds"] > 0
+        # one token per burst at most as often as one burst per token: gap >= ITL
+        assert row["mean_gap_ms"] >= row["mean_itl_ms"] > 0
         assert 0.0 <= row["acceptance"] <= 1.0
         # Off runs no speculative program; fixed runs nothing but (SPEC-5 modes).
         if row["mode"] == "off":
@@ -106,8 +125,8 @@ def test_render_puts_loads_side_by_side() -> None:
             for n in (1, 8)]
     lines = bench_speculation.render(rows).splitlines()
     assert "1 stream tok/s" in lines[0] and "8 stream tok/s" in lines[0]
-    assert lines[2].split() == ["off", "10.0", "5.00", "0.00", "0.00",
-                                "80.0", "5.00", "0.00", "0.00"]
+    assert lines[2].split() == ["off", "10.0", "5.00", "0.00", "0.00", "0.00",
+                                "80.0", "5.00", "0.00", "0.00", "0.00"]
     assert lines[3].split()[0] == "copy:d1"
 
 
