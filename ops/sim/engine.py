@@ -40,7 +40,12 @@ Options: ``output_limit`` is the ``max_tokens`` a request is admitted with (at l
 target; 0 admits exactly the target, so requests end by length, not EOS);
 ``warm_estimates`` preloads each shape's mean into the policy's duration estimates at
 time 0 (what a server knows after warm-up; off: the seed's scheduler discovers every
-shape online).
+shape online); ``draft_counterfactuals`` gives the seed's ``SpeculativeScheduler`` the
+learned draft's counterfactual observations that ``flare run`` reports
+(``actors.planner``, ``docs/speculative-selection.md``): a width-one step at output
+position ``p`` observes whether a depth-one round would have accepted (``u_p < a``),
+and a round of ``D`` drafts also observes depth ``D + 1`` (held when the run from ``p``
+reaches ``D + 1``), whatever it accepted.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ from ops.sim.costs import CostTable
 from ops.sim.workloads import DEFAULT_ACCEPTANCE
 from policy.baselines.protocol import ClientTagged, Planner
 from policy.descriptors import ExecutionTiming, GraphKind, TargetBinding
+from policy.rounds import SpeculationMode
+from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CompletionRecord,
     Fence,
@@ -89,12 +96,16 @@ class SimOptions:
     seed: int = 0
     horizon_s: float | None = None
     """Stop at this simulated time; unfinished requests are reported as cancelled."""
+    draft_counterfactuals: bool = False
+    """Learned-draft counterfactual observations for a ``SpeculativeScheduler`` (module
+    docstring); off: real rounds only (the seed's ACC-9)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"max_resident": self.max_resident, "max_queue": self.max_queue,
                 "dispatch_ns": self.dispatch_ns, "output_limit": self.output_limit,
                 "noise": self.noise, "warm_estimates": self.warm_estimates,
-                "seed": self.seed, "horizon_s": self.horizon_s}
+                "seed": self.seed, "horizon_s": self.horizon_s,
+                "draft_counterfactuals": self.draft_counterfactuals}
 
 
 @dataclass(slots=True)
@@ -193,6 +204,10 @@ class _Simulation:
         self.finishing = 0
         """Requests that finished output and were not released yet."""
         self.speculation = {"rounds": 0, "lanes": 0, "drafted": 0, "accepted": 0}
+        self.counterfactuals = planner if options.draft_counterfactuals and isinstance(
+            planner, SpeculativeScheduler) and planner.mode is SpeculationMode.ADAPTIVE \
+            else None
+        """The planner, when it takes learned counterfactual observations."""
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -299,20 +314,41 @@ class _Simulation:
         by_handle = self.by_handle
         records = []
         terminal = False
+        counterfactual = self.counterfactuals
+        rounds: dict[RequestHandle, tuple[int, int]] = {}
+        """Lanes of a round: (output position it started at, drafts)."""
+        width_one: list[tuple[RequestHandle, int]] = []
+        """Lanes of a width-one step (a decode, a ``W = 1`` round): their positions."""
         for lane in f.plan.lanes:
             q = by_handle[lane.handle]
             if lane.role is LaneRole.TERMINAL or lane.token_ceiling == 0:
                 terminal = terminal or lane.role is LaneRole.TERMINAL
                 records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
                                                 prompt_tokens=lane.prompt_tokens))
-            else:
-                records.append(self._lane_record(q, lane.handle, lane.epoch,
-                                                 lane.prompt_tokens, lane.token_ceiling))
+                continue
+            if counterfactual is not None and lane.role is LaneRole.DECODE:
+                if lane.token_ceiling > 1:
+                    rounds[lane.handle] = (q.produced, lane.token_ceiling - 1)
+                else:
+                    width_one.append((lane.handle, q.produced))
+            records.append(self._lane_record(q, lane.handle, lane.epoch,
+                                             lane.prompt_tokens, lane.token_ceiling))
         timing = ExecutionTiming(device_intervals_ns=(f.end_ns - f.start_ns,),
                                  wall_ns=f.end_ns - f.commit_ns)
         now, now_s = self.now, self.now / NS_PER_S
         published = self.p.published_output
-        for token in self.p.complete(f.fence, records, timing):
+        if counterfactual is not None and rounds:
+            survival, offered = self._one_depth_more(rounds)
+            tokens = counterfactual.complete_with_survival(f.fence, records, timing,
+                                                           survival, offered)
+        else:
+            tokens = self.p.complete(f.fence, records, timing)
+        if counterfactual is not None and not rounds:  # a round's own lanes report none
+            for h, position in width_one:
+                counterfactual.observe_counterfactual(
+                    h, offered=1, accepted=int(self._run(by_handle[h], position) >= 1),
+                    terminated=False)
+        for token in tokens:
             q = by_handle[token.handle]
             if token.token_ids:
                 q.chunk_times_s.append(now_s)
@@ -355,12 +391,31 @@ class _Simulation:
 
     def _accepted(self, q: _Req, drafts: int) -> int:
         """The accepted prefix of ``drafts`` drafts from output position ``q.produced``."""
+        return min(self._run(q, q.produced, drafts), drafts)
+
+    def _run(self, q: _Req, position: int, ahead: int = 1) -> int:
+        """How many consecutive drafts from output ``position`` on would be accepted
+        (draws for at least ``ahead`` more positions are made)."""
         runs = q.accept_runs
-        if runs is None or q.produced + drafts >= len(runs):
+        if runs is None or position + ahead >= len(runs):
             runs = q.accept_runs = acceptance_runs(
                 self.o.seed, q.plan.index, q.plan.acceptance,
-                max(q.plan.output_tokens, q.produced) + drafts + 16)
-        return min(int(runs[q.produced]), drafts)
+                max(q.plan.output_tokens, position) + ahead + 16)
+        return int(runs[position])
+
+    def _one_depth_more(self, rounds: dict[RequestHandle, tuple[int, int]]
+                        ) -> tuple[dict[RequestHandle, tuple[float, ...]],
+                                   dict[RequestHandle, int]]:
+        """Each round lane offered one draft more than it verified, the extra depth held
+        when the run from its start reaches it (``Planner._extend_by_beyond``)."""
+        survival: dict[RequestHandle, tuple[float, ...]] = {}
+        offered: dict[RequestHandle, int] = {}
+        for h, (position, drafts) in rounds.items():
+            run = self._run(self.by_handle[h], position, drafts + 1)
+            held = min(run, drafts + 1)
+            survival[h] = (1.0,) * held + (0.0,) * (drafts + 1 - held)
+            offered[h] = drafts + 1
+        return survival, offered
 
     def _record(self, q: _Req) -> RequestRecord:
         arrival = q.arrival_ns / NS_PER_S

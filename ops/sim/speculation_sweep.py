@@ -7,13 +7,13 @@ percent. This module runs the same policies on ``ops.sim``: the program duration
 from a measured ``flare bench programs --json`` table (each shape's median), the
 acceptance of each drafted token is a per-request rate drawn with common random
 numbers (``ops.sim.engine``: every mode sees the same draws for the same request), and
-everything else is the real policy code. The result is deterministic, so a difference
-between modes is the policy's, not the machine's. What it leaves out: host time
-(planning runs in zero simulated time), the draft model's own acceptance structure
-(real acceptance varies within a request; here it is independent per position, which
-gives adaptive nothing to exploit beyond each request's rate), and flare's learned
-counterfactual observations (the simulator reports real rounds only, the seed's
-ACC-9).
+everything else is the real policy code, with the learned draft's counterfactual
+observations as ``flare run`` makes them (``SimOptions.draft_counterfactuals``). The
+result is deterministic, so a difference between modes is the policy's, not the
+machine's. What it leaves out: host time (planning runs in zero simulated time; the
+bench's ``--simulate-host-ms`` adds a fixed time per frame) and the draft model's own
+acceptance structure (real acceptance varies within a request; here it is independent
+per position, which gives adaptive nothing to exploit beyond each request's rate).
 
 A load is ``streams`` concurrent streams: every request arrives at time zero and at
 most ``streams`` are resident (first come, first served), so a finished request's row
@@ -65,6 +65,9 @@ class SweepLoad:
     acceptance: float
     acceptance_spread: float = 0.1
     seed: int = 0
+    draft_counterfactuals: bool = True
+    """Adaptive modes observe the learned draft's counterfactuals, as ``flare run``
+    does for the learned source by default (``SimOptions.draft_counterfactuals``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +120,8 @@ def simulate_mode(mode: SweepMode, load: SweepLoad, *, catalogs: dict[int, Catal
                                        output_tokens=load.output_tokens),
                     acceptance=load.acceptance, acceptance_spread=load.acceptance_spread)
     requests = [replace(r, arrival_s=0.0) for r in build_workload(spec)]
-    options = SimOptions(max_resident=load.streams, output_limit=0, seed=load.seed)
+    options = SimOptions(max_resident=load.streams, output_limit=0, seed=load.seed,
+                         draft_counterfactuals=load.draft_counterfactuals)
     result = simulate(_planner(mode, mode_catalog(mode, catalogs)), requests, costs, options)
     measured = [r for r in result.records if r.index >= warm]
     start = min(r.chunk_times_s[0] for r in measured)

@@ -173,3 +173,61 @@ def test_speculative_policies_finish_every_request(policy: str) -> None:
     assert result.speculation["drafted"] > 0 and result.speculation["accepted"] > 0
     code = [r for r in result.records if r.client == "code"]
     assert any(max(r.chunk_tokens) > 1 for r in code)
+
+
+class _Recorder:
+    """Wraps a ``SpeculativeScheduler``: records the offered depths it completes rounds
+    with and the counterfactual depth-one observations it takes."""
+
+    def __init__(self, scheduler: object) -> None:
+        self.offered: list[tuple[int, int]] = []
+        """(offered depths, the lane's drafts) per round lane."""
+        self.width_one: list[tuple[int, int]] = []
+        complete, observe = scheduler.complete_with_survival, scheduler.observe_counterfactual
+        commit = scheduler.commit
+        plans = {}
+
+        def record_commit(plan, fence):  # type: ignore[no-untyped-def]
+            plans[fence] = plan
+            return commit(plan, fence)
+
+        def complete_with_survival(fence, records, timing, survival, offered=None):  # type: ignore[no-untyped-def]
+            ceilings = {lane.handle: lane.token_ceiling for lane in plans[fence].lanes}
+            for h, n in (offered or {}).items():
+                self.offered.append((n, ceilings[h] - 1))
+                assert len(survival[h]) == n
+            return complete(fence, records, timing, survival, offered)
+
+        scheduler.commit = record_commit  # type: ignore[attr-defined]
+
+        def observe_counterfactual(handle, *, offered, accepted, terminated, survival=None):  # type: ignore[no-untyped-def]
+            self.width_one.append((offered, accepted))
+            return observe(handle, offered=offered, accepted=accepted,
+                           terminated=terminated, survival=survival)
+
+        scheduler.complete_with_survival = complete_with_survival  # type: ignore[attr-defined]
+        scheduler.observe_counterfactual = observe_counterfactual  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_draft_counterfactuals_observe_one_depth_more_and_width_one_steps(
+        enabled: bool) -> None:
+    """``SimOptions.draft_counterfactuals``: as ``flare run`` does for the learned draft,
+    adaptive rounds of ``D`` drafts complete as ``D + 1`` offered depths and width-one
+    steps observe a depth-one round; off (the seed's ACC-9), rounds offer their ``D``
+    and width-one steps observe nothing. Fixed-width mode never learns this way."""
+    # a request whose drafts hold runs rounds; one whose drafts fail runs W = 1 steps
+    requests = [request(40, 0.9, index=0), request(60, 0.05, index=1)]
+    adaptive = make_policy("spec-adaptive", catalog=CATALOG)
+    seen = _Recorder(adaptive)
+    simulate(adaptive, requests, COSTS, SimOptions(draft_counterfactuals=enabled,
+                                                   max_resident=1))
+    if enabled:
+        assert seen.offered and all(n == drafts + 1 for n, drafts in seen.offered)
+        assert seen.width_one and {o for o, _ in seen.width_one} == {1}
+    else:
+        assert not seen.offered and not seen.width_one
+    fixed = make_policy("spec-fixed", catalog=CATALOG)
+    fixed_seen = _Recorder(fixed)
+    simulate(fixed, requests, COSTS, SimOptions(draft_counterfactuals=True, max_resident=1))
+    assert not fixed_seen.offered and not fixed_seen.width_one
