@@ -45,6 +45,7 @@ import itertools
 import json
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -190,23 +191,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    sim = parser.add_argument_group(
-        "simulated device (ops/sim/speculation_sweep.py): the same modes and loads on "
-        "measured program durations, deterministic, no model run")
-    sim.add_argument("--simulate", type=Path, default=None, metavar="PROGRAMS_JSON",
-                     help="flare bench programs --json of the speculative load (--speculation "
-                          "draft --draft-depth <largest depth>, same --max-batch and "
-                          "--mixed-prefill): simulate instead of running the model")
-    sim.add_argument("--simulate-off", type=Path, default=None, metavar="PROGRAMS_JSON",
-                     help="flare bench programs --json without speculation, for the 'off' "
-                          "row (omitted without it)")
-    sim.add_argument("--simulate-host-ms", type=float, default=0.0,
-                     help="host time added to every simulated frame (on the 2-vCPU CPU "
-                          "backend the server's planning and publishing share the core "
-                          "with the model: about 2-3 ms per frame; default 0)")
-    sim.add_argument("--simulate-acceptance", type=float, default=0.8,
-                     help="per-token draft acceptance of each simulated request, spread "
-                          "by +-0.1 (default 0.8); --repeats N draws N acceptance seeds")
+    from ops.bench_speculation_sim import add_simulation_arguments
+
+    add_simulation_arguments(parser)
 
 
 def _presets(text: str) -> tuple[str, ...]:
@@ -492,8 +479,16 @@ def main(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     if args.backend == "cpu":
         torch.set_num_threads(args.threads)
-    rows = (simulated_rows(args) if getattr(args, "simulate", None) is not None
-            else measured_rows(args))
+    if getattr(args, "simulate", None) is not None:
+        from ops.bench_speculation_sim import SimulationInputError, simulated_rows
+
+        try:
+            rows = simulated_rows(args)
+        except SimulationInputError as exc:
+            print(f"flare bench speculation: {exc}", file=sys.stderr)
+            return 2
+    else:
+        rows = measured_rows(args)
     summary = median_rows(rows)
     if args.json:
         print(json.dumps([asdict(r) for r in summary], sort_keys=True))
@@ -520,59 +515,6 @@ def measured_rows(args: argparse.Namespace) -> list[Row]:
             for mode in modes_of(args):
                 rows += [replace(r, repeat=repeat)
                          for r in trio.run(bench_mode, mode, args, target, draft)]
-    return rows
-
-
-def simulated_modes(args: argparse.Namespace) -> list[Mode]:
-    """``--simulate``'s modes: ``off`` (with ``--simulate-off``), each fixed depth and
-    adaptive per preset, under the source label ``sim``."""
-    depths = [int(d) for d in args.depths.split(",") if d]
-    presets: list[str | None] = list(args.adaptive_policies) or [None]
-    modes = [Mode("off", "-", 0)] if args.simulate_off is not None else []
-    modes += [Mode("fixed", "sim", d) for d in depths]
-    return modes + [Mode("adaptive", "sim", max(depths), policy=p) for p in presets]
-
-
-def simulated_rows(args: argparse.Namespace) -> list[Row]:
-    """``--simulate``: every mode and load on the simulated device; repeat ``r`` draws
-    the acceptance with seed ``r``."""
-    from ops.sim.costs import load_bench_programs
-    from ops.sim.speculation_sweep import (
-        SweepLoad,
-        SweepMode,
-        mode_catalog,
-        simulate_mode,
-        sweep_catalogs,
-    )
-
-    depths = [int(d) for d in args.depths.split(",") if d]
-    catalogs = sweep_catalogs(max_batch=args.max_batch, mixed_prefill=args.mixed_prefill,
-                              depths=depths)
-    modes = {m: SweepMode(m.speculation, m.depth, m.policy or args.scheduler_policy)
-             for m in simulated_modes(args)}
-    speculative = {s for m in modes.values() if m.speculation != "off"
-                   for s in mode_catalog(m, catalogs)}
-    host_ns = round(args.simulate_host_ms * 1e6)
-    costs = load_bench_programs(args.simulate, speculative).plus(host_ns)
-    # a learned load's decode also runs the draft: "off" has its own table
-    off_costs = (load_bench_programs(args.simulate_off, catalogs[0].ordinary).plus(host_ns)
-                 if args.simulate_off is not None else costs)
-    rows = []
-    for repeat in range(max(args.repeats, 1)):
-        for mode, sweep in modes.items():
-            for streams in (int(n) for n in args.loads.split(",") if n):
-                load = SweepLoad(streams=streams, requests_per_stream=args.requests_per_stream,
-                                 warm_up_requests=args.warm_up_requests,
-                                 prompt_tokens=args.prompt_tokens,
-                                 output_tokens=args.max_tokens,
-                                 acceptance=args.simulate_acceptance, seed=repeat)
-                f = simulate_mode(sweep, load, catalogs=catalogs,
-                                  costs=off_costs if sweep.speculation == "off" else costs)
-                rows.append(Row(mode.label(), streams, f.tokens, f.seconds,
-                                f.tokens / f.seconds if f.seconds > 0 else 0.0,
-                                f.mean_itl_ms, acceptance=f.acceptance,
-                                speculative_share=f.speculative_share,
-                                mean_gap_ms=f.mean_gap_ms, repeat=repeat))
     return rows
 
 

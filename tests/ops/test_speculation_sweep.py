@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import bench_speculation
+from ops import bench_speculation, bench_speculation_sim
 from ops.sim.costs import load_bench_programs
 from ops.sim.speculation_sweep import (
     SweepFigures,
@@ -126,17 +126,29 @@ def test_bench_simulate_needs_an_off_table_for_the_off_row(tmp_path: Path) -> No
     own table (``--simulate-off``) and left out without one; a table that misses a
     served shape is refused by name."""
     args = _args("--simulate", str(PROGRAMS), "--depths", "2")
-    assert [m.label() for m in bench_speculation.simulated_modes(args)] == [
+    assert [m.label() for m in bench_speculation_sim.simulated_modes(args)] == [
         "sim:d2", "sim:adaptive<=d2"]
     with_off = _args("--simulate", str(PROGRAMS), "--simulate-off", str(PROGRAMS),
                      "--depths", "2")
-    assert bench_speculation.simulated_modes(with_off)[0].label() == "off"
+    assert bench_speculation_sim.simulated_modes(with_off)[0].label() == "off"
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"results": [
         {"shape": "decode[B=1]", "median_device_ms": 9.0}]}))
-    from ops.sim.costs import CostTableError
-    with pytest.raises(CostTableError, match="no timing"):
-        bench_speculation.simulated_rows(_args("--simulate", str(partial), "--depths", "2"))
+    with pytest.raises(bench_speculation_sim.SimulationInputError, match="no timing"):
+        bench_speculation_sim.simulated_rows(
+            _args("--simulate", str(partial), "--depths", "2"))
+
+
+def test_bench_simulate_refuses_bad_input_with_a_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing table is an error message and exit status 2, not a traceback; an
+    acceptance outside [0, 1] or a negative host time is refused by the parser."""
+    code = bench_speculation.main(_args("--simulate", str(tmp_path / "missing.json")))
+    assert code == 2 and "missing.json" in capsys.readouterr().err
+    for flag, value in (("--simulate-acceptance", "1.5"), ("--simulate-host-ms", "-1"),
+                        ("--simulate-acceptance", "nan")):
+        with pytest.raises(SystemExit):
+            _args("--simulate", str(PROGRAMS), flag, value)
 
 
 def test_host_time_lengthens_every_simulated_frame() -> None:
