@@ -78,7 +78,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "_missing", False):
         parser.error(f"'{args.command}' is not available in this build")
     module = importlib.import_module(args._module)
-    return int(module.main(args) or 0)
+    try:
+        return int(module.main(args) or 0)
+    except BaseException as exc:
+        unavailable = _backend_unavailable(exc)
+        if unavailable is None:
+            raise
+        # e.g. --backend cuda on a machine without a GPU: a message, not a traceback
+        print(f"flare: {unavailable}", file=sys.stderr)
+        return 2
+
+
+def _backend_unavailable(exc: BaseException) -> BaseException | None:
+    """The ``gpu.backend.BackendUnavailable`` behind ``exc``, also inside the exception
+    groups trio's nurseries raise; None when there is none."""
+    from gpu.backend import BackendUnavailable
+
+    if isinstance(exc, BackendUnavailable):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _backend_unavailable(inner)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

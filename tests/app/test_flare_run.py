@@ -224,3 +224,32 @@ def test_cli_imports_only_the_selected_command(monkeypatch: pytest.MonkeyPatch) 
     assert exit_info.value.code == 0
     missing = cli.build_parser(["broken"]).parse_args(["broken"])
     assert missing._missing is True
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_unavailable_backend_is_a_message_not_a_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        nested: bool) -> None:
+    """``--backend cuda`` on a machine without a GPU: every command says why and exits 2,
+    also when the error surfaces from inside a trio nursery (an exception group)."""
+    from gpu.backend import BackendUnavailable
+    from ops import bench_speculation
+
+    def fail(args: object) -> int:
+        error = BackendUnavailable("cuda: no CUDA device (for this test)")
+        raise ExceptionGroup("nursery", [ValueError("other"), error]) if nested else error
+
+    monkeypatch.setattr(bench_speculation, "main", fail)
+    assert cli.main(["bench", "speculation", "--backend", "cuda"]) == 2
+    assert capsys.readouterr().err.strip() == "flare: cuda: no CUDA device (for this test)"
+
+
+def test_other_errors_still_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ops import bench_speculation
+
+    def fail(args: object) -> int:
+        raise ExceptionGroup("nursery", [ValueError("a bug")])
+
+    monkeypatch.setattr(bench_speculation, "main", fail)
+    with pytest.raises(ExceptionGroup):
+        cli.main(["bench", "speculation"])
