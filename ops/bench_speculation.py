@@ -34,8 +34,9 @@ the modes N times, interleaved, and prints each cell's median.
 tokens per frame, the share of frames launched only after the previous frame was
 observed (the window ran empty) with the mean gap, device-busy share of the load's
 span, ``plan()`` calls per frame with mean wall and thread-CPU time per call, and the
-programs run with each one's median device interval. These separate host cost
-(planning, empty windows) from the choices.
+programs run with each one's median device interval and the scheduler's duration
+estimate for it at the end of the load. These separate host cost (planning, empty
+windows) from the choices, and show where estimates lag the machine's speed.
 """
 
 from __future__ import annotations
@@ -440,9 +441,18 @@ def diagnose(rt: Runtime, before: RuntimeStatistics, after: RuntimeStatistics, r
     device_ms: dict[str, list[float]] = {}
     for f in frames:
         device_ms.setdefault(f.graph, []).append(f.device_ns / 1e6)
-    mix = ", ".join(
-        f"{n} {g} ({statistics.median(device_ms[g]):.1f} ms)" if g in device_ms else f"{n} {g}"
-        for g, n in sorted(ran.items(), key=lambda x: -x[1]) if n)
+    # the scheduler's duration estimate at the end of the load, beside what the program
+    # took during it: on a machine whose speed drifts the two part ways
+    estimates = {shape.label(): ns / 1e6
+                 for shape, ns in rt.scheduler.estimates.measured().items()}
+
+    def program(g: str, n: int) -> str:
+        if g not in device_ms:
+            return f"{n} {g}"
+        est = f", est {estimates[g]:.1f}" if g in estimates else ""
+        return f"{n} {g} ({statistics.median(device_ms[g]):.1f} ms{est})"
+
+    mix = ", ".join(program(g, n) for g, n in sorted(ran.items(), key=lambda x: -x[1]) if n)
     return (f"frames {frames_run}, {row.tokens / max(frames_run, 1):.2f} tok/frame; "
             f"window empty at {len(empty)}/{len(gaps)} launches (mean gap "
             f"{statistics.fmean(empty) / 1e6 if empty else 0.0:.2f} ms); device busy "

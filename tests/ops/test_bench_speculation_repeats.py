@@ -18,12 +18,13 @@ def test_median_rows_one_row_per_mode_and_load_with_each_figures_median() -> Non
 
 def test_diagnose_reports_each_programs_median_device_interval() -> None:
     """``--diagnose``: per load, the programs run with their median device interval
-    (from the frame log) beside the host figures."""
+    (from the frame log) and the scheduler's estimate, beside the host figures."""
     from types import SimpleNamespace
 
     from actors.planner import FrameRecord
     from actors.public import RuntimeStatistics
     from ops.bench_speculation import PlanTimer, diagnose
+    from policy.descriptors import GraphKind, GraphShape
     from policy.types import Fence
 
     def stats(runs: tuple[tuple[str, int], ...]) -> RuntimeStatistics:
@@ -33,12 +34,18 @@ def test_diagnose_reports_each_programs_median_device_interval() -> None:
             executions_by_kind=(), execution_ns_by_kind=(), executions_by_graph=runs)
 
     ms = 1_000_000
+    shape_a = GraphShape(kind=GraphKind.DECODE, batch_capacity=1, token_capacity=1)
+    a = shape_a.label()
     frames = [FrameRecord(fence=Fence(i), graph=g, lanes=1, launched_ns=10 * i * ms,
                           observed_ns=(10 * i + 9) * ms, device_ns=d * ms)
-              for i, (g, d) in enumerate([("a", 8), ("a", 6), ("b", 2), ("a", 7)])]
-    rt = SimpleNamespace(frame_log=lambda: tuple(frames))
+              for i, (g, d) in enumerate([(a, 8), (a, 6), ("b", 2), (a, 7)])]
+    estimates = SimpleNamespace(measured=lambda: {shape_a: 9 * ms})
+    rt = SimpleNamespace(frame_log=lambda: tuple(frames),
+                         scheduler=SimpleNamespace(estimates=estimates))
     timer = PlanTimer(lambda: None)
-    text = diagnose(rt, stats(()), stats((("a", 3), ("b", 1))),  # type: ignore[arg-type]
+    text = diagnose(rt, stats(()),  # type: ignore[arg-type]
+                    stats(((a, 3), ("b", 1))),
                     Row("off", 1, 8, 1.0, 8.0, 1.0), timer)
     assert "frames 4, 2.00 tok/frame" in text
-    assert "programs: 3 a (7.0 ms), 1 b (2.0 ms)" in text
+    # with the scheduler's estimate where it has one
+    assert "programs: 3 decode[B=1] (7.0 ms, est 9.0), 1 b (2.0 ms)" in text
