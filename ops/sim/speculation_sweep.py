@@ -35,12 +35,9 @@ from ops.sim.catalogs import Catalogs, build_catalogs
 from ops.sim.costs import CostTable
 from ops.sim.engine import SimOptions, simulate
 from ops.sim.workloads import build_workload, scenario
-from policy.baselines import Planner
+from policy.baselines import Planner, make_policy
 from policy.config import policy_preset
 from policy.descriptors import GraphShape
-from policy.rounds import SpeculationMode
-from policy.scheduler import Scheduler
-from policy.speculative_scheduler import SpeculativeScheduler
 
 __all__ = ["SweepFigures", "SweepLoad", "SweepMode", "mode_catalog", "simulate_mode",
            "sweep_catalogs"]
@@ -101,12 +98,11 @@ def mode_catalog(mode: SweepMode, catalogs: dict[int, Catalogs]) -> tuple[GraphS
 
 
 def _planner(mode: SweepMode, shapes: tuple[GraphShape, ...]) -> Planner:
-    config = policy_preset(mode.policy)
+    """The seed's scheduler as ``flare run`` builds it for ``mode`` (``make_policy``)."""
     if mode.speculation == "off":
-        return Scheduler(config, shapes)
-    adaptive = mode.speculation == "adaptive"
-    return SpeculativeScheduler(
-        config, shapes, mode=SpeculationMode.ADAPTIVE if adaptive else SpeculationMode.FIXED)
+        return make_policy(mode.policy, catalog=shapes)
+    name = "spec-adaptive" if mode.speculation == "adaptive" else "spec-fixed"
+    return make_policy(name, policy_preset(mode.policy), catalog=shapes)
 
 
 def simulate_mode(mode: SweepMode, load: SweepLoad, *, catalogs: dict[int, Catalogs],

@@ -3,7 +3,7 @@ the ``SpeculativeScheduler`` (seed: *Mixed execution contract*)."""
 
 from __future__ import annotations
 
-from test_speculative_scheduler import stale_except
+from test_speculative_scheduler import funded_refresh, stale_except
 from test_speculative_window import DECODE4, MS, PREFILL64, spec
 
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
@@ -167,11 +167,7 @@ def test_ref_8_a_stale_wider_mixed_program_is_the_funded_refresh_choice() -> Non
     stale_except(s, stale_shape)
     decoders(s, 3)
     s.admit(prompt_len=40, max_output_tokens=50)
-    plan = s.plan()
-    assert plan is not None and plan.reason is SelectionReason.ORDINARY
-    assert plan.shape != stale_shape
-    s.refresh_ledger.earn(2_495 * MS)
-    plan = s.plan()
-    assert plan is not None and plan.reason is SelectionReason.TIMING_REFRESH
+    plan = funded_refresh(s, stale_shape)
+    assert plan.reason is SelectionReason.TIMING_REFRESH
     assert plan.shape == stale_shape and plan.requires_empty_window
     assert plan.step.mixed == MixedRole(prefill_row=0, decode_mode=DecodeMode.SPECULATIVE)

@@ -15,6 +15,7 @@ from policy.types import (
     LaneRole,
     Phase,
     RequestHandle,
+    ScheduledPlan,
     SelectionReason,
 )
 
@@ -64,6 +65,18 @@ def stale_except(s: SpeculativeScheduler, stale_shape: GraphShape) -> None:
     for shape in s.catalog:
         if shape != stale_shape:
             s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
+
+
+def funded_refresh(s: SpeculativeScheduler, stale_shape: GraphShape) -> ScheduledPlan:
+    """The plan with full refresh credit, after checking that the ordinary plan before
+    it does not run ``stale_shape`` (REF-8)."""
+    plan = s.plan()
+    assert plan is not None and plan.reason is SelectionReason.ORDINARY
+    assert plan.shape != stale_shape
+    s.refresh_ledger.earn(2_495 * MS)
+    plan = s.plan()
+    assert plan is not None
+    return plan
 
 
 def timing(ms: int) -> ExecutionTiming:
@@ -217,12 +230,8 @@ def test_ref_13_funded_refresh_runs_one_complete_speculative_round() -> None:
     stale_shape = spec(2)
     stale_except(s, stale_shape)
     decoders(s, means=(0.02, 0.01, 0.0))
-    plan = s.plan()
-    assert plan is not None and plan.reason is SelectionReason.ORDINARY
-    assert plan.shape != stale_shape
-    s.refresh_ledger.earn(2_495 * MS)
-    plan = s.plan()
-    assert plan is not None and plan.reason is SelectionReason.TIMING_REFRESH
+    plan = funded_refresh(s, stale_shape)
+    assert plan.reason is SelectionReason.TIMING_REFRESH
     assert plan.shape == stale_shape and plan.requires_empty_window
     s.commit(plan, Fence(1))
     records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(5,))
