@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck bench clean
+.PHONY: serve test test-cuda lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,11 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# On a machine with a CUDA device: the cuda-marked tests, then every program timed on it.
+test-cuda: $(STAMP)
+	$(BIN)/python -m pytest -q -m cuda tests
+	$(BIN)/flare bench programs --backend cuda
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -25,12 +25,12 @@ DEFAULT_DRAFT_DEPTH = 4
 """Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
 DEFAULT_DRAFT_CATCH_UP = 0
 """Most missed positions a learned round re-feeds a lagging draft (``--draft-catch-up``);
-0, the default, keeps the seed's maintained draft context (docs/benchmarks-speculation.md,
-*Session 5*: with a lagging draft, adaptive selection at one stream decodes from the
+0, the default, keeps the seed's maintained draft context (docs/speculative-programs.md:
+with a lagging draft, adaptive selection at one stream decodes from the
 start and never learns acceptance, because a round then looks 1.7x dearer than a decode
 against the 0.5^d prior and the 1 % probe ledger funds no probe within a request)."""
 FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, 8))
-"""Baselines that run every decode batch as a speculative round at depth K (issue 7)."""
+"""Baselines that run every decode batch as a speculative round at depth K."""
 SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
 
 
@@ -100,8 +100,8 @@ class RuntimeConfig:
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and
     publication overlap execution). False runs the forward op by op (A/B benchmarks)."""
     scheduler_policy: str = "balanced"
-    """The seed's presets, or a baseline policy on the same prepared programs (issue 7;
-    ``fixed-spec-K`` needs a speculative load of draft depth at least K)."""
+    """The seed's presets, or a baseline policy on the same prepared programs
+    (``fixed-spec-K`` needs a speculative load of draft depth at least K)."""
     scheduler_terminal_value: float | None = None
     scheduler_terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None

@@ -6,7 +6,7 @@ six actors, the real scheduler, the real model on the chosen backend) and prints
 the measured window, the device-busy fraction (sum of program execution intervals /
 wall time) and the host gap between consecutive frames (the time from observing one
 frame's completion to launching the next; zero when the next was already queued),
-p50 and p99. The target (issue 4) is a busy fraction of at least 0.95.
+p50 and p99. The target is a busy fraction of at least 0.95.
 
 On the CPU backend it also prints the stream worker thread's CPU time over the wall
 of the measured load: the share of the wall the "device" actually computed. The

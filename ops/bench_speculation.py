@@ -1,4 +1,4 @@
-"""``flare bench speculation``: speculative decoding modes side by side (issue 6).
+"""``flare bench speculation``: speculative decoding modes side by side.
 
 Opens the whole runtime (``open_runtime``: the actors, the real scheduler, the real
 model on the chosen backend) once per mode -- no speculation, each fixed proposal depth,

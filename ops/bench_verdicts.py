@@ -1,4 +1,4 @@
-"""The issue's speculation target, read from ``flare bench speculation`` rows (issue 6).
+"""The speculation target, read from ``flare bench speculation`` rows.
 
 Target: adaptive is at least as good as the best fixed choice (``off`` included) at
 every load, and strictly better than ``off`` at one stream.

@@ -4,7 +4,7 @@ This module owns the cost catalog the scheduler ranks candidates with (seed ``co
 It never reads a clock: every call that depends on time takes ``now_ns``.
 
 Rules implemented here (DUR-1..19, CAT-8; OPEN-10, OPEN-11 as decided in
-``seed-requirements.md``):
+``docs/design/requirements.md``):
 
 - The identity of an entry is the whole ``GraphShape``: kind, batch capacity, token
   capacity, proposal depth, mixed prefill capacity, packed capacity (and the shape's

@@ -1,4 +1,4 @@
-"""Glue between speculative rounds and the Scheduler's plans (issue 6 integration).
+"""Glue between speculative rounds and the Scheduler's plans.
 
 This module owns the three steps the Scheduler needs around ``policy/rounds.py`` and
 ``policy/learning.py``, kept apart so that ``scheduler.py`` only calls them:

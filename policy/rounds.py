@@ -91,7 +91,7 @@ __all__ = [
 
 
 class SpeculationMode(IdentityEnum):
-    """How the loaded catalog is driven (issue 6: modes selectable at ``flare run``)."""
+    """How the loaded catalog is driven (modes selectable at ``flare run``)."""
 
     FIXED = "fixed"
     """Fixed-width: complete prefixes, host allocation only (SPEC-16, SPEC-17, LRN-10)."""

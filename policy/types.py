@@ -77,7 +77,8 @@ class SelectionReason(IdentityEnum):
 class DecodeMode(IdentityEnum):
     """The decode mode a mixed step runs its decoder rows in (MIX-7, MIX-10).
 
-    Only ``ORDINARY`` is selected today; speculative modes arrive with issue 6.
+    Ordinary selection plans ``ORDINARY``; speculative mixed programs run their decode
+    rows ``SPECULATIVE`` (``policy/mixed_rounds.py``).
     """
 
     ORDINARY = "ordinary"

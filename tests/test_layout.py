@@ -37,3 +37,155 @@ def test_cat_5_cat_7_import_arrows(package: str) -> None:
         if bad:
             offenders[str(path.relative_to(ROOT))] = sorted(bad)
     assert offenders == {}
+
+
+# --- The repository speaks of the product, and every citation resolves inside it. ---------
+#
+# Self-contained: helpers and constants of this section are prefixed ``_words_`` / ``_req_``.
+
+_WORDS_SUFFIXES = {".py", ".md", ".sh", ".toml", ".cfg", ".txt", ".yml", ".yaml"}
+_WORDS_NAMES = {"Makefile"}
+_WORDS_SKIP_DIRS = ("models/", "tests/policy/data/")
+# Each pattern is split across two literals so that this file does not match itself.
+_WORDS_PATTERNS = (
+    r"\bsess" r"ions? #?\d",
+    r"\bsess" r"ion-\d",
+    r"\biss" r"ues? #?\d",
+    r"(?<!user )(?<!user-)\bag" r"ents?\b",
+    r"\ble" r"nt\b",
+    r"\$O" r"UT\b",
+    r"\bwork" r" periods?\b",
+    r"shar" r"ed/(seed|design)",
+    r"\.\./sha" r"red\b",
+    r"seed-requ" r"irements\.md",
+    r"/wo" r"rk/(main|shared|notes)\b",
+)
+
+
+def _words_tracked_text_files() -> list[pathlib.Path]:
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    files = []
+    for name in listed:
+        if not name or name.startswith(_WORDS_SKIP_DIRS):
+            continue
+        path = ROOT / name
+        if (path.suffix in _WORDS_SUFFIXES or path.name in _WORDS_NAMES) and path.is_file():
+            files.append(path)
+    return files
+
+
+def _words_offenders(paths: list[pathlib.Path], root: pathlib.Path) -> list[str]:
+    import re
+
+    pattern = re.compile("|".join(f"(?:{p})" for p in _WORDS_PATTERNS), re.IGNORECASE)
+    offenders = []
+    for path in paths:
+        raw = path.read_bytes()
+        if b"\0" in raw:
+            continue
+        for number, line in enumerate(raw.decode("utf-8", "replace").splitlines(), 1):
+            match = pattern.search(line)
+            if match:
+                offenders.append(f"{path.relative_to(root)}:{number}: {match.group(0)!r}")
+    return offenders
+
+
+def test_words_no_development_history_in_tracked_files() -> None:
+    """Code, tests, docs and build files speak of the product only: no work-period or
+    issue numbers, no talk of who or what developed it, no paths outside the repository."""
+    offenders = _words_offenders(_words_tracked_text_files(), ROOT)
+    assert offenders == [], "development-history words:\n" + "\n".join(offenders)
+
+
+def test_words_the_check_sees_each_pattern(tmp_path: pathlib.Path) -> None:
+    """The word check is not vacuous: a line with each forbidden form is reported, and
+    ordinary uses (an HTTP user agent, "carry", "lenient") are not."""
+    samples = ["in sess" "ion 7 we", "see iss" "ue #12", "other ag" "ents ran", "a GPU was le" "nt",
+               "logs in $O" "UT", "this work" " period", "`shar" "ed/seed/x.md`",
+               "(../sha" "red/design/y.md)"]
+    fine = ["the User-Agent header", "a user agent string", "lanes carry their ceilings",
+            "a lenient parser", "an HTTP session", "the issuer"]
+    path = tmp_path / "sample.md"
+    path.write_text("\n".join(samples + fine) + "\n")
+    found = [line.split(":", 2)[1] for line in _words_offenders([path], tmp_path)]
+    assert found == [str(n) for n in range(1, len(samples) + 1)]
+
+
+_REQ_FILE = ROOT / "docs" / "design" / "requirements.md"
+
+
+def _req_defined_ids() -> set[str]:
+    import re
+
+    text = _REQ_FILE.read_text()
+    rows = re.findall(r"^\| ([A-Z]{2,6}-\d+) \|", text, re.MULTILINE)
+    opens = re.findall(r"^- \*\*(OPEN-\d+)\*\*", text, re.MULTILINE)
+    return set(rows) | set(opens)
+
+
+def _req_cited_ids() -> dict[str, list[str]]:
+    import re
+
+    defined = _req_defined_ids()
+    prefixes = {ident.split("-")[0] for ident in defined}
+    cited: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for prefix, digits in re.findall(r"\b([A-Z]{2,6})-(\d+)\b", line):
+                if prefix in prefixes:
+                    cited.setdefault(f"{prefix}-{digits}", []).append(
+                        f"{path.relative_to(ROOT)}:{number}")
+    return cited
+
+
+def test_req_every_cited_requirement_id_is_defined() -> None:
+    """Every requirement id a test cites (``DUR-9``, ``OPEN-24``) is a row of
+    docs/design/requirements.md, so ``grep`` from a test leads to its requirement."""
+    defined = _req_defined_ids()
+    assert len(defined) > 400
+    cited = _req_cited_ids()
+    assert len(cited) > 100
+    unknown = {ident: where for ident, where in cited.items() if ident not in defined}
+    assert unknown == {}
+
+
+def _req_markdown_files() -> list[pathlib.Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _req_broken_links(paths: list[pathlib.Path], root: pathlib.Path) -> list[str]:
+    import re
+
+    broken = []
+    for path in paths:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                    continue
+                where = f"{path.relative_to(root)}:{number}: {target}"
+                resolved = (path.parent / target.split("#", 1)[0]).resolve()
+                if "shared/" in target or not resolved.is_relative_to(root):
+                    broken.append(where + " (outside the repository)")
+                elif not resolved.exists():
+                    broken.append(where + " (no such file)")
+    return broken
+
+
+def test_req_markdown_links_stay_inside_the_repository() -> None:
+    """README and docs link only to files of this repository, and every relative link
+    resolves to a file that exists."""
+    assert _req_broken_links(_req_markdown_files(), ROOT) == []
+
+
+def test_req_link_check_reports_escaping_and_missing_targets(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "here.md").write_text("x")
+    page = tmp_path / "README.md"
+    page.write_text("[ok](docs/here.md#part) [web](https://example.org) [anchor](#top)\n"
+                    "[out](../elsewhere.md) [shared](../sha" "red/seed/x.md)\n"
+                    "[missing](docs/gone.md)\n")
+    broken = _req_broken_links([page], tmp_path.resolve())
+    assert [entry.split(":")[1] for entry in broken] == ["2", "2", "3"]

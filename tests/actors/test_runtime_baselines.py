@@ -1,5 +1,5 @@
 """Baseline policies run behind the same planner, on the same prepared programs
-(issue 7: ``--scheduler-policy fcfs|sarathi|vtc``)."""
+(``--scheduler-policy fcfs|sarathi|vtc``)."""
 
 from __future__ import annotations
 

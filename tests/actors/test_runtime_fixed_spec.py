@@ -1,6 +1,6 @@
 """``--scheduler-policy fixed-spec-K`` through the whole runtime on the real CPU backend
 with a tiny random Llama pair: every decode step is a complete speculative round of
-width K + 1 (issue 7's fixed-spec-k baseline), its rounds complete through the planner
+width K + 1 (the fixed-spec-k baseline), its rounds complete through the planner
 like any generation frame, and greedy output equals greedy output without speculation,
 token for token; every page and state row returns. Covers SPEC-5, SPEC-19, QUEUE-3."""
 

@@ -1,7 +1,7 @@
 """Sampled output through the whole runtime follows the target distribution.
 
-Issue 6: "sampled output follows the target distribution: a statistical test on the
-tiny model at temperature 1 that would catch a biased verifier", here end to end:
+The requirement "sampled output follows the target distribution: a statistical test on
+the tiny model at temperature 1 that would catch a biased verifier", here end to end:
 ``actors.system.open_runtime`` on the CPU backend with a tiny random Llama pair (a
 six-token vocabulary; the draft is a different, more peaked model), fixed-width
 speculation at depth one so that every decode step is a complete speculative round
@@ -15,7 +15,7 @@ always-accept verifier (every acceptance uniform 0, so every draft the target gi
 any mass passes) must reject, which shows it has power.
 
 Covers SPEC-18, SPEC-19, SPEC-21, ACC-27 (rounds verified, survival reported) and the
-issue's sampled-distribution requirement at the runtime level; the kernel- and
+sampled-distribution requirement at the runtime level; the kernel- and
 program-level counterparts are in ``tests/gpu/test_speculative_verification.py`` and
 ``tests/gpu/test_speculative_program_sampling.py``.
 """

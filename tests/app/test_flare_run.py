@@ -64,7 +64,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
     (["--api-key", " "], "--api-key"),
     (["--draft-model", "/definitely/not/here"], "--draft-model: no such directory"),
     (["--kv-pages", "0"], "--kv-pages must be positive"),
-    # A learned-draft speculative mode needs its draft model (issue 6).
+    # A learned-draft speculative mode needs its draft model.
     (["--speculation", "fixed"], "--speculation fixed with --draft-source draft needs --draft-model"),
     (["--speculation", "adaptive"], "--speculation adaptive with --draft-source draft needs"),
     (["--speculation", "fixed", "--draft-source", "copy", "--draft-depth", "0"],
@@ -146,7 +146,7 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
 def test_speculation_flags_reach_the_runtime_config(
         model_dir: pathlib.Path, flags: list[str], mode: str, source: str, depth: int,
         counterfactuals: bool, catch_up: int) -> None:
-    """Issue 6: modes, the draft source, counterfactual copy rounds and the lagging
+    """Speculation modes, the draft source, counterfactual copy rounds and the lagging
     draft context's catch-up bound are selectable at ``flare run``."""
     argv = ["run", "--model", str(model_dir),
             *(flag.format(model=model_dir) for flag in flags)]

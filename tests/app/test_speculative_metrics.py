@@ -1,4 +1,4 @@
-"""``flare_speculative_*`` metrics (issue 6): complete programs, drafted and accepted
+"""``flare_speculative_*`` metrics: complete programs, drafted and accepted
 tokens and accepted per position, labelled by proposal source; absent when off."""
 
 from __future__ import annotations

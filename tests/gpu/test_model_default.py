@@ -1,6 +1,6 @@
 """The embedded default model (``models/default``) through our programs equals
-transformers' greedy ``generate`` token for token (issue #2: "the same for the
-embedded default model"); skipped until the trained checkpoint is committed.
+transformers' greedy ``generate`` token for token (greedy equality holds for the
+embedded default model too); skipped until the trained checkpoint is committed.
 """
 
 from __future__ import annotations

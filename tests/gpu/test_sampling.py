@@ -2,7 +2,7 @@
 
 The same (seed, position) gives the same draw whatever else is in the batch, so a
 fixed-seed request samples the same tokens alone or among others, in any lane, on any
-batch capacity (issue #2: reproducible across batch compositions; SPEC-10 padding).
+batch capacity (reproducible across batch compositions; SPEC-10 padding).
 """
 
 from __future__ import annotations

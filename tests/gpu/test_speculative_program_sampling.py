@@ -7,7 +7,7 @@ seed, and runs complete rounds until it has three new tokens. The empirical law 
 those three tokens is compared with the target's exact law (computed with
 transformers) by a chi-square test at a fixed seed set; the same counts must be far
 from the draft's law, which shows the test would notice a verifier that lets draft
-tokens through. Covers the issue's "sampled output follows the target distribution"
+tokens through. Covers "sampled output follows the target distribution"
 end to end, for host query lengths and device allocation with the learned draft, and
 for copy proposals (point masses from the request's history).
 """

@@ -2,7 +2,7 @@
 of logits indexed by the last two tokens): greedy output with speculation equals greedy
 output without it, token for token, for copy and learned drafts and for host (fixed)
 and device allocation. Sampled lanes carry seeds that make the rounds reproducible.
-Covers the issue's greedy-equivalence requirement at the kernel level, SPEC-8, SPEC-23,
+Covers greedy equivalence at the kernel level, SPEC-8, SPEC-23,
 SPEC-24, SPEC-28.
 """
 

@@ -1,6 +1,6 @@
 """Rejection-sampling verification: target-distribution preservation, greedy
-equivalence, survival, padding. Covers ACC-27, ACC-29, SPEC-8 (absent drafts), and the
-issue's "sampled output follows the target distribution" at the kernel level.
+equivalence, survival, padding. Covers ACC-27, ACC-29, SPEC-8 (absent drafts), and
+"sampled output follows the target distribution" at the kernel level.
 
 The statistical tests generate whole sequences round by round on a small Markov chain
 (target transitions ``TARGET``, draft transitions ``DRAFT``), one independent request

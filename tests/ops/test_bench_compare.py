@@ -1,4 +1,4 @@
-"""``flare bench compare``: the side-by-side tables of docs/benchmarks.md (issue 7).
+"""``flare bench compare``: the side-by-side tables of docs/benchmarks.md.
 
 The server-driving half needs a model server per policy and is exercised by the
 commands in docs/benchmarks.md; here the tabulation is checked on real run files

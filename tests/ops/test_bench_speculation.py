@@ -1,4 +1,4 @@
-"""Smoke test of ``flare bench speculation`` (issue 6 benchmark) on a tiny random Llama
+"""Smoke test of ``flare bench speculation`` on a tiny random Llama
 pair built with ``save_pretrained``: one row per mode and load, positive figures, and
 greedy speculative output counted in full. Covers SPEC-5 (speculation modes selectable
 side by side) as exercised by the benchmark; speed targets live in the benchmark."""
@@ -131,7 +131,7 @@ def test_render_puts_loads_side_by_side() -> None:
 
 
 def test_target_verdicts_compare_adaptive_with_the_best_fixed_choice() -> None:
-    """The issue's target, printed under the table: adaptive against the best of "off"
+    """The speculation target, printed under the table: adaptive against the best of "off"
     and every fixed depth of its source, per load; the seed-only variant is not a
     candidate; at one stream also against "off"."""
     figures = {("off", 1): 100.0, ("copy:d2", 1): 150.0, ("copy:d4", 1): 140.0,

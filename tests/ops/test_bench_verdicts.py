@@ -1,4 +1,4 @@
-"""``ops.bench_verdicts.held_out_verdicts``: the speculation target (issue 6) with the
+"""``ops.bench_verdicts.held_out_verdicts``: the speculation target with the
 best fixed choice picked on held-out repeats and compared within each repeat."""
 
 from __future__ import annotations

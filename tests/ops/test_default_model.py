@@ -1,4 +1,4 @@
-"""The embedded default model pair (issue #2, "Embedded default model") and its recipe.
+"""The embedded default model pair and its recipe.
 
 The committed checkpoints in ``models/default/`` and ``models/default-draft/`` must load in
 transformers with no missing keys, share one tokenizer that round-trips text, carry a chat

@@ -1,6 +1,6 @@
 """The open-loop client against a tiny in-process OpenAI-compatible SSE server on loopback.
 
-Covers issue #7 (load benchmark): streamed chunks are timed and counted, client tags are
+Covers the load benchmark: streamed chunks are timed and counted, client tags are
 sent, completions and chat routes both parse, HTTP errors are recorded, fixed concurrency
 is a closed loop, and the time limit stops the run by itself. The fake server paces tokens
 with ``trio.sleep`` (its behaviour); readiness comes from ``nursery.start``.

@@ -1,6 +1,6 @@
 """The load benchmark's metric code on synthetic streams with hand-computed answers.
 
-Covers issue #7 (load benchmark): TTFT, TPOT, ITL per chunk and token-weighted, E2E,
+Covers the load benchmark: TTFT, TPOT, ITL per chunk and token-weighted, E2E,
 percentiles, throughput, goodput under SLOs, Jain's fairness index, streaming QoE.
 """
 

@@ -1,6 +1,6 @@
 """Run files, plots and the ``flare bench serve`` command end to end on loopback.
 
-Covers issue #7 (load benchmark): JSON with every metric and per-request record, PNG latency
+Covers the load benchmark: JSON with every metric and per-request record, PNG latency
 CDFs overlaying several runs, tokens-over-time curves, and the command's run/compare modes.
 """
 

@@ -1,6 +1,6 @@
 """Workload planning for the load benchmark: arrivals, lengths, clients, prompts.
 
-Covers issue #7 (load benchmark): Poisson and gamma arrivals deterministic for a seed with
+Covers the load benchmark: Poisson and gamma arrivals deterministic for a seed with
 the right mean rate, length distributions, weighted clients, tokenizer-built prompts and
 the word-based fallback.
 """

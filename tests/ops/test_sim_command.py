@@ -1,6 +1,6 @@
 """``flare sim`` end to end on a tiny workload: exit status, files, table, errors.
 
-Covers issue 7 (simulator outputs): per-policy run files readable by the load
+Covers the simulator's outputs: per-policy run files readable by the load
 benchmark's ``read_run``, ``sim.json`` with summaries labelled synthetic, and clear
 usage errors.
 """

@@ -1,6 +1,6 @@
 """Cost tables for the simulator: the synthetic model and ``flare bench programs`` JSON.
 
-Covers issue 7 (simulator cost tables): the documented ``a + b * size`` formulas,
+Covers the simulator's cost tables: the documented ``a + b * size`` formulas,
 loading measured medians by shape label (device time, wall time as the fallback),
 refusing a file that misses catalog shapes, and mean-preserving seeded noise.
 """

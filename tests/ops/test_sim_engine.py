@@ -1,6 +1,6 @@
 """The simulator's accounting on hand-computed cases, determinism, and a smoke run.
 
-Covers issue 7 (simulator): exact TTFT/finish times from known costs, the two-slot
+Covers the simulator: exact TTFT/finish times from known costs, the two-slot
 window (QUEUE-10, QUEUE-11: decode queues behind decode and hides the dispatch gap;
 prefill drains the window), EOS-terminated requests whose queued decode is discarded,
 admission limited by resident slots with release after the terminal snapshot (PRE-41),

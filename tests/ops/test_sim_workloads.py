@@ -1,6 +1,6 @@
 """Simulated workloads: scenarios, long-prompt interference, clients, determinism.
 
-Covers issue 7 (simulator workloads): a long prompt every N seconds from client
+Covers the simulator's workloads: a long prompt every N seconds from client
 ``long`` over the chat traffic, unequal client demand, named scenarios with overrides,
 and identical plans for identical seeds.
 """

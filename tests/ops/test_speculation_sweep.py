@@ -1,8 +1,8 @@
-"""``flare bench speculation --simulate`` (``ops/sim/speculation_sweep.py``): the issue-6
-modes on a simulated device with measured CPU program durations.
+"""``flare bench speculation --simulate`` (``ops/sim/speculation_sweep.py``): the
+speculation bench's modes on a simulated device with measured CPU program durations.
 
-The simulation is deterministic, so these tests check the *choices* behind the issue's
-benchmark target without the machine's noise: adaptive speculation under the seed's
+The simulation is deterministic, so these tests check the *choices* behind the
+speculation benchmark's target without the machine's noise: adaptive speculation under the seed's
 throughput preset (POL-15, token value only) delivers at least about as many tokens per
 second as the best fixed depth, whichever depth that is; under the balanced preset
 (POL-14) the delivery and output-age prices (POL-4, POL-5) buy shorter gaps between
@@ -55,7 +55,7 @@ FIXED = [SweepMode("fixed", d) for d in DEPTHS]
 @pytest.mark.parametrize(("streams", "acceptance"), [(8, 0.6), (8, 0.9), (1, 0.9)])
 def test_adaptive_throughput_preset_matches_the_best_fixed_depth(
         streams: int, acceptance: float) -> None:
-    """The issue's target, on the simulated device: adaptive (throughput preset) against
+    """The speculation target, on the simulated device: adaptive (throughput preset) against
     the best fixed depth at that load and acceptance. The best depth moves with the
     acceptance (shallow at 0.6, deep at 0.9), so no single fixed depth passes every case;
     adaptive has to find it from each request's observed acceptance (ACC-1..9)."""

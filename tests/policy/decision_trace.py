@@ -2,8 +2,8 @@
 
 ``test_decision_equivalence.py`` replays these runs and compares every ``plan()`` with
 the recorded fixture ``data/decision_trace.json``, which was generated from the
-scheduler *before* the performance work on ``plan()``/``complete()`` (issue 3,
-docs/benchmarks-plan.md). A plan is serialised field by field (catalog position of the
+table-based scheduler, before the performance work on ``plan()``/``complete()``
+(docs/benchmarks-plan.md). A plan is serialised field by field (catalog position of the
 shape, reason, timing, flags, every lane with its floats as ``float.hex``), so a digest
 match means a bit-identical decision. The runs cover what the performance work touches:
 

@@ -1,6 +1,6 @@
 """``make_policy``: every policy name builds a planner with the seed's interface.
 
-Covers issue 7 (policy selection by name) and POL-14/POL-15 (the seed presets).
+Covers policy selection by name and POL-14/POL-15 (the seed presets).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``fixed-spec-K``: every decode batch a complete speculative round at depth K.
 
-Covers issue 7 (``fixed-spec-k`` speculative baselines): the defining behaviour (every
+Covers the ``fixed-spec-k`` speculative baselines: the defining behaviour (every
 generation frame is a QueryLength speculative program of width K + 1, each lane asking
 for ``min(K + 1, output room)`` target rows, SPEC-19, SPEC-25), rounds never exceed the
 program's B or P (QUEUE-47) nor the token budget, prompts are chunked under the budget

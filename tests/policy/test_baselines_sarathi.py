@@ -1,6 +1,6 @@
 """``sarathi``: chunked prefill under a token budget with piggybacked decodes.
 
-Covers issue 7 (baseline ``sarathi``): the budget is never exceeded (logical tokens
+Covers the baseline ``sarathi``: the budget is never exceeded (logical tokens
 and the prompt capacity used), decodes ride with prompt chunks on mixed shapes
 (MIX-18), the policy alternates prefill and decode without mixed shapes, and a budget
 that cannot fit a prompt next to a full decode batch is refused.

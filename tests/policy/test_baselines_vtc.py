@@ -1,6 +1,6 @@
 """``vtc``: virtual token counters across clients on top of chunked prefill.
 
-Covers issue 7 (baseline ``vtc``): counters charge input tokens at weight 1 and output
+Covers the baseline ``vtc``: counters charge input tokens at weight 1 and output
 tokens at weight 2; a newly backlogged client is lifted to the minimum counter of the
 backlogged clients (never lowered); backlogged clients' counters stay within
 ``counter_bound()`` through a flooded two-client run; and a light client is served

@@ -1,7 +1,7 @@
 """Decision equivalence: the recorded seeded runs still plan bit-identically.
 
 ``data/decision_trace.json`` was generated from the scheduler before the ``plan()`` /
-``complete()`` performance work (issue 3, docs/benchmarks-plan.md). Every optimisation
+``complete()`` performance work (docs/benchmarks-plan.md). Every optimisation
 must leave each decision unchanged: same shape, reason, timing, flags and lanes, every
 float bit for bit (QUEUE-5: a plan freezes exactly these), and the same final request
 state (service histories, counters: ACCT-7..11). The runs and what they cover are

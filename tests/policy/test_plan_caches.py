@@ -1,4 +1,4 @@
-"""The caches that keep ``plan()`` fast never change an answer (issue 3, Performance).
+"""The caches that keep ``plan()`` fast never change an answer (docs/benchmarks-plan.md).
 
 ``ShapeTimes.stale_at`` reuses one stale mask while no shape crosses its freshness
 boundary and patches it when an estimate changes (DUR-10, OPEN-11); request records
