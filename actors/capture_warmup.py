@@ -30,8 +30,8 @@ import structlog
 from gpu.backend import Backend
 from gpu.frames import FRAME_KEY, DecodeFrame, MixedFrame, PrefillFrame
 from gpu.program import PreparedProgram
-from gpu.programs.speculative import SpeculativeFrame
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+from gpu.programs.speculative_results import SpeculativeFrame
 from policy.descriptors import GraphKind, GraphShape
 
 log = structlog.get_logger("flare.actors.capture_warmup")

@@ -59,8 +59,8 @@ from gpu.frames import (
     StateOpFrame,
     StateUpdate,
 )
-from gpu.programs.speculative import SpeculativeFrame
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+from gpu.programs.speculative_results import SpeculativeFrame
 from policy.descriptors import GraphKind, StateOp
 from policy.types import DecodeMode, Lane, LaneRole, ScheduledPlan
 

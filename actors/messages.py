@@ -30,8 +30,8 @@ from policy.descriptors import ExecutionTiming
 from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan
 
 if TYPE_CHECKING:
-    from gpu.programs.speculative import SpeculativeFrame
     from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+    from gpu.programs.speculative_results import SpeculativeFrame
 
 __all__ = [
     "Fence",

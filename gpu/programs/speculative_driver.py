@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 from gpu.frames import FRAME_KEY, GREEDY, NO_PROMPT_ROW, SamplingParams, StateUpdate
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import (
+from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
+from gpu.programs.speculative_results import (
     SpeculativeFrame,
     SpeculativeResult,
     speculative_result_of,
 )
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
 from policy.descriptors import GraphShape
 
 

@@ -31,11 +31,11 @@ from gpu.frames import (
     StateUpdate,
 )
 from gpu.model.decoder import PackedBatch, PhaseSplit
-from gpu.programs.speculative import (
+from gpu.programs.speculative import SpeculativeProgram
+from gpu.programs.speculative_binding import StagedRound
+from gpu.programs.speculative_results import (
     SpeculativeFrame,
-    SpeculativeProgram,
     SpeculativeResult,
-    StagedRound,
     speculative_result_of,
 )
 from gpu.request_state import RequestState

@@ -33,12 +33,12 @@ from actors.messages import (
 from actors.public import GenerationRequest
 from gpu.backend import Completion
 from gpu.cpu_backend import CpuBackend
-from gpu.engine import ModelEngine
+from gpu.engine import ModelEngine, load_speculative_engine
 from gpu.frames import FRAME_KEY, GREEDY, RESULT_KEY, MixedFrame
 from gpu.program import PreparedProgram
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
-from gpu.programs.speculative import LEARNED, load_speculative_engine
+from gpu.programs.speculative_binding import LEARNED
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
 from policy.descriptors import GraphKind, GraphShape
 from policy.types import (

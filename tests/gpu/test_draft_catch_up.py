@@ -31,7 +31,8 @@ from gpu.engine import ModelEngine
 from gpu.frames import DecodeFrame, SamplingParams, StepResult
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
-from gpu.programs.speculative import LEARNED, attach_speculation
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import LEARNED
 from gpu.programs.speculative_driver import SpeculativeDriver
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 

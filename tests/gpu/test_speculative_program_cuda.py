@@ -18,7 +18,8 @@ from gpu.engine import ModelEngine
 from gpu.frames import SamplingParams
 from gpu.program import PreparedProgram
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import COPY, LEARNED, attach_speculation
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, LEARNED
 from gpu.programs.speculative_driver import SpeculativeDriver
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 

@@ -26,14 +26,11 @@ from gpu.cpu_backend import stage_launch
 from gpu.draft_state import DraftMaintainingProgram
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, DecodeFrame, FrameError, PageAppend
-from gpu.programs.speculative import (
-    COPY,
-    SpeculativeFrame,
-    SpeculativeProgram,
-    StagedRound,
-    attach_speculation,
-)
+from gpu.programs.speculative import SpeculativeProgram
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, StagedRound
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedProgram
+from gpu.programs.speculative_results import SpeculativeFrame
 from gpu.programs.step import StagedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
