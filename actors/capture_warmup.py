@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from gpu.backend import Backend
+from gpu.backends.protocol import Backend
 from gpu.frames import FRAME_KEY, DecodeFrame, MixedFrame, PrefillFrame
 from gpu.program import PreparedProgram
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame

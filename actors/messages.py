@@ -24,7 +24,7 @@ import trio
 
 from actors.errors import AdmissionError
 from actors.public import FinishReason, GenerationRequest, StreamEvent
-from gpu.backend import Completion, ProgramFault
+from gpu.backends.protocol import Completion, ProgramFault
 from gpu.frames import Frame
 from policy.descriptors import ExecutionTiming
 from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan

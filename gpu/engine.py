@@ -3,7 +3,7 @@
 Owns the wiring of one served model on one device: configuration, tokenizer,
 weights, decoder, the paged KV cache, device request state, one workspace sized to
 the largest shape of the catalog (MIX-38 (3)), and one prepared program per
-``GraphShape``. Capture and launch belong to ``gpu/backend.py`` implementations.
+``GraphShape``. Capture and launch belong to the backends (``gpu.backends``).
 Execution options (``gpu.programs.execution``) default by device: static, capturable
 programs on CUDA; programs whose attention reads only the context the frame needs on
 the CPU.
@@ -22,9 +22,11 @@ import torch
 
 from gpu.engine_parts import EngineParts, UnsupportedShapeError
 from gpu.frames import TOP_LOGPROBS
-from gpu.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.config import ModelConfig, load_model_config
 from gpu.model.decoder import Decoder
-from gpu.model_config import ModelConfig, load_model_config
+from gpu.model.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.tokenizer import Tokenizer
+from gpu.model.weights import load_weights
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation, is_speculative_shape
@@ -33,8 +35,6 @@ from gpu.programs.step import StepProgram
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
 from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
-from gpu.tokenizer import Tokenizer
-from gpu.weights import load_weights
 from policy.descriptors import GraphKind, GraphShape
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

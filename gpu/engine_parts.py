@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder
+from gpu.model.kv_cache import PagedKVCache
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.workspace import Workspace

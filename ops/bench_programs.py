@@ -365,11 +365,12 @@ def format_table(rows: list[ShapeTiming]) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from gpu.backend import BackendUnavailable, open_backend
+    from gpu.backends import open_backend
+    from gpu.backends.protocol import BackendUnavailable
     from gpu.catalog import CatalogError, CatalogFlags, ModelDims, plan_catalog
     from gpu.engine import ModelEngine, resolve_dtype
     from gpu.frames import SamplingParams, as_inputs
-    from gpu.model_config import load_model_config
+    from gpu.model.config import load_model_config
     from gpu.preparation import prepare_catalog
     from gpu.programs.execution import ExecutionOptions
     from policy.descriptors import GraphKind
@@ -401,7 +402,7 @@ def main(args: argparse.Namespace) -> int:
     )
     sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
-        # cpu: --threads, else the backend's default (gpu.cpu_backend.default_cpu_threads)
+        # cpu: --threads, else the backend's default (gpu.backends.cpu.default_cpu_threads)
         options = {"num_threads": args.threads} if args.backend == "cpu" else {}
         backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpu.kv_cache import PagedKVCache
+from gpu.model.kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
     from gpu.model.decoder import Decoder, PackedBatch

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpu.kv_cache import PagedKVCache
 from gpu.model.capture import ForwardCapture
-from gpu.model_config import ModelConfig
+from gpu.model.config import ModelConfig
+from gpu.model.kv_cache import PagedKVCache
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ import torch
 
 from gpu.draft_state import DraftState
 from gpu.frames import FRAME_KEY, RESULT_KEY, TOP_LOGPROBS, FrameError, StateUpdate
-from gpu.kv_cache import PagedKVCache
 from gpu.model.decoder import Decoder
+from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.speculative_results import SpeculativeFrame, SpeculativeReadout
 from gpu.programs.workspace import InputBlock

@@ -41,7 +41,7 @@ from actors.messages import (
 from actors.planner import Planner
 from actors.public import GenerationRequest
 from actors.system import served_shapes
-from gpu.backend import Completion
+from gpu.backends.protocol import Completion
 from gpu.catalog import CatalogFlags, build_catalog
 from gpu.frames import GREEDY, RESULT_KEY, LaneSample, MixedFrame, PageAppend, RowInit
 from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult

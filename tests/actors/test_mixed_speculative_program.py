@@ -31,8 +31,8 @@ from actors.messages import (
     StateRow,
 )
 from actors.public import GenerationRequest
-from gpu.backend import Completion
-from gpu.cpu_backend import CpuBackend
+from gpu.backends.cpu import CpuBackend
+from gpu.backends.protocol import Completion
 from gpu.engine import ModelEngine, load_speculative_engine
 from gpu.frames import FRAME_KEY, GREEDY, RESULT_KEY, MixedFrame
 from gpu.program import PreparedProgram

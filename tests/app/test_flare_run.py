@@ -232,7 +232,7 @@ def test_an_unavailable_backend_is_a_message_not_a_traceback(
         nested: bool) -> None:
     """``--backend cuda`` on a machine without a GPU: every command says why and exits 2,
     also when the error surfaces from inside a trio nursery (an exception group)."""
-    from gpu.backend import BackendUnavailable
+    from gpu.backends.protocol import BackendUnavailable
     from ops import bench_speculation
 
     def fail(args: object) -> int:

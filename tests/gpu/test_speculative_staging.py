@@ -21,8 +21,8 @@ import pytest
 import torch
 from model_fixtures import DECODE, PREFILL_64, build_checkpoint
 
-from gpu.backend import LaunchHandle
-from gpu.cpu_backend import stage_launch
+from gpu.backends.cpu import stage_launch
+from gpu.backends.protocol import LaunchHandle
 from gpu.draft_state import DraftMaintainingProgram
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, DecodeFrame, FrameError, PageAppend
