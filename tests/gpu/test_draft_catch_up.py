@@ -25,6 +25,7 @@ from model_fixtures import (
     build_draft_pair,
     prompt_of,
 )
+from speculative_driver import SpeculativeDriver
 
 from gpu.draft_state import DraftState
 from gpu.engine import ModelEngine
@@ -33,7 +34,6 @@ from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation
 from gpu.programs.speculative_binding import LEARNED
-from gpu.programs.speculative_driver import SpeculativeDriver
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL = TargetBinding.QUERY_LENGTH

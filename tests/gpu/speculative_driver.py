@@ -1,4 +1,4 @@
-"""A synchronous reference driver for speculative rounds (tests, benchmarks, smoke checks).
+"""A synchronous reference driver for speculative rounds (the speculative program tests).
 
 Extends ``ReferenceDriver`` (host mirror of positions and pages) with one call per
 complete speculative round: it reserves pages for each lane's limit, binds a
