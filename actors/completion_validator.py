@@ -51,9 +51,9 @@ from actors.messages import (
     ValidatorInbox,
 )
 from gpu.frames import LaneSample, StepResult, result_of
-from gpu.programs.speculative_mixed import SpeculativeMixedResult
-from gpu.programs.speculative_results import (
+from gpu.programs.speculative_frames import (
     SpeculativeLane,
+    SpeculativeMixedResult,
     SpeculativeResult,
     speculative_result_of,
 )

@@ -30,8 +30,7 @@ from policy.descriptors import ExecutionTiming
 from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan
 
 if TYPE_CHECKING:
-    from gpu.programs.speculative_mixed import SpeculativeMixedFrame
-    from gpu.programs.speculative_results import SpeculativeFrame
+    from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
 
 __all__ = [
     "Fence",

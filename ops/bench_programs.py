@@ -207,8 +207,7 @@ def speculative_frame(shape: Any, layout: Layout, sampling: Any = None,
     """A complete speculative round (or a wider speculative mixed frame, whose lane 0
     carries the ``prompt`` chunk) over every lane at full width, and the target rows
     it verifies (plus the chunk)."""
-    from gpu.programs.speculative_mixed import SpeculativeMixedFrame
-    from gpu.programs.speculative_results import SpeculativeFrame
+    from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
     from policy.descriptors import GraphKind, TargetBinding
 
     b, w, ctx = shape.batch_capacity, shape.token_capacity, layout.context

@@ -30,7 +30,7 @@ mutate nothing. ``execute`` is capturable: fixed shapes, no host sync.
 
 The host side (input block, output buffers, staging, binding, host-known bounds and
 read-out) is ``SpeculativeBinding`` (``gpu.programs.speculative_binding``); what a
-round takes and gives back is in ``gpu.programs.speculative_results``.
+round takes and gives back is in ``gpu.programs.speculative_frames``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from gpu.frames import FRAME_KEY, RESULT_KEY, TOP_LOGPROBS, FrameError, StateUpd
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
-from gpu.programs.speculative_results import SpeculativeFrame, SpeculativeReadout
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeReadout
 from gpu.programs.workspace import InputBlock
 from gpu.request_state import RequestState
 from gpu.speculative import PAD_TOKEN

@@ -39,7 +39,7 @@ from gpu.program import PreparedProgram
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_binding import LEARNED
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
+from gpu.programs.speculative_frames import SpeculativeMixedFrame, SpeculativeMixedResult
 from policy.descriptors import GraphKind, GraphShape
 from policy.types import (
     DecodeMode,

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 from gpu.frames import FRAME_KEY, GREEDY, NO_PROMPT_ROW, SamplingParams, StateUpdate
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
-from gpu.programs.speculative_results import (
+from gpu.programs.speculative_frames import (
     SpeculativeFrame,
+    SpeculativeMixedFrame,
+    SpeculativeMixedResult,
     SpeculativeResult,
     speculative_result_of,
 )

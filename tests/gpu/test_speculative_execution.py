@@ -28,7 +28,7 @@ from gpu.frames import SamplingParams
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation
 from gpu.programs.speculative_binding import COPY, LEARNED
-from gpu.programs.speculative_results import SpeculativeResult
+from gpu.programs.speculative_frames import SpeculativeResult
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL, PL = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT

@@ -31,8 +31,7 @@ from gpu.frames import FRAME_KEY, FrameError, SamplingParams
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.speculative_attach import attach_speculation
 from gpu.programs.speculative_binding import COPY, LEARNED
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame
-from gpu.programs.speculative_results import SpeculativeFrame
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL, PL = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT

@@ -29,8 +29,8 @@ from gpu.frames import FRAME_KEY, DecodeFrame, FrameError, PageAppend
 from gpu.programs.speculative import SpeculativeProgram
 from gpu.programs.speculative_attach import attach_speculation
 from gpu.programs.speculative_binding import COPY, StagedRound
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedProgram
-from gpu.programs.speculative_results import SpeculativeFrame
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
+from gpu.programs.speculative_mixed import SpeculativeMixedProgram
 from gpu.programs.step import StagedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 

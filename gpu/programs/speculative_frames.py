@@ -1,7 +1,9 @@
 """What a speculative round takes and gives back: ``SpeculativeFrame`` (the host's
 rows and limits), ``SpeculativeLane`` and ``SpeculativeResult`` (what each lane
-produced), and ``SpeculativeReadout``, the output buffers' host copies from which
-``speculative_result_of`` builds the result off the stream.
+produced), their mixed counterparts (``SpeculativeMixedFrame``: a prompt chunk beside
+the decode lanes; ``SpeculativeMixedResult``), and ``SpeculativeReadout``, the output
+buffers' host copies from which ``speculative_result_of`` builds the result off the
+stream. Host values only: importing this module loads no torch.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu.frames import RESULT_KEY, StateUpdate
+from gpu.frames import NO_PROMPT_ROW, RESULT_KEY, LaneSample, StateUpdate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +76,32 @@ class SpeculativeResult:
     lanes: tuple[SpeculativeLane, ...]
     confidence: np.ndarray
     survival: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeMixedFrame:
+    """``rows`` (lane ``i`` is ``rows[i]``) with the prompt lane at ``prefill_row``
+    (-1: none). ``limits[i]`` is a decode lane's query length (1..W) and 0 for the
+    prompt lane; the decode lanes' lengths sum to at most ``(B - 1) * W``. The prompt
+    chunk ``prompt_tokens`` starts at ``prompt_start``; ``prompt_ends`` samples the
+    request's first output token."""
+
+    rows: tuple[int, ...]
+    limits: tuple[int, ...]
+    prefill_row: int = NO_PROMPT_ROW
+    prompt_tokens: tuple[int, ...] = ()
+    prompt_start: int = 0
+    prompt_ends: bool = False
+    updates: tuple[StateUpdate, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SpeculativeMixedResult:
+    """The decode lanes' round and, when the chunk ended its prompt, the prompt lane's
+    first token."""
+
+    speculative: SpeculativeResult
+    prompt_sample: LaneSample | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
