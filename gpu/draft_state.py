@@ -45,8 +45,9 @@ from typing import Any
 import torch
 
 from gpu.frames import RESULT_KEY
+from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.model.config import load_model_config
-from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
+from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.model.weights import load_weights
 from gpu.programs.state_ops import StateOpProgram

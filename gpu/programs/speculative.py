@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu.model.decoder import PackedBatch, PhaseSplit
+from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.programs.execution import context_buckets
 from gpu.programs.speculative_binding import LEARNED, SpeculativeBinding
 from gpu.speculative import (

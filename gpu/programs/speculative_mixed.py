@@ -28,7 +28,7 @@ from gpu.frames import (
     FrameError,
     LaneSample,
 )
-from gpu.model.decoder import PackedBatch, PhaseSplit
+from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.programs.speculative import SpeculativeProgram
 from gpu.programs.speculative_binding import StagedRound
 from gpu.programs.speculative_frames import (
