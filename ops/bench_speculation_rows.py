@@ -76,7 +76,6 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-
 def median_rows(rows: list[Row]) -> list[Row]:
     """One row per (mode, load): the median of every figure over the repeats."""
     groups: dict[tuple[str, int], list[Row]] = {}

@@ -70,12 +70,10 @@ def attach_speculation(
     return draft_state
 
 
-
 def is_speculative_shape(shape: GraphShape) -> bool:
     """Whether ``attach_speculation`` (not ``ModelEngine.load``) builds ``shape``."""
     return shape.kind is GraphKind.SPECULATIVE or (
         shape.kind is GraphKind.MIXED and shape.speculation_enabled)
-
 
 
 def _width_one_mixed(shape: GraphShape, engine: ProgramHost) -> StepProgram:

@@ -55,7 +55,6 @@ class StagedRound:
     extra_end: int = 0
 
 
-
 class SpeculativeBinding:
     """A speculative program's buffers and host side; ``SpeculativeProgram`` adds the
     round that ``execute`` runs on the device."""
@@ -290,7 +289,6 @@ class SpeculativeBinding:
 def _copied(values: torch.Tensor) -> np.ndarray:
     """A host copy of an output buffer (on the CPU ``numpy()`` would share its memory)."""
     return values.cpu().numpy().copy()
-
 
 
 def _gather_to_host(values: torch.Tensor, rows: list[int]) -> np.ndarray:
