@@ -1,2 +1,50 @@
 """flare's runtime: trio actors that turn scheduler plans into executed frames and
-frames into published tokens. ``system.py`` is the one place that opens channels."""
+frames into published tokens. ``system.py`` is the one place that opens channels.
+
+This face is what ``app`` uses: the runtime's public surface (``actors.public``) and
+its error family (``actors.errors``). It loads neither torch nor the scheduler;
+``actors.system.open_runtime`` and ``actors.config.RuntimeConfig`` are imported from
+their modules by whoever opens a runtime.
+"""
+
+from actors.errors import (
+    AdmissionError,
+    ContextTooLong,
+    FlareRuntimeError,
+    GenerationFailed,
+    InvalidRequest,
+    QueueFull,
+    RuntimeShutDown,
+)
+from actors.public import (
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    PromptScores,
+    Runtime,
+    RuntimeStatistics,
+    SamplingParams,
+    StreamEvent,
+    TextCodec,
+    TokenDelta,
+)
+
+__all__ = [
+    "AdmissionError",
+    "ContextTooLong",
+    "FinishReason",
+    "Finished",
+    "FlareRuntimeError",
+    "GenerationFailed",
+    "GenerationRequest",
+    "InvalidRequest",
+    "PromptScores",
+    "QueueFull",
+    "Runtime",
+    "RuntimeShutDown",
+    "RuntimeStatistics",
+    "SamplingParams",
+    "StreamEvent",
+    "TextCodec",
+    "TokenDelta",
+]

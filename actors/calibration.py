@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from gpu.backend import Backend
+from gpu.backends.protocol import Backend
 from gpu.frames import FRAME_KEY, PageAppend, RowCopy, RowInit, StateOpFrame, StateUpdate
 from gpu.program import PreparedProgram
 from policy.descriptors import GraphKind, GraphShape, StateOp

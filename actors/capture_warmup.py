@@ -27,11 +27,10 @@ from typing import Any
 
 import structlog
 
-from gpu.backend import Backend
+from gpu.backends.protocol import Backend
 from gpu.frames import FRAME_KEY, DecodeFrame, MixedFrame, PrefillFrame
 from gpu.program import PreparedProgram
-from gpu.programs.speculative import SpeculativeFrame
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
 from policy.descriptors import GraphKind, GraphShape
 
 log = structlog.get_logger("flare.actors.capture_warmup")

@@ -51,12 +51,12 @@ from actors.messages import (
     ValidatorInbox,
 )
 from gpu.frames import LaneSample, StepResult, result_of
-from gpu.programs.speculative import (
+from gpu.programs.speculative_frames import (
     SpeculativeLane,
+    SpeculativeMixedResult,
     SpeculativeResult,
     speculative_result_of,
 )
-from gpu.programs.speculative_mixed import SpeculativeMixedResult
 from policy.descriptors import ExecutionTiming, GraphKind
 from policy.types import CompletionRecord, Lane, LaneRole, RequestHandle
 

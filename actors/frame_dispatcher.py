@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from actors.messages import DispatcherInbox, FrameOrder, FrameOutcome, ValidatorInbox
-from gpu.backend import Backend, BackendError, LaunchHandle, ProgramFault
+from gpu.backends.protocol import Backend, BackendError, LaunchHandle, ProgramFault
 from gpu.frames import FRAME_KEY
 from gpu.program import PreparedProgram
 from policy.descriptors import GraphShape

@@ -59,8 +59,7 @@ from gpu.frames import (
     StateOpFrame,
     StateUpdate,
 )
-from gpu.programs.speculative import SpeculativeFrame
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
 from policy.descriptors import GraphKind, StateOp
 from policy.types import DecodeMode, Lane, LaneRole, ScheduledPlan
 

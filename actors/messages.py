@@ -24,14 +24,13 @@ import trio
 
 from actors.errors import AdmissionError
 from actors.public import FinishReason, GenerationRequest, StreamEvent
-from gpu.backend import Completion, ProgramFault
+from gpu.backends.protocol import Completion, ProgramFault
 from gpu.frames import Frame
 from policy.descriptors import ExecutionTiming
 from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan
 
 if TYPE_CHECKING:
-    from gpu.programs.speculative import SpeculativeFrame
-    from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+    from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
 
 __all__ = [
     "Fence",

@@ -296,13 +296,6 @@ class ResourceBook:
         (owner.snapshot_page,) = self.pages.take(1)
         return owner.snapshot_page
 
-    def pin(self, fence: Fence, handles: Sequence[RequestHandle]) -> None:
-        """Pin requests that take part in ``fence`` without needing pages."""
-        for handle in handles:
-            owner = self._owners.get(handle)
-            if owner is not None and not owner.released:
-                owner.last_fence = fence
-
     # ------------------------------------------------------------------ retirement
 
     def release(

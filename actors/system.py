@@ -2,7 +2,7 @@
 
 ``open_runtime(config)`` loads the model (``gpu.engine.ModelEngine``) for the catalog
 the flags describe (``gpu.catalog``), opens and prepares the backend
-(``gpu.backend.open_backend``; CPU by default) and yields a ``Runtime``
+(``gpu.backends.open_backend``; CPU by default) and yields a ``Runtime``
 (``actors.public.Runtime``). ``open_runtime_with(parts)`` starts the same actors on
 parts a caller already built (tests use it with the fake backend).
 
@@ -69,13 +69,14 @@ from actors.public import (
 )
 from actors.publisher import event_buffer_size
 from actors.resource_book import ResourceBook
-from gpu.backend import Backend, open_backend
+from gpu.backends import open_backend
+from gpu.backends.protocol import Backend
 from gpu.catalog import CatalogFlags, build_catalog
 from gpu.engine import ModelEngine
-from gpu.model_config import load_model_config
+from gpu.model.config import load_model_config
+from gpu.model.tokenizer import Tokenizer
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
-from gpu.tokenizer import Tokenizer
 from policy.baselines.factory import SEED_POLICIES, make_policy
 from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.config import PolicyConfig, policy_preset
@@ -513,7 +514,7 @@ def state_rows_for(max_batch: int) -> int:
 
 
 class TokenizerCodec:
-    """``actors.public.TextCodec`` over ``gpu.tokenizer.Tokenizer``."""
+    """``actors.public.TextCodec`` over ``gpu.model.tokenizer.Tokenizer``."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer

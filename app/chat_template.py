@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from actors.public import TextCodec
+from actors import TextCodec
 from app.errors import bad_request
 from app.request_parsing import ChatMessage
 

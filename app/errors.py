@@ -14,13 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.errors import (
-    AdmissionError,
-    ContextTooLong,
-    InvalidRequest,
-    QueueFull,
-    RuntimeShutDown,
-)
+from actors import AdmissionError, ContextTooLong, InvalidRequest, QueueFull, RuntimeShutDown
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from actors.public import Runtime
+from actors import Runtime
 from app.errors import ApiError, internal_error, unauthorized
 from app.routes import register_routes
 from app.service import AppSettings, FlareService

@@ -25,8 +25,15 @@ from types import TracebackType
 import structlog
 import trio
 
-from actors.errors import AdmissionError, RuntimeShutDown
-from actors.public import Finished, GenerationRequest, Runtime, StreamEvent, TokenDelta
+from actors import (
+    AdmissionError,
+    Finished,
+    GenerationRequest,
+    Runtime,
+    RuntimeShutDown,
+    StreamEvent,
+    TokenDelta,
+)
 from app.errors import api_error_for
 from app.metrics import AppMetrics
 

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from actors.public import RuntimeStatistics
+from actors import RuntimeStatistics
 
 log = structlog.get_logger("flare.app.metrics")
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.public import Finished, TextCodec
+from actors import Finished, TextCodec
 
 OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length"}
 

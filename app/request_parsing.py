@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from actors.public import SamplingParams
+from actors import SamplingParams
 from app.errors import bad_request, model_not_found
 
 MAX_STOP_STRINGS = 4

@@ -17,7 +17,7 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
-from actors.public import Finished, PromptScores, TokenDelta
+from actors import Finished, PromptScores, TokenDelta
 from app.errors import ApiError, internal_error, shutting_down
 from app.generation import EventStream
 from app.openai_format import (

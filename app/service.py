@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import trio
 
-from actors.public import GenerationRequest, Runtime
+from actors import GenerationRequest, Runtime
 from app.chat_template import ChatTemplate, tokenize_chat
 from app.errors import ApiError, bad_request, context_too_long, shutting_down
 from app.generation import EventStream, Inflight, RequestObserver, start_generation

@@ -3,4 +3,97 @@
 Owns weight loading, the decoder, the paged KV cache and device-resident request
 state, sampling, the catalog of prepared shapes, and the backends (``cpu``, ``cuda``)
 that launch programs and time them. Imports ``policy`` for descriptor types only.
+
+Layout: ``gpu.model`` (configuration, weights, tokenizer, decoder, KV cache),
+``gpu.programs`` (the prepared programs), ``gpu.speculative`` (proposal and
+verification kernels), ``gpu.backends`` (the protocol and its implementations),
+``gpu.engine`` (one loaded model with its programs).
+
+This face re-exports what the runtime hands the device and gets back (frames and
+results, the catalog, the program and backend protocols) and loads no torch;
+loading a model (``gpu.engine.ModelEngine``, ``gpu.model``) and the programs
+themselves are imported from their modules.
 """
+
+from gpu.backends import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Completion,
+    LaunchHandle,
+    ProgramFault,
+    open_backend,
+)
+from gpu.catalog import Catalog, CatalogError, CatalogFlags, ModelDims, build_catalog, plan_catalog
+from gpu.frames import (
+    FRAME_KEY,
+    GREEDY,
+    NO_PROMPT_ROW,
+    DecodeFrame,
+    Frame,
+    FrameError,
+    LaneSample,
+    MixedFrame,
+    PageAppend,
+    PrefillFrame,
+    RowCopy,
+    RowInit,
+    SamplingParams,
+    StateOpFrame,
+    StateUpdate,
+    StepResult,
+    as_inputs,
+    result_of,
+)
+from gpu.preparation import prepare_catalog
+from gpu.program import PreparedProgram
+from gpu.programs.speculative_frames import (
+    SpeculativeFrame,
+    SpeculativeLane,
+    SpeculativeMixedFrame,
+    SpeculativeMixedResult,
+    SpeculativeResult,
+    speculative_result_of,
+)
+
+__all__ = [
+    "FRAME_KEY",
+    "GREEDY",
+    "NO_PROMPT_ROW",
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "Catalog",
+    "CatalogError",
+    "CatalogFlags",
+    "Completion",
+    "DecodeFrame",
+    "Frame",
+    "FrameError",
+    "LaneSample",
+    "LaunchHandle",
+    "MixedFrame",
+    "ModelDims",
+    "PageAppend",
+    "PrefillFrame",
+    "PreparedProgram",
+    "ProgramFault",
+    "RowCopy",
+    "RowInit",
+    "SamplingParams",
+    "SpeculativeFrame",
+    "SpeculativeLane",
+    "SpeculativeMixedFrame",
+    "SpeculativeMixedResult",
+    "SpeculativeResult",
+    "StateOpFrame",
+    "StateUpdate",
+    "StepResult",
+    "as_inputs",
+    "build_catalog",
+    "open_backend",
+    "plan_catalog",
+    "prepare_catalog",
+    "result_of",
+    "speculative_result_of",
+]

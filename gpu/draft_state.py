@@ -45,14 +45,15 @@ from typing import Any
 import torch
 
 from gpu.frames import RESULT_KEY
-from gpu.kv_cache import PagedKVCache
-from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
-from gpu.model_config import load_model_config
+from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.model.config import load_model_config
+from gpu.model.decoder import Decoder
+from gpu.model.kv_cache import PagedKVCache
+from gpu.model.weights import load_weights
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StagedFrame, StepProgram, StepReadout
 from gpu.request_state import RequestState
 from gpu.speculative.distributions import acceptance_probability, filtered_probs
-from gpu.weights import load_weights
 from policy.descriptors import GraphKind, GraphShape, StateOp
 
 

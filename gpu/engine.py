@@ -3,34 +3,38 @@
 Owns the wiring of one served model on one device: configuration, tokenizer,
 weights, decoder, the paged KV cache, device request state, one workspace sized to
 the largest shape of the catalog (MIX-38 (3)), and one prepared program per
-``GraphShape``. Capture and launch belong to ``gpu/backend.py`` implementations.
+``GraphShape``. Capture and launch belong to the backends (``gpu.backends``).
 Execution options (``gpu.programs.execution``) default by device: static, capturable
 programs on CUDA; programs whose attention reads only the context the frame needs on
 the CPU.
 A speculative load (``speculation_source``) adds the complete speculative programs
-through ``gpu.programs.speculative.attach_speculation`` after the ordinary ones.
+through ``gpu.programs.speculative_attach.attach_speculation`` after the ordinary ones.
+The parts the programs share live in ``gpu.engine_parts``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from gpu.engine_parts import EngineParts, UnsupportedShapeError
 from gpu.frames import TOP_LOGPROBS
-from gpu.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.config import ModelConfig, load_model_config
 from gpu.model.decoder import Decoder
-from gpu.model_config import ModelConfig, load_model_config
+from gpu.model.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.tokenizer import Tokenizer
+from gpu.model.weights import load_weights
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
+from gpu.programs.speculative_attach import attach_speculation, is_speculative_shape
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
-from gpu.tokenizer import Tokenizer
-from gpu.weights import load_weights
+from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
 from policy.descriptors import GraphKind, GraphShape
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,21 +54,6 @@ def resolve_dtype(device: str, dtype: torch.dtype | str | None) -> torch.dtype:
     if on_cuda and dtype not in (torch.bfloat16, torch.float16):
         raise ValueError("CUDA runs bfloat16 or float16")
     return dtype
-
-
-class UnsupportedShapeError(ValueError):
-    """Raised when a catalog names a shape this model engine cannot prepare."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineParts:
-    """The device objects the programs share (exposed for tests and benchmarks)."""
-
-    decoder: Decoder
-    cache: PagedKVCache
-    state: RequestState
-    workspace: Workspace
-    execution: ExecutionOptions = field(default_factory=ExecutionOptions.static)
 
 
 class ModelEngine:
@@ -170,9 +159,6 @@ class ModelEngine:
                               top_width=min(TOP_LOGPROBS, config.vocab_size))
         parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace,
                             execution=execution)
-        # imported here: gpu.programs.speculative imports this module
-        from gpu.programs.speculative import attach_speculation, is_speculative_shape
-
         speculative = [s for s in shapes if is_speculative_shape(s)]
         if speculative and speculation_source is None:
             raise UnsupportedShapeError(
@@ -185,6 +171,22 @@ class ModelEngine:
             attach_speculation(engine, speculative, source=speculation_source,
                                draft_model_dir=draft_model_dir, draft_catch_up=draft_catch_up)
         return engine
+
+
+def load_speculative_engine(
+    model_dir: str | Path, *, catalog: Sequence[GraphShape], source: str,
+    draft_model_dir: str | Path | None = None, copy_max_ngram: int = COPY_MAX_NGRAM,
+    draft_catch_up: int = 0, **load_options: Any,
+) -> ModelEngine:
+    """``ModelEngine.load`` for a speculative load: the ordinary shapes of ``catalog``
+    through the engine, then every speculative and ``speculation_enabled`` mixed shape
+    through ``attach_speculation`` (``load_options`` go to ``ModelEngine.load``)."""
+    ordinary = [s for s in catalog if not is_speculative_shape(s)]
+    engine = ModelEngine.load(model_dir, catalog=ordinary, **load_options)
+    attach_speculation(engine, [s for s in catalog if is_speculative_shape(s)], source=source,
+                       draft_model_dir=draft_model_dir, copy_max_ngram=copy_max_ngram,
+                       draft_catch_up=draft_catch_up)
+    return engine
 
 
 def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:

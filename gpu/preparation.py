@@ -25,7 +25,7 @@ from gpu.program import PreparedProgram
 from policy.descriptors import GraphShape
 
 if TYPE_CHECKING:
-    from gpu.backend import Backend
+    from gpu.backends.protocol import Backend
 
 log = logging.getLogger("flare.gpu.preparation")
 

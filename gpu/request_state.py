@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from gpu.frames import FrameError, PageAppend, RowInit, StateUpdate
-from gpu.kv_cache import CacheGeometry
+from gpu.model.kv_cache import CacheGeometry
 
 
 class StateError(FrameError):

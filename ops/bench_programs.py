@@ -207,8 +207,7 @@ def speculative_frame(shape: Any, layout: Layout, sampling: Any = None,
     """A complete speculative round (or a wider speculative mixed frame, whose lane 0
     carries the ``prompt`` chunk) over every lane at full width, and the target rows
     it verifies (plus the chunk)."""
-    from gpu.programs.speculative import SpeculativeFrame
-    from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+    from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
     from policy.descriptors import GraphKind, TargetBinding
 
     b, w, ctx = shape.batch_capacity, shape.token_capacity, layout.context
@@ -365,11 +364,12 @@ def format_table(rows: list[ShapeTiming]) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from gpu.backend import BackendUnavailable, open_backend
+    from gpu.backends import open_backend
+    from gpu.backends.protocol import BackendUnavailable
     from gpu.catalog import CatalogError, CatalogFlags, ModelDims, plan_catalog
     from gpu.engine import ModelEngine, resolve_dtype
     from gpu.frames import SamplingParams, as_inputs
-    from gpu.model_config import load_model_config
+    from gpu.model.config import load_model_config
     from gpu.preparation import prepare_catalog
     from gpu.programs.execution import ExecutionOptions
     from policy.descriptors import GraphKind
@@ -401,7 +401,7 @@ def main(args: argparse.Namespace) -> int:
     )
     sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
-        # cpu: --threads, else the backend's default (gpu.cpu_backend.default_cpu_threads)
+        # cpu: --threads, else the backend's default (gpu.backends.cpu.default_cpu_threads)
         options = {"num_threads": args.threads} if args.backend == "cpu" else {}
         backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from gpu.catalog import CatalogError
-from ops.bench_speculation import Mode, Row
+from ops.bench_speculation_rows import Mode, Row
 from ops.sim.costs import CostTableError, load_bench_programs
 from ops.sim.speculation_sweep import (
     SweepLoad,

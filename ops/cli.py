@@ -90,9 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _backend_unavailable(exc: BaseException) -> BaseException | None:
-    """The ``gpu.backend.BackendUnavailable`` behind ``exc``, also inside the exception
+    """The ``gpu.backends.BackendUnavailable`` behind ``exc``, also inside the exception
     groups trio's nurseries raise; None when there is none."""
-    from gpu.backend import BackendUnavailable
+    from gpu.backends import BackendUnavailable
 
     if isinstance(exc, BackendUnavailable):
         return exc

@@ -12,7 +12,6 @@ with an error event, close the runtime. A second signal stops at once.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import pathlib
 import signal
@@ -35,6 +34,7 @@ from actors.config import (
     SpeculationMode,
 )
 from actors.public import Runtime
+from actors.system import open_runtime
 from app import AppSettings, ServerHandle, configure_logging, create_app, serve_http
 from app.chat_template import ChatTemplateError
 from app.log_config import LOG_FORMATS
@@ -45,8 +45,6 @@ log = structlog.get_logger("flare.run")
 OpenRuntime = Callable[[RuntimeConfig], AbstractAsyncContextManager[Runtime]]
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
-NOT_AVAILABLE = ("flare run: serving is not available in this build: the runtime "
-                 "(actors.system.open_runtime) is not built yet. Nothing was started.")
 
 
 def _capacities(text: str) -> tuple[int, ...]:
@@ -197,18 +195,6 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                        served_model_name=args.served_model_name)
 
 
-def find_open_runtime() -> OpenRuntime | None:
-    """``actors.system.open_runtime`` if this build has it."""
-    try:
-        module = importlib.import_module("actors.system")
-    except ModuleNotFoundError as exc:
-        if exc.name != "actors.system":
-            raise
-        return None
-    opener = getattr(module, "open_runtime", None)
-    return opener if callable(opener) else None
-
-
 def main(args: argparse.Namespace) -> int:
     try:
         config = build_runtime_config(args)
@@ -218,10 +204,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"flare run: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_format, level=args.log_level)
-    open_runtime = find_open_runtime()
-    if open_runtime is None:
-        print(NOT_AVAILABLE, file=sys.stderr)
-        return 1
     try:
         trio.run(partial(serve_until_signalled, open_runtime, config, settings,
                          host=args.host, port=args.port, grace_s=args.shutdown_grace))

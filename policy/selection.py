@@ -6,7 +6,7 @@ of the runnable requests, built by ``policy/decision.py``; the types live in
 candidate (``policy/candidates.py``) against the best prerequisite candidate
 (``policy/prerequisites.py``) and returns the winner as a frozen ``ScheduledPlan`` with
 its lanes. The candidate table as first written, one numpy table ranked by one lexsort,
-is kept as the executable specification in ``policy/selection_reference.py``.
+is kept as the executable specification in ``tests/policy/selection_reference.py``.
 
 Rules implemented here (seed: *Useful service and selection*, *Duration estimates*,
 *Funded timing refresh*, *Mixed execution contract*):
@@ -73,18 +73,6 @@ __all__ = [
 ]
 
 _dominated_by_smaller = dominated_by_smaller  # the name the dominance tests import
-_REFERENCE_NAMES = frozenset({"_Table", "_cohort_candidates", "_prefill_candidates",
-                              "_mixed_candidates", "select_reference"})
-
-
-def __getattr__(name: str) -> object:
-    """The full-table reference selector's names (``selection_reference.py``), for the
-    tests that inspect the candidate table directly."""
-    if name in _REFERENCE_NAMES:
-        from policy import selection_reference
-
-        return getattr(selection_reference, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def select(ctx: DecisionContext) -> ScheduledPlan | None:

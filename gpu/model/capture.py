@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpu.kv_cache import PagedKVCache
+from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.model.kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
-    from gpu.model.decoder import Decoder, PackedBatch
+    from gpu.model.decoder import Decoder
 
 __all__ = ["ForwardCapture", "tracing_ns"]
 
@@ -138,8 +139,6 @@ class ForwardCapture:
         """Trace one graph and replay it once (the caller holds the lock). Tracing and
         the warm-up replay run the forward: each writes the same K/V at the same slots
         as the replay that follows, so the pools end as one eager forward leaves them."""
-        from gpu.model.decoder import PackedBatch, PhaseSplit
-
         decoder = self._decoder
         width = batch.lane_major_width
         split = batch.phase_split

@@ -1,8 +1,4 @@
-"""Prepared programs: packed step programs (prefill, scored prefill, decode, mixed) and
-state operations, all binding views of one shared workspace."""
-
-from gpu.programs.state_ops import StateOpProgram
-from gpu.programs.step import StepProgram
-from gpu.programs.workspace import Workspace
-
-__all__ = ["StateOpProgram", "StepProgram", "Workspace"]
+"""Prepared programs: packed step programs (prefill, scored prefill, decode, mixed),
+state operations and the complete speculative programs, all binding views of one
+shared workspace. Import the modules themselves; this package imports nothing, so
+the host-only frames (``speculative_frames``) load no torch."""

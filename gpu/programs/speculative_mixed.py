@@ -16,7 +16,6 @@ only the sink. ``execute`` stays capturable.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,46 +27,21 @@ from gpu.frames import (
     RESULT_KEY,
     FrameError,
     LaneSample,
-    StateUpdate,
 )
-from gpu.model.decoder import PackedBatch, PhaseSplit
-from gpu.programs.speculative import (
+from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.programs.speculative import SpeculativeProgram
+from gpu.programs.speculative_binding import StagedRound
+from gpu.programs.speculative_frames import (
     SpeculativeFrame,
-    SpeculativeProgram,
+    SpeculativeMixedFrame,
+    SpeculativeMixedResult,
     SpeculativeResult,
-    StagedRound,
     speculative_result_of,
 )
 from gpu.request_state import RequestState
 from gpu.sampling import sample
 from gpu.speculative import PackedLayout
 from policy.descriptors import GraphKind, GraphShape
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpeculativeMixedFrame:
-    """``rows`` (lane ``i`` is ``rows[i]``) with the prompt lane at ``prefill_row``
-    (-1: none). ``limits[i]`` is a decode lane's query length (1..W) and 0 for the
-    prompt lane; the decode lanes' lengths sum to at most ``(B - 1) * W``. The prompt
-    chunk ``prompt_tokens`` starts at ``prompt_start``; ``prompt_ends`` samples the
-    request's first output token."""
-
-    rows: tuple[int, ...]
-    limits: tuple[int, ...]
-    prefill_row: int = NO_PROMPT_ROW
-    prompt_tokens: tuple[int, ...] = ()
-    prompt_start: int = 0
-    prompt_ends: bool = False
-    updates: tuple[StateUpdate, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class SpeculativeMixedResult:
-    """The decode lanes' round and, when the chunk ended its prompt, the prompt lane's
-    first token."""
-
-    speculative: SpeculativeResult
-    prompt_sample: LaneSample | None
 
 
 class SpeculativeMixedProgram(SpeculativeProgram):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gpu.frames import RESULT_KEY, FrameError, StateOpFrame, StateOpResult, frame_of
-from gpu.kv_cache import PagedKVCache
+from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState, StateError
 from policy.descriptors import GraphKind, GraphShape, StateOp

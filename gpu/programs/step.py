@@ -35,8 +35,9 @@ from gpu.frames import (
     StepResult,
     frame_of,
 )
-from gpu.kv_cache import PagedKVCache
-from gpu.model.decoder import Decoder, PackedBatch, PhaseSplit
+from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.model.decoder import Decoder
+from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
 from gpu.programs.workspace import Workspace

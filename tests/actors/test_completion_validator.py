@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from actors.completion_validator import check_frame
 from actors.messages import Fence, FrameOrder, FrameOutcome, LaneContext, RequestHandle, StateRow
-from gpu.backend import Completion, ProgramFault
+from gpu.backends.protocol import Completion, ProgramFault
 from gpu.frames import RESULT_KEY, DecodeFrame, LaneSample, StepResult
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.types import Lane, LaneRole, ScheduledPlan, ScheduledStep, SelectionReason

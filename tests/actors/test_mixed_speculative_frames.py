@@ -41,11 +41,15 @@ from actors.messages import (
 from actors.planner import Planner
 from actors.public import GenerationRequest
 from actors.system import served_shapes
-from gpu.backend import Completion
+from gpu.backends.protocol import Completion
 from gpu.catalog import CatalogFlags, build_catalog
 from gpu.frames import GREEDY, RESULT_KEY, LaneSample, MixedFrame, PageAppend, RowInit
-from gpu.programs.speculative import SpeculativeLane, SpeculativeResult
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
+from gpu.programs.speculative_frames import (
+    SpeculativeLane,
+    SpeculativeMixedFrame,
+    SpeculativeMixedResult,
+    SpeculativeResult,
+)
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (

@@ -31,15 +31,15 @@ from actors.messages import (
     StateRow,
 )
 from actors.public import GenerationRequest
-from gpu.backend import Completion
-from gpu.cpu_backend import CpuBackend
-from gpu.engine import ModelEngine
+from gpu.backends.cpu import CpuBackend
+from gpu.backends.protocol import Completion
+from gpu.engine import ModelEngine, load_speculative_engine
 from gpu.frames import FRAME_KEY, GREEDY, RESULT_KEY, MixedFrame
 from gpu.program import PreparedProgram
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
-from gpu.programs.speculative import LEARNED, load_speculative_engine
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
+from gpu.programs.speculative_binding import LEARNED
+from gpu.programs.speculative_frames import SpeculativeMixedFrame, SpeculativeMixedResult
 from policy.descriptors import GraphKind, GraphShape
 from policy.types import (
     DecodeMode,

@@ -19,7 +19,7 @@ import trio.testing
 
 from actors.public import StreamEvent, TokenDelta
 from actors.system import RuntimeParts, open_runtime_with
-from gpu.fake_backend import FakeBackend
+from gpu.backends.fake import FakeBackend
 from policy.config import PolicyConfig
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.frame_queue import FRAME_SLOTS

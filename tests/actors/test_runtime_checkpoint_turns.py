@@ -19,7 +19,7 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
-from gpu.tokenizer import Tokenizer
+from gpu.model.tokenizer import Tokenizer
 from tests.actors.reference import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -9,9 +9,9 @@ import numpy as np
 
 from actors.completion_validator import check_frame
 from actors.messages import Fence, FrameOrder, FrameOutcome, LaneContext, RequestHandle, StateRow
-from gpu.backend import Completion
+from gpu.backends.protocol import Completion
 from gpu.frames import RESULT_KEY
-from gpu.programs.speculative import SpeculativeFrame, SpeculativeLane, SpeculativeResult
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeLane, SpeculativeResult
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
 from policy.types import Lane, LaneRole, ScheduledPlan, ScheduledStep, SelectionReason
 

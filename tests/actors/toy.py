@@ -18,7 +18,7 @@ import trio
 
 from actors.public import GenerationRequest, TextCodec
 from actors.system import Runtime, RuntimeParts, open_runtime_with
-from gpu.fake_backend import FakeBackend
+from gpu.backends.fake import FakeBackend
 from gpu.frames import (
     RESULT_KEY,
     DecodeFrame,

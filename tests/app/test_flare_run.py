@@ -8,8 +8,6 @@ import json
 import math
 import pathlib
 import signal
-import sys
-import types
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -22,6 +20,7 @@ from http_fakes import FakeRuntime, TinyCodec
 from http_harness import SseReader, client_for
 
 from actors.config import DEFAULT_DRAFT_CATCH_UP, ConfigError, RuntimeConfig
+from actors.system import open_runtime
 from app import AppSettings, ServerHandle
 from ops import cli
 from ops.run_command import build_app_settings, build_runtime_config, serve_until_signalled
@@ -35,16 +34,14 @@ def model_dir(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture
 def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
-    """A stand-in ``actors.system`` that records whether anything was loaded."""
+    """A stand-in ``open_runtime`` that records whether anything was loaded."""
     calls: list[RuntimeConfig] = []
-    module = types.ModuleType("actors.system")
 
-    def open_runtime(config: RuntimeConfig) -> object:
+    def record(config: RuntimeConfig) -> object:
         calls.append(config)
         raise AssertionError("nothing may load when a flag is invalid")
 
-    module.open_runtime = open_runtime  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "actors.system", module)
+    monkeypatch.setattr("ops.run_command.open_runtime", record)
     return calls
 
 
@@ -101,16 +98,20 @@ def test_unparseable_flags_exit_with_usage_error(
     assert opened == []
 
 
-def test_without_runtime_says_serving_is_unavailable(
-        model_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "actors.system", None)
+def test_run_configures_logging_then_serves_the_runtime(
+        model_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     formats: list[str] = []
+    served: list[object] = []
     monkeypatch.setattr("ops.run_command.configure_logging",
                         lambda fmt, level: formats.append(fmt))
-    assert cli.main(["run", "--model", str(model_dir), "--log-format", "json"]) == 1
-    assert "serving is not available" in capsys.readouterr().err
+
+    async def serve(open_runtime: object, *args: object, **kwargs: object) -> None:
+        served.append(open_runtime)
+
+    monkeypatch.setattr("ops.run_command.serve_until_signalled", serve)
+    assert cli.main(["run", "--model", str(model_dir), "--log-format", "json"]) == 0
     assert formats == ["json"]
+    assert served == [open_runtime]
 
 
 def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None:
@@ -232,7 +233,7 @@ def test_an_unavailable_backend_is_a_message_not_a_traceback(
         nested: bool) -> None:
     """``--backend cuda`` on a machine without a GPU: every command says why and exits 2,
     also when the error surfaces from inside a trio nursery (an exception group)."""
-    from gpu.backend import BackendUnavailable
+    from gpu.backends.protocol import BackendUnavailable
     from ops import bench_speculation
 
     def fail(args: object) -> int:

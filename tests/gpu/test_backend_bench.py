@@ -72,7 +72,7 @@ def test_bench_programs_on_cuda_without_a_device(
     tiny_checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Selecting cuda without a GPU stops with the probe's reason, no traceback."""
-    from gpu.device import probe_cuda
+    from gpu.backends.cuda_probe import probe_cuda
 
     if probe_cuda().available:
         pytest.skip("a CUDA device is present")

@@ -25,7 +25,9 @@ from backend_toys import (
     prefill_shape,
 )
 
-from gpu.backend import (
+from gpu.backends import open_backend
+from gpu.backends.cpu import CpuBackend
+from gpu.backends.protocol import (
     Backend,
     BackendClosed,
     BackendError,
@@ -33,9 +35,7 @@ from gpu.backend import (
     LaunchHandle,
     ProgramFault,
     ProgramNotPrepared,
-    open_backend,
 )
-from gpu.cpu_backend import CpuBackend
 from gpu.preparation import PreparationReport, ShapePreparation
 
 WAIT_S = 30.0
@@ -289,8 +289,8 @@ def test_open_backend_unknown_name() -> None:
 def test_cuda_unavailable_is_a_clear_error() -> None:
     """Without a usable GPU, selecting cuda fails with the probe's reason; nothing
     crashes at import."""
-    import gpu.cuda_backend  # noqa: F401  (importing must be safe anywhere)
-    from gpu.device import probe_cuda
+    import gpu.backends.cuda  # noqa: F401  (importing must be safe anywhere)
+    from gpu.backends.cuda_probe import probe_cuda
 
     probe = probe_cuda()
     if probe.available:
@@ -310,7 +310,7 @@ def test_cpu_threads_default_leaves_a_core_and_is_configurable(
     ``num_threads`` override; 0 keeps torch's setting."""
     import torch
 
-    from gpu.cpu_backend import THREADS_ENV, default_cpu_threads
+    from gpu.backends.cpu import THREADS_ENV, default_cpu_threads
 
     previous = torch.get_num_threads()
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu.backend import open_backend
+from gpu.backends import open_backend
 from gpu.catalog import CatalogFlags, build_catalog
 from gpu.engine import ModelEngine
 from gpu.frames import DecodeFrame, PageAppend, PrefillFrame, RowInit, as_inputs, result_of

@@ -17,8 +17,8 @@ import trio
 import trio.testing
 from backend_toys import MatmulCounter, decode_shape, prefill_shape
 
-from gpu.backend import BackendError, ProgramFault
-from gpu.fake_backend import FakeBackend
+from gpu.backends.fake import FakeBackend
+from gpu.backends.protocol import BackendError, ProgramFault
 from gpu.preparation import (
     LogLineProgress,
     TerminalProgressBar,

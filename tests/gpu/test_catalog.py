@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from backend_toys import MatmulCounter
 
-from gpu.backend import open_backend
+from gpu.backends import open_backend
 from gpu.catalog import (
     CatalogError,
     CatalogFlags,

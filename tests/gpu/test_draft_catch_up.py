@@ -25,14 +25,15 @@ from model_fixtures import (
     build_draft_pair,
     prompt_of,
 )
+from speculative_driver import SpeculativeDriver
 
 from gpu.draft_state import DraftState
 from gpu.engine import ModelEngine
 from gpu.frames import DecodeFrame, SamplingParams, StepResult
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
-from gpu.programs.speculative import LEARNED, attach_speculation
-from gpu.programs.speculative_driver import SpeculativeDriver
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import LEARNED
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL = TargetBinding.QUERY_LENGTH

@@ -18,13 +18,13 @@ from model_fixtures import EOS_ID, MODEL_KINDS, SCORED_64, HFReference, build_en
 
 from gpu.engine import ModelEngine, resolve_dtype
 from gpu.frames import PageAppend, PrefillFrame, RowInit, StepResult, as_inputs, result_of
-from gpu.model_config import (
+from gpu.model.config import (
     ModelLoadError,
     UnsupportedModelError,
     load_model_config,
     parse_model_config,
 )
-from gpu.tokenizer import Tokenizer
+from gpu.model.tokenizer import Tokenizer
 
 LOGPROB_TOLERANCE = 1e-4
 

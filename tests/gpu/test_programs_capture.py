@@ -14,8 +14,8 @@ import torch
 from model_fixtures import CATALOG, PAGE_SIZE
 from test_programs_execution import _scenario
 
-import gpu.cpu_backend as cpu_backend
-from gpu.backend import LaunchHandle
+import gpu.backends.cpu as cpu_backend
+from gpu.backends.protocol import LaunchHandle
 from gpu.engine import ModelEngine
 from gpu.model import capture
 from gpu.programs.driver import ReferenceDriver

@@ -17,8 +17,8 @@ import pytest
 import torch
 from model_fixtures import DECODE, MIXED_4, PAGE_SIZE, PREFILL_64, build_engine, prompt_of
 
-from gpu.backend import ProgramFault
-from gpu.cpu_backend import CpuBackend
+from gpu.backends.cpu import CpuBackend
+from gpu.backends.protocol import ProgramFault
 from gpu.engine import ModelEngine
 from gpu.frames import (
     DecodeFrame,

@@ -21,12 +21,14 @@ import numpy as np
 import pytest
 import torch
 from model_fixtures import DECODE, PREFILL_64, build_checkpoint, prompt_of
+from speculative_driver import SpeculativeDriver
 
 from gpu.engine import ModelEngine
 from gpu.frames import SamplingParams
 from gpu.programs.execution import ExecutionOptions
-from gpu.programs.speculative import COPY, LEARNED, SpeculativeResult, attach_speculation
-from gpu.programs.speculative_driver import SpeculativeDriver
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, LEARNED
+from gpu.programs.speculative_frames import SpeculativeResult
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL, PL = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT

@@ -24,19 +24,14 @@ from model_fixtures import (
     build_draft_pair,
     prompt_of,
 )
+from speculative_driver import SpeculativeDriver
 
-from gpu.engine import ModelEngine
+from gpu.engine import ModelEngine, load_speculative_engine
 from gpu.frames import FRAME_KEY, FrameError, SamplingParams
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import (
-    COPY,
-    LEARNED,
-    SpeculativeFrame,
-    attach_speculation,
-    load_speculative_engine,
-)
-from gpu.programs.speculative_driver import SpeculativeDriver
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, LEARNED
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 QL, PL = TargetBinding.QUERY_LENGTH, TargetBinding.SPECULATIVE_PREFIX_LIMIT

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from model_fixtures import DECODE, PREFILL_64, prompt_of
+from speculative_driver import SpeculativeDriver
 
 from gpu.engine import ModelEngine
 from gpu.frames import SamplingParams
 from gpu.program import PreparedProgram
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import COPY, LEARNED, attach_speculation
-from gpu.programs.speculative_driver import SpeculativeDriver
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, LEARNED
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 pytestmark = pytest.mark.cuda

@@ -25,13 +25,9 @@ import torch
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, PageAppend, RowInit, SamplingParams
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import (
-    COPY,
-    LEARNED,
-    SpeculativeFrame,
-    attach_speculation,
-    speculative_result_of,
-)
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, LEARNED
+from gpu.programs.speculative_frames import SpeculativeFrame, speculative_result_of
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 
 VOCAB, PAGE, LANES, WIDTH, NEW = 4, 16, 16, 3, 3

@@ -21,19 +21,16 @@ import pytest
 import torch
 from model_fixtures import DECODE, PREFILL_64, build_checkpoint
 
-from gpu.backend import LaunchHandle
-from gpu.cpu_backend import stage_launch
+from gpu.backends.cpu import stage_launch
+from gpu.backends.protocol import LaunchHandle
 from gpu.draft_state import DraftMaintainingProgram
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, DecodeFrame, FrameError, PageAppend
-from gpu.programs.speculative import (
-    COPY,
-    SpeculativeFrame,
-    SpeculativeProgram,
-    StagedRound,
-    attach_speculation,
-)
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedProgram
+from gpu.programs.speculative import SpeculativeProgram
+from gpu.programs.speculative_attach import attach_speculation
+from gpu.programs.speculative_binding import COPY, StagedRound
+from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
+from gpu.programs.speculative_mixed import SpeculativeMixedProgram
 from gpu.programs.step import StagedFrame
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 

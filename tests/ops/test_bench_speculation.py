@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from actors.config import DEFAULT_DRAFT_CATCH_UP
-from ops import bench_speculation
+from ops import bench_speculation, bench_speculation_rows
 
 pytestmark = pytest.mark.slow
 
@@ -121,9 +121,9 @@ def test_spec_5_table_has_one_row_per_mode_and_load_with_positive_figures(
 
 
 def test_render_puts_loads_side_by_side() -> None:
-    rows = [bench_speculation.Row(m, n, 10, 1.0, 10.0 * n, 5.0) for m in ("off", "copy:d1")
+    rows = [bench_speculation_rows.Row(m, n, 10, 1.0, 10.0 * n, 5.0) for m in ("off", "copy:d1")
             for n in (1, 8)]
-    lines = bench_speculation.render(rows).splitlines()
+    lines = bench_speculation_rows.render(rows).splitlines()
     assert "1 stream tok/s" in lines[0] and "8 stream tok/s" in lines[0]
     assert lines[2].split() == ["off", "10.0", "5.00", "0.00", "0.00", "0.00",
                                 "80.0", "5.00", "0.00", "0.00", "0.00"]
@@ -138,10 +138,10 @@ def test_target_verdicts_compare_adaptive_with_the_best_fixed_choice() -> None:
                ("copy:adaptive<=d4", 1): 147.0, ("copy:adaptive<=d4,acc9", 1): 160.0,
                ("off", 8): 500.0, ("copy:d2", 8): 450.0, ("copy:d4", 8): 400.0,
                ("copy:adaptive<=d4", 8): 510.0, ("copy:adaptive<=d4,acc9", 8): 480.0}
-    rows = [bench_speculation.Row(m, n, 10, 1.0, v, 5.0) for (m, n), v in figures.items()]
-    verdicts = bench_speculation.target_verdicts(rows)
+    rows = [bench_speculation_rows.Row(m, n, 10, 1.0, v, 5.0) for (m, n), v in figures.items()]
+    verdicts = bench_speculation_rows.target_verdicts(rows)
     assert verdicts == [
         "copy:adaptive<=d4 @ 1: -2.0% against the best fixed choice (copy:d2 150.0): "
         "not met; above off",
         "copy:adaptive<=d4 @ 8: +2.0% against the best fixed choice (off 500.0): met"]
-    assert bench_speculation.render(rows).splitlines()[-2:] == verdicts
+    assert bench_speculation_rows.render(rows).splitlines()[-2:] == verdicts

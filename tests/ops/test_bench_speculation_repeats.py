@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.bench_speculation import Row, median_rows
+from ops.bench_speculation_rows import Row, median_rows
 
 
 def test_median_rows_one_row_per_mode_and_load_with_each_figures_median() -> None:

@@ -3,7 +3,7 @@ best fixed choice picked on held-out repeats and compared within each repeat."""
 
 from __future__ import annotations
 
-from ops.bench_speculation import Row
+from ops.bench_speculation_rows import Row
 from ops.bench_verdicts import held_out_verdicts
 
 

@@ -104,8 +104,9 @@ def test_pre_18_lookahead_time_never_enters_cost_learning() -> None:
 def test_sel_38_plan_cost_does_not_explode_with_requests() -> None:
     """Covers SEL-38, SEL-30 (by construction): 64 decoders and 64 prompts produce a
     candidate table linear in requests x shapes, never subsets."""
+    from selection_reference import _mixed_candidates, _prefill_candidates, _Table
+
     from policy.decision import build_context
-    from policy.selection import _mixed_candidates, _prefill_candidates, _Table
 
     s = measured_scheduler((decode(64), mixed(64, 256), mixed(2, 64)))
     for i in range(64):

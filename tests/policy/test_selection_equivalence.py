@@ -19,6 +19,8 @@ import random
 
 import pytest
 from decision_trace import serialise
+from prerequisites_reference import best_prerequisite_reference
+from selection_reference import select_reference
 
 from policy import (
     CompletionRecord,
@@ -34,9 +36,7 @@ from policy import (
 from policy.config import PolicyConfig
 from policy.decision import build_context
 from policy.prerequisites import best_prerequisite
-from policy.prerequisites_reference import best_prerequisite_reference
 from policy.selection import select
-from policy.selection_reference import select_reference
 
 MS = 1_000_000
 

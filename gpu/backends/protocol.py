@@ -14,9 +14,9 @@ A program that raises fails only its own launch: ``LaunchHandle.result()`` raise
 ``ProgramFault`` (the original exception is its ``cause`` and ``__cause__``) and the
 stream keeps serving later launches.
 
-This module holds the protocol, the handle and the error family; ``cpu_backend``,
-``cuda_backend`` and ``fake_backend`` implement it, and ``open_backend`` picks one by
-name. Importing it never touches a device.
+This module holds the protocol, the handle and the error family; ``gpu.backends.cpu``,
+``gpu.backends.cuda`` and ``gpu.backends.fake`` implement it, and
+``gpu.backends.open_backend`` picks one by name. Importing it never touches a device.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ __all__ = [
     "ProgramFault",
     "ProgramNotPrepared",
     "ProgressSink",
-    "open_backend",
 ]
 
 BACKEND_NAMES = ("cpu", "cuda", "fake")
@@ -206,26 +205,3 @@ class Backend(Protocol):
     def close(self) -> None:
         """Refuse new launches, let queued launches finish, release the stream."""
         ...
-
-
-def open_backend(name: str, **options: Any) -> Backend:
-    """Open a backend by name: ``cpu``, ``cuda`` or ``fake``.
-
-    Raises ``BackendUnavailable`` with a message saying why (unknown name, no CUDA
-    device, cuda-python missing); never crashes at import.
-    """
-    if name == "cpu":
-        from gpu.cpu_backend import CpuBackend
-
-        return CpuBackend(**options)
-    if name == "cuda":
-        from gpu.cuda_backend import CudaBackend
-
-        return CudaBackend(**options)
-    if name == "fake":
-        from gpu.fake_backend import FakeBackend
-
-        return FakeBackend(**options)
-    raise BackendUnavailable(
-        f"unknown backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}"
-    )

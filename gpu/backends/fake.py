@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu.backend import (
+from gpu.backends.protocol import (
     BackendClosed,
     BackendError,
     Completion,

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from prerequisites_reference import best_prerequisite_reference
 
 from policy.candidates import INT64_MAX, Candidate, dominated_by_smaller
-from policy.prerequisites_reference import best_prerequisite_reference
+from policy.selection import _build_plan, _restore_plan
 from policy.types import ScheduledPlan, SelectionReason
 from policy.utility import NS_PER_MS, FloatArray, value_rates
 
@@ -169,7 +170,6 @@ def _mixed_candidates(table: _Table, ctx: DecisionContext) -> None:
 
 def select_reference(ctx: DecisionContext) -> ScheduledPlan | None:
     """The winning plan of this decision, exactly as ``selection.select`` decides it."""
-    from policy.selection import _build_plan, _restore_plan
     table = _Table.empty()
     cat = ctx.catalog
     _cohort_candidates(table, ctx, cat.decode, ctx.decoders, terminal=False)

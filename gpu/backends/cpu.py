@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from gpu.backend import (
+from gpu.backends.protocol import (
     BackendClosed,
     Completion,
     LaunchHandle,

@@ -22,7 +22,7 @@ enqueued on the device only after the previous launch's outputs were read, so tw
 queued frames are separated by a short host gap (worker wake-up, output copy, bind).
 
 Without a usable device, constructing the backend raises ``BackendUnavailable`` with
-``gpu.device.probe_cuda``'s reason; importing this module touches no device.
+``gpu.backends.cuda_probe.probe_cuda``'s reason; importing this module touches no device.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from gpu.backend import (
+from gpu.backends.cuda_probe import probe_cuda
+from gpu.backends.protocol import (
     BackendClosed,
     BackendError,
     BackendUnavailable,
@@ -46,7 +47,6 @@ from gpu.backend import (
     ProgramFault,
     ProgramNotPrepared,
 )
-from gpu.device import probe_cuda
 from gpu.preparation import DeviceMemory, PreparationReport, ProgressSink, prepare_in_order
 from gpu.program import PreparedProgram
 from policy.descriptors import ExecutionTiming

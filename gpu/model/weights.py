@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gpu.model_config import ModelConfig, ModelLoadError
+from gpu.model.config import ModelConfig, ModelLoadError
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:

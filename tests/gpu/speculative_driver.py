@@ -1,4 +1,4 @@
-"""A synchronous reference driver for speculative rounds (tests, benchmarks, smoke checks).
+"""A synchronous reference driver for speculative rounds (the speculative program tests).
 
 Extends ``ReferenceDriver`` (host mirror of positions and pages) with one call per
 complete speculative round: it reserves pages for each lane's limit, binds a
@@ -12,12 +12,13 @@ from collections.abc import Sequence
 
 from gpu.frames import FRAME_KEY, GREEDY, NO_PROMPT_ROW, SamplingParams, StateUpdate
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.speculative import (
+from gpu.programs.speculative_frames import (
     SpeculativeFrame,
+    SpeculativeMixedFrame,
+    SpeculativeMixedResult,
     SpeculativeResult,
     speculative_result_of,
 )
-from gpu.programs.speculative_mixed import SpeculativeMixedFrame, SpeculativeMixedResult
 from policy.descriptors import GraphShape
 
 

@@ -16,7 +16,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from gpu.model_config import ModelLoadError
+from gpu.model.config import ModelLoadError
 
 
 def _token_text(value: Any) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.model_config import ModelConfig
+from gpu.model.config import ModelConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

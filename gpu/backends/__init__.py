@@ -1,0 +1,61 @@
+"""The backends that prepare, launch and time prepared programs: the protocol
+(``gpu.backends.protocol``), ``cpu``, ``cuda`` (with its device probe, ``cuda_probe``)
+and ``fake``. ``open_backend`` opens one by name; importing this package touches no
+device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu.backends.protocol import (
+    BACKEND_NAMES,
+    Backend,
+    BackendClosed,
+    BackendError,
+    BackendUnavailable,
+    Completion,
+    LaunchHandle,
+    PreparationReport,
+    ProgramFault,
+    ProgramNotPrepared,
+    ProgressSink,
+)
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendClosed",
+    "BackendError",
+    "BackendUnavailable",
+    "Completion",
+    "LaunchHandle",
+    "PreparationReport",
+    "ProgramFault",
+    "ProgramNotPrepared",
+    "ProgressSink",
+    "open_backend",
+]
+
+
+def open_backend(name: str, **options: Any) -> Backend:
+    """Open a backend by name: ``cpu``, ``cuda`` or ``fake``.
+
+    Raises ``BackendUnavailable`` with a message saying why (unknown name, no CUDA
+    device, cuda-python missing); never crashes at import.
+    """
+    if name == "cpu":
+        from gpu.backends.cpu import CpuBackend
+
+        return CpuBackend(**options)
+    if name == "cuda":
+        from gpu.backends.cuda import CudaBackend
+
+        return CudaBackend(**options)
+    if name == "fake":
+        from gpu.backends.fake import FakeBackend
+
+        return FakeBackend(**options)
+    raise BackendUnavailable(
+        f"unknown backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}"
+    )
