@@ -70,7 +70,7 @@ from actors.public import (
 from actors.publisher import event_buffer_size
 from actors.resource_book import ResourceBook
 from gpu.backend import Backend, open_backend
-from gpu.catalog import CatalogFlags, build_catalog
+from gpu.catalog import CatalogFlags, build_catalog, fixed_width_shapes
 from gpu.engine import ModelEngine
 from gpu.model_config import load_model_config
 from gpu.program import PreparedProgram
@@ -427,20 +427,7 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[
     kept += [s for s in config.extra_speculative_shapes if s not in kept]
     if config.speculation != "fixed":
         return tuple(kept)
-    return _fixed_width(kept)
-
-
-def _fixed_width(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
-    """Fixed-width mode's subset of a speculative load (``served_shapes``): per batch
-    bucket the speculative and mixed programs of the bucket's widest speculative
-    width, no ordinary decode, everything else as it is."""
-    widest: dict[int, int] = {}
-    for s in shapes:
-        if s.kind is GraphKind.SPECULATIVE:
-            widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
-    return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
-        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
-        or s.token_capacity == widest.get(s.batch_capacity)))
+    return fixed_width_shapes(kept)
 
 
 def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
