@@ -50,6 +50,7 @@ from actors.messages import (
     Withdraw,
 )
 from actors.public import Finished, GenerationRequest
+from policy.lifecycle import fits_context
 
 MAX_STOP_STRINGS = 16
 """More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""
@@ -84,7 +85,8 @@ def check_request(request: GenerationRequest, limits: AdmissionLimits) -> Admiss
         return InvalidRequest(f"max_tokens must be at least 1, got {request.max_tokens}")
     if any(not 0 <= t < limits.vocab_size for t in prompt):
         return InvalidRequest(f"prompt token ids must lie in 0..{limits.vocab_size - 1}")
-    if len(prompt) + request.max_tokens > limits.max_context:
+    if not fits_context(prompt_len=len(prompt), max_tokens=request.max_tokens,
+                        limit=limits.max_context):
         return ContextTooLong(
             f"prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
             f"the model's context of {limits.max_context} tokens"

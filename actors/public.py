@@ -20,6 +20,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# The context rule admission applies, for callers that check a request before submitting.
+from policy.lifecycle import context_room as context_room
+from policy.lifecycle import fits_context as fits_context
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
@@ -160,7 +164,10 @@ class Runtime(Protocol):
     def model_name(self) -> str: ...
 
     @property
-    def max_context(self) -> int: ...
+    def max_context(self) -> int:
+        """The context limit admission applies (``policy.lifecycle.context_limit``):
+        a request fits when ``fits_context`` holds for it."""
+        ...
 
     def generate(
         self, request: GenerationRequest

@@ -80,6 +80,7 @@ from policy.baselines.factory import SEED_POLICIES, make_policy
 from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.lifecycle import context_limit
 
 log = structlog.get_logger("flare.runtime")
 
@@ -187,7 +188,8 @@ class Runtime:
 
     @property
     def max_context(self) -> int:
-        return self._parts.max_context
+        return context_limit(max_context=self._parts.max_context,
+                             num_pages=self._parts.num_pages, page_size=self._parts.page_size)
 
     @contextlib.asynccontextmanager
     async def generate(self, request: GenerationRequest) -> AsyncIterator[_EventStream]:
@@ -289,8 +291,8 @@ async def open_runtime_with(parts: RuntimeParts, *,
 
     book = ResourceBook(num_pages=parts.num_pages, state_rows=parts.state_rows,
                         page_size=parts.page_size, snapshot_lanes=snapshot_lanes(catalog))
-    # A request whose worst case exceeds the whole page pool could never be granted.
-    max_context = min(parts.max_context, parts.num_pages * parts.page_size)
+    max_context = context_limit(max_context=parts.max_context, num_pages=parts.num_pages,
+                                page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
