@@ -80,6 +80,7 @@ from policy.baselines.factory import SEED_POLICIES, make_policy
 from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.frame_queue import FRAME_SLOTS  # orders and outcomes in transit (QUEUE-10)
 from policy.lifecycle import context_limit
 
 log = structlog.get_logger("flare.runtime")
@@ -91,9 +92,6 @@ abandoned (a frame is at most a few hundred ms on the CPU backend)."""
 ALLOCATOR_INBOX = 16
 """The allocator answers every message at once; a small buffer absorbs bursts (the
 validator's retirements and the planner's reservations arrive together)."""
-
-FRAME_SLOTS = 2
-"""Orders and outcomes in transit: the transport's two frame slots (QUEUE-10)."""
 
 PUBLISHER_INBOX = 16
 """One ``PublishFrame`` per completed frame plus ``Track``/``Drop`` notes; the planner
