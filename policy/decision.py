@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from policy.candidates import PREFILL, family_shapes, family_times
+from policy.candidate_families import PREFILL, family_shapes, family_times
 from policy.config import PolicyConfig
 from policy.decision_context import (
     CatalogIndex,

@@ -37,7 +37,7 @@ from policy.requests import RequestRecord
 from policy.utility import FloatArray
 
 if TYPE_CHECKING:
-    from policy.candidates import CohortSizes, FamilyShapes, FamilyTimes
+    from policy.candidate_families import CohortSizes, FamilyShapes, FamilyTimes
     from policy.prerequisite_pairs import FollowingTemplate, PairLists
 
 IntArray = npt.NDArray[np.int64]

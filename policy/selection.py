@@ -32,7 +32,8 @@ Rules implemented here (seed: *Useful service and selection*, *Duration estimate
 
 from __future__ import annotations
 
-from policy.candidates import Candidate, Candidates, dominated_by_smaller
+from policy.candidate_families import Candidate, dominated_by_smaller
+from policy.candidates import Candidates
 from policy.decision_context import (
     BoolArray,
     CatalogIndex,

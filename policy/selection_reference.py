@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from policy.candidates import INT64_MAX, Candidate, dominated_by_smaller
+from policy.candidate_families import INT64_MAX, Candidate, dominated_by_smaller
 from policy.prerequisites_reference import best_prerequisite_reference
 from policy.types import ScheduledPlan, SelectionReason
 from policy.utility import NS_PER_MS, FloatArray, value_rates
