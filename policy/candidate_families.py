@@ -14,14 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
-from policy.utility import IntArray
+from policy.utility import BoolArray, IntArray
 
 if TYPE_CHECKING:
-    from policy.decision_context import CatalogIndex, ShapeTimes
+    from policy.catalog_index import CatalogIndex, ShapeTimes
 
-BoolArray = npt.NDArray[np.bool_]
 INT64_MAX = int(np.iinfo(np.int64).max)
 
 DECODE, SNAPSHOT, PREFILL, SCORED_PREFILL, MIXED_DECODE, MIXED_PROMPT = range(6)

@@ -2,10 +2,10 @@
 
 This module owns the ordinary selector: given a ``DecisionContext`` (scaled lane values
 of the runnable requests, built by ``policy/decision.py``; the types live in
-``policy/decision_context.py`` and are re-exported here), it ranks every ordinary
-candidate (``policy/candidates.py``) against the best prerequisite candidate
-(``policy/prerequisites.py``) and returns the winner as a frozen ``ScheduledPlan`` with
-its lanes. The candidate table as first written, one numpy table ranked by one lexsort,
+``policy/decision_context.py`` and ``policy/catalog_index.py`` and are re-exported here),
+it ranks every ordinary candidate (``policy/candidates.py``) against the best
+prerequisite candidate (``policy/prerequisites.py``) and returns the winner as a frozen
+``ScheduledPlan`` with its lanes. The candidate table as first written, one numpy table ranked by one lexsort,
 is kept as the executable specification in ``policy/selection_reference.py``.
 
 Rules implemented here (seed: *Useful service and selection*, *Duration estimates*,
@@ -34,18 +34,8 @@ from __future__ import annotations
 
 from policy.candidate_families import Candidate, dominated_by_smaller
 from policy.candidates import Candidates
-from policy.decision_context import (
-    BoolArray,
-    CatalogIndex,
-    DecisionContext,
-    IntArray,
-    LaneGroup,
-    MixedGrid,
-    PromptGroup,
-    PromptLayout,
-    RestoreGroup,
-    ShapeTimes,
-)
+from policy.catalog_index import CatalogIndex, MixedGrid, PromptLayout, ShapeTimes
+from policy.decision_context import DecisionContext, LaneGroup, PromptGroup, RestoreGroup
 from policy.descriptors import GraphKind, StateOp
 from policy.prerequisites import PrerequisiteChoice, best_prerequisite
 from policy.types import (
@@ -57,7 +47,7 @@ from policy.types import (
     ScheduledStep,
     SelectionReason,
 )
-from policy.utility import NS_PER_MS, optimistic_rate
+from policy.utility import NS_PER_MS, BoolArray, IntArray, optimistic_rate
 
 __all__ = [
     "BoolArray",
