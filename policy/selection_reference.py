@@ -20,13 +20,10 @@ import numpy.typing as npt
 from policy.candidate_families import INT64_MAX, Candidate, dominated_by_smaller
 from policy.prerequisites_reference import best_prerequisite_reference
 from policy.types import ScheduledPlan, SelectionReason
-from policy.utility import NS_PER_MS, FloatArray, value_rates
+from policy.utility import NS_PER_MS, BoolArray, FloatArray, IntArray, value_rates
 
 if TYPE_CHECKING:
     from policy.decision_context import DecisionContext, LaneGroup
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(slots=True)
