@@ -27,6 +27,8 @@ from actors.public import (
     StreamEvent,
     TextCodec,
     TokenDelta,
+    context_room,
+    fits_context,
 )
 
 __all__ = [
@@ -47,4 +49,6 @@ __all__ = [
     "StreamEvent",
     "TextCodec",
     "TokenDelta",
+    "context_room",
+    "fits_context",
 ]

@@ -19,7 +19,6 @@ Architecture step 2. ``check_request`` is the pure decision (limits in
 from __future__ import annotations
 
 import contextlib
-import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -50,6 +49,7 @@ from actors.messages import (
     Withdraw,
 )
 from actors.public import Finished, GenerationRequest
+from policy.lifecycle import fits_context
 
 MAX_STOP_STRINGS = 16
 """More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""
@@ -84,20 +84,15 @@ def check_request(request: GenerationRequest, limits: AdmissionLimits) -> Admiss
         return InvalidRequest(f"max_tokens must be at least 1, got {request.max_tokens}")
     if any(not 0 <= t < limits.vocab_size for t in prompt):
         return InvalidRequest(f"prompt token ids must lie in 0..{limits.vocab_size - 1}")
-    if len(prompt) + request.max_tokens > limits.max_context:
+    if not fits_context(prompt_len=len(prompt), max_tokens=request.max_tokens,
+                        limit=limits.max_context):
         return ContextTooLong(
             f"prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
             f"the model's context of {limits.max_context} tokens"
         )
-    s = request.sampling
-    if not math.isfinite(s.temperature) or s.temperature < 0:
-        return InvalidRequest(f"temperature must be finite and >= 0, got {s.temperature}")
-    if not 0 < s.top_p <= 1:
-        return InvalidRequest(f"top_p must lie in (0, 1], got {s.top_p}")
-    if s.top_k < 0:
-        return InvalidRequest(f"top_k must be >= 0, got {s.top_k}")
-    if s.seed is not None and not 0 <= s.seed < 2**63:
-        return InvalidRequest("seed must lie in 0..2**63-1")
+    sampling_problem = request.sampling.problem()
+    if sampling_problem is not None:
+        return InvalidRequest(sampling_problem)
     if len(request.stop) > MAX_STOP_STRINGS:
         return InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings")
     if any(not 0 < e <= len(prompt) for e in request.message_ends):

@@ -18,7 +18,8 @@ DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "de
 DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"
 
 BackendName = Literal["cpu", "cuda"]
-SpeculationMode = Literal["off", "fixed", "adaptive"]
+SpeculationSetting = Literal["off", "fixed", "adaptive"]
+"""``--speculation``: ``off``, or the value of a ``policy.rounds.SpeculationMode``."""
 DraftSource = Literal["draft", "copy"]
 SpeculativeAllocation = Literal["host", "device"]
 DEFAULT_DRAFT_DEPTH = 4
@@ -47,7 +48,7 @@ class RuntimeConfig:
     """Largest decode batch capacity; buckets are the powers of two up to it."""
     prefill_capacities: tuple[int, ...] = (64, 256, 1024)
     mixed_prefill: bool = False
-    speculation: SpeculationMode = "off"
+    speculation: SpeculationSetting = "off"
     speculative_token_capacity: int = 0
     """``--speculative-token-capacity R``: bound on aggregate target rows (0 = B*W)."""
     draft_source: DraftSource = "draft"

@@ -20,16 +20,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# Per-request sampling: one value from the request to the device row.
+from gpu.frames import SamplingParams as SamplingParams
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SamplingParams:
-    """Per-request sampling. ``temperature == 0`` is greedy; ``top_k == 0`` disables
-    top-k; ``seed`` makes sampling reproducible whatever else is in the batch."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
+# The context rule admission applies, for callers that check a request before submitting.
+from policy.lifecycle import context_room as context_room
+from policy.lifecycle import fits_context as fits_context
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,7 +156,10 @@ class Runtime(Protocol):
     def model_name(self) -> str: ...
 
     @property
-    def max_context(self) -> int: ...
+    def max_context(self) -> int:
+        """The context limit admission applies (``policy.lifecycle.context_limit``):
+        a request fits when ``fits_context`` holds for it."""
+        ...
 
     def generate(
         self, request: GenerationRequest

@@ -71,7 +71,7 @@ from actors.publisher import event_buffer_size
 from actors.resource_book import ResourceBook
 from gpu.backends import open_backend
 from gpu.backends.protocol import Backend
-from gpu.catalog import CatalogFlags, build_catalog
+from gpu.catalog import CatalogFlags, build_catalog, fixed_width_shapes
 from gpu.engine import ModelEngine
 from gpu.model.config import load_model_config
 from gpu.model.tokenizer import Tokenizer
@@ -81,6 +81,8 @@ from policy.baselines.factory import SEED_POLICIES, make_policy
 from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.frame_queue import FRAME_SLOTS  # orders and outcomes in transit (QUEUE-10)
+from policy.lifecycle import context_limit
 
 log = structlog.get_logger("flare.runtime")
 
@@ -91,9 +93,6 @@ abandoned (a frame is at most a few hundred ms on the CPU backend)."""
 ALLOCATOR_INBOX = 16
 """The allocator answers every message at once; a small buffer absorbs bursts (the
 validator's retirements and the planner's reservations arrive together)."""
-
-FRAME_SLOTS = 2
-"""Orders and outcomes in transit: the transport's two frame slots (QUEUE-10)."""
 
 PUBLISHER_INBOX = 16
 """One ``PublishFrame`` per completed frame plus ``Track``/``Drop`` notes; the planner
@@ -188,7 +187,8 @@ class Runtime:
 
     @property
     def max_context(self) -> int:
-        return self._parts.max_context
+        return context_limit(max_context=self._parts.max_context,
+                             num_pages=self._parts.num_pages, page_size=self._parts.page_size)
 
     @contextlib.asynccontextmanager
     async def generate(self, request: GenerationRequest) -> AsyncIterator[_EventStream]:
@@ -290,8 +290,8 @@ async def open_runtime_with(parts: RuntimeParts, *,
 
     book = ResourceBook(num_pages=parts.num_pages, state_rows=parts.state_rows,
                         page_size=parts.page_size, snapshot_lanes=snapshot_lanes(catalog))
-    # A request whose worst case exceeds the whole page pool could never be granted.
-    max_context = min(parts.max_context, parts.num_pages * parts.page_size)
+    max_context = context_limit(max_context=parts.max_context, num_pages=parts.num_pages,
+                                page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
@@ -428,20 +428,7 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[
     kept += [s for s in config.extra_speculative_shapes if s not in kept]
     if config.speculation != "fixed":
         return tuple(kept)
-    return _fixed_width(kept)
-
-
-def _fixed_width(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
-    """Fixed-width mode's subset of a speculative load (``served_shapes``): per batch
-    bucket the speculative and mixed programs of the bucket's widest speculative
-    width, no ordinary decode, everything else as it is."""
-    widest: dict[int, int] = {}
-    for s in shapes:
-        if s.kind is GraphKind.SPECULATIVE:
-            widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
-    return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
-        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
-        or s.token_capacity == widest.get(s.batch_capacity)))
+    return fixed_width_shapes(kept)
 
 
 def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import trio
 
-from actors import GenerationRequest, Runtime
+from actors import GenerationRequest, Runtime, context_room, fits_context
 from app.chat_template import ChatTemplate, tokenize_chat
 from app.errors import ApiError, bad_request, context_too_long, shutting_down
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
@@ -102,7 +102,8 @@ class FlareService:
         chat = tokenize_chat(self.template, self.codec, params.messages)
         max_tokens = params.common.max_tokens
         if max_tokens is None:
-            max_tokens = self.runtime.max_context - len(chat.token_ids)
+            max_tokens = context_room(prompt_len=len(chat.token_ids),
+                                      limit=self.runtime.max_context)
             if max_tokens < 1:
                 raise self._too_long(len(chat.token_ids), 1)
         request = self._request(params.common, chat.token_ids, max_tokens, prefix="chatcmpl",
@@ -123,7 +124,8 @@ class FlareService:
                  prompt_logprobs: bool = False, logprobs: bool = False) -> GenerationRequest:
         if not prompt_ids:
             raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
-        if len(prompt_ids) + max_tokens > self.runtime.max_context:
+        if not fits_context(prompt_len=len(prompt_ids), max_tokens=max_tokens,
+                            limit=self.runtime.max_context):
             raise self._too_long(len(prompt_ids), max_tokens)
         return GenerationRequest(
             prompt_token_ids=prompt_ids,

@@ -46,6 +46,8 @@ Rules:
   the widths. ``B = 1`` gets none: one lane's allocation is its ceiling cut to P,
   which a host length already expresses.
 
+- Fixed-width speculation (MIX-7) serves ``fixed_width_shapes`` of the speculative load.
+
 The whole catalog is computed before any preparation; preparation must cover exactly
 it and the planner receives the same value (MIX-39, MIX-48).
 """
@@ -261,6 +263,21 @@ def state_shapes() -> tuple[GraphShape, ...]:
         GraphShape(kind=GraphKind.STATE, batch_capacity=1, token_capacity=0, state_op=op)
         for op in StateOp
     )
+
+
+def fixed_width_shapes(shapes: Iterable[GraphShape]) -> tuple[GraphShape, ...]:
+    """Fixed-width mode's subset of a speculative load (MIX-7, LRN-10): per batch bucket
+    the speculative and mixed programs of the bucket's widest speculative width, no
+    ordinary decode, everything else as it is. A mixed batch bucket without a wider
+    mixed program of that width keeps none."""
+    shapes = tuple(shapes)
+    widest: dict[int, int] = {}
+    for s in shapes:
+        if s.kind is GraphKind.SPECULATIVE:
+            widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
+    return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
+        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
+        or s.token_capacity == widest.get(s.batch_capacity)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

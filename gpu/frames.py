@@ -21,6 +21,7 @@ All values are frozen, slotted, keyword-only dataclasses with tuples (house styl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,25 +51,42 @@ class FrameError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
-    """Per-request sampling: temperature 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off."""
+    """Per-request sampling, as a request asks for it and as a state row runs it.
 
-    temperature: float = 0.0
+    ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off; the defaults are
+    OpenAI's (temperature 1). ``seed`` makes sampling reproducible whatever else is in the
+    batch; a request without one (None) gets one drawn at admission, so a state row is
+    always initialised with a seed. Values are checked where they enter: admission
+    refuses what ``problem`` names, and a row refuses unseeded or invalid parameters
+    (``check_row``)."""
+
+    temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int = 0
+    seed: int | None = None
 
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must lie in (0, 1]")
+    def problem(self) -> str | None:
+        """The first reason these parameters can never be run, or None."""
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            return f"temperature must be finite and >= 0, got {self.temperature}"
+        if not 0 < self.top_p <= 1:
+            return f"top_p must lie in (0, 1], got {self.top_p}"
         if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError("seed must lie in 0..2**63-1")
+            return f"top_k must be >= 0, got {self.top_k}"
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            return "seed must lie in 0..2**63-1"
+        return None
+
+    def check_row(self) -> None:
+        """Raise ``ValueError`` unless a state row can run these parameters."""
+        problem = self.problem()
+        if problem is None and self.seed is None:
+            problem = "a state row needs a seed"
+        if problem is not None:
+            raise ValueError(problem)
 
 
-GREEDY = SamplingParams()
+GREEDY = SamplingParams(temperature=0.0, seed=0)
 """Greedy decoding (temperature 0), the default sampling of a row."""
 
 
@@ -81,6 +99,9 @@ class RowInit:
     position: int = 0
     pending_token: int = 0
     sampling: SamplingParams = GREEDY
+
+    def __post_init__(self) -> None:
+        self.sampling.check_row()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +179,10 @@ class RowCopy:
     dst_row: int
     dst_page: int = -1
     sampling: SamplingParams | None = None
+
+    def __post_init__(self) -> None:
+        if self.sampling is not None:
+            self.sampling.check_row()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

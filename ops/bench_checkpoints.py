@@ -36,6 +36,8 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
+from ops.tiny_model import TinyLlama, write_tiny_llama
+from ops.training.llama import LlamaShape
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -56,27 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def build_tiny_model(directory: Path) -> Path:
-    """The runtime tests' tiny random Llama (vocab 96, d=32, 2 layers)."""
-    import torch
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    torch.manual_seed(11)
-    config = tf.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
-    )
-    tf.LlamaForCausalLM(config).eval().save_pretrained(directory)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, 96)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    return directory
+TINY = TinyLlama(shape=LlamaShape(
+    vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512), seed=11,
+    init_std=0.3)
+"""The runtime tests' tiny random Llama (vocab 96, d=32, 2 layers)."""
 
 
 @dataclass(slots=True)
@@ -200,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp)) if args.tiny else args.model
+        model_dir = write_tiny_llama(TINY, Path(tmp)) if args.tiny else args.model
         rows = trio.run(bench, args, model_dir)
     if args.json:
         print(json.dumps(rows))

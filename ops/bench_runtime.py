@@ -14,7 +14,7 @@ execution interval also counts time the worker spends waiting for the GIL while 
 trio actors run Python (every torch op releases it), so the busy fraction minus the
 worker-CPU share is host Python the window did not hide (see docs/runtime.md).
 
-With ``--tiny`` it builds a random tiny Llama with transformers in a temporary
+With ``--tiny`` it builds a random tiny Llama (``ops.tiny_model``) in a temporary
 directory (no download), so the benchmark runs on a fresh machine.
 """
 
@@ -37,6 +37,8 @@ from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.planner import FrameRecord
 from actors.public import Finished, GenerationRequest, SamplingParams
 from actors.system import Runtime, open_runtime
+from ops.tiny_model import TinyLlama, write_tiny_llama
+from ops.training.llama import LlamaShape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,28 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def build_tiny_model(directory: Path) -> Path:
-    """A random Llama (d=256, 4 layers, vocab 4096) with a word-level tokenizer."""
-    import torch
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    torch.manual_seed(0)
-    vocab_size = 4096
-    config = tf.LlamaConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
-    )
-    tf.LlamaForCausalLM(config).eval().save_pretrained(directory)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    return directory
+TINY = TinyLlama(shape=LlamaShape(
+    vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024), seed=0)
+"""A random Llama (d=256, 4 layers, vocab 4096) with a word-level tokenizer."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -183,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
     # The planner logs a debug trace record per frame; keep the benchmark's output clean.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp)) if args.tiny else args.model
+        model_dir = write_tiny_llama(TINY, Path(tmp)) if args.tiny else args.model
         result = trio.run(bench, args, model_dir)
     if args.json:
         print(json.dumps(result, sort_keys=True))

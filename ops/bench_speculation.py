@@ -72,6 +72,8 @@ from actors.public import (
 from actors.system import Runtime, open_runtime
 from ops.bench_speculation_rows import Mode, Row, median_rows, render
 from ops.bench_verdicts import held_out_verdicts
+from ops.tiny_model import TinyLlama, write_tiny_pair
+from ops.training.llama import LlamaShape
 
 PROMPT_MODULES = ("argparse", "json", "heapq", "difflib", "pickle", "csv", "random", "string",
                   "collections", "typing", "statistics", "calendar", "configparser", "ftplib",
@@ -166,34 +168,16 @@ def _presets(text: str) -> tuple[str, ...]:
     return names
 
 
-def build_tiny_pair(directory: Path) -> tuple[Path, Path]:
-    """A random tiny Llama target and a smaller draft sharing its word-level vocabulary."""
-    import shutil
+def _tiny(seed: int, hidden: int, layers: int) -> TinyLlama:
+    return TinyLlama(shape=LlamaShape(
+        vocab_size=96, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+        max_position_embeddings=256), seed=seed, init_std=0.3)
 
-    import torch
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab_size = 96
-    target, draft = directory / "target", directory / "draft"
-    for path, seed, hidden, layers in ((target, 11, 32, 2), (draft, 12, 16, 1)):
-        torch.manual_seed(seed)
-        config = tf.LlamaConfig(
-            vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-            max_position_embeddings=256, initializer_range=0.3, bos_token_id=1,
-            eos_token_id=2, tie_word_embeddings=True)
-        tf.LlamaForCausalLM(config).eval().save_pretrained(path)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(target / "tokenizer.json"))
-    (target / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(target / name, draft / name)
-    return target, draft
+TINY_TARGET = _tiny(11, 32, 2)
+TINY_DRAFT = _tiny(12, 16, 1)
+"""A random tiny Llama target and a smaller draft sharing its word-level vocabulary."""
 
 
 def modes_of(args: argparse.Namespace) -> list[Mode]:
@@ -455,8 +439,8 @@ def measured_rows(args: argparse.Namespace) -> list[Row]:
     """Every mode and load on the real runtime, ``--repeats`` times interleaved."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        target, draft = build_tiny_pair(Path(tmp)) if args.tiny else (args.model,
-                                                                      args.draft_model)
+        target, draft = (write_tiny_pair(TINY_TARGET, TINY_DRAFT, Path(tmp)) if args.tiny
+                         else (args.model, args.draft_model))
         for repeat in range(max(args.repeats, 1)):
             for mode in modes_of(args):
                 rows += [replace(r, repeat=repeat)

@@ -31,7 +31,7 @@ from actors.config import (
     SCHEDULER_POLICIES,
     ConfigError,
     RuntimeConfig,
-    SpeculationMode,
+    SpeculationSetting,
 )
 from actors.public import Runtime
 from actors.system import open_runtime
@@ -152,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
-    speculation: SpeculationMode = args.speculation or (
+    speculation: SpeculationSetting = args.speculation or (
         "adaptive" if args.draft_model is not None or args.draft_source == "copy" else "off")
     return RuntimeConfig(
         model_dir=args.model,

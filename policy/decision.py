@@ -29,17 +29,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from policy.candidates import PREFILL, family_shapes, family_times
+from policy.candidate_families import PREFILL, family_shapes, family_times
+from policy.catalog_index import CatalogIndex, ShapeTimes
 from policy.config import PolicyConfig
-from policy.decision_context import (
-    CatalogIndex,
-    DecisionContext,
-    IntArray,
-    LaneGroup,
-    PromptGroup,
-    RestoreGroup,
-    ShapeTimes,
-)
+from policy.decision_context import DecisionContext, LaneGroup, PromptGroup, RestoreGroup
 from policy.descriptors import StateOp
 from policy.frame_queue import FrameQueue
 from policy.requests import RequestRecord
@@ -49,7 +42,7 @@ from policy.service import (
     observe_service,
 )
 from policy.types import Phase, RequestHandle, RestoreNeed
-from policy.utility import NS_PER_MS, scaled
+from policy.utility import NS_PER_MS, IntArray, scaled
 
 _RETIRED, _DECODE = Phase.RETIRED, Phase.DECODE
 _TERMINAL, _PREFILL = Phase.TERMINAL, Phase.PREFILL

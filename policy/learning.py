@@ -40,13 +40,8 @@ from dataclasses import dataclass
 
 from policy.descriptors import GraphKind, GraphShape
 from policy.refresh import CreditLedger
-from policy.rounds import (
-    RoundCandidate,
-    SpeculationMode,
-    SpeculativeLane,
-    price_rows,
-    round_candidates,
-)
+from policy.round_table import RoundCandidate, SpeculativeLane
+from policy.rounds import SpeculationMode, price_rows, round_candidates
 from policy.types import RequestHandle, ScheduledPlan
 from policy.utility import NS_PER_MS
 

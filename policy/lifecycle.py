@@ -2,6 +2,9 @@
 
 This module owns the rules that do not depend on how a policy ranks work:
 
+- the context limit (``context_limit``, ``fits_context``, ``context_room``): how many
+  positions, prompt plus ``max_tokens``, one request may use; the HTTP layer and the
+  runtime's admission both ask these, so they refuse exactly the same requests;
 - admission checks (``check_admission``): prompt, output limit, cached prefix, message
   ends and the system boundary (SEL-1, SEL-40, OPEN-36);
 - commit rechecks (``check_commit``, ``check_lane``): fences strictly increase, the
@@ -45,9 +48,31 @@ __all__ = [
     "check_admission",
     "check_commit",
     "check_lane",
+    "context_limit",
+    "context_room",
+    "fits_context",
     "index_records",
     "lane_valid",
 ]
+
+
+def context_limit(*, max_context: int, num_pages: int, page_size: int) -> int:
+    """The most positions (prompt plus ``max_tokens``) one request may use: the served
+    context, capped by the whole page pool (a worst case beyond the pool could never be
+    granted)."""
+    return min(max_context, num_pages * page_size)
+
+
+def fits_context(*, prompt_len: int, max_tokens: int, limit: int) -> bool:
+    """Whether a prompt of ``prompt_len`` tokens plus ``max_tokens`` fits ``limit``
+    (``context_limit``); the boundary itself fits."""
+    return prompt_len + max_tokens <= limit
+
+
+def context_room(*, prompt_len: int, limit: int) -> int:
+    """The largest ``max_tokens`` that ``fits_context`` for this prompt (below 1: the
+    prompt alone fills the context)."""
+    return limit - prompt_len
 
 
 def check_admission(*, prompt_len: int, max_output_tokens: int, cached_prefix_len: int,

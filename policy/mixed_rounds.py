@@ -36,15 +36,10 @@ from dataclasses import dataclass
 from policy.decision_context import PromptGroup
 from policy.descriptors import GraphKind, GraphShape
 from policy.requests import RequestRecord
+from policy.round_cohorts import HostCohort, cohort_round, top_cohorts
 from policy.round_plans import ranked_plan
-from policy.rounds import (
-    HostCohort,
-    LaneTable,
-    RoundCandidate,
-    cohort_round,
-    plan_lanes,
-    top_cohorts,
-)
+from policy.round_table import LaneTable, RoundCandidate
+from policy.rounds import plan_lanes
 from policy.types import (
     DecodeMode,
     Lane,

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
-import numpy.typing as npt
+
+from policy.utility import IntArray
 
 if TYPE_CHECKING:
     from policy.decision_context import DecisionContext
 
-IntArray = npt.NDArray[np.int64]
 _EMPTY: IntArray = np.zeros(0, dtype=np.int64)
 
 

@@ -38,7 +38,6 @@ from policy.descriptors import StateOp
 from policy.prerequisite_pairs import (
     MEMO_LIMIT,
     FollowingTemplate,
-    IntArray,
     PairLists,
     PrerequisiteChoice,
     _fill_spare,
@@ -46,7 +45,7 @@ from policy.prerequisite_pairs import (
     _remember,
     _template,
 )
-from policy.utility import prefix_sums
+from policy.utility import IntArray, prefix_sums
 
 if TYPE_CHECKING:
     from policy.decision_context import DecisionContext

@@ -21,7 +21,8 @@ from typing import Protocol
 
 from policy.config import PolicyConfig
 from policy.requests import RequestRecord
-from policy.rounds import RoundCandidate, SpeculativeLane, plan_lanes, speculative_lane
+from policy.round_table import RoundCandidate, SpeculativeLane, speculative_lane
+from policy.rounds import plan_lanes
 from policy.service import ServiceHistory, delivery_price, output_token_price
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
 from policy.types import (

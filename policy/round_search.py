@@ -24,10 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from policy.utility import FloatArray, IntArray
 
 __all__ = ["best_lengths", "clean_forecast", "frontier_allocation", "prefix_cohort_values",
            "prune_lanes"]

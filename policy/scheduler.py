@@ -31,7 +31,6 @@ import numpy as np
 
 from policy.checkpoint_allowance import CheckpointAllowance, estimated_prefill_ns
 from policy.config import PolicyConfig
-from policy.cost import DurationEstimates
 from policy.decision import build_context
 from policy.descriptors import (
     ExecutionTiming,
@@ -39,6 +38,7 @@ from policy.descriptors import (
     GraphShape,
     StateOp,
 )
+from policy.duration_estimates import DurationEstimates
 from policy.frame_queue import FrameQueue, QueuedFrame
 from policy.lifecycle import (
     apply_progress,

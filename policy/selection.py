@@ -2,11 +2,12 @@
 
 This module owns the ordinary selector: given a ``DecisionContext`` (scaled lane values
 of the runnable requests, built by ``policy/decision.py``; the types live in
-``policy/decision_context.py`` and are re-exported here), it ranks every ordinary
-candidate (``policy/candidates.py``) against the best prerequisite candidate
-(``policy/prerequisites.py``) and returns the winner as a frozen ``ScheduledPlan`` with
-its lanes. The candidate table as first written, one numpy table ranked by one lexsort,
-is kept as the executable specification in ``tests/policy/selection_reference.py``.
+``policy/decision_context.py`` and ``policy/catalog_index.py`` and are re-exported here),
+it ranks every ordinary candidate (``policy/candidates.py``) against the best
+prerequisite candidate (``policy/prerequisites.py``) and returns the winner as a frozen
+``ScheduledPlan`` with its lanes. The candidate table as first written, one numpy table
+ranked by one lexsort, is kept as the executable specification in
+``tests/policy/selection_reference.py``.
 
 Rules implemented here (seed: *Useful service and selection*, *Duration estimates*,
 *Funded timing refresh*, *Mixed execution contract*):
@@ -32,19 +33,10 @@ Rules implemented here (seed: *Useful service and selection*, *Duration estimate
 
 from __future__ import annotations
 
-from policy.candidates import Candidate, Candidates, dominated_by_smaller
-from policy.decision_context import (
-    BoolArray,
-    CatalogIndex,
-    DecisionContext,
-    IntArray,
-    LaneGroup,
-    MixedGrid,
-    PromptGroup,
-    PromptLayout,
-    RestoreGroup,
-    ShapeTimes,
-)
+from policy.candidate_families import Candidate, dominated_by_smaller
+from policy.candidates import Candidates
+from policy.catalog_index import CatalogIndex, MixedGrid, PromptLayout, ShapeTimes
+from policy.decision_context import DecisionContext, LaneGroup, PromptGroup, RestoreGroup
 from policy.descriptors import GraphKind, StateOp
 from policy.prerequisites import PrerequisiteChoice, best_prerequisite
 from policy.types import (
@@ -56,7 +48,7 @@ from policy.types import (
     ScheduledStep,
     SelectionReason,
 )
-from policy.utility import NS_PER_MS, optimistic_rate
+from policy.utility import NS_PER_MS, BoolArray, IntArray, optimistic_rate
 
 __all__ = [
     "BoolArray",

@@ -48,17 +48,8 @@ from policy.refresh import (
     episode_charge_ns,
 )
 from policy.round_plans import round_plan, round_wins, speculative_lanes
-from policy.rounds import (
-    LaneTable,
-    RoundPrograms,
-    SpeculationMode,
-    SpeculativeLane,
-    lane_table,
-    observe_completed_round,
-    rank_key,
-    ranked_rounds,
-    round_candidates,
-)
+from policy.round_table import LaneTable, SpeculativeLane, lane_table, observe_completed_round
+from policy.rounds import RoundPrograms, SpeculationMode, rank_key, ranked_rounds, round_candidates
 from policy.scheduler import Scheduler
 from policy.selection import select
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource

@@ -33,6 +33,8 @@ from policy.descriptors import GraphShape
 NS_PER_MS = 1_000_000
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 def scale_exponent(magnitudes: Iterable[float]) -> int:

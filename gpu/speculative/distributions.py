@@ -2,9 +2,9 @@
 
 Speculative verification compares the target's and the draft's *sampling*
 distributions, so both must be the distributions the ordinary sampler draws from:
-``filtered_probs`` applies exactly ``gpu.sampling.sample``'s processing (temperature,
-top-k, then top-p on the top-k-renormalised mass, the top token always kept) and
-returns probabilities. Greedy rows (temperature 0) become a one-hot at the raw-logit
+``filtered_probs`` applies ``gpu.sampling.sample``'s own processing (the same
+``clean_logits``, ``scale_by_temperature`` and ``top_k_top_p_keep``) and returns
+probabilities. Greedy rows (temperature 0) become a one-hot at the raw-logit
 argmax, the token ``sample`` picks; rejection sampling between one-hot rows is exact
 greedy verification, so greedy requests need no separate code path. ``greedy_tokens``
 gives those argmax tokens alone, for programs that know every lane is greedy.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from gpu.sampling import clean_logits, scale_by_temperature, top_k_top_p_keep
+
 
 def filtered_probs(
     logits: torch.Tensor,
@@ -27,20 +29,10 @@ def filtered_probs(
 ) -> torch.Tensor:
     """Probabilities ``float32 [N, V]`` of the distribution ``sample`` draws from for
     each row of ``logits [N, V]`` (parameters ``[N]``)."""
-    logits = logits.float()
-    vocab = logits.shape[-1]
-    safe = torch.nan_to_num(logits, nan=-1e30, posinf=1e30, neginf=-1e30)
+    safe = clean_logits(logits.float())
     greedy = temperature <= 0.0
-    scaled = safe / torch.where(greedy, 1.0, temperature)[:, None]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device, dtype=torch.int64)[None, :]
-    k = torch.where(top_k > 0, top_k, vocab)[:, None]
-    keep_sorted = rank < k
-    probs_sorted = torch.softmax(sorted_logits.masked_fill(~keep_sorted, float("-inf")), dim=-1)
-    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
-    keep_sorted = keep_sorted & (mass_before < top_p[:, None])
-    keep_sorted[:, 0] = True
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    scaled = scale_by_temperature(safe, temperature)
+    keep = top_k_top_p_keep(scaled, top_k=top_k, top_p=top_p)
     sampled = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
     one_hot = torch.zeros_like(sampled).scatter(1, safe.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, sampled)
@@ -51,8 +43,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     puts its one-hot for temperature 0 (the raw-logit argmax, NaN/inf cleaned the same
     way), int64 ``[...]``. Programs whose lanes are all greedy use it instead of the
     whole distribution (``verify_greedy``)."""
-    safe = torch.nan_to_num(logits.float(), nan=-1e30, posinf=1e30, neginf=-1e30)
-    return safe.argmax(dim=-1)
+    return clean_logits(logits.float()).argmax(dim=-1)
 
 
 def filtered_probs_by_lane(

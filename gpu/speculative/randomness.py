@@ -25,27 +25,12 @@ from __future__ import annotations
 
 import torch
 
-from gpu.sampling import counter_uniform
+from gpu.sampling import counter_uniform, mix32
 
 _MASK32 = 0xFFFFFFFF
-# The same avalanche constants as gpu.sampling (odd, below 2**31: products stay in int64).
-_MUL_A = 0x7FEB352D
-_MUL_B = 0x68E31DA5
-_MUL_C = 0x4F6CDD1D
 
 ACCEPTANCE_STREAM = 0x41434350  # "ACCP"
 DRAFT_STREAM = 0x44524654  # "DRFT"
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit avalanche mix of non-negative int64 values below 2**32."""
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL_B) & _MASK32
-    x = x ^ (x >> 16)
-    x = (x * _MUL_C) & _MASK32
-    return x ^ (x >> 15)
 
 
 def stream_seed(seed: torch.Tensor, stream: int, salt: torch.Tensor | None = None) -> torch.Tensor:
@@ -56,9 +41,9 @@ def stream_seed(seed: torch.Tensor, stream: int, salt: torch.Tensor | None = Non
     stay far apart."""
     key = torch.full_like(seed, stream & _MASK32)
     if salt is not None:
-        key = key ^ _mix32(salt & _MASK32)
-    low = _mix32(key)
-    high = _mix32(low ^ 0x9E3779B9) & 0x7FFFFFFF  # keep the result non-negative
+        key = key ^ mix32(salt & _MASK32)
+    low = mix32(key)
+    high = mix32(low ^ 0x9E3779B9) & 0x7FFFFFFF  # keep the result non-negative
     return seed ^ ((high << 32) | low)
 
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import torch
 
+from gpu.sampling import clean_logits
 from gpu.speculative.randomness import acceptance_uniforms, gumbel_noise
 
 PAD_TOKEN = -1
@@ -236,9 +237,8 @@ def speculative_survival(
 
 def target_log_probs(target_logits: torch.Tensor) -> torch.Tensor:
     """The unfiltered temperature-1 log-probabilities ``float32 [..., V]`` that reported
-    logprobs use (non-finite logits cleaned as ``gpu.sampling.sample`` cleans them)."""
-    logits = torch.nan_to_num(target_logits.float(), nan=-1e30, posinf=1e30, neginf=-1e30)
-    return torch.log_softmax(logits, dim=-1)
+    logprobs use (non-finite logits cleaned by ``gpu.sampling.clean_logits``, as the sampler cleans them)."""
+    return torch.log_softmax(clean_logits(target_logits.float()), dim=-1)
 
 
 def pick_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

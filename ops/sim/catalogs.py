@@ -4,11 +4,10 @@ A server without speculation prepares the ordinary catalog; one with a draft (``
 run --draft-model``/``--draft-source copy``, draft depth D) prepares the speculative
 load of ``gpu.catalog.build_catalog`` (rectangular ``QueryLength`` programs of widths
 1..D+1, width-one mixed programs that keep the draft context, and wider mixed programs
-whose speculative decode rows the ``SpeculativeScheduler`` plans). Like
-``actors.system.served_shapes`` (which this module mirrors without importing the
-runtime), fixed-width mode (``spec-fixed``) keeps per batch bucket only the speculative
-and mixed programs of the widest speculative width, and no ordinary decode (MIX-7,
-LRN-10).
+whose speculative decode rows the ``SpeculativeScheduler`` plans). Fixed-width mode
+(``spec-fixed``) serves ``gpu.catalog.fixed_width_shapes`` of that load, the subset
+``actors.system.served_shapes`` keeps: per batch bucket only the speculative and mixed
+programs of the widest speculative width, and no ordinary decode (MIX-7, LRN-10).
 
 So a simulated comparison puts each policy on the catalog its real server would have:
 non-speculative policies on the ordinary catalog, ``spec-adaptive`` and ``fixed-spec-K``
@@ -19,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpu.catalog import CatalogFlags, build_catalog
+from gpu.catalog import CatalogFlags, build_catalog, fixed_width_shapes
 from policy.baselines import speculative_policy
-from policy.descriptors import GraphKind, GraphShape
+from policy.descriptors import GraphShape
 
 DEFAULT_DRAFT_DEPTH = 4
 """``flare run``'s default ``--draft-depth``."""
@@ -61,15 +60,3 @@ def build_catalogs(*, max_batch: int, prefill_capacities: Sequence[int], mixed_p
         return Catalogs(ordinary, (), ())
     load = catalog(draft_depth)  # adaptive mode serves every generated program
     return Catalogs(ordinary, load, fixed_width_shapes(load))
-
-
-def fixed_width_shapes(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
-    """Fixed-width mode: per batch bucket the speculative and mixed programs of the
-    widest speculative width, no decode (MIX-7)."""
-    widest: dict[int, int] = {}
-    for s in shapes:
-        if s.kind is GraphKind.SPECULATIVE:
-            widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
-    return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
-        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
-        or s.token_capacity == widest.get(s.batch_capacity)))

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from policy.baselines.menu import PromptWork, ShapeMenu
 from policy.config import PolicyConfig
-from policy.cost import DurationEstimates
 from policy.descriptors import ExecutionTiming, GraphShape
+from policy.duration_estimates import DurationEstimates
 from policy.frame_queue import FrameQueue, QueuedFrame
 from policy.lifecycle import (
     apply_progress,

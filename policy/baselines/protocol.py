@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from policy.config import PolicyConfig
-from policy.cost import DurationEstimates
 from policy.descriptors import ExecutionTiming, GraphShape
+from policy.duration_estimates import DurationEstimates
 from policy.types import (
     CompletionRecord,
     Fence,

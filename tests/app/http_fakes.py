@@ -22,6 +22,7 @@ from actors.public import (
     RuntimeStatistics,
     StreamEvent,
     TokenDelta,
+    fits_context,
 )
 
 SPECIAL_TOKENS = ["<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
@@ -149,7 +150,8 @@ class FakeRuntime:
             raise QueueFull("admission queue is full (64 waiting)", retry_after_s=self.retry_after_s)
         if self.invalid:
             raise InvalidRequest("the runtime refuses this request")
-        if len(request.prompt_token_ids) + request.max_tokens > self.max_context:
+        if not fits_context(prompt_len=len(request.prompt_token_ids),
+                            max_tokens=request.max_tokens, limit=self.max_context):
             raise ContextTooLong("prompt plus max_tokens exceed the context")
         self.requests.append(request)
         self.active += 1

@@ -29,7 +29,7 @@ from speculative_driver import SpeculativeDriver
 
 from gpu.draft_state import DraftState
 from gpu.engine import ModelEngine
-from gpu.frames import DecodeFrame, SamplingParams, StepResult
+from gpu.frames import GREEDY, DecodeFrame, SamplingParams, StepResult
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation
@@ -311,7 +311,7 @@ def test_sampled_width_one_steps_report_the_depth_one_acceptance_probability(
     for kind in ("decode", "round"):
         perfect = _width_one_acceptance(driver_for(pair, 0, draft=pair[0])[0], kind, sampling)
         assert perfect == pytest.approx(1.0, abs=1e-5)
-        greedy = _width_one_acceptance(driver_for(pair, 0)[0], kind, SamplingParams())
+        greedy = _width_one_acceptance(driver_for(pair, 0)[0], kind, GREEDY)
         assert greedy == -1.0
 
 
@@ -321,7 +321,7 @@ def _round_beyond(pair: tuple[Path, Path], shape: GraphShape, *, draft: Path | N
     """Prefill row 0, run one learned round of ``shape`` (full width unless ``ceiling``):
     (beyond, accepted, the drafts the target verified)."""
     driver, _ = driver_for(pair, 0, draft=draft)
-    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling or SamplingParams())
+    driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling or GREEDY)
     lane = driver.speculate(shape, [0], [ceiling or shape.token_capacity]).lanes[0]
     return lane.beyond, lane.accepted, lane.evaluated
 

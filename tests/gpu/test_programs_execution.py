@@ -16,7 +16,7 @@ import torch
 from model_fixtures import CATALOG, DECODE, MIXED_4, PAGE_SIZE, PREFILL_64, prompt_of
 
 from gpu.engine import ModelEngine
-from gpu.frames import NO_PROMPT_ROW, SamplingParams
+from gpu.frames import GREEDY, NO_PROMPT_ROW, SamplingParams
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.sampling import sample
@@ -39,7 +39,7 @@ def _scenario(driver: ReferenceDriver) -> tuple[list[object], list[float], list[
     sampled = SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=7)
     lengths = {0: 5, 1: 40, 2: 150, 3: 200}
     for row, length in lengths.items():
-        params = sampled if row == 2 else SamplingParams()
+        params = sampled if row == 2 else GREEDY
         out.append(driver.prefill(PREFILL_64, row, prompt_of(length, seed=row), chunk=64,
                                   sampling=params))
         blocks.append(engine.programs[PREFILL_64].context_blocks)  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from model_fixtures import DECODE, PREFILL_64, build_engine, prompt_of
 
-from gpu.frames import SamplingParams
+from gpu.frames import GREEDY, SamplingParams
 from gpu.programs.driver import ReferenceDriver
 from gpu.sampling import counter_uniform, sample
 
@@ -101,7 +101,7 @@ def test_fixed_seed_reproducible_across_batch_compositions(
         return out
 
     alone = stream({0: seeded}, 0, 1)
-    crowded = stream({3: SamplingParams(temperature=0.9, seed=1), 1: SamplingParams(),
+    crowded = stream({3: SamplingParams(temperature=0.9, seed=1), 1: GREEDY,
                       5: seeded, 6: SamplingParams(temperature=2.0, seed=99)}, 5, 8)
     assert alone == crowded
     other = stream({0: SamplingParams(temperature=1.3, top_p=0.95, top_k=40, seed=2025)}, 0, 1)

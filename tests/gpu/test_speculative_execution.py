@@ -24,7 +24,7 @@ from model_fixtures import DECODE, PREFILL_64, build_checkpoint, prompt_of
 from speculative_driver import SpeculativeDriver
 
 from gpu.engine import ModelEngine
-from gpu.frames import SamplingParams
+from gpu.frames import GREEDY, SamplingParams
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation
 from gpu.programs.speculative_binding import COPY, LEARNED
@@ -100,7 +100,7 @@ def _scenario(driver: SpeculativeDriver, sampled_rows: tuple[int, ...]
                3: prompt_of(13, 2)}
     for row, prompt in prompts.items():
         driver.prefill(PREFILL_64, row, prompt, chunk=64,
-                       sampling=SAMPLED if row in sampled_rows else SamplingParams())
+                       sampling=SAMPLED if row in sampled_rows else GREEDY)
     programs = driver.engine.programs
     schedule: list[tuple[GraphShape, list[int], list[int]]] = [
         (RECT, [0, 1, 2, 3], [4, 4, 4, 4]),

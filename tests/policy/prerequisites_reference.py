@@ -17,12 +17,11 @@ import numpy.typing as npt
 
 from policy.descriptors import StateOp
 from policy.prerequisites import (
-    IntArray,
     PrerequisiteChoice,
     _fill_spare,
     _multistage_choice,
 )
-from policy.utility import FloatArray, prefix_sums
+from policy.utility import FloatArray, IntArray, prefix_sums
 
 if TYPE_CHECKING:
     from policy.decision_context import DecisionContext

@@ -18,16 +18,13 @@ import numpy as np
 import numpy.typing as npt
 from prerequisites_reference import best_prerequisite_reference
 
-from policy.candidates import INT64_MAX, Candidate, dominated_by_smaller
+from policy.candidate_families import INT64_MAX, Candidate, dominated_by_smaller
 from policy.selection import _build_plan, _restore_plan
 from policy.types import ScheduledPlan, SelectionReason
-from policy.utility import NS_PER_MS, FloatArray, value_rates
+from policy.utility import NS_PER_MS, BoolArray, FloatArray, IntArray, value_rates
 
 if TYPE_CHECKING:
     from policy.decision_context import DecisionContext, LaneGroup
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(slots=True)

@@ -15,16 +15,13 @@ from policy.learning import (
     probe_rank_key,
 )
 from policy.refresh import CreditLedger, acceptance_learning_ledger
-from policy.rounds import (
-    SpeculationMode,
+from policy.round_table import (
     SpeculativeLane,
-    best_round,
     forecast_observation,
     observe_completed_round,
-    plan_lanes,
-    round_candidates,
     speculative_lane,
 )
+from policy.rounds import SpeculationMode, best_round, plan_lanes, round_candidates
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
 from policy.types import (
     Lane,

@@ -71,7 +71,7 @@ def test_memo_keyed_by_request_lengths_stays_bounded() -> None:
 def test_dur_8_estimate_change_reaches_the_next_decision() -> None:
     """Covers DUR-8, DUR-9: a completion that moves a median changes the durations the
     next decision ranks with (the per-family cache is dropped in place)."""
-    from policy.candidates import DECODE, family_shapes, family_times
+    from policy.candidate_families import DECODE, family_shapes, family_times
 
     s = measured_scheduler((decode(1),))
     make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=5.0)

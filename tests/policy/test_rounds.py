@@ -11,22 +11,24 @@ import pytest
 
 from gpu.speculative.allocation import reference_allocation
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.round_cohorts import device_cohort_values
 from policy.round_search import best_lengths
-from policy.rounds import (
+from policy.round_table import (
     Ordering,
     RoundCandidate,
-    SpeculationMode,
     SpeculativeLane,
-    best_round,
-    device_cohort_values,
     forecast_observation,
-    frontier_allocation,
     lane_ceiling,
     observe_completed_round,
-    plan_lanes,
     queued_advance_bound,
-    round_candidates,
     speculative_lane,
+)
+from policy.rounds import (
+    SpeculationMode,
+    best_round,
+    frontier_allocation,
+    plan_lanes,
+    round_candidates,
 )
 from policy.speculation import INITIAL_WEIGHT, AcceptanceState, ProposalSource, expected_output
 from policy.types import RequestHandle

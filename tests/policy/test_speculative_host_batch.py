@@ -17,18 +17,14 @@ import numpy as np
 import pytest
 
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.round_cohorts import _HostPick
+from policy.round_table import Ordering, RoundCandidate, SpeculativeLane, _LaneTable, _width
 from policy.rounds import (
-    Ordering,
-    RoundCandidate,
     RoundPrograms,
     SpeculationMode,
-    SpeculativeLane,
     _host_batch,
     _host_candidates,
     _host_picks,
-    _HostPick,
-    _LaneTable,
-    _width,
     rank_key,
     round_candidates,
 )

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.cost import DurationEstimates, median_ns
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.duration_estimates import DurationEstimates, median_ns
 
 MS = 1_000_000
 TTL = 30_000 * MS
