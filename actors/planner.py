@@ -72,11 +72,8 @@ from actors.messages import (
 from actors.public import FinishReason
 from gpu.frames import SamplingParams
 from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
-from policy.baselines.protocol import ClientTagged
-from policy.baselines.protocol import Planner as SchedulingPolicy
-from policy.descriptors import TargetBinding
 from policy.frame_queue import FRAME_SLOTS
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
 from policy.types import (
     CommitRejected,
     Fence,
@@ -238,9 +235,7 @@ class Planner:
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle,
         )
-        if isinstance(self.scheduler, ClientTagged):
-            # Client-fair baselines (vtc) schedule by client; the seed's Scheduler does not.
-            self.scheduler.assign_client(handle, request.client)
+        self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         s = request.sampling
         source = LaneSource(
@@ -270,48 +265,14 @@ class Planner:
                                            reason="cancelled", message=message))
 
     def _complete_in_scheduler(self, frame: ValidatedFrame) -> list[GeneratedToken]:
-        """``complete``, or for a speculative round the scheduler's packed-round API
-        with the sidecars (QUEUE-3, QUEUE-4, ACC-28)."""
+        """``complete`` with what a speculative frame's lanes report (QUEUE-3, QUEUE-4,
+        ACC-28): the policy decides what it learns from them."""
         rounds = frame.rounds
-        if rounds is not None:
-            self._count_round(rounds)  # any policy's rounds (fixed-spec-K included)
-        if rounds is None or not isinstance(self.scheduler, SpeculativeScheduler):
+        if rounds is None:
             return self.scheduler.complete(frame.fence, frame.records, frame.timing)
-        survival = {lane.handle: lane.survival for lane in rounds.lanes}
-        # the drafts each lane's source supplied and the target verified (copy
-        # proposals may supply fewer than the allocation)
-        offered = {lane.handle: lane.evaluated for lane in rounds.lanes}
-        if self._learned_counterfactuals:
-            self._extend_by_beyond(rounds, survival, offered)
-        shape = frame.plan.shape
-        if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth:
-            return self.scheduler.complete_packed_round_with_survival(
-                frame.fence, frame.records, frame.timing, rounds.confidence, offered,
-                survival)
-        return self.scheduler.complete_with_survival(frame.fence, frame.records, frame.timing,
-                                                     survival, offered)
-
-    @staticmethod
-    def _extend_by_beyond(rounds: SpeculativeRounds,
-                          survival: dict[RequestHandle, tuple[float, ...]],
-                          offered: dict[RequestHandle, int]) -> None:
-        """Depth-``(D + 1)`` counterfactuals of learned rounds: a lane that verified all
-        ``D`` of its drafts also reports whether the draft's next proposal would have
-        held at the target's row ``D`` (``RoundLane.beyond``). It becomes one more
-        offered depth whose survival value is the last verified depth's times that
-        probability (ACC-28): ``beyond`` after a fully accepted prefix, zero after a
-        rejected one. Every such lane observes the extra depth, whatever it accepted,
-        so the depth's mean stays an estimate of ``s_(D+1)`` (observing it only after
-        full acceptance would estimate ``s_(D+1) / s_D``). A request whose deeper means
-        fell can recover them one depth per round instead of only through probes (ACC-9
-        leaves them unobserved)."""
-        for lane in rounds.lanes:
-            if lane.beyond < 0.0 or lane.proposed < 1 or lane.evaluated != lane.proposed:
-                continue
-            prefix = lane.survival or (
-                (1.0,) * lane.accepted + (0.0,) * (lane.evaluated - lane.accepted))
-            survival[lane.handle] = (*prefix, prefix[-1] * lane.beyond)
-            offered[lane.handle] = lane.evaluated + 1
+        self._count_round(rounds)  # any policy's rounds (fixed-spec-K included)
+        return self.scheduler.complete(frame.fence, frame.records, frame.timing,
+                                       round=round_completion(rounds))
 
     def _count_round(self, rounds: SpeculativeRounds) -> None:
         c = self.counters
@@ -441,7 +402,6 @@ class Planner:
         """One decided counterfactual round, of either source: to the scheduler and the
         counters (a sampled depth-one round counts as accepted when its acceptance
         probability is at least one half)."""
-        assert isinstance(self.scheduler, SpeculativeScheduler)
         self.scheduler.observe_counterfactual(handle, offered=offered, accepted=accepted,
                                               terminated=terminated, survival=survival)
         self.counters.counterfactual_rounds += 1
@@ -616,6 +576,16 @@ class Planner:
             return LaneExtent(handle=lane.handle, kv_tokens=self._residents[lane.handle].kv_done,
                               snapshot=True)
         return LaneExtent(handle=lane.handle, kv_tokens=kv_extent(lane, sources[lane.handle]))
+
+
+def round_completion(rounds: SpeculativeRounds) -> RoundCompletion:
+    """The policy's view of a validated frame's round sidecars."""
+    return RoundCompletion(
+        lanes=tuple(RoundLaneOutcome(handle=lane.handle, proposed=lane.proposed,
+                                     evaluated=lane.evaluated, accepted=lane.accepted,
+                                     survival=lane.survival, beyond=lane.beyond)
+                    for lane in rounds.lanes),
+        confidence=rounds.confidence)
 
 
 def log_trace(trace: TraceRecord) -> None:

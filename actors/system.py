@@ -77,9 +77,13 @@ from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from gpu.tokenizer import Tokenizer
 from policy.baselines.factory import SEED_POLICIES, make_policy
-from policy.baselines.protocol import Planner as SchedulingPolicy
 from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.protocol import SchedulingPolicy
+from policy.round_speculation import SpeculationSettings
+from policy.rounds import SpeculationMode
+from policy.scheduler import Scheduler
+from policy.speculation import ProposalSource
 
 log = structlog.get_logger("flare.runtime")
 
@@ -126,7 +130,7 @@ class RuntimeParts:
     (``fcfs``, ``sarathi``, ``vtc``) behind the same planner interface."""
     speculation: str = "off"
     """``--speculation``: ``off``, or ``fixed``/``adaptive`` with ``draft_source``; the
-    planner then runs ``policy.speculative_scheduler.SpeculativeScheduler``."""
+    planner's scheduler then speculates (``policy.round_speculation``)."""
     draft_source: str = "draft"
     copy_counterfactuals: bool = False
     """Adaptive copy speculation: replay copy lookups where no copy round ran
@@ -417,7 +421,7 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[
 
     A speculative load serves every ``speculation_enabled`` mixed program: width one
     keeps the draft context (MIX-6) and the wider ones carry speculative decode rows,
-    which the ``SpeculativeScheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
+    which the speculating ``Scheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
     Fixed-width mode (MIX-7, LRN-10) keeps, per batch bucket, only the programs of
     the fixed width ``D + 1`` (the widest speculative width the envelope allows at
     that bucket), mixed and separate speculative alike, and no ordinary decode: every
@@ -451,21 +455,21 @@ def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
     rounds on the speculative load (host lengths, completed like any generation frame)."""
     if parts.speculation == "off" or parts.scheduler_policy.startswith("fixed-spec-"):
         return make_policy(parts.scheduler_policy, parts.policy, catalog=catalog)
-    from policy.rounds import SpeculationMode
-    from policy.speculation import ProposalSource
-    from policy.speculative_scheduler import SpeculativeScheduler
-
-    return SpeculativeScheduler(
-        parts.policy, catalog, mode=SpeculationMode(parts.speculation),
-        source=ProposalSource(parts.draft_source), context_limit=max_context)
+    mode = SpeculationMode(parts.speculation)
+    return Scheduler(parts.policy, catalog, speculation=SpeculationSettings(
+        mode=mode, source=ProposalSource(parts.draft_source), context_limit=max_context,
+        # depth-(D + 1) observations of learned rounds (RuntimeConfig.draft_counterfactuals)
+        depth_beyond=parts.draft_counterfactuals and parts.draft_source == "draft"
+        and mode is SpeculationMode.ADAPTIVE))
 
 
 def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
                               catalog: Sequence[GraphShape]) -> int:
     """Drafts per counterfactual copy round (the deepest copy round in the catalog), or
-    0 where the planner keeps none: only the seed's adaptive scheduler with copy
-    proposals learns from them (``RuntimeConfig.copy_counterfactuals``)."""
-    if not (parts.copy_counterfactuals and _adaptive_for(parts, scheduler, "copy")):
+    0 where the planner keeps none: only a scheduler that learns acceptance, with copy
+    proposals, learns from them (``RuntimeConfig.copy_counterfactuals``)."""
+    if not (parts.copy_counterfactuals and parts.draft_source == "copy"
+            and scheduler.learns_acceptance):
         return 0
     return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
                default=0)
@@ -473,19 +477,10 @@ def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
 
 def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) -> bool:
     """Whether the planner folds the learned draft's depth-one proposals into the
-    scheduler: only the seed's adaptive scheduler with the learned source learns from
-    them (``RuntimeConfig.draft_counterfactuals``)."""
-    return parts.draft_counterfactuals and _adaptive_for(parts, scheduler, "draft")
-
-
-def _adaptive_for(parts: RuntimeParts, scheduler: SchedulingPolicy, source: str) -> bool:
-    """Whether ``scheduler`` is the seed's adaptive speculative scheduler and the load's
-    proposals come from ``source``: only it reads acceptance estimates."""
-    from policy.rounds import SpeculationMode
-    from policy.speculative_scheduler import SpeculativeScheduler
-
-    return (parts.draft_source == source and isinstance(scheduler, SpeculativeScheduler)
-            and scheduler.mode is SpeculationMode.ADAPTIVE)
+    scheduler: only a scheduler that learns acceptance, with the learned source, learns
+    from them (``RuntimeConfig.draft_counterfactuals``)."""
+    return (parts.draft_counterfactuals and parts.draft_source == "draft"
+            and scheduler.learns_acceptance)
 
 
 def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,

@@ -48,6 +48,7 @@ from policy.lifecycle import (
     index_records,
     lane_valid,
 )
+from policy.protocol import RoundCompletion
 from policy.refresh import (
     CreditLedger,
     credited_duration_ns,
@@ -55,6 +56,8 @@ from policy.refresh import (
     timing_refresh_ledger,
 )
 from policy.requests import PendingDelivery, RequestRecord
+from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings
+from policy.rounds import SpeculationMode
 from policy.selection import CatalogIndex, ShapeTimes, select
 from policy.service import (
     Normalizers,
@@ -65,6 +68,7 @@ from policy.service import (
     redo_delivery,
     service_interval_ns,
 )
+from policy.speculation import AcceptanceState
 from policy.types import (
     AdmissionRefused,
     CommitRejected,
@@ -93,10 +97,15 @@ TRACE_HISTORY = 1024
 
 
 class Scheduler:
-    """Pure, synchronous scheduler over one catalog of prepared shapes."""
+    """Pure, synchronous scheduler over one catalog of prepared shapes.
+
+    ``speculation``: plan complete speculative rounds of that proposal source and mode
+    (``policy/round_speculation.py``); None: ordinary programs only."""
 
     def __init__(self, config: PolicyConfig | None = None,
-                 catalog: Iterable[GraphShape] = ()) -> None:
+                 catalog: Iterable[GraphShape] = (), *,
+                 speculation: SpeculationSettings | None = None) -> None:
+        self._speculation = RoundSpeculation(speculation) if speculation is not None else None
         self._config = config if config is not None else PolicyConfig()
         self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
         self._refresh: CreditLedger = timing_refresh_ledger()
@@ -166,6 +175,18 @@ class Scheduler:
         return self._refresh
 
     @property
+    def speculation(self) -> RoundSpeculation | None:
+        """The speculative-round component (None: this scheduler does not speculate)."""
+        return self._speculation
+
+    @property
+    def learns_acceptance(self) -> bool:
+        """Whether it learns acceptance from rounds and counterfactuals: adaptive
+        speculation only."""
+        spec = self._speculation
+        return spec is not None and spec.mode is SpeculationMode.ADAPTIVE
+
+    @property
     def now_ns(self) -> int:
         return self._now_ns
 
@@ -200,6 +221,8 @@ class Scheduler:
         self._queue.observe_time(now_ns)
         if len(self._queue) == 0 and not any(r.selectable for r in self._records.values()):
             self._refresh.on_idle()
+            if self._speculation is not None:
+                self._speculation.on_idle()  # LRN-16
 
     # ---- residency ---------------------------------------------------------------------
 
@@ -253,6 +276,10 @@ class Scheduler:
         self._admitted_any = True
         return handle
 
+    def assign_client(self, handle: RequestHandle, client: str) -> None:
+        """The seed's scheduler does not rank by client: nothing to record."""
+        return None
+
     def restoration_ready(self, handle: RequestHandle) -> None:
         """External restoration finished: a restore graph may now bind the state."""
         rec = self._record(handle)
@@ -299,7 +326,63 @@ class Scheduler:
         for h in done:
             del self._records[h]
             self._allowances.pop(h, None)
+        if self._speculation is not None:
+            self._speculation.release(done)
         return done
+
+    # ---- acceptance (speculation) ------------------------------------------------------
+
+    def _speculating(self) -> RoundSpeculation:
+        if self._speculation is None:
+            raise PolicyError("this scheduler is not configured to speculate")
+        return self._speculation
+
+    def acceptance(self, handle: RequestHandle) -> AcceptanceState:
+        """The request's acceptance state (created from the population priors)."""
+        spec = self._speculating()
+        self._record(handle)
+        return spec.acceptance(handle)
+
+    def preseed_acceptance(self, handle: RequestHandle, means: Sequence[float],
+                           weight: float = 128.0) -> None:
+        """Give a request a preseeded acceptance history (OPEN-34, VER-23)."""
+        spec = self._speculating()
+        self._record(handle)
+        spec.preseed(handle, means, weight)
+
+    def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
+                               accepted: int, terminated: bool,
+                               survival: Sequence[float] | None = None) -> None:
+        """Fold a *counterfactual* round of the configured proposal source into the
+        request's acceptance and the population prior, with the seed's estimator
+        (ACC-6..8, ACC-20); without speculation nothing is learned.
+
+        Copy proposals are a pure function of the request's own tokens (SPEC-8), so
+        where a frame advanced the request without verifying copy drafts (a decode, a
+        width-one round, a round whose lookup found nothing), the host can replay the
+        lookup on the context that frame started from and compare the drafts with the
+        tokens the target then produced: ``offered`` drafts, the first ``accepted`` of
+        them equal to the following tokens. For greedy lanes that is exactly what the
+        round would have accepted; for sampled lanes the match indicator has the
+        round's acceptance probability as its expectation. ``terminated``: the request
+        ended before the drafts were all compared (censoring, ACC-8). This is flare's
+        extension of ACC-9 for the copy source (``docs/speculative-selection.md``,
+        *Counterfactual copy rounds*): a real round's verification costs device time, a
+        counterfactual costs a dictionary lookup, and without it a request whose first
+        rounds failed re-learns copy acceptance only through 1 % probes.
+
+        The learned source has depth-one counterfactuals: a width-one step that keeps
+        the draft context feeds the draft the pending token, so the draft's greedy
+        proposal for the next token is known; for a greedy request, whether it equals
+        the emitted token is exactly what a depth-one round would have accepted
+        (``offered = 1``). For a sampled request the step reports ``sum min(p, q)``,
+        the probability a depth-one round would have accepted its draft: passed as
+        ``survival``, it replaces the binary observation (ACC-28).
+        """
+        if self._speculation is not None:
+            self._speculation.observe_counterfactual(
+                handle, resident=handle in self._records, offered=offered,
+                accepted=accepted, terminated=terminated, survival=survival)
 
     # ---- planning ----------------------------------------------------------------------
 
@@ -309,12 +392,20 @@ class Scheduler:
         Pure (QUEUE-2). The plan may need an empty window (``requires_empty_window``);
         while frames are in flight the planner then submits nothing (QUEUE-34, QUEUE-35).
         """
+        times = self._shape_times()
+        refresh_funded = self._refresh.funded()
         ctx = build_context(
-            records=self._records, catalog=self._catalog, times=self._shape_times(),
+            records=self._records, catalog=self._catalog, times=times,
             config=self._config, queue=self._queue, now_ns=self._now_ns,
-            ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
+            ttl_ns=self._estimates.ttl_ns, refresh_funded=refresh_funded,
         )
-        return select(ctx)
+        ordinary = select(ctx)
+        if self._speculation is None:
+            return ordinary
+        return self._speculation.plan(ordinary, ctx, SchedulingView(
+            now_ns=self._now_ns, records=self._records, queue=self._queue,
+            config=self._config, catalog=self._catalog, times=times,
+            estimates=self._estimates, refresh_funded=refresh_funded))
 
     def blocking_reason(self, plan: ScheduledPlan) -> str | None:
         """Why ``plan`` cannot be committed into the window now (None: it can)."""
@@ -341,8 +432,12 @@ class Scheduler:
 
         Rechecks epochs, request state, the window gate and freshness (DUR-28); raises a
         ``CommitRejected`` subclass without changing anything when a check fails
-        (OPEN-12: drop the plan and replan).
+        (OPEN-12: drop the plan and replan). A committed acceptance probe opens an
+        acceptance episode (LRN-8).
         """
+        spec = self._speculation
+        if spec is not None:
+            spec.check_commit(plan)
         if self._last_fence is not None and fence <= self._last_fence:
             raise CommitRejected(f"fence {fence} is not after {self._last_fence}")
         if len(self._queue) and self._became_unqueueable(plan):
@@ -385,6 +480,8 @@ class Scheduler:
             committed_at_ns=self._now_ns,
         )
         self._traces.append(trace)
+        if spec is not None:
+            spec.committed(plan)
         return trace
 
     def _fair_share_population(self) -> int:
@@ -407,7 +504,8 @@ class Scheduler:
     # ---- completion ----------------------------------------------------------------------
 
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],
-                 timing: ExecutionTiming) -> list[GeneratedToken]:
+                 timing: ExecutionTiming, *, round: RoundCompletion | None = None
+                 ) -> list[GeneratedToken]:
         """Apply the oldest in-flight frame's validated results.
 
         Every lane is validated before anything is updated (ACCT-6); a malformed lane
@@ -415,10 +513,25 @@ class Scheduler:
         counter differences (ACCT-7); the frame's measured interval feeds every live
         participant, with zero service for unselected ones (ACCT-8..11); deliveries are
         recorded as zero until publication corrects them (ACCT-13).
+
+        ``round``: what a speculative frame's lanes report (QUEUE-3, QUEUE-4, ACC-28);
+        a speculating scheduler learns acceptance from it, and a device-allocated round
+        cannot complete without it. Without speculation it is ignored.
         """
         head = next(iter(self._queue), None)
         if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
+        spec = self._speculation
+        if spec is not None:
+            spec.check_completion(head.plan.shape, round)
+        out = self._apply_completion(head, fence, records, timing)
+        if spec is not None:
+            spec.completed(head, out, timing, round)
+        return out
+
+    def _apply_completion(self, head: QueuedFrame, fence: Fence,
+                          records: Sequence[CompletionRecord], timing: ExecutionTiming
+                          ) -> list[GeneratedToken]:
         by_handle, duplicates = index_records(records)
         verdicts = [(lane, lane_valid(lane, by_handle.get(lane.handle), duplicates))
                     for lane in head.plan.lanes]

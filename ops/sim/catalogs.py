@@ -4,7 +4,7 @@ A server without speculation prepares the ordinary catalog; one with a draft (``
 run --draft-model``/``--draft-source copy``, draft depth D) prepares the speculative
 load of ``gpu.catalog.build_catalog`` (rectangular ``QueryLength`` programs of widths
 1..D+1, width-one mixed programs that keep the draft context, and wider mixed programs
-whose speculative decode rows the ``SpeculativeScheduler`` plans). Like
+whose speculative decode rows the speculating ``Scheduler`` plans). Like
 ``actors.system.served_shapes`` (which this module mirrors without importing the
 runtime), fixed-width mode (``spec-fixed``) keeps per batch bucket only the speculative
 and mixed programs of the widest speculative width, and no ordinary decode (MIX-7,

@@ -1,4 +1,4 @@
-"""``BaselinePolicy``: the lifecycle every baseline shares, behind the ``Planner`` interface.
+"""``BaselinePolicy``: the lifecycle every baseline shares (``policy.protocol.SchedulingPolicy``).
 
 This module owns what a conventional scheduler needs besides its ordering rule, built
 on the seed scheduler's own pieces wherever they exist as modules:
@@ -45,6 +45,7 @@ from policy.lifecycle import (
     index_records,
     lane_valid,
 )
+from policy.protocol import RoundCompletion
 from policy.refresh import episode_charge_ns
 from policy.requests import RequestRecord
 from policy.service import FALLBACK_RATE_PER_MS, Normalizers, new_history
@@ -187,6 +188,11 @@ class BaselinePolicy(abc.ABC):
         return self._now_ns
 
     @property
+    def learns_acceptance(self) -> bool:
+        """Baselines never learn acceptance (``fixed-spec-K`` runs a fixed depth)."""
+        return False
+
+    @property
     def catalog(self) -> tuple[GraphShape, ...]:
         return self._menu.shapes
 
@@ -255,8 +261,8 @@ class BaselinePolicy(abc.ABC):
         return handle
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:
-        """Tag a resident request with its client (``Scheduler.admit`` has no client
-        parameter, so the tag travels separately; call it right after ``admit``)."""
+        """Tag a resident request with its client (``admit`` has no client parameter,
+        so the tag travels separately; call it right after ``admit``)."""
         req = self._request(handle)
         if req.client == client:
             return
@@ -403,8 +409,10 @@ class BaselinePolicy(abc.ABC):
     # ---- completion --------------------------------------------------------------------
 
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],
-                 timing: ExecutionTiming) -> list[GeneratedToken]:
-        """Apply the oldest frame's results; malformed lanes fail only their request."""
+                 timing: ExecutionTiming, *, round: RoundCompletion | None = None
+                 ) -> list[GeneratedToken]:
+        """Apply the oldest frame's results; malformed lanes fail only their request.
+        Baselines learn no acceptance: a speculative frame's ``round`` is ignored."""
         head = next(iter(self._queue), None)
         if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
@@ -483,6 +491,12 @@ class BaselinePolicy(abc.ABC):
 
     def nothing_published(self, handle: RequestHandle, fence: Fence) -> None:
         """Baselines keep no delivery prices; nothing to undo."""
+        return None
+
+    def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
+                               accepted: int, terminated: bool,
+                               survival: Sequence[float] | None = None) -> None:
+        """Baselines learn no acceptance; counterfactual rounds teach them nothing."""
         return None
 
     def statistics(self) -> SchedulerStatistics:
