@@ -24,7 +24,6 @@ Seed sections: *Planning and the execution queue*, *Service accounting and publi
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -56,6 +55,7 @@ from policy.refresh import (
     timing_refresh_ledger,
 )
 from policy.requests import PendingDelivery, RequestRecord
+from policy.residency import ExecutionCounters, Residency
 from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.selection import CatalogIndex, ShapeTimes, select
@@ -88,12 +88,8 @@ from policy.types import (
     SelectionReason,
     StalePlanError,
     TraceRecord,
-    UnknownRequestError,
 )
 from policy.utility import NS_PER_MS
-
-TRACE_HISTORY = 1024
-"""Committed-plan traces kept for ``traces()``; older ones are dropped."""
 
 
 class Scheduler:
@@ -110,18 +106,13 @@ class Scheduler:
         self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
         self._refresh: CreditLedger = timing_refresh_ledger()
         self._queue = FrameQueue()
-        self._records: dict[RequestHandle, RequestRecord] = {}
-        self._last_epoch: dict[RequestHandle, int] = {}
-        self._next_handle = 1
+        self._residency: Residency[RequestRecord] = Residency()
+        self._records = self._residency.records  # the hot paths read the dict directly
         self._now_ns = 0
         self._last_fence: Fence | None = None
         self._admitted_any = False
         self._catalog = CatalogIndex.build(())
-        self._executions = {r.value: 0 for r in SelectionReason}
-        self._execution_ns = {r.value: 0 for r in SelectionReason}
-        self._committed = 0
-        self._failed_lanes = 0
-        self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
+        self._execution = ExecutionCounters()
         self._times: ShapeTimes | None = None
         self._normalizer_cache: dict[int, Normalizers] = {}
         self._allowances: dict[RequestHandle, CheckpointAllowance] = {}
@@ -255,21 +246,15 @@ class Scheduler:
             raise AdmissionRefused("further prerequisite stages need a restore first")
         if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
             raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
-        if handle is None:
-            handle = RequestHandle(self._next_handle)
-        if handle in self._records:
-            raise AdmissionRefused(f"handle {handle} is already resident")
-        self._next_handle = max(self._next_handle, handle + 1)
-        epoch = self._last_epoch.get(handle, -1) + 1
-        self._last_epoch[handle] = epoch
+        handle, epoch = self._residency.claim(handle)
         norms = self._normalizers(self._fair_share_population())
-        self._records[handle] = RequestRecord(
+        self._residency.add(RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
-        )
+        ))
         self._allowances[handle] = CheckpointAllowance(
             self._config.checkpoint_extra_work_fraction,
             prefill_work_ns=self._prefill_work_ns(prompt_len - cached_prefix_len))
@@ -289,9 +274,7 @@ class Scheduler:
     def cancel(self, handle: RequestHandle) -> None:
         """Stop selecting ``handle`` at once (QUEUE-8). Its in-flight lanes complete
         without effect; it is released once its last submitted fence completes."""
-        rec = self._record(handle)
-        rec.cancelled = True
-        rec.phase = Phase.RETIRED
+        self._residency.cancel(handle)
 
     def preempt(self, handle: RequestHandle) -> None:
         """Begin retiring a resident request without completing its response (PRE-43);
@@ -321,10 +304,8 @@ class Scheduler:
         """Handles whose execution resources may now be freed: retired, cancelled or
         failed, with no submitted fence outstanding (PRE-39, PRE-54, QUEUE-9).
         They stop being resident."""
-        done = [h for h, r in self._records.items()
-                if r.phase is Phase.RETIRED and not r.in_flight]
+        done = self._residency.release()
         for h in done:
-            del self._records[h]
             self._allowances.pop(h, None)
         if self._speculation is not None:
             self._speculation.release(done)
@@ -470,7 +451,7 @@ class Scheduler:
                 rec.queued_delivery_end_ns = end
         self._queue.push(frame)
         self._last_fence = fence
-        self._committed += 1
+        self._execution.committed += 1
         trace = TraceRecord(
             fence=fence, shape=plan.shape, lanes=len(plan.lanes),
             selected_cost_ns=plan.estimated_duration_ns,
@@ -479,7 +460,7 @@ class Scheduler:
             value_rate=plan.selection_value_rate(), log_scale=plan.selection_log_scale(),
             committed_at_ns=self._now_ns,
         )
-        self._traces.append(trace)
+        self._execution.traces.append(trace)
         if spec is not None:
             spec.committed(plan)
         return trace
@@ -536,7 +517,7 @@ class Scheduler:
         verdicts = [(lane, lane_valid(lane, by_handle.get(lane.handle), duplicates))
                     for lane in head.plan.lanes]
         lane_handles = {lane.handle for lane in head.plan.lanes}
-        self._failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
+        self._execution.failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
         # ---- nothing has changed before this point ----
         self._queue.pop(fence, self._now_ns)
         # Expected ends of the frames still queued, per handle they carry (QUEUE-43).
@@ -564,7 +545,7 @@ class Scheduler:
             if rec is None or rec.epoch != lane.epoch or rec.cancelled or rec.failed:
                 continue  # cancelled: publication suppressed, nothing charged (ACCT-5)
             if not verdict:
-                self._failed_lanes += 1
+                self._execution.failed_lanes += 1
                 rec.failed = True
                 rec.phase = Phase.RETIRED
                 out.append(GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
@@ -596,8 +577,7 @@ class Scheduler:
             rec.restored = True
             if not rec.further_stages:
                 rec.restore = RestoreNeed.NONE
-            rec.epoch += 1
-            self._last_epoch[rec.handle] = rec.epoch
+            self._residency.renew_epoch(rec)
             return None
         if lane.role is LaneRole.INITIALIZE:
             rec.further_stages = rec.further_stages[1:]  # a later stage of the chain
@@ -655,8 +635,7 @@ class Scheduler:
         """Counters by kind, cost learning, refresh credit (DUR-8..19, REF-1..16)."""
         kind = frame.reason
         raw = episode_charge_ns(timing, isolated=frame.isolated)
-        self._executions[kind.value] += 1
-        self._execution_ns[kind.value] += raw
+        self._execution.executed(kind, raw)
         before = self._estimates.estimate_ns(frame.plan.shape)
         if self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns) \
                 and self._estimates.estimate_ns(frame.plan.shape) != before:
@@ -716,24 +695,18 @@ class Scheduler:
     # ---- observation -------------------------------------------------------------------
 
     def statistics(self) -> SchedulerStatistics:
-        return SchedulerStatistics(
-            executions=dict(self._executions), execution_ns=dict(self._execution_ns),
+        return self._execution.statistics(
             resident=len(self._records), in_flight=len(self._queue),
-            refresh_credit_ns=float(self._refresh.balance_ns),
-            committed_plans=self._committed, failed_lanes=self._failed_lanes,
-        )
+            refresh_credit_ns=float(self._refresh.balance_ns))
 
     def traces(self) -> tuple[TraceRecord, ...]:
-        return tuple(self._traces)
+        return tuple(self._execution.traces)
 
     def in_flight(self) -> tuple[Fence, ...]:
         return tuple(f.fence for f in self._queue)
 
     def _record(self, handle: RequestHandle) -> RequestRecord:
-        rec = self._records.get(handle)
-        if rec is None:
-            raise UnknownRequestError(f"request {handle} is not resident")
-        return rec
+        return self._residency.get(handle)
 
 
 def _or_minus_one(value: int | None) -> int:
