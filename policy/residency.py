@@ -20,8 +20,10 @@ from typing import Generic, TypeVar
 from policy.requests import RequestRecord
 from policy.types import (
     AdmissionRefused,
+    Fence,
     Phase,
     RequestHandle,
+    ScheduledPlan,
     SchedulerStatistics,
     SelectionReason,
     TraceRecord,
@@ -115,6 +117,21 @@ class ExecutionCounters:
     def executed(self, reason: SelectionReason, duration_ns: int) -> None:
         self.executions[reason.value] += 1
         self.execution_ns[reason.value] += duration_ns
+
+    def trace(self, plan: ScheduledPlan, fence: Fence, *, observation_age_ns: int,
+              exploration_credit_ns: float, log_scale: float, now_ns: int) -> TraceRecord:
+        """The trace of ``plan`` committed as ``fence`` at ``now_ns``, kept for
+        ``traces()``."""
+        trace = TraceRecord(
+            fence=fence, shape=plan.shape, lanes=len(plan.lanes),
+            selected_cost_ns=plan.estimated_duration_ns,
+            observation_age_ns=observation_age_ns, reason=plan.reason,
+            exploration_credit_ns=exploration_credit_ns,
+            value_rate=plan.selection_value_rate(), log_scale=log_scale,
+            committed_at_ns=now_ns,
+        )
+        self.traces.append(trace)
+        return trace
 
     def statistics(self, *, resident: int, in_flight: int, refresh_credit_ns: float
                    ) -> SchedulerStatistics:

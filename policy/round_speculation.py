@@ -174,8 +174,33 @@ class RoundSpeculation:
     def observe_counterfactual(self, handle: RequestHandle, *, resident: bool, offered: int,
                                accepted: int, terminated: bool,
                                survival: Sequence[float] | None) -> None:
-        """One counterfactual round (``Scheduler.observe_counterfactual``); a request
-        no longer ``resident`` still teaches the population prior."""
+        """Fold a *counterfactual* round of the configured proposal source into the
+        request's acceptance and the population prior, with the seed's estimator
+        (ACC-6..8, ACC-20). A request no longer ``resident`` still teaches the
+        population prior.
+
+        Copy proposals are a pure function of the request's own tokens (SPEC-8), so
+        where a frame advanced the request without verifying copy drafts (a decode, a
+        width-one round, a round whose lookup found nothing), the host can replay the
+        lookup on the context that frame started from and compare the drafts with the
+        tokens the target then produced: ``offered`` drafts, the first ``accepted`` of
+        them equal to the following tokens. For greedy lanes that is exactly what the
+        round would have accepted; for sampled lanes the match indicator has the
+        round's acceptance probability as its expectation. ``terminated``: the request
+        ended before the drafts were all compared (censoring, ACC-8). This is flare's
+        extension of ACC-9 for the copy source (``docs/speculative-selection.md``,
+        *Counterfactual copy rounds*): a real round's verification costs device time, a
+        counterfactual costs a dictionary lookup, and without it a request whose first
+        rounds failed re-learns copy acceptance only through 1 % probes.
+
+        The learned source has depth-one counterfactuals: a width-one step that keeps
+        the draft context feeds the draft the pending token, so the draft's greedy
+        proposal for the next token is known; for a greedy request, whether it equals
+        the emitted token is exactly what a depth-one round would have accepted
+        (``offered = 1``). For a sampled request the step reports ``sum min(p, q)``,
+        the probability a depth-one round would have accepted its draft: passed as
+        ``survival``, it replaces the binary observation (ACC-28).
+        """
         state = self.acceptance(handle) if resident else AcceptanceState(self._priors)
         state.observe_round(self.settings.source, offered=offered, accepted=accepted,
                             terminated=terminated, survival=survival)

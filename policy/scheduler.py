@@ -7,16 +7,21 @@ The planner actor owns one ``Scheduler`` and drives it with values and times::
     if plan is not None and sched.window_ready(plan):
         trace = sched.commit(plan, fence)     # rechecks, never reselects (QUEUE-6, QUEUE-7)
     ...
-    tokens = sched.complete(fence, records, timing)     # validates every lane first
+    tokens = sched.complete(fence, records, timing, round=...)  # validates lanes first
     sched.published_output(handle, fence, host_time_ns)  # or nothing_published(...)
     for handle in sched.take_released(): free its resources
 
-This module owns request residency (admission, cancellation, preemption, phase
-transitions), commit (participants, epochs, freshness, window gate), completion (lane
-validation before any update, committed-counter service, cost observations, refresh
-credit, execution counters) and publication (one delivery per visible burst, output age
-from host publication time). Selection itself lives in ``policy/selection.py`` and its
-inputs in ``policy/decision.py``.
+This module owns the lifecycle: admission (prerequisite stages, checkpoint
+allowances), preemption and phase transitions, commit (participants, epochs,
+freshness, window gate), completion (lane validation before any update, then the
+record-level steps of ``policy/frame_completion.py``, cost observations, refresh
+credit) and publication. It composes its parts: resident records and counters
+(``policy/residency.py``), cached estimate arrays (``policy/estimate_cache.py``),
+terminal-capture allowances (``policy/terminal_captures.py``) and, when configured
+with ``SpeculationSettings``, complete speculative rounds
+(``policy/round_speculation.py``). Selection itself lives in ``policy/selection.py``
+and its inputs in ``policy/decision.py``. It implements
+``policy.protocol.SchedulingPolicy``.
 
 Seed sections: *Planning and the execution queue*, *Service accounting and publication*,
 *Funded timing refresh*, *Prerequisites and completion* (terminal retirement).
@@ -26,9 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
-from policy.checkpoint_allowance import CheckpointAllowance, estimated_prefill_ns
+from policy.checkpoint_allowance import CheckpointAllowance
 from policy.config import PolicyConfig
 from policy.cost import DurationEstimates
 from policy.decision import build_context
@@ -38,6 +41,8 @@ from policy.descriptors import (
     GraphShape,
     StateOp,
 )
+from policy.estimate_cache import EstimateCache
+from policy.frame_completion import apply_setup_lane, charge_service, publish, settle_in_flight
 from policy.frame_queue import FrameQueue, QueuedFrame
 from policy.lifecycle import (
     apply_progress,
@@ -54,21 +59,17 @@ from policy.refresh import (
     episode_charge_ns,
     timing_refresh_ledger,
 )
-from policy.requests import PendingDelivery, RequestRecord
+from policy.requests import RequestRecord
 from policy.residency import ExecutionCounters, Residency
 from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.selection import CatalogIndex, ShapeTimes, select
 from policy.service import (
-    Normalizers,
-    ServiceHistory,
     new_history,
-    normalizers_from_catalog,
-    observe_participants,
-    redo_delivery,
     service_interval_ns,
 )
 from policy.speculation import AcceptanceState
+from policy.terminal_captures import CheckpointAllowances
 from policy.types import (
     AdmissionRefused,
     CommitRejected,
@@ -113,9 +114,8 @@ class Scheduler:
         self._admitted_any = False
         self._catalog = CatalogIndex.build(())
         self._execution = ExecutionCounters()
-        self._times: ShapeTimes | None = None
-        self._normalizer_cache: dict[int, Normalizers] = {}
-        self._allowances: dict[RequestHandle, CheckpointAllowance] = {}
+        self._cache = EstimateCache(self._estimates)
+        self._allowances = CheckpointAllowances()
         """Each resident request's checkpoint extra-work allowance (QUEUE-20..24)."""
         self.set_catalog(catalog)
 
@@ -130,36 +130,12 @@ class Scheduler:
         """The cost catalog. ``complete`` feeds it; a caller that seeds it directly
         (tests, preloaded estimates) goes through this property, which drops the
         scheduler's cached per-shape arrays."""
-        self._invalidate_times()
+        self._cache.invalidate()
         return self._estimates
-
-    def _invalidate_times(self) -> None:
-        self._times = None
-        self._normalizer_cache.clear()
-
-    def _refresh_shape_times(self, shape: GraphShape) -> None:
-        """Update one shape's cached timing entries in place."""
-        times = self._times
-        i = self._catalog.position.get(shape)
-        if times is None or i is None:
-            return
-        est = self._estimates
-        times.update(i, est.estimate_ns(shape), _or_minus_one(est.last_valid_ns(shape)),
-                     est.last_touched_ns(shape))
 
     def _shape_times(self) -> ShapeTimes:
         """Per-shape estimate arrays, rebuilt only after estimates change."""
-        if self._times is None:
-            est = self._estimates
-            shapes = self._catalog.shapes
-            self._times = ShapeTimes(
-                estimate_ns=np.array([est.estimate_ns(s) for s in shapes], dtype=np.int64),
-                last_valid_ns=np.array([_or_minus_one(est.last_valid_ns(s)) for s in shapes],
-                                       dtype=np.int64),
-                last_touched_ns=np.array([est.last_touched_ns(s) for s in shapes],
-                                         dtype=np.int64),
-            )
-        return self._times
+        return self._cache.shape_times(self._catalog)
 
     @property
     def refresh_ledger(self) -> CreditLedger:
@@ -189,13 +165,13 @@ class Scheduler:
         config.validate()
         self._config = config
         self._estimates.ttl_ns = config.estimate_ttl_ns
-        self._invalidate_times()
+        self._cache.invalidate()
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         """Load the prepared shapes. Estimates are keyed by shape and survive reloads."""
         unique = tuple(dict.fromkeys(shapes))
         self._catalog = CatalogIndex.build(unique)
-        self._invalidate_times()
+        self._cache.invalidate()
 
     @property
     def catalog(self) -> tuple[GraphShape, ...]:
@@ -247,7 +223,7 @@ class Scheduler:
         if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
             raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
         handle, epoch = self._residency.claim(handle)
-        norms = self._normalizers(self._fair_share_population())
+        norms = self._cache.normalizers(self._fair_share_population())
         self._residency.add(RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
@@ -255,9 +231,9 @@ class Scheduler:
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
         ))
-        self._allowances[handle] = CheckpointAllowance(
-            self._config.checkpoint_extra_work_fraction,
-            prefill_work_ns=self._prefill_work_ns(prompt_len - cached_prefix_len))
+        self._allowances.admit(handle, self._config.checkpoint_extra_work_fraction,
+                               uncached_tokens=prompt_len - cached_prefix_len,
+                               catalog=self._catalog, estimates=self._estimates)
         self._admitted_any = True
         return handle
 
@@ -305,8 +281,7 @@ class Scheduler:
         failed, with no submitted fence outstanding (PRE-39, PRE-54, QUEUE-9).
         They stop being resident."""
         done = self._residency.release()
-        for h in done:
-            self._allowances.pop(h, None)
+        self._allowances.release(done)
         if self._speculation is not None:
             self._speculation.release(done)
         return done
@@ -334,32 +309,10 @@ class Scheduler:
     def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
                                accepted: int, terminated: bool,
                                survival: Sequence[float] | None = None) -> None:
-        """Fold a *counterfactual* round of the configured proposal source into the
-        request's acceptance and the population prior, with the seed's estimator
-        (ACC-6..8, ACC-20); without speculation nothing is learned.
-
-        Copy proposals are a pure function of the request's own tokens (SPEC-8), so
-        where a frame advanced the request without verifying copy drafts (a decode, a
-        width-one round, a round whose lookup found nothing), the host can replay the
-        lookup on the context that frame started from and compare the drafts with the
-        tokens the target then produced: ``offered`` drafts, the first ``accepted`` of
-        them equal to the following tokens. For greedy lanes that is exactly what the
-        round would have accepted; for sampled lanes the match indicator has the
-        round's acceptance probability as its expectation. ``terminated``: the request
-        ended before the drafts were all compared (censoring, ACC-8). This is flare's
-        extension of ACC-9 for the copy source (``docs/speculative-selection.md``,
-        *Counterfactual copy rounds*): a real round's verification costs device time, a
-        counterfactual costs a dictionary lookup, and without it a request whose first
-        rounds failed re-learns copy acceptance only through 1 % probes.
-
-        The learned source has depth-one counterfactuals: a width-one step that keeps
-        the draft context feeds the draft the pending token, so the draft's greedy
-        proposal for the next token is known; for a greedy request, whether it equals
-        the emitted token is exactly what a depth-one round would have accepted
-        (``offered = 1``). For a sampled request the step reports ``sum min(p, q)``,
-        the probability a depth-one round would have accepted its draft: passed as
-        ``survival``, it replaces the binary observation (ACC-28).
-        """
+        """Fold a *counterfactual* round of the configured proposal source (one no
+        frame ran, replayed by the host) into the request's acceptance and the
+        population prior (``RoundSpeculation.observe_counterfactual``); without
+        speculation nothing is learned."""
         if self._speculation is not None:
             self._speculation.observe_counterfactual(
                 handle, resident=handle in self._records, offered=offered,
@@ -436,12 +389,11 @@ class Scheduler:
         frame = QueuedFrame(
             fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
             expected_end_ns=end, isolated=len(self._queue) == 0, participants=participants,
-            normalizers=self._normalizers(len(participants)), reason=plan.reason,
+            normalizers=self._cache.normalizers(len(participants)), reason=plan.reason,
         )
         if plan.reason is SelectionReason.TIMING_REFRESH:
             self._refresh.begin_episode()
-        self._estimates.record_attempt(plan.shape, self._now_ns)
-        self._refresh_shape_times(plan.shape)
+        self._cache.record_attempt(self._catalog, plan.shape, self._now_ns)
         for lane in plan.lanes:
             rec = self._records[lane.handle]
             rec.in_flight_fences.append(fence)
@@ -452,15 +404,11 @@ class Scheduler:
         self._queue.push(frame)
         self._last_fence = fence
         self._execution.committed += 1
-        trace = TraceRecord(
-            fence=fence, shape=plan.shape, lanes=len(plan.lanes),
-            selected_cost_ns=plan.estimated_duration_ns,
+        trace = self._execution.trace(
+            plan, fence,
             observation_age_ns=self._estimates.observation_age_ns(plan.shape, self._now_ns),
-            reason=plan.reason, exploration_credit_ns=float(self._refresh.balance_ns),
-            value_rate=plan.selection_value_rate(), log_scale=plan.selection_log_scale(),
-            committed_at_ns=self._now_ns,
-        )
-        self._execution.traces.append(trace)
+            exploration_credit_ns=float(self._refresh.balance_ns),
+            log_scale=plan.selection_log_scale(), now_ns=self._now_ns)
         if spec is not None:
             spec.committed(plan)
         return trace
@@ -474,13 +422,6 @@ class Scheduler:
         slots = [s.batch_capacity for s in self._catalog.shapes if s.is_generation
                  or s.kind is GraphKind.MIXED]
         return max(slots, default=1)
-
-    def _normalizers(self, population: int) -> Normalizers:
-        cached = self._normalizer_cache.get(population)
-        if cached is None:
-            cached = normalizers_from_catalog(self._estimates.measured(), population)
-            self._normalizer_cache[population] = cached
-        return cached
 
     # ---- completion ----------------------------------------------------------------------
 
@@ -520,21 +461,7 @@ class Scheduler:
         self._execution.failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
         # ---- nothing has changed before this point ----
         self._queue.pop(fence, self._now_ns)
-        # Expected ends of the frames still queued, per handle they carry (QUEUE-43).
-        queued_ends: dict[RequestHandle, set[int]] = {}
-        for frame in self._queue:
-            for queued in frame.plan.lanes:
-                queued_ends.setdefault(queued.handle, set()).add(frame.expected_end_ns)
-        decode = LaneRole.DECODE
-        for lane in head.plan.lanes:
-            rec = self._records.get(lane.handle)
-            if rec is None or rec.epoch != lane.epoch:
-                continue
-            rec.in_flight_fences.remove(fence)
-            if lane.role is decode:
-                rec.queued_outputs -= lane.token_ceiling
-                if rec.queued_delivery_end_ns not in queued_ends.get(rec.handle, ()):
-                    rec.queued_delivery_end_ns = None
+        settle_in_flight(head, fence, self._records, self._queue)
         self._account_execution(head, timing)
         interval_ns = service_interval_ns(timing, isolated=head.isolated)
         interval_ms = interval_ns / NS_PER_MS
@@ -563,26 +490,13 @@ class Scheduler:
             if token is not None:
                 out.append(token)
         if interval_ns > 0:
-            self._account_service(head, served_tokens, out, fence, interval_ms)
+            charge_service(head, self._records, served_tokens, out, fence, interval_ms,
+                           self._config)
         return out
 
     def _apply_lane(self, rec: RequestRecord, lane: Lane, record: CompletionRecord,
                     fence: Fence) -> GeneratedToken | None:
-        if lane.role is LaneRole.TERMINAL:
-            rec.phase = Phase.RETIRED
-            return None
-        if lane.role is LaneRole.RESTORE:
-            # Restore binds the state to a fresh generation (PRE-32); setup earns no
-            # tokens (PRE-20). Read the new epoch from ``request(handle).epoch``.
-            rec.restored = True
-            if not rec.further_stages:
-                rec.restore = RestoreNeed.NONE
-            self._residency.renew_epoch(rec)
-            return None
-        if lane.role is LaneRole.INITIALIZE:
-            rec.further_stages = rec.further_stages[1:]  # a later stage of the chain
-            if not rec.further_stages:
-                rec.restore = RestoreNeed.NONE
+        if apply_setup_lane(rec, lane, self._residency):
             return None
         progress = apply_progress(rec, lane, record)
         if not progress.emitted:
@@ -598,33 +512,12 @@ class Scheduler:
         retirement is mandatory (preemption) or the request's checkpoint allowance
         pays for the capture (QUEUE-20..23); else retired at once, and the runtime
         publishes the request's checkpoint without a capture."""
-        if len(self._catalog.snapshot) and (mandatory or self._take_terminal_capture(rec)):
+        if len(self._catalog.snapshot) and (mandatory or self._allowances.take_terminal_capture(
+                rec, self._catalog, self._estimates)):
             rec.phase = Phase.TERMINAL
             rec.terminal_since_ns = self._now_ns
         else:
             rec.phase = Phase.RETIRED
-
-    def _take_terminal_capture(self, rec: RequestRecord) -> bool:
-        """Charge a terminal capture to ``rec``'s allowance if it fits: the narrowest
-        snapshot shape's estimate against the prefill part and, for a terminal
-        endpoint distinct from the prompt end (more than one output), the decode
-        part. An unknown snapshot cost disables it (QUEUE-22)."""
-        allowance = self._allowances.get(rec.handle)
-        if allowance is None:
-            return False
-        allowance.ensure_prefill_estimate(
-            self._prefill_work_ns(rec.prompt_len - rec.cached_prefix_len))
-        narrowest = self._catalog.shapes[int(self._catalog.snapshot[0])]
-        cost = self._estimates.estimate_ns(narrowest)
-        return allowance.take_terminal(cost or None, distinct=rec.output_committed > 1)
-
-    def _prefill_work_ns(self, uncached_tokens: int) -> int | None:
-        """Estimated work to prefill ``uncached_tokens`` on the measured prefill shapes
-        (QUEUE-20's "estimated uncached prefill work"); None while none is measured."""
-        shapes = self._catalog.shapes
-        return estimated_prefill_ns(uncached_tokens, (
-            (shapes[int(i)].token_capacity, self._estimates.estimate_ns(shapes[int(i)]))
-            for i in self._catalog.prefill))
 
     def checkpoint_allowance(self, handle: RequestHandle) -> CheckpointAllowance:
         """``handle``'s checkpoint allowance ledger (read-only use: tests, diagnostics)."""
@@ -636,35 +529,13 @@ class Scheduler:
         kind = frame.reason
         raw = episode_charge_ns(timing, isolated=frame.isolated)
         self._execution.executed(kind, raw)
-        before = self._estimates.estimate_ns(frame.plan.shape)
-        if self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns) \
-                and self._estimates.estimate_ns(frame.plan.shape) != before:
-            # Normalizers depend on estimate values only: an unchanged median keeps them.
-            self._normalizer_cache.clear()
-        self._refresh_shape_times(frame.plan.shape)
+        self._cache.observe(self._catalog, frame.plan.shape, timing.cost_sample_ns,
+                            self._now_ns)
         if kind is SelectionReason.ORDINARY:
             self._refresh.earn(credited_duration_ns(timing, isolated=frame.isolated))
         elif kind is SelectionReason.TIMING_REFRESH:
             self._refresh.charge(raw)
             self._refresh.end_episode()
-
-    def _account_service(self, frame: QueuedFrame, served: dict[RequestHandle, int],
-                         out: list[GeneratedToken], fence: Fence, interval_ms: float) -> None:
-        delivered = {t.handle for t in out if t.token_ids}
-        live: list[tuple[ServiceHistory, int]] = []
-        records = self._records
-        for handle, epoch in frame.participants:
-            rec = records.get(handle)
-            if rec is None or rec.epoch != epoch or rec.cancelled or rec.failed:
-                continue
-            h = rec.history
-            live.append((h, served.get(handle, 0)))
-            if handle in delivered:
-                # The delivery rate before this interval's zero-delivery update (the
-                # token update does not touch it).
-                rec.pending_delivery = PendingDelivery(fence, h.delivery_rate, interval_ms)
-        # observe_service(tokens) then observe_delivery(0) per participant (ACCT-8..13).
-        observe_participants(live, interval_ms=interval_ms, config=self._config)
 
     # ---- publication -------------------------------------------------------------------
 
@@ -675,14 +546,8 @@ class Scheduler:
         held back by stop buffering is reported with the fence at which it became
         visible (OPEN-20)."""
         rec = self._records.get(handle)
-        if rec is None or rec.cancelled:
-            return
-        rec.last_visible_ns = max(rec.last_visible_ns, host_time_ns)
-        pending = rec.pending_delivery
-        if pending is not None and pending.fence == fence:
-            redo_delivery(rec.history, before=pending.before, deliveries=1,
-                          interval_ms=pending.interval_ms, config=self._config)
-            rec.pending_delivery = None
+        if rec is not None and not rec.cancelled:
+            publish(rec, fence, host_time_ns, self._config)
 
     def nothing_published(self, handle: RequestHandle, fence: Fence) -> None:
         """The publisher processed ``fence`` for ``handle`` and nothing became visible
@@ -708,6 +573,3 @@ class Scheduler:
     def _record(self, handle: RequestHandle) -> RequestRecord:
         return self._residency.get(handle)
 
-
-def _or_minus_one(value: int | None) -> int:
-    return -1 if value is None else value

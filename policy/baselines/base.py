@@ -376,16 +376,9 @@ class BaselinePolicy(abc.ABC):
             reason=plan.reason))
         self._last_fence = fence
         self._last_step_had_prompt = had_prompt
-        trace = TraceRecord(
-            fence=fence, shape=shape, lanes=len(lanes),
-            selected_cost_ns=plan.estimated_duration_ns,
-            observation_age_ns=self._estimates.observation_age_ns(shape, self._now_ns),
-            reason=plan.reason, exploration_credit_ns=0.0,
-            value_rate=plan.selection_value_rate(), log_scale=0.0,
-            committed_at_ns=self._now_ns,
-        )
-        self._execution.traces.append(trace)
-        return trace
+        return self._execution.trace(
+            plan, fence, observation_age_ns=self._estimates.observation_age_ns(shape, self._now_ns),
+            exploration_credit_ns=0.0, log_scale=0.0, now_ns=self._now_ns)
 
     # ---- completion --------------------------------------------------------------------
 

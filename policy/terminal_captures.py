@@ -1,0 +1,67 @@
+"""``CheckpointAllowances``: each resident request's allowance for terminal captures.
+
+A terminal capture (a snapshot frame before retirement, PRE-41) is extra work that a
+request pays for from its checkpoint allowance (``policy.checkpoint_allowance``,
+QUEUE-20..24): a fraction of its estimated uncached prefill work, and of the decode
+work it ran. This module keeps one allowance per resident request and decides, at
+retirement, whether the narrowest snapshot program's estimate fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from policy.checkpoint_allowance import CheckpointAllowance, estimated_prefill_ns
+from policy.cost import DurationEstimates
+from policy.decision_context import CatalogIndex
+from policy.requests import RequestRecord
+from policy.types import RequestHandle
+
+__all__ = ["CheckpointAllowances", "prefill_work_ns"]
+
+
+def prefill_work_ns(uncached_tokens: int, catalog: CatalogIndex,
+                    estimates: DurationEstimates) -> int | None:
+    """Estimated work to prefill ``uncached_tokens`` on the measured prefill shapes
+    (QUEUE-20's "estimated uncached prefill work"); None while none is measured."""
+    shapes = catalog.shapes
+    return estimated_prefill_ns(uncached_tokens, (
+        (shapes[int(i)].token_capacity, estimates.estimate_ns(shapes[int(i)]))
+        for i in catalog.prefill))
+
+
+class CheckpointAllowances:
+    """One ``CheckpointAllowance`` per resident request."""
+
+    def __init__(self) -> None:
+        self._by_handle: dict[RequestHandle, CheckpointAllowance] = {}
+
+    def admit(self, handle: RequestHandle, fraction: float, *, uncached_tokens: int,
+              catalog: CatalogIndex, estimates: DurationEstimates) -> None:
+        self._by_handle[handle] = CheckpointAllowance(
+            fraction, prefill_work_ns=prefill_work_ns(uncached_tokens, catalog, estimates))
+
+    def release(self, handles: Iterable[RequestHandle]) -> None:
+        for h in handles:
+            self._by_handle.pop(h, None)
+
+    def get(self, handle: RequestHandle) -> CheckpointAllowance | None:
+        return self._by_handle.get(handle)
+
+    def __getitem__(self, handle: RequestHandle) -> CheckpointAllowance:
+        return self._by_handle[handle]
+
+    def take_terminal_capture(self, rec: RequestRecord, catalog: CatalogIndex,
+                              estimates: DurationEstimates) -> bool:
+        """Charge a terminal capture to ``rec``'s allowance if it fits: the narrowest
+        snapshot shape's estimate against the prefill part and, for a terminal
+        endpoint distinct from the prompt end (more than one output), the decode
+        part. An unknown snapshot cost disables it (QUEUE-22)."""
+        allowance = self._by_handle.get(rec.handle)
+        if allowance is None:
+            return False
+        allowance.ensure_prefill_estimate(
+            prefill_work_ns(rec.prompt_len - rec.cached_prefix_len, catalog, estimates))
+        narrowest = catalog.shapes[int(catalog.snapshot[0])]
+        cost = estimates.estimate_ns(narrowest)
+        return allowance.take_terminal(cost or None, distinct=rec.output_committed > 1)
