@@ -118,7 +118,7 @@ class ExecutionCounters:
         self.executions[reason.value] += 1
         self.execution_ns[reason.value] += duration_ns
 
-    def trace(self, plan: ScheduledPlan, fence: Fence, *, observation_age_ns: int,
+    def trace(self, plan: ScheduledPlan, fence: Fence, *, observation_age_ns: int | None,
               exploration_credit_ns: float, log_scale: float, now_ns: int) -> TraceRecord:
         """The trace of ``plan`` committed as ``fence`` at ``now_ns``, kept for
         ``traces()``."""
