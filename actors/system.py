@@ -56,7 +56,14 @@ from actors.messages import (
     Withdraw,
 )
 from actors.page_pool import pages_for
-from actors.planner import FrameRecord, Planner
+from actors.planner import Planner
+from actors.planner_records import FrameRecord
+from actors.policy_setup import (
+    counterfactual_copy_depth,
+    learned_counterfactuals,
+    make_scheduler,
+    seed_estimates,
+)
 from actors.public import (
     Finished,
     GenerationRequest,
@@ -76,14 +83,10 @@ from gpu.model_config import load_model_config
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from gpu.tokenizer import Tokenizer
-from policy.baselines.factory import SEED_POLICIES, make_policy
+from policy.baselines.factory import SEED_POLICIES
 from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphKind, GraphShape, StateOp
 from policy.protocol import SchedulingPolicy
-from policy.round_speculation import SpeculationSettings
-from policy.rounds import SpeculationMode
-from policy.scheduler import Scheduler
-from policy.speculation import ProposalSource
 
 log = structlog.get_logger("flare.runtime")
 
@@ -445,53 +448,6 @@ def _fixed_width(shapes: Sequence[GraphShape]) -> tuple[GraphShape, ...]:
     return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
         s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
         or s.token_capacity == widest.get(s.batch_capacity)))
-
-
-def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
-                   max_context: int) -> SchedulingPolicy:
-    """The planner's scheduler: the configured policy, or with speculation the seed's
-    scheduler with complete speculative rounds (fixed mode: fixed widths, complete
-    prefixes, no acceptance probes, LRN-10). A ``fixed-spec-K`` baseline runs its own
-    rounds on the speculative load (host lengths, completed like any generation frame)."""
-    if parts.speculation == "off" or parts.scheduler_policy.startswith("fixed-spec-"):
-        return make_policy(parts.scheduler_policy, parts.policy, catalog=catalog)
-    mode = SpeculationMode(parts.speculation)
-    return Scheduler(parts.policy, catalog, speculation=SpeculationSettings(
-        mode=mode, source=ProposalSource(parts.draft_source), context_limit=max_context,
-        # depth-(D + 1) observations of learned rounds (RuntimeConfig.draft_counterfactuals)
-        depth_beyond=parts.draft_counterfactuals and parts.draft_source == "draft"
-        and mode is SpeculationMode.ADAPTIVE))
-
-
-def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
-                              catalog: Sequence[GraphShape]) -> int:
-    """Drafts per counterfactual copy round (the deepest copy round in the catalog), or
-    0 where the planner keeps none: only a scheduler that learns acceptance, with copy
-    proposals, learns from them (``RuntimeConfig.copy_counterfactuals``)."""
-    if not (parts.copy_counterfactuals and parts.draft_source == "copy"
-            and scheduler.learns_acceptance):
-        return 0
-    return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
-               default=0)
-
-
-def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) -> bool:
-    """Whether the planner folds the learned draft's depth-one proposals into the
-    scheduler: only a scheduler that learns acceptance, with the learned source, learns
-    from them (``RuntimeConfig.draft_counterfactuals``)."""
-    return (parts.draft_counterfactuals and parts.draft_source == "draft"
-            and scheduler.learns_acceptance)
-
-
-def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,
-                   now_ns: int) -> None:
-    """Record start-up measurements as observations (policies without duration
-    estimates, the baselines, ignore them)."""
-    estimates = getattr(scheduler, "estimates", None)
-    if estimates is None:
-        return
-    for shape, duration_ns in measured.items():
-        estimates.observe(shape, duration_ns, max(now_ns, 0))
 
 
 def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:
