@@ -15,10 +15,21 @@ import numpy as np
 
 from policy.cost import DurationEstimates
 from policy.decision_context import CatalogIndex, ShapeTimes
-from policy.descriptors import GraphShape
+from policy.descriptors import GraphKind, GraphShape
 from policy.service import Normalizers, normalizers_from_catalog
 
-__all__ = ["EstimateCache"]
+__all__ = ["EstimateCache", "fair_share_population"]
+
+
+def fair_share_population(catalog: CatalogIndex) -> int:
+    """How many requests a new request's fair-share start is divided among: the
+    catalog's request slots (its largest generation batch), not the momentary
+    resident count. Requests admitted together then start at the same price, so
+    their order is decided by service, not by who arrived first in a burst (a
+    resident-count population made a burst of arrivals run last-in first-out)."""
+    slots = [s.batch_capacity for s in catalog.shapes if s.is_generation
+             or s.kind is GraphKind.MIXED]
+    return max(slots, default=1)
 
 
 def _or_minus_one(value: int | None) -> int:

@@ -14,7 +14,7 @@ The planner actor owns one ``Scheduler`` and drives it with values and times::
 This module owns the lifecycle: admission (prerequisite stages, checkpoint
 allowances), preemption and phase transitions, commit (participants, epochs,
 freshness, window gate), completion (lane validation before any update, then the
-record-level steps of ``policy/frame_completion.py``, cost observations, refresh
+record-level steps of ``policy/frame_records.py``, cost observations, refresh
 credit) and publication. It composes its parts: resident records and counters
 (``policy/residency.py``), cached estimate arrays (``policy/estimate_cache.py``),
 terminal-capture allowances (``policy/terminal_captures.py``) and, when configured
@@ -37,13 +37,19 @@ from policy.cost import DurationEstimates
 from policy.decision import build_context
 from policy.descriptors import (
     ExecutionTiming,
-    GraphKind,
     GraphShape,
     StateOp,
 )
-from policy.estimate_cache import EstimateCache
-from policy.frame_completion import apply_setup_lane, charge_service, publish, settle_in_flight
+from policy.estimate_cache import EstimateCache, fair_share_population
 from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.frame_records import (
+    apply_setup_lane,
+    charge_service,
+    mark_committed,
+    participants,
+    publish,
+    settle_in_flight,
+)
 from policy.lifecycle import (
     apply_progress,
     check_admission,
@@ -223,7 +229,7 @@ class Scheduler:
         if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
             raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
         handle, epoch = self._residency.claim(handle)
-        norms = self._cache.normalizers(self._fair_share_population())
+        norms = self._cache.normalizers(fair_share_population(self._catalog))
         self._residency.add(RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
@@ -383,24 +389,16 @@ class Scheduler:
             check_lane(self._records.get(lane.handle), lane)
         start = self._queue.expected_end_ns(self._now_ns)
         end = start + plan.estimated_duration_ns
-        participants = tuple((h, r.epoch) for h, r in self._records.items()
-                             if r.phase is not Phase.RETIRED and not r.cancelled
-                             and r.restore is not RestoreNeed.AWAITING)
+        charged = participants(self._records)
         frame = QueuedFrame(
             fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
-            expected_end_ns=end, isolated=len(self._queue) == 0, participants=participants,
-            normalizers=self._cache.normalizers(len(participants)), reason=plan.reason,
+            expected_end_ns=end, isolated=len(self._queue) == 0, participants=charged,
+            normalizers=self._cache.normalizers(len(charged)), reason=plan.reason,
         )
         if plan.reason is SelectionReason.TIMING_REFRESH:
             self._refresh.begin_episode()
         self._cache.record_attempt(self._catalog, plan.shape, self._now_ns)
-        for lane in plan.lanes:
-            rec = self._records[lane.handle]
-            rec.in_flight_fences.append(fence)
-            rec.last_served_ns = self._now_ns
-            if lane.role is LaneRole.DECODE:
-                rec.queued_outputs += lane.token_ceiling
-                rec.queued_delivery_end_ns = end
+        mark_committed(plan, fence, self._records, now_ns=self._now_ns, end_ns=end)
         self._queue.push(frame)
         self._last_fence = fence
         self._execution.committed += 1
@@ -412,16 +410,6 @@ class Scheduler:
         if spec is not None:
             spec.committed(plan)
         return trace
-
-    def _fair_share_population(self) -> int:
-        """How many requests a new request's fair-share start is divided among: the
-        catalog's request slots (its largest generation batch), not the momentary
-        resident count. Requests admitted together then start at the same price, so
-        their order is decided by service, not by who arrived first in a burst (a
-        resident-count population made a burst of arrivals run last-in first-out)."""
-        slots = [s.batch_capacity for s in self._catalog.shapes if s.is_generation
-                 or s.kind is GraphKind.MIXED]
-        return max(slots, default=1)
 
     # ---- completion ----------------------------------------------------------------------
 

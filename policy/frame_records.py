@@ -1,8 +1,12 @@
-"""What completing a frame does to the seed scheduler's request records.
+"""What committing and completing a frame does to the seed scheduler's request records.
 
-``Scheduler.complete`` validates every lane first and then applies the frame in a
-fixed order; this module holds the record-level steps of that order, each a function
-of the records it changes:
+``Scheduler.commit`` rechecks the plan and ``Scheduler.complete`` validates every lane
+before anything changes; this module holds the record-level steps that follow, each a
+function of the records it changes:
+
+- ``participants`` and ``mark_committed``: who a committed frame's interval will be
+  charged to (ACCT-1, ACCT-4), and its lanes' fences, queued outputs and expected
+  delivery end (ACCT-2, QUEUE-43);
 
 - ``settle_in_flight``: the frame leaves its lanes' in-flight lists and queued outputs;
   a request's queued delivery end stays only while a frame still queued ends there
@@ -25,9 +29,46 @@ from policy.frame_queue import QueuedFrame
 from policy.requests import PendingDelivery, RequestRecord
 from policy.residency import Residency
 from policy.service import ServiceHistory, observe_participants, redo_delivery
-from policy.types import Fence, GeneratedToken, Lane, LaneRole, Phase, RequestHandle, RestoreNeed
+from policy.types import (
+    Fence,
+    GeneratedToken,
+    Lane,
+    LaneRole,
+    Phase,
+    RequestHandle,
+    RestoreNeed,
+    ScheduledPlan,
+)
 
-__all__ = ["apply_setup_lane", "charge_service", "publish", "settle_in_flight"]
+__all__ = [
+    "apply_setup_lane",
+    "charge_service",
+    "mark_committed",
+    "participants",
+    "publish",
+    "settle_in_flight",
+]
+
+
+def participants(records: Mapping[RequestHandle, RequestRecord]
+                 ) -> tuple[tuple[RequestHandle, int], ...]:
+    """Every live request whose state is resident, with its epoch."""
+    return tuple((h, r.epoch) for h, r in records.items()
+                 if r.phase is not Phase.RETIRED and not r.cancelled
+                 and r.restore is not RestoreNeed.AWAITING)
+
+
+def mark_committed(plan: ScheduledPlan, fence: Fence,
+                   records: Mapping[RequestHandle, RequestRecord], *, now_ns: int,
+                   end_ns: int) -> None:
+    """``plan`` was committed as ``fence`` at ``now_ns``, expected to end at ``end_ns``."""
+    for lane in plan.lanes:
+        rec = records[lane.handle]
+        rec.in_flight_fences.append(fence)
+        rec.last_served_ns = now_ns
+        if lane.role is LaneRole.DECODE:
+            rec.queued_outputs += lane.token_ceiling
+            rec.queued_delivery_end_ns = end_ns
 
 
 def settle_in_flight(head: QueuedFrame, fence: Fence,
