@@ -24,7 +24,7 @@ behind a round (QUEUE-11); a prompt chunk drains the window.
 A catalog without speculative programs makes the policy run exactly like ``sarathi``;
 one whose speculative programs cannot verify K drafts is refused.
 
-Seed comparison: the seed's speculative scheduler (``policy/speculative_scheduler.py``)
+Seed comparison: the seed's speculating scheduler (``policy/round_speculation.py``)
 prices every width against ordinary decode from each request's learned acceptance
 (SPEC-6, SEL-24..34); this baseline is the fixed point it should beat when acceptance
 varies across requests or is low.

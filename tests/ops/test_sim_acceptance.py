@@ -1,7 +1,7 @@
 """Simulated speculative rounds: acceptance draws, accounting, workloads, catalogs.
 
-Covers issue 7 (requests with different acceptance rates in the simulator; fixed-spec-k
-baselines against the seed's speculative scheduler): the accepted prefix of a round is
+Covers requests with different acceptance rates in the simulator; fixed-spec-k
+baselines against the seed's speculative scheduler: the accepted prefix of a round is
 the leading run of accepted draft positions from the request's output position (common
 random numbers, hand-computed here), a lane emits its accepted prefix plus one token cut
 at the simulated EOS, rounds queue behind rounds (QUEUE-11), per-client acceptance with a

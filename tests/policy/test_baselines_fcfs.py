@@ -1,6 +1,6 @@
 """``fcfs``: arrival order, whole prompts first, running slots like ``max_num_seqs``.
 
-Covers issue 7 (baseline ``fcfs``) and the shared baseline lifecycle: commit rechecks
+Covers the baseline ``fcfs`` and the shared baseline lifecycle: commit rechecks
 (QUEUE-6, QUEUE-7), the two-slot window (QUEUE-10, QUEUE-11, QUEUE-12), lane validation before any
 update (ACCT-6) and terminal snapshots before release (PRE-41).
 """

@@ -1,4 +1,4 @@
-"""The Scheduler with complete speculative rounds (``policy/speculative_scheduler.py``)."""
+"""The Scheduler with complete speculative rounds (``policy/round_speculation.py``)."""
 
 from __future__ import annotations
 
