@@ -55,8 +55,7 @@ from policy.protocol import Confidence, RoundCompletion
 from policy.refresh import (
     CreditLedger,
     acceptance_learning_ledger,
-    credited_duration_ns,
-    episode_charge_ns,
+    settle_frame,
 )
 from policy.requests import RequestRecord
 from policy.round_plans import round_plan, round_wins, speculative_lanes
@@ -391,11 +390,9 @@ class RoundSpeculation:
                   timing: ExecutionTiming, round: RoundCompletion | None) -> None:
         """After the scheduler applied ``head``: the acceptance ledger and every
         completed speculative lane's forecast and acceptance."""
-        if head.reason is SelectionReason.ORDINARY:
-            self._learning.earn(credited_duration_ns(timing, isolated=head.isolated))
-        elif head.reason is SelectionReason.ACCEPTANCE_LEARNING:
-            self._learning.charge(episode_charge_ns(timing, isolated=head.isolated))
-            self._learning.end_episode()
+        settle_frame(self._learning, timing, isolated=head.isolated,
+                     ordinary=head.reason is SelectionReason.ORDINARY,
+                     episode=head.reason is SelectionReason.ACCEPTANCE_LEARNING)
         shape = head.plan.shape
         confidence: Confidence | None = None
         offered: Mapping[RequestHandle, int] | None = None

@@ -61,8 +61,8 @@ from policy.lifecycle import (
 from policy.protocol import RoundCompletion
 from policy.refresh import (
     CreditLedger,
-    credited_duration_ns,
     episode_charge_ns,
+    settle_frame,
     timing_refresh_ledger,
 )
 from policy.requests import RequestRecord
@@ -75,7 +75,7 @@ from policy.service import (
     service_interval_ns,
 )
 from policy.speculation import AcceptanceState
-from policy.terminal_captures import CheckpointAllowances
+from policy.terminal_captures import TerminalCaptures
 from policy.types import (
     AdmissionRefused,
     CommitRejected,
@@ -121,7 +121,7 @@ class Scheduler:
         self._catalog = CatalogIndex.build(())
         self._execution = ExecutionCounters()
         self._cache = EstimateCache(self._estimates)
-        self._allowances = CheckpointAllowances()
+        self._captures = TerminalCaptures()
         """Each resident request's checkpoint extra-work allowance (QUEUE-20..24)."""
         self.set_catalog(catalog)
 
@@ -237,7 +237,7 @@ class Scheduler:
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
         ))
-        self._allowances.admit(handle, self._config.checkpoint_extra_work_fraction,
+        self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
                                uncached_tokens=prompt_len - cached_prefix_len,
                                catalog=self._catalog, estimates=self._estimates)
         self._admitted_any = True
@@ -261,16 +261,8 @@ class Scheduler:
     def preempt(self, handle: RequestHandle) -> None:
         """Begin retiring a resident request without completing its response (PRE-43);
         its terminal age starts now (PRE-41)."""
-        rec = self._record(handle)
-        if rec.phase in (Phase.RETIRED, Phase.TERMINAL) or rec.cancelled:
-            return
-        rec.preempted = True
-        if rec.restore is not RestoreNeed.NONE:
-            if not rec.restored:
-                rec.phase = Phase.RETIRED  # its state is not resident: nothing to snapshot
-                return
-            rec.restore, rec.further_stages = RestoreNeed.NONE, ()
-        self._begin_retirement(rec, mandatory=True)
+        self._captures.preempt(self._record(handle), self._catalog, self._estimates,
+                                 self._now_ns)
 
     def phase(self, handle: RequestHandle) -> Phase:
         return self._record(handle).phase
@@ -287,7 +279,7 @@ class Scheduler:
         failed, with no submitted fence outstanding (PRE-39, PRE-54, QUEUE-9).
         They stop being resident."""
         done = self._residency.release()
-        self._allowances.release(done)
+        self._captures.release(done)
         if self._speculation is not None:
             self._speculation.release(done)
         return done
@@ -469,7 +461,7 @@ class Scheduler:
             record = by_handle[lane.handle]
             if lane.role is LaneRole.DECODE and rec.phase is not Phase.DECODE:
                 continue  # a queued decode behind the request's final token: discarded
-            allowance = self._allowances.get(rec.handle)
+            allowance = self._captures.get(rec.handle)
             if lane.role is LaneRole.DECODE and allowance is not None:
                 # Productive decode earns terminal-capture allowance (QUEUE-23).
                 allowance.earn_decode(timing.cost_sample_ns)
@@ -490,40 +482,25 @@ class Scheduler:
         if not progress.emitted:
             return None
         if progress.finish is not None:
-            self._begin_retirement(rec)
+            self._captures.retire(rec, self._catalog, self._estimates, self._now_ns)
         return GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
                               token_ids=record.token_ids, first=progress.first,
                               finish=progress.finish)
 
-    def _begin_retirement(self, rec: RequestRecord, *, mandatory: bool = False) -> None:
-        """Terminal snapshot pending (PRE-41) when the catalog has one and either the
-        retirement is mandatory (preemption) or the request's checkpoint allowance
-        pays for the capture (QUEUE-20..23); else retired at once, and the runtime
-        publishes the request's checkpoint without a capture."""
-        if len(self._catalog.snapshot) and (mandatory or self._allowances.take_terminal_capture(
-                rec, self._catalog, self._estimates)):
-            rec.phase = Phase.TERMINAL
-            rec.terminal_since_ns = self._now_ns
-        else:
-            rec.phase = Phase.RETIRED
-
     def checkpoint_allowance(self, handle: RequestHandle) -> CheckpointAllowance:
         """``handle``'s checkpoint allowance ledger (read-only use: tests, diagnostics)."""
         self._record(handle)
-        return self._allowances[handle]
+        return self._captures[handle]
 
     def _account_execution(self, frame: QueuedFrame, timing: ExecutionTiming) -> None:
         """Counters by kind, cost learning, refresh credit (DUR-8..19, REF-1..16)."""
         kind = frame.reason
-        raw = episode_charge_ns(timing, isolated=frame.isolated)
-        self._execution.executed(kind, raw)
+        self._execution.executed(kind, episode_charge_ns(timing, isolated=frame.isolated))
         self._cache.observe(self._catalog, frame.plan.shape, timing.cost_sample_ns,
                             self._now_ns)
-        if kind is SelectionReason.ORDINARY:
-            self._refresh.earn(credited_duration_ns(timing, isolated=frame.isolated))
-        elif kind is SelectionReason.TIMING_REFRESH:
-            self._refresh.charge(raw)
-            self._refresh.end_episode()
+        settle_frame(self._refresh, timing, isolated=frame.isolated,
+                     ordinary=kind is SelectionReason.ORDINARY,
+                     episode=kind is SelectionReason.TIMING_REFRESH)
 
     # ---- publication -------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
-"""``CheckpointAllowances``: each resident request's allowance for terminal captures.
+"""``TerminalCaptures``: retirement, terminal captures and the allowances that pay them.
 
 A terminal capture (a snapshot frame before retirement, PRE-41) is extra work that a
 request pays for from its checkpoint allowance (``policy.checkpoint_allowance``,
 QUEUE-20..24): a fraction of its estimated uncached prefill work, and of the decode
 work it ran. This module keeps one allowance per resident request and decides, at
-retirement, whether the narrowest snapshot program's estimate fits.
+retirement, whether the narrowest snapshot program's estimate fits (``retire``);
+``preempt`` retires a request before its response completed (PRE-43).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from policy.checkpoint_allowance import CheckpointAllowance, estimated_prefill_n
 from policy.cost import DurationEstimates
 from policy.decision_context import CatalogIndex
 from policy.requests import RequestRecord
-from policy.types import RequestHandle
+from policy.types import Phase, RequestHandle, RestoreNeed
 
-__all__ = ["CheckpointAllowances", "prefill_work_ns"]
+__all__ = ["TerminalCaptures", "prefill_work_ns"]
 
 
 def prefill_work_ns(uncached_tokens: int, catalog: CatalogIndex,
@@ -30,8 +31,8 @@ def prefill_work_ns(uncached_tokens: int, catalog: CatalogIndex,
         for i in catalog.prefill))
 
 
-class CheckpointAllowances:
-    """One ``CheckpointAllowance`` per resident request."""
+class TerminalCaptures:
+    """One ``CheckpointAllowance`` per resident request, and retirement by it."""
 
     def __init__(self) -> None:
         self._by_handle: dict[RequestHandle, CheckpointAllowance] = {}
@@ -65,3 +66,30 @@ class CheckpointAllowances:
         narrowest = catalog.shapes[int(catalog.snapshot[0])]
         cost = estimates.estimate_ns(narrowest)
         return allowance.take_terminal(cost or None, distinct=rec.output_committed > 1)
+
+    def retire(self, rec: RequestRecord, catalog: CatalogIndex, estimates: DurationEstimates,
+               now_ns: int, *, mandatory: bool = False) -> None:
+        """Terminal snapshot pending (PRE-41) when the catalog has one and either the
+        retirement is mandatory (preemption) or the request's checkpoint allowance
+        pays for the capture (QUEUE-20..23); else retired at once, and the runtime
+        publishes the request's checkpoint without a capture."""
+        if len(catalog.snapshot) and (
+                mandatory or self.take_terminal_capture(rec, catalog, estimates)):
+            rec.phase = Phase.TERMINAL
+            rec.terminal_since_ns = now_ns
+        else:
+            rec.phase = Phase.RETIRED
+
+    def preempt(self, rec: RequestRecord, catalog: CatalogIndex,
+                estimates: DurationEstimates, now_ns: int) -> None:
+        """Begin retiring ``rec`` without completing its response (PRE-43); its terminal
+        age starts now (PRE-41)."""
+        if rec.phase in (Phase.RETIRED, Phase.TERMINAL) or rec.cancelled:
+            return
+        rec.preempted = True
+        if rec.restore is not RestoreNeed.NONE:
+            if not rec.restored:
+                rec.phase = Phase.RETIRED  # its state is not resident: nothing to snapshot
+                return
+            rec.restore, rec.further_stages = RestoreNeed.NONE, ()
+        self.retire(rec, catalog, estimates, now_ns, mandatory=True)
