@@ -62,10 +62,8 @@ def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) ->
 
 def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,
                    now_ns: int) -> None:
-    """Record start-up measurements as observations (policies without duration
-    estimates, the baselines, ignore them)."""
-    estimates = getattr(scheduler, "estimates", None)
-    if estimates is None:
-        return
+    """Record start-up measurements as observations in the policy's duration
+    estimates (the baselines keep them for traces only)."""
+    estimates = scheduler.estimates
     for shape, duration_ns in measured.items():
         estimates.observe(shape, duration_ns, max(now_ns, 0))
