@@ -12,6 +12,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from policy.baselines.factory import FIXED_SPEC_POLICIES, RUNTIME_POLICIES, SEED_POLICIES
 from policy.descriptors import GraphKind, GraphShape
 
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
@@ -30,9 +31,8 @@ DEFAULT_DRAFT_CATCH_UP = 0
 with a lagging draft, adaptive selection at one stream decodes from the
 start and never learns acceptance, because a round then looks 1.7x dearer than a decode
 against the 0.5^d prior and the 1 % probe ledger funds no probe within a request)."""
-FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, 8))
-"""Baselines that run every decode batch as a speculative round at depth K."""
-SCHEDULER_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
+SCHEDULER_POLICIES = RUNTIME_POLICIES
+"""``--scheduler-policy`` (the names live in ``policy.baselines.factory``)."""
 
 
 class ConfigError(ValueError):
@@ -176,7 +176,7 @@ class RuntimeConfig:
                         shape.proposal_depth > self.draft_depth or self.speculation != "adaptive":
                     raise ConfigError(f"extra speculative shape {shape.label()}: adaptive "
                                       "mode, SPECULATIVE kind, depth <= --draft-depth only")
-            if self.scheduler_policy not in ("balanced", "throughput", *FIXED_SPEC_POLICIES):
+            if self.scheduler_policy not in (*SEED_POLICIES, *FIXED_SPEC_POLICIES):
                 raise ConfigError(f"--speculation {self.speculation} runs with the seed's "
                                   "scheduler only (--scheduler-policy balanced or "
                                   "throughput), or with a fixed-spec-K baseline")

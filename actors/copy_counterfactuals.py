@@ -9,7 +9,7 @@ records the drafts a copy round starting from that frame's context would have
 proposed, compares them with the tokens the target then produced, and reports one
 ``(offered, accepted)`` observation per such frame once it is decided: at the first
 mismatch, when every draft matched, or censored when the request ends first (ACC-8).
-The planner feeds them to ``SpeculativeScheduler.observe_counterfactual``.
+The planner feeds them to ``SchedulingPolicy.observe_counterfactual``.
 
 The lookup is incremental: a dictionary from each n-gram to the end of its most recent
 occurrence, extended as tokens arrive, so a frame costs ``max_ngram`` lookups however

@@ -1,4 +1,4 @@
-"""planner: the thin loop around ``policy.Scheduler`` (architecture step 3).
+"""planner: the thin loop around the scheduling policy (architecture step 3).
 
 On every event the planner advances the scheduler's clock, applies the event, then
 plans and submits while a plan fits the window: it reserves pages with the
@@ -23,9 +23,11 @@ still to run, or a decode queued behind its final token still in flight) gets it
 published the checkpoint (PRE-53 kept; docs/runtime.md, *Checkpoints*).
 Cancellation stops selection at once (``Scheduler.cancel``); the client stream ends
 right away, while pages and row stay owned through the request's last fence.
-With adaptive copy speculation the planner also keeps each request's counterfactual
-copy rounds (``actors.copy_counterfactuals``) and reports the decided ones to the
-scheduler after every completion (``_observe_counterfactuals``).
+The planner drives its policy only through ``policy.protocol.SchedulingPolicy``: a
+speculative frame completes with its round report (``RoundCompletion``), and what the
+policy learns from it is the policy's business. For a policy that learns acceptance the
+planner also replays the rounds no frame ran and reports the decided ones after every
+completion (``actors.acceptance_observations``).
 """
 
 from __future__ import annotations
@@ -33,11 +35,16 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 import trio
 
+from actors.acceptance_observations import (
+    AcceptanceObservations,
+    count_round,
+    round_completion,
+)
 from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
@@ -65,18 +72,14 @@ from actors.messages import (
     RequestId,
     Reserve,
     SnapshotPlan,
-    SpeculativeRounds,
     Track,
     ValidatedFrame,
 )
+from actors.planner_records import FRAME_LOG_LENGTH, FrameRecord, PlannerCounters, log_trace
 from actors.public import FinishReason
 from gpu.frames import SamplingParams
-from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
-from policy.baselines.protocol import ClientTagged
-from policy.baselines.protocol import Planner as SchedulingPolicy
-from policy.descriptors import TargetBinding
 from policy.frame_queue import FRAME_SLOTS
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.protocol import SchedulingPolicy
 from policy.types import (
     CommitRejected,
     Fence,
@@ -86,7 +89,6 @@ from policy.types import (
     LaneRole,
     Phase,
     RequestHandle,
-    TraceRecord,
 )
 
 log = structlog.get_logger("flare.planner")
@@ -111,43 +113,6 @@ class _Resident:
     """Its counterfactual copy rounds (adaptive copy speculation only)."""
 
 
-FRAME_LOG_LENGTH = 4096
-"""Completed frames kept for ``Runtime.frame_log()`` (benchmarks, diagnostics)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FrameRecord:
-    """One completed frame as the runtime saw it (runtime clock, nanoseconds)."""
-
-    fence: Fence
-    graph: str
-    lanes: int
-    launched_ns: int
-    observed_ns: int
-    device_ns: int
-
-
-@dataclass(slots=True)
-class PlannerCounters:
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    frames: int = 0
-    speculative_frames: int = 0
-    """Complete speculative programs run and validated."""
-    drafted_tokens: int = 0
-    """Drafts the proposal source supplied and the target verified."""
-    accepted_tokens: int = 0
-    accepted_by_position: list[int] = field(default_factory=list)
-    """``[k]``: rounds whose draft at position ``k`` (0-based) was accepted."""
-    counterfactual_rounds: int = 0
-    """Counterfactual copy rounds decided (``_observe_counterfactuals``)."""
-    counterfactual_drafted_tokens: int = 0
-    """Drafts those rounds offered."""
-    counterfactual_accepted_tokens: int = 0
-    """Drafts of those rounds that equalled the following tokens."""
-
-
 class Planner:
     """The planner's state; ``run`` feeds it events. Methods that send are async."""
 
@@ -164,12 +129,9 @@ class Planner:
         learned_counterfactuals: bool = False,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
-        kept; ``_observe_counterfactuals``). ``learned_counterfactuals``: fold the
-        learned draft's depth-one proposals of width-one steps into the scheduler
-        (``_observe_draft_proposals``)."""
+        kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
+        of width-one steps into the scheduler (``actors.acceptance_observations``)."""
         self.scheduler = scheduler
-        self._counterfactual_depth = counterfactual_depth
-        self._learned_counterfactuals = learned_counterfactuals
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
@@ -187,6 +149,9 @@ class Planner:
         launched onto an idle device (``_send_held_publication``)."""
         self.draining = False
         self.counters = PlannerCounters()
+        self._observations = AcceptanceObservations(
+            scheduler, self.counters, counterfactual_depth=counterfactual_depth,
+            learned_counterfactuals=learned_counterfactuals)
         self.executions_by_graph: dict[str, int] = {}
         self.frame_log: deque[FrameRecord] = deque(maxlen=FRAME_LOG_LENGTH)
 
@@ -238,9 +203,7 @@ class Planner:
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle,
         )
-        if isinstance(self.scheduler, ClientTagged):
-            # Client-fair baselines (vtc) schedule by client; the seed's Scheduler does not.
-            self.scheduler.assign_client(handle, request.client)
+        self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         s = request.sampling
         source = LaneSource(
@@ -270,67 +233,18 @@ class Planner:
                                            reason="cancelled", message=message))
 
     def _complete_in_scheduler(self, frame: ValidatedFrame) -> list[GeneratedToken]:
-        """``complete``, or for a speculative round the scheduler's packed-round API
-        with the sidecars (QUEUE-3, QUEUE-4, ACC-28)."""
+        """``complete`` with what a speculative frame's lanes report (QUEUE-3, QUEUE-4,
+        ACC-28): the policy decides what it learns from them."""
         rounds = frame.rounds
-        if rounds is not None:
-            self._count_round(rounds)  # any policy's rounds (fixed-spec-K included)
-        if rounds is None or not isinstance(self.scheduler, SpeculativeScheduler):
+        if rounds is None:
             return self.scheduler.complete(frame.fence, frame.records, frame.timing)
-        survival = {lane.handle: lane.survival for lane in rounds.lanes}
-        # the drafts each lane's source supplied and the target verified (copy
-        # proposals may supply fewer than the allocation)
-        offered = {lane.handle: lane.evaluated for lane in rounds.lanes}
-        if self._learned_counterfactuals:
-            self._extend_by_beyond(rounds, survival, offered)
-        shape = frame.plan.shape
-        if shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT and shape.proposal_depth:
-            return self.scheduler.complete_packed_round_with_survival(
-                frame.fence, frame.records, frame.timing, rounds.confidence, offered,
-                survival)
-        return self.scheduler.complete_with_survival(frame.fence, frame.records, frame.timing,
-                                                     survival, offered)
-
-    @staticmethod
-    def _extend_by_beyond(rounds: SpeculativeRounds,
-                          survival: dict[RequestHandle, tuple[float, ...]],
-                          offered: dict[RequestHandle, int]) -> None:
-        """Depth-``(D + 1)`` counterfactuals of learned rounds: a lane that verified all
-        ``D`` of its drafts also reports whether the draft's next proposal would have
-        held at the target's row ``D`` (``RoundLane.beyond``). It becomes one more
-        offered depth whose survival value is the last verified depth's times that
-        probability (ACC-28): ``beyond`` after a fully accepted prefix, zero after a
-        rejected one. Every such lane observes the extra depth, whatever it accepted,
-        so the depth's mean stays an estimate of ``s_(D+1)`` (observing it only after
-        full acceptance would estimate ``s_(D+1) / s_D``). A request whose deeper means
-        fell can recover them one depth per round instead of only through probes (ACC-9
-        leaves them unobserved)."""
-        for lane in rounds.lanes:
-            if lane.beyond < 0.0 or lane.proposed < 1 or lane.evaluated != lane.proposed:
-                continue
-            prefix = lane.survival or (
-                (1.0,) * lane.accepted + (0.0,) * (lane.evaluated - lane.accepted))
-            survival[lane.handle] = (*prefix, prefix[-1] * lane.beyond)
-            offered[lane.handle] = lane.evaluated + 1
-
-    def _count_round(self, rounds: SpeculativeRounds) -> None:
-        c = self.counters
-        c.speculative_frames += 1
-        for lane in rounds.lanes:
-            c.drafted_tokens += lane.evaluated
-            c.accepted_tokens += lane.accepted
-            while len(c.accepted_by_position) < lane.accepted:
-                c.accepted_by_position.append(0)
-            for k in range(lane.accepted):
-                c.accepted_by_position[k] += 1
+        count_round(self.counters, rounds)  # any policy's rounds (fixed-spec-K included)
+        return self.scheduler.complete(frame.fence, frame.records, frame.timing,
+                                       round=round_completion(rounds))
 
     async def _complete(self, frame: ValidatedFrame) -> None:
         tokens = self._complete_in_scheduler(frame)
-        if self._counterfactual_depth:
-            self._observe_counterfactuals(frame, tokens)
-        if self._learned_counterfactuals and (frame.draft_proposals
-                                              or frame.draft_acceptances):
-            self._observe_draft_proposals(frame, tokens)
+        self._observations.completed(frame, tokens, self._residents)
         self.counters.frames += 1
         label = frame.plan.shape.label()
         self.executions_by_graph[label] = self.executions_by_graph.get(label, 0) + 1
@@ -375,78 +289,6 @@ class Planner:
                 return
             await self._to_publisher.send(publication)
         await self._send_drops()
-
-    def _observe_counterfactuals(self, frame: ValidatedFrame,
-                                 tokens: Sequence[GeneratedToken]) -> None:
-        """Counterfactual copy rounds (``actors.copy_counterfactuals``): a decode lane
-        that verified no copy drafts opens one from the context the frame started from
-        (before its tokens are appended); every lane's new tokens decide the open ones,
-        and the request's end censors the rest (ACC-8)."""
-        verified = ({lane.handle: lane.evaluated for lane in frame.rounds.lanes}
-                    if frame.rounds is not None else {})
-        decoding = {lane.handle for lane in frame.plan.lanes if lane.role is LaneRole.DECODE}
-        for token in tokens:
-            resident = self._residents.get(token.handle)
-            if resident is None or resident.source.epoch != token.epoch:
-                continue
-            tracker = resident.counterfactuals
-            if token.handle in decoding and not verified.get(token.handle, 0):
-                if tracker is None:
-                    source = resident.source
-                    tracker = resident.counterfactuals = CopyCounterfactuals.starting_from(
-                        (*source.prompt, *source.output_ids),
-                        depth=self._counterfactual_depth, max_ngram=COPY_MAX_NGRAM)
-                tracker.open_round()
-            if tracker is None:
-                continue
-            decided = [(o, a, False) for o, a in tracker.extend(token.token_ids)]
-            if token.finish is not None:
-                decided += [(o, a, True) for o, a in tracker.terminate()]
-            for offered, accepted, ended in decided:
-                self._observe_counterfactual(token.handle, offered, accepted, ended)
-
-    def _observe_draft_proposals(self, frame: ValidatedFrame,
-                                 tokens: Sequence[GeneratedToken]) -> None:
-        """Depth-one counterfactual learned rounds: a width-one step that kept the
-        draft context reported the draft's greedy proposal for each lane's token; for a
-        greedy request, the proposal equal to the emitted token is exactly what a
-        depth-one round would have accepted. A sampled request observes the step's
-        ``sum min(p, q)`` instead, the probability that the round's rejection sampling
-        would have accepted a draft (as survival values replace binary observations,
-        ACC-28); a match of two samples is not the acceptance event."""
-        emitted = {t.handle: t for t in tokens if t.token_ids}
-
-        def live(handle: RequestHandle) -> GeneratedToken | None:
-            token, resident = emitted.get(handle), self._residents.get(handle)
-            if token is None or resident is None or resident.source.epoch != token.epoch:
-                return None
-            return token
-
-        def greedy(handle: RequestHandle) -> bool:
-            return self._residents[handle].source.sampling.temperature <= 0.0
-
-        for handle, proposal in frame.draft_proposals:
-            token = live(handle)
-            if token is not None and greedy(handle):
-                self._observe_counterfactual(handle, 1, int(token.token_ids[0] == proposal),
-                                             False)
-        for handle, acceptance in frame.draft_acceptances:
-            if live(handle) is not None and not greedy(handle):
-                self._observe_counterfactual(handle, 1, int(acceptance >= 0.5), False,
-                                             survival=(acceptance,))
-
-    def _observe_counterfactual(self, handle: RequestHandle, offered: int, accepted: int,
-                                terminated: bool,
-                                survival: tuple[float, ...] | None = None) -> None:
-        """One decided counterfactual round, of either source: to the scheduler and the
-        counters (a sampled depth-one round counts as accepted when its acceptance
-        probability is at least one half)."""
-        assert isinstance(self.scheduler, SpeculativeScheduler)
-        self.scheduler.observe_counterfactual(handle, offered=offered, accepted=accepted,
-                                              terminated=terminated, survival=survival)
-        self.counters.counterfactual_rounds += 1
-        self.counters.counterfactual_drafted_tokens += offered
-        self.counters.counterfactual_accepted_tokens += accepted
 
     def _apply_extents(self, frame: ValidatedFrame) -> None:
         for lane, record in zip(frame.plan.lanes, frame.records, strict=True):
@@ -616,21 +458,6 @@ class Planner:
             return LaneExtent(handle=lane.handle, kv_tokens=self._residents[lane.handle].kv_done,
                               snapshot=True)
         return LaneExtent(handle=lane.handle, kv_tokens=kv_extent(lane, sources[lane.handle]))
-
-
-def log_trace(trace: TraceRecord) -> None:
-    """The scheduler trace: one record per committed plan with the seed's fields
-    (ACC-32: physical B/D/W/P, selected cost, observation age, selection reason,
-    exploration credit). Debug level: it is per frame."""
-    shape = trace.shape
-    log.debug(
-        "scheduler.trace", fence=int(trace.fence), graph=shape.label(),
-        kind=shape.kind.value, batch=shape.batch_capacity, depth=shape.proposal_depth,
-        width=shape.token_capacity, packed=shape.packed_capacity, lanes=trace.lanes,
-        selected_cost_ns=trace.selected_cost_ns, observation_age_ns=trace.observation_age_ns,
-        reason=trace.reason.value, exploration_credit_ns=trace.exploration_credit_ns,
-        value_rate=trace.value_rate, log_scale=trace.log_scale,
-    )
 
 
 async def run(

@@ -56,7 +56,14 @@ from actors.messages import (
     Withdraw,
 )
 from actors.page_pool import pages_for
-from actors.planner import FrameRecord, Planner
+from actors.planner import Planner
+from actors.planner_records import FrameRecord
+from actors.policy_setup import (
+    counterfactual_copy_depth,
+    learned_counterfactuals,
+    make_scheduler,
+    seed_estimates,
+)
 from actors.public import (
     Finished,
     GenerationRequest,
@@ -77,12 +84,12 @@ from gpu.model.config import load_model_config
 from gpu.model.tokenizer import Tokenizer
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
-from policy.baselines.factory import SEED_POLICIES, make_policy
-from policy.baselines.protocol import Planner as SchedulingPolicy
+from policy.baselines.factory import SEED_POLICIES
 from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import GraphKind, GraphShape, StateOp
 from policy.frame_queue import FRAME_SLOTS  # orders and outcomes in transit (QUEUE-10)
 from policy.lifecycle import context_limit
+from policy.protocol import SchedulingPolicy
 
 log = structlog.get_logger("flare.runtime")
 
@@ -126,7 +133,7 @@ class RuntimeParts:
     (``fcfs``, ``sarathi``, ``vtc``) behind the same planner interface."""
     speculation: str = "off"
     """``--speculation``: ``off``, or ``fixed``/``adaptive`` with ``draft_source``; the
-    planner then runs ``policy.speculative_scheduler.SpeculativeScheduler``."""
+    planner's scheduler then speculates (``policy.round_speculation``)."""
     draft_source: str = "draft"
     copy_counterfactuals: bool = False
     """Adaptive copy speculation: replay copy lookups where no copy round ran
@@ -418,7 +425,7 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[
 
     A speculative load serves every ``speculation_enabled`` mixed program: width one
     keeps the draft context (MIX-6) and the wider ones carry speculative decode rows,
-    which the ``SpeculativeScheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
+    which the speculating ``Scheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
     Fixed-width mode (MIX-7, LRN-10) keeps, per batch bucket, only the programs of
     the fixed width ``D + 1`` (the widest speculative width the envelope allows at
     that bucket), mixed and separate speculative alike, and no ordinary decode: every
@@ -429,62 +436,6 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[
     if config.speculation != "fixed":
         return tuple(kept)
     return fixed_width_shapes(kept)
-
-
-def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
-                   max_context: int) -> SchedulingPolicy:
-    """The planner's scheduler: the configured policy, or with speculation the seed's
-    scheduler with complete speculative rounds (fixed mode: fixed widths, complete
-    prefixes, no acceptance probes, LRN-10). A ``fixed-spec-K`` baseline runs its own
-    rounds on the speculative load (host lengths, completed like any generation frame)."""
-    if parts.speculation == "off" or parts.scheduler_policy.startswith("fixed-spec-"):
-        return make_policy(parts.scheduler_policy, parts.policy, catalog=catalog)
-    from policy.rounds import SpeculationMode
-    from policy.speculation import ProposalSource
-    from policy.speculative_scheduler import SpeculativeScheduler
-
-    return SpeculativeScheduler(
-        parts.policy, catalog, mode=SpeculationMode(parts.speculation),
-        source=ProposalSource(parts.draft_source), context_limit=max_context)
-
-
-def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
-                              catalog: Sequence[GraphShape]) -> int:
-    """Drafts per counterfactual copy round (the deepest copy round in the catalog), or
-    0 where the planner keeps none: only the seed's adaptive scheduler with copy
-    proposals learns from them (``RuntimeConfig.copy_counterfactuals``)."""
-    if not (parts.copy_counterfactuals and _adaptive_for(parts, scheduler, "copy")):
-        return 0
-    return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
-               default=0)
-
-
-def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) -> bool:
-    """Whether the planner folds the learned draft's depth-one proposals into the
-    scheduler: only the seed's adaptive scheduler with the learned source learns from
-    them (``RuntimeConfig.draft_counterfactuals``)."""
-    return parts.draft_counterfactuals and _adaptive_for(parts, scheduler, "draft")
-
-
-def _adaptive_for(parts: RuntimeParts, scheduler: SchedulingPolicy, source: str) -> bool:
-    """Whether ``scheduler`` is the seed's adaptive speculative scheduler and the load's
-    proposals come from ``source``: only it reads acceptance estimates."""
-    from policy.rounds import SpeculationMode
-    from policy.speculative_scheduler import SpeculativeScheduler
-
-    return (parts.draft_source == source and isinstance(scheduler, SpeculativeScheduler)
-            and scheduler.mode is SpeculationMode.ADAPTIVE)
-
-
-def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,
-                   now_ns: int) -> None:
-    """Record start-up measurements as observations (policies without duration
-    estimates, the baselines, ignore them)."""
-    estimates = getattr(scheduler, "estimates", None)
-    if estimates is None:
-        return
-    for shape, duration_ns in measured.items():
-        estimates.observe(shape, duration_ns, max(now_ns, 0))
 
 
 def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:

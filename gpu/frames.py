@@ -85,6 +85,13 @@ class SamplingParams:
         if problem is not None:
             raise ValueError(problem)
 
+    @property
+    def row_seed(self) -> int:
+        """The seed a state row holds; ``ValueError`` when there is none (``check_row``)."""
+        if self.seed is None:
+            raise ValueError("a state row needs a seed")
+        return self.seed
+
 
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 """Greedy decoding (temperature 0), the default sampling of a row."""

@@ -119,7 +119,7 @@ class RequestState:
                 self.temperature[r] = s.temperature
                 self.top_p[r] = s.top_p
                 self.top_k[r] = s.top_k
-                self.seed[r] = s.seed
+                self.seed[r] = s.row_seed
                 self.block_table[r] = self.geometry.sink_page
             elif isinstance(update, PageAppend):
                 end = update.first_block + len(update.page_ids)
@@ -139,7 +139,7 @@ def _apply_on_host(host: dict[str, np.ndarray], update: StateUpdate, sink_page: 
         host["temperature"][r] = s.temperature
         host["top_p"][r] = s.top_p
         host["top_k"][r] = s.top_k
-        host["seed"][r] = s.seed
+        host["seed"][r] = s.row_seed
         host["block_table"][r] = sink_page
     elif isinstance(update, PageAppend):
         end = update.first_block + len(update.page_ids)

@@ -32,7 +32,9 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
+from policy.baselines.factory import COMPARED_POLICIES
+
+POLICIES = COMPARED_POLICIES
 
 # Real-server scenario sizes for the CPU backend and the embedded default model (context
 # 2048): small, so one policy's run takes about a minute on a shared 2-core machine.

@@ -34,7 +34,7 @@ import structlog
 import trio
 
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
-from actors.planner import FrameRecord
+from actors.planner_records import FrameRecord
 from actors.public import Finished, GenerationRequest, SamplingParams
 from actors.system import Runtime, open_runtime
 from ops.tiny_model import TinyLlama, write_tiny_llama

@@ -19,8 +19,9 @@ from typing import Any
 
 from ops.loadgen.metrics import MetricOptions
 from ops.loadgen.workload import LengthSpec, parse_clients
+from policy.baselines.factory import COMPARED_POLICIES
 
-DEFAULT_POLICIES = ("balanced", "throughput", "fcfs", "sarathi", "vtc")
+DEFAULT_POLICIES = COMPARED_POLICIES
 SPECULATIVE_POLICIES = ("balanced", "spec-adaptive", "spec-fixed", "fixed-spec-1",
                         "fixed-spec-2", "fixed-spec-4", "sarathi")
 """The default comparison of the ``acceptance`` scenario."""

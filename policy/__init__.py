@@ -12,6 +12,8 @@ from policy.descriptors import (
     StateOp,
     TargetBinding,
 )
+from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
+from policy.round_speculation import SpeculationSettings
 from policy.scheduler import Scheduler
 from policy.types import (
     AdmissionRefused,
@@ -61,11 +63,15 @@ __all__ = [
     "PublicationError",
     "RequestHandle",
     "RestoreNeed",
+    "RoundCompletion",
+    "RoundLaneOutcome",
     "ScheduledPlan",
     "ScheduledStep",
     "Scheduler",
     "SchedulerStatistics",
+    "SchedulingPolicy",
     "SelectionReason",
+    "SpeculationSettings",
     "StaleEpochError",
     "StalePlanError",
     "StateOp",

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policy.descriptors import GraphKind, GraphShape
+from policy.protocol import RoundLaneOutcome
 from policy.refresh import CreditLedger
 from policy.round_table import RoundCandidate, SpeculativeLane
 from policy.rounds import SpeculationMode, price_rows, round_candidates
@@ -52,6 +53,7 @@ __all__ = [
     "ordinary_from_plan",
     "ordinary_from_round",
     "probe_rank_key",
+    "round_observations",
 ]
 
 
@@ -173,3 +175,34 @@ def find_probe(
             best = (key, Probe(candidate=cand, expected=expected, gain_per_ms=gain,
                                probed=probed, added_weight=least))
     return best[1] if best is not None else None
+
+
+def round_observations(lanes: Iterable[RoundLaneOutcome], *, depth_beyond: bool
+                       ) -> tuple[dict[RequestHandle, tuple[float, ...]],
+                                  dict[RequestHandle, int]]:
+    """What a completed round's lanes teach acceptance: each lane's survival values and
+    offered depths (the drafts its source supplied and the target verified).
+
+    With ``depth_beyond``, depth-``(D + 1)`` counterfactuals of learned rounds: a lane
+    that verified all ``D`` of its drafts also reports whether the draft's next proposal
+    would have held at the target's row ``D`` (``RoundLaneOutcome.beyond``). It becomes
+    one more offered depth whose survival value is the last verified depth's times that
+    probability (ACC-28): ``beyond`` after a fully accepted prefix, zero after a rejected
+    one. Every such lane observes the extra depth, whatever it accepted, so the depth's
+    mean stays an estimate of ``s_(D+1)`` (observing it only after full acceptance
+    would estimate ``s_(D+1) / s_D``). A request whose deeper means fell can recover
+    them one depth per round instead of only through probes (ACC-9 leaves them
+    unobserved)."""
+    survival: dict[RequestHandle, tuple[float, ...]] = {}
+    offered: dict[RequestHandle, int] = {}
+    for lane in lanes:
+        survival[lane.handle] = lane.survival
+        offered[lane.handle] = lane.evaluated
+        if not depth_beyond or lane.beyond < 0.0 or lane.proposed < 1 \
+                or lane.evaluated != lane.proposed:
+            continue
+        prefix = lane.survival or (
+            (1.0,) * lane.accepted + (0.0,) * (lane.evaluated - lane.accepted))
+        survival[lane.handle] = (*prefix, prefix[-1] * lane.beyond)
+        offered[lane.handle] = lane.evaluated + 1
+    return survival, offered

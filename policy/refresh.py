@@ -41,6 +41,7 @@ __all__ = [
     "acceptance_learning_ledger",
     "credited_duration_ns",
     "episode_charge_ns",
+    "settle_frame",
     "timing_refresh_ledger",
 ]
 
@@ -197,3 +198,16 @@ def episode_charge_ns(timing: ExecutionTiming, *, isolated: bool = True) -> int:
     if device <= 0:
         return max(timing.wall_ns, 0)
     return max(device, timing.wall_ns) if isolated else device
+
+
+def settle_frame(ledger: CreditLedger, timing: ExecutionTiming, *, isolated: bool,
+                 ordinary: bool, episode: bool) -> None:
+    """A completed frame in ``ledger``: ordinary work earns its credited duration
+    (REF-1, LRN-1); the ledger's own episode is charged its raw duration and closed
+    (REF-11, REF-17, LRN-11, LRN-14); anything else (discovery, the other ledger's
+    episodes) leaves it alone (REF-5, LRN-18)."""
+    if ordinary:
+        ledger.earn(credited_duration_ns(timing, isolated=isolated))
+    elif episode:
+        ledger.charge(episode_charge_ns(timing, isolated=isolated))
+        ledger.end_episode()

@@ -7,16 +7,21 @@ The planner actor owns one ``Scheduler`` and drives it with values and times::
     if plan is not None and sched.window_ready(plan):
         trace = sched.commit(plan, fence)     # rechecks, never reselects (QUEUE-6, QUEUE-7)
     ...
-    tokens = sched.complete(fence, records, timing)     # validates every lane first
+    tokens = sched.complete(fence, records, timing, round=...)  # validates lanes first
     sched.published_output(handle, fence, host_time_ns)  # or nothing_published(...)
     for handle in sched.take_released(): free its resources
 
-This module owns request residency (admission, cancellation, preemption, phase
-transitions), commit (participants, epochs, freshness, window gate), completion (lane
-validation before any update, committed-counter service, cost observations, refresh
-credit, execution counters) and publication (one delivery per visible burst, output age
-from host publication time). Selection itself lives in ``policy/selection.py`` and its
-inputs in ``policy/decision.py``.
+This module owns the lifecycle: admission (prerequisite stages, checkpoint
+allowances), preemption and phase transitions, commit (participants, epochs,
+freshness, window gate), completion (lane validation before any update, then the
+record-level steps of ``policy/frame_records.py``, cost observations, refresh
+credit) and publication. It composes its parts: resident records and counters
+(``policy/residency.py``), cached estimate arrays (``policy/estimate_cache.py``),
+terminal-capture allowances (``policy/terminal_captures.py``) and, when configured
+with ``SpeculationSettings``, complete speculative rounds
+(``policy/round_speculation.py``). Selection itself lives in ``policy/selection.py``
+and its inputs in ``policy/decision.py``. It implements
+``policy.protocol.SchedulingPolicy``.
 
 Seed sections: *Planning and the execution queue*, *Service accounting and publication*,
 *Funded timing refresh*, *Prerequisites and completion* (terminal retirement).
@@ -24,22 +29,27 @@ Seed sections: *Planning and the execution queue*, *Service accounting and publi
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
-from policy.checkpoint_allowance import CheckpointAllowance, estimated_prefill_ns
+from policy.checkpoint_allowance import CheckpointAllowance
 from policy.config import PolicyConfig
 from policy.decision import build_context
 from policy.descriptors import (
     ExecutionTiming,
-    GraphKind,
     GraphShape,
     StateOp,
 )
 from policy.duration_estimates import DurationEstimates
+from policy.estimate_cache import EstimateCache, fair_share_population
 from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.frame_records import (
+    apply_setup_lane,
+    charge_service,
+    mark_committed,
+    participants,
+    publish,
+    settle_in_flight,
+)
 from policy.lifecycle import (
     apply_progress,
     check_admission,
@@ -48,23 +58,24 @@ from policy.lifecycle import (
     index_records,
     lane_valid,
 )
+from policy.protocol import RoundCompletion
 from policy.refresh import (
     CreditLedger,
-    credited_duration_ns,
     episode_charge_ns,
+    settle_frame,
     timing_refresh_ledger,
 )
-from policy.requests import PendingDelivery, RequestRecord
+from policy.requests import RequestRecord
+from policy.residency import ExecutionCounters, Residency
+from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings
+from policy.rounds import SpeculationMode
 from policy.selection import CatalogIndex, ShapeTimes, select
 from policy.service import (
-    Normalizers,
-    ServiceHistory,
     new_history,
-    normalizers_from_catalog,
-    observe_participants,
-    redo_delivery,
     service_interval_ns,
 )
+from policy.speculation import AcceptanceState
+from policy.terminal_captures import TerminalCaptures
 from policy.types import (
     AdmissionRefused,
     CommitRejected,
@@ -84,38 +95,33 @@ from policy.types import (
     SelectionReason,
     StalePlanError,
     TraceRecord,
-    UnknownRequestError,
 )
 from policy.utility import NS_PER_MS
 
-TRACE_HISTORY = 1024
-"""Committed-plan traces kept for ``traces()``; older ones are dropped."""
-
 
 class Scheduler:
-    """Pure, synchronous scheduler over one catalog of prepared shapes."""
+    """Pure, synchronous scheduler over one catalog of prepared shapes.
+
+    ``speculation``: plan complete speculative rounds of that proposal source and mode
+    (``policy/round_speculation.py``); None: ordinary programs only."""
 
     def __init__(self, config: PolicyConfig | None = None,
-                 catalog: Iterable[GraphShape] = ()) -> None:
+                 catalog: Iterable[GraphShape] = (), *,
+                 speculation: SpeculationSettings | None = None) -> None:
+        self._speculation = RoundSpeculation(speculation) if speculation is not None else None
         self._config = config if config is not None else PolicyConfig()
         self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
         self._refresh: CreditLedger = timing_refresh_ledger()
         self._queue = FrameQueue()
-        self._records: dict[RequestHandle, RequestRecord] = {}
-        self._last_epoch: dict[RequestHandle, int] = {}
-        self._next_handle = 1
+        self._residency: Residency[RequestRecord] = Residency()
+        self._records = self._residency.records  # the hot paths read the dict directly
         self._now_ns = 0
         self._last_fence: Fence | None = None
         self._admitted_any = False
         self._catalog = CatalogIndex.build(())
-        self._executions = {r.value: 0 for r in SelectionReason}
-        self._execution_ns = {r.value: 0 for r in SelectionReason}
-        self._committed = 0
-        self._failed_lanes = 0
-        self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
-        self._times: ShapeTimes | None = None
-        self._normalizer_cache: dict[int, Normalizers] = {}
-        self._allowances: dict[RequestHandle, CheckpointAllowance] = {}
+        self._execution = ExecutionCounters()
+        self._cache = EstimateCache(self._estimates)
+        self._captures = TerminalCaptures()
         """Each resident request's checkpoint extra-work allowance (QUEUE-20..24)."""
         self.set_catalog(catalog)
 
@@ -130,40 +136,28 @@ class Scheduler:
         """The cost catalog. ``complete`` feeds it; a caller that seeds it directly
         (tests, preloaded estimates) goes through this property, which drops the
         scheduler's cached per-shape arrays."""
-        self._invalidate_times()
+        self._cache.invalidate()
         return self._estimates
-
-    def _invalidate_times(self) -> None:
-        self._times = None
-        self._normalizer_cache.clear()
-
-    def _refresh_shape_times(self, shape: GraphShape) -> None:
-        """Update one shape's cached timing entries in place."""
-        times = self._times
-        i = self._catalog.position.get(shape)
-        if times is None or i is None:
-            return
-        est = self._estimates
-        times.update(i, est.estimate_ns(shape), _or_minus_one(est.last_valid_ns(shape)),
-                     est.last_touched_ns(shape))
 
     def _shape_times(self) -> ShapeTimes:
         """Per-shape estimate arrays, rebuilt only after estimates change."""
-        if self._times is None:
-            est = self._estimates
-            shapes = self._catalog.shapes
-            self._times = ShapeTimes(
-                estimate_ns=np.array([est.estimate_ns(s) for s in shapes], dtype=np.int64),
-                last_valid_ns=np.array([_or_minus_one(est.last_valid_ns(s)) for s in shapes],
-                                       dtype=np.int64),
-                last_touched_ns=np.array([est.last_touched_ns(s) for s in shapes],
-                                         dtype=np.int64),
-            )
-        return self._times
+        return self._cache.shape_times(self._catalog)
 
     @property
     def refresh_ledger(self) -> CreditLedger:
         return self._refresh
+
+    @property
+    def speculation(self) -> RoundSpeculation | None:
+        """The speculative-round component (None: this scheduler does not speculate)."""
+        return self._speculation
+
+    @property
+    def learns_acceptance(self) -> bool:
+        """Whether it learns acceptance from rounds and counterfactuals: adaptive
+        speculation only."""
+        spec = self._speculation
+        return spec is not None and spec.mode is SpeculationMode.ADAPTIVE
 
     @property
     def now_ns(self) -> int:
@@ -177,13 +171,13 @@ class Scheduler:
         config.validate()
         self._config = config
         self._estimates.ttl_ns = config.estimate_ttl_ns
-        self._invalidate_times()
+        self._cache.invalidate()
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         """Load the prepared shapes. Estimates are keyed by shape and survive reloads."""
         unique = tuple(dict.fromkeys(shapes))
         self._catalog = CatalogIndex.build(unique)
-        self._invalidate_times()
+        self._cache.invalidate()
 
     @property
     def catalog(self) -> tuple[GraphShape, ...]:
@@ -200,6 +194,8 @@ class Scheduler:
         self._queue.observe_time(now_ns)
         if len(self._queue) == 0 and not any(r.selectable for r in self._records.values()):
             self._refresh.on_idle()
+            if self._speculation is not None:
+                self._speculation.on_idle()  # LRN-16
 
     # ---- residency ---------------------------------------------------------------------
 
@@ -232,26 +228,24 @@ class Scheduler:
             raise AdmissionRefused("further prerequisite stages need a restore first")
         if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
             raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
-        if handle is None:
-            handle = RequestHandle(self._next_handle)
-        if handle in self._records:
-            raise AdmissionRefused(f"handle {handle} is already resident")
-        self._next_handle = max(self._next_handle, handle + 1)
-        epoch = self._last_epoch.get(handle, -1) + 1
-        self._last_epoch[handle] = epoch
-        norms = self._normalizers(self._fair_share_population())
-        self._records[handle] = RequestRecord(
+        handle, epoch = self._residency.claim(handle)
+        norms = self._cache.normalizers(fair_share_population(self._catalog))
+        self._residency.add(RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
-        )
-        self._allowances[handle] = CheckpointAllowance(
-            self._config.checkpoint_extra_work_fraction,
-            prefill_work_ns=self._prefill_work_ns(prompt_len - cached_prefix_len))
+        ))
+        self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
+                               uncached_tokens=prompt_len - cached_prefix_len,
+                               catalog=self._catalog, estimates=self._estimates)
         self._admitted_any = True
         return handle
+
+    def assign_client(self, handle: RequestHandle, client: str) -> None:
+        """The seed's scheduler does not rank by client: nothing to record."""
+        return None
 
     def restoration_ready(self, handle: RequestHandle) -> None:
         """External restoration finished: a restore graph may now bind the state."""
@@ -262,23 +256,13 @@ class Scheduler:
     def cancel(self, handle: RequestHandle) -> None:
         """Stop selecting ``handle`` at once (QUEUE-8). Its in-flight lanes complete
         without effect; it is released once its last submitted fence completes."""
-        rec = self._record(handle)
-        rec.cancelled = True
-        rec.phase = Phase.RETIRED
+        self._residency.cancel(handle)
 
     def preempt(self, handle: RequestHandle) -> None:
         """Begin retiring a resident request without completing its response (PRE-43);
         its terminal age starts now (PRE-41)."""
-        rec = self._record(handle)
-        if rec.phase in (Phase.RETIRED, Phase.TERMINAL) or rec.cancelled:
-            return
-        rec.preempted = True
-        if rec.restore is not RestoreNeed.NONE:
-            if not rec.restored:
-                rec.phase = Phase.RETIRED  # its state is not resident: nothing to snapshot
-                return
-            rec.restore, rec.further_stages = RestoreNeed.NONE, ()
-        self._begin_retirement(rec, mandatory=True)
+        self._captures.preempt(self._record(handle), self._catalog, self._estimates,
+                                 self._now_ns)
 
     def phase(self, handle: RequestHandle) -> Phase:
         return self._record(handle).phase
@@ -294,12 +278,43 @@ class Scheduler:
         """Handles whose execution resources may now be freed: retired, cancelled or
         failed, with no submitted fence outstanding (PRE-39, PRE-54, QUEUE-9).
         They stop being resident."""
-        done = [h for h, r in self._records.items()
-                if r.phase is Phase.RETIRED and not r.in_flight]
-        for h in done:
-            del self._records[h]
-            self._allowances.pop(h, None)
+        done = self._residency.release()
+        self._captures.release(done)
+        if self._speculation is not None:
+            self._speculation.release(done)
         return done
+
+    # ---- acceptance (speculation) ------------------------------------------------------
+
+    def _speculating(self) -> RoundSpeculation:
+        if self._speculation is None:
+            raise PolicyError("this scheduler is not configured to speculate")
+        return self._speculation
+
+    def acceptance(self, handle: RequestHandle) -> AcceptanceState:
+        """The request's acceptance state (created from the population priors)."""
+        spec = self._speculating()
+        self._record(handle)
+        return spec.acceptance(handle)
+
+    def preseed_acceptance(self, handle: RequestHandle, means: Sequence[float],
+                           weight: float = 128.0) -> None:
+        """Give a request a preseeded acceptance history (OPEN-34, VER-23)."""
+        spec = self._speculating()
+        self._record(handle)
+        spec.preseed(handle, means, weight)
+
+    def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
+                               accepted: int, terminated: bool,
+                               survival: Sequence[float] | None = None) -> None:
+        """Fold a *counterfactual* round of the configured proposal source (one no
+        frame ran, replayed by the host) into the request's acceptance and the
+        population prior (``RoundSpeculation.observe_counterfactual``); without
+        speculation nothing is learned."""
+        if self._speculation is not None:
+            self._speculation.observe_counterfactual(
+                handle, resident=handle in self._records, offered=offered,
+                accepted=accepted, terminated=terminated, survival=survival)
 
     # ---- planning ----------------------------------------------------------------------
 
@@ -309,12 +324,20 @@ class Scheduler:
         Pure (QUEUE-2). The plan may need an empty window (``requires_empty_window``);
         while frames are in flight the planner then submits nothing (QUEUE-34, QUEUE-35).
         """
+        times = self._shape_times()
+        refresh_funded = self._refresh.funded()
         ctx = build_context(
-            records=self._records, catalog=self._catalog, times=self._shape_times(),
+            records=self._records, catalog=self._catalog, times=times,
             config=self._config, queue=self._queue, now_ns=self._now_ns,
-            ttl_ns=self._estimates.ttl_ns, refresh_funded=self._refresh.funded(),
+            ttl_ns=self._estimates.ttl_ns, refresh_funded=refresh_funded,
         )
-        return select(ctx)
+        ordinary = select(ctx)
+        if self._speculation is None:
+            return ordinary
+        return self._speculation.plan(ordinary, ctx, SchedulingView(
+            now_ns=self._now_ns, records=self._records, queue=self._queue,
+            config=self._config, catalog=self._catalog, times=times,
+            estimates=self._estimates, refresh_funded=refresh_funded))
 
     def blocking_reason(self, plan: ScheduledPlan) -> str | None:
         """Why ``plan`` cannot be committed into the window now (None: it can)."""
@@ -341,8 +364,12 @@ class Scheduler:
 
         Rechecks epochs, request state, the window gate and freshness (DUR-28); raises a
         ``CommitRejected`` subclass without changing anything when a check fails
-        (OPEN-12: drop the plan and replan).
+        (OPEN-12: drop the plan and replan). A committed acceptance probe opens an
+        acceptance episode (LRN-8).
         """
+        spec = self._speculation
+        if spec is not None:
+            spec.check_commit(plan)
         if self._last_fence is not None and fence <= self._last_fence:
             raise CommitRejected(f"fence {fence} is not after {self._last_fence}")
         if len(self._queue) and self._became_unqueueable(plan):
@@ -354,60 +381,33 @@ class Scheduler:
             check_lane(self._records.get(lane.handle), lane)
         start = self._queue.expected_end_ns(self._now_ns)
         end = start + plan.estimated_duration_ns
-        participants = tuple((h, r.epoch) for h, r in self._records.items()
-                             if r.phase is not Phase.RETIRED and not r.cancelled
-                             and r.restore is not RestoreNeed.AWAITING)
+        charged = participants(self._records)
         frame = QueuedFrame(
             fence=fence, plan=plan, committed_ns=self._now_ns, expected_start_ns=start,
-            expected_end_ns=end, isolated=len(self._queue) == 0, participants=participants,
-            normalizers=self._normalizers(len(participants)), reason=plan.reason,
+            expected_end_ns=end, isolated=len(self._queue) == 0, participants=charged,
+            normalizers=self._cache.normalizers(len(charged)), reason=plan.reason,
         )
         if plan.reason is SelectionReason.TIMING_REFRESH:
             self._refresh.begin_episode()
-        self._estimates.record_attempt(plan.shape, self._now_ns)
-        self._refresh_shape_times(plan.shape)
-        for lane in plan.lanes:
-            rec = self._records[lane.handle]
-            rec.in_flight_fences.append(fence)
-            rec.last_served_ns = self._now_ns
-            if lane.role is LaneRole.DECODE:
-                rec.queued_outputs += lane.token_ceiling
-                rec.queued_delivery_end_ns = end
+        self._cache.record_attempt(self._catalog, plan.shape, self._now_ns)
+        mark_committed(plan, fence, self._records, now_ns=self._now_ns, end_ns=end)
         self._queue.push(frame)
         self._last_fence = fence
-        self._committed += 1
-        trace = TraceRecord(
-            fence=fence, shape=plan.shape, lanes=len(plan.lanes),
-            selected_cost_ns=plan.estimated_duration_ns,
+        self._execution.committed += 1
+        trace = self._execution.trace(
+            plan, fence,
             observation_age_ns=self._estimates.observation_age_ns(plan.shape, self._now_ns),
-            reason=plan.reason, exploration_credit_ns=float(self._refresh.balance_ns),
-            value_rate=plan.selection_value_rate(), log_scale=plan.selection_log_scale(),
-            committed_at_ns=self._now_ns,
-        )
-        self._traces.append(trace)
+            exploration_credit_ns=float(self._refresh.balance_ns),
+            log_scale=plan.selection_log_scale(), now_ns=self._now_ns)
+        if spec is not None:
+            spec.committed(plan)
         return trace
-
-    def _fair_share_population(self) -> int:
-        """How many requests a new request's fair-share start is divided among: the
-        catalog's request slots (its largest generation batch), not the momentary
-        resident count. Requests admitted together then start at the same price, so
-        their order is decided by service, not by who arrived first in a burst (a
-        resident-count population made a burst of arrivals run last-in first-out)."""
-        slots = [s.batch_capacity for s in self._catalog.shapes if s.is_generation
-                 or s.kind is GraphKind.MIXED]
-        return max(slots, default=1)
-
-    def _normalizers(self, population: int) -> Normalizers:
-        cached = self._normalizer_cache.get(population)
-        if cached is None:
-            cached = normalizers_from_catalog(self._estimates.measured(), population)
-            self._normalizer_cache[population] = cached
-        return cached
 
     # ---- completion ----------------------------------------------------------------------
 
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],
-                 timing: ExecutionTiming) -> list[GeneratedToken]:
+                 timing: ExecutionTiming, *, round: RoundCompletion | None = None
+                 ) -> list[GeneratedToken]:
         """Apply the oldest in-flight frame's validated results.
 
         Every lane is validated before anything is updated (ACCT-6); a malformed lane
@@ -415,32 +415,33 @@ class Scheduler:
         counter differences (ACCT-7); the frame's measured interval feeds every live
         participant, with zero service for unselected ones (ACCT-8..11); deliveries are
         recorded as zero until publication corrects them (ACCT-13).
+
+        ``round``: what a speculative frame's lanes report (QUEUE-3, QUEUE-4, ACC-28);
+        a speculating scheduler learns acceptance from it, and a device-allocated round
+        cannot complete without it. Without speculation it is ignored.
         """
         head = next(iter(self._queue), None)
         if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
+        spec = self._speculation
+        if spec is not None:
+            spec.check_completion(head.plan.shape, round)
+        out = self._apply_completion(head, fence, records, timing)
+        if spec is not None:
+            spec.completed(head, out, timing, round)
+        return out
+
+    def _apply_completion(self, head: QueuedFrame, fence: Fence,
+                          records: Sequence[CompletionRecord], timing: ExecutionTiming
+                          ) -> list[GeneratedToken]:
         by_handle, duplicates = index_records(records)
         verdicts = [(lane, lane_valid(lane, by_handle.get(lane.handle), duplicates))
                     for lane in head.plan.lanes]
         lane_handles = {lane.handle for lane in head.plan.lanes}
-        self._failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
+        self._execution.failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
         # ---- nothing has changed before this point ----
         self._queue.pop(fence, self._now_ns)
-        # Expected ends of the frames still queued, per handle they carry (QUEUE-43).
-        queued_ends: dict[RequestHandle, set[int]] = {}
-        for frame in self._queue:
-            for queued in frame.plan.lanes:
-                queued_ends.setdefault(queued.handle, set()).add(frame.expected_end_ns)
-        decode = LaneRole.DECODE
-        for lane in head.plan.lanes:
-            rec = self._records.get(lane.handle)
-            if rec is None or rec.epoch != lane.epoch:
-                continue
-            rec.in_flight_fences.remove(fence)
-            if lane.role is decode:
-                rec.queued_outputs -= lane.token_ceiling
-                if rec.queued_delivery_end_ns not in queued_ends.get(rec.handle, ()):
-                    rec.queued_delivery_end_ns = None
+        settle_in_flight(head, fence, self._records, self._queue)
         self._account_execution(head, timing)
         interval_ns = service_interval_ns(timing, isolated=head.isolated)
         interval_ms = interval_ns / NS_PER_MS
@@ -451,7 +452,7 @@ class Scheduler:
             if rec is None or rec.epoch != lane.epoch or rec.cancelled or rec.failed:
                 continue  # cancelled: publication suppressed, nothing charged (ACCT-5)
             if not verdict:
-                self._failed_lanes += 1
+                self._execution.failed_lanes += 1
                 rec.failed = True
                 rec.phase = Phase.RETIRED
                 out.append(GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
@@ -460,7 +461,7 @@ class Scheduler:
             record = by_handle[lane.handle]
             if lane.role is LaneRole.DECODE and rec.phase is not Phase.DECODE:
                 continue  # a queued decode behind the request's final token: discarded
-            allowance = self._allowances.get(rec.handle)
+            allowance = self._captures.get(rec.handle)
             if lane.role is LaneRole.DECODE and allowance is not None:
                 # Productive decode earns terminal-capture allowance (QUEUE-23).
                 allowance.earn_decode(timing.cost_sample_ns)
@@ -469,110 +470,37 @@ class Scheduler:
             if token is not None:
                 out.append(token)
         if interval_ns > 0:
-            self._account_service(head, served_tokens, out, fence, interval_ms)
+            charge_service(head, self._records, served_tokens, out, fence, interval_ms,
+                           self._config)
         return out
 
     def _apply_lane(self, rec: RequestRecord, lane: Lane, record: CompletionRecord,
                     fence: Fence) -> GeneratedToken | None:
-        if lane.role is LaneRole.TERMINAL:
-            rec.phase = Phase.RETIRED
-            return None
-        if lane.role is LaneRole.RESTORE:
-            # Restore binds the state to a fresh generation (PRE-32); setup earns no
-            # tokens (PRE-20). Read the new epoch from ``request(handle).epoch``.
-            rec.restored = True
-            if not rec.further_stages:
-                rec.restore = RestoreNeed.NONE
-            rec.epoch += 1
-            self._last_epoch[rec.handle] = rec.epoch
-            return None
-        if lane.role is LaneRole.INITIALIZE:
-            rec.further_stages = rec.further_stages[1:]  # a later stage of the chain
-            if not rec.further_stages:
-                rec.restore = RestoreNeed.NONE
+        if apply_setup_lane(rec, lane, self._residency):
             return None
         progress = apply_progress(rec, lane, record)
         if not progress.emitted:
             return None
         if progress.finish is not None:
-            self._begin_retirement(rec)
+            self._captures.retire(rec, self._catalog, self._estimates, self._now_ns)
         return GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
                               token_ids=record.token_ids, first=progress.first,
                               finish=progress.finish)
 
-    def _begin_retirement(self, rec: RequestRecord, *, mandatory: bool = False) -> None:
-        """Terminal snapshot pending (PRE-41) when the catalog has one and either the
-        retirement is mandatory (preemption) or the request's checkpoint allowance
-        pays for the capture (QUEUE-20..23); else retired at once, and the runtime
-        publishes the request's checkpoint without a capture."""
-        if len(self._catalog.snapshot) and (mandatory or self._take_terminal_capture(rec)):
-            rec.phase = Phase.TERMINAL
-            rec.terminal_since_ns = self._now_ns
-        else:
-            rec.phase = Phase.RETIRED
-
-    def _take_terminal_capture(self, rec: RequestRecord) -> bool:
-        """Charge a terminal capture to ``rec``'s allowance if it fits: the narrowest
-        snapshot shape's estimate against the prefill part and, for a terminal
-        endpoint distinct from the prompt end (more than one output), the decode
-        part. An unknown snapshot cost disables it (QUEUE-22)."""
-        allowance = self._allowances.get(rec.handle)
-        if allowance is None:
-            return False
-        allowance.ensure_prefill_estimate(
-            self._prefill_work_ns(rec.prompt_len - rec.cached_prefix_len))
-        narrowest = self._catalog.shapes[int(self._catalog.snapshot[0])]
-        cost = self._estimates.estimate_ns(narrowest)
-        return allowance.take_terminal(cost or None, distinct=rec.output_committed > 1)
-
-    def _prefill_work_ns(self, uncached_tokens: int) -> int | None:
-        """Estimated work to prefill ``uncached_tokens`` on the measured prefill shapes
-        (QUEUE-20's "estimated uncached prefill work"); None while none is measured."""
-        shapes = self._catalog.shapes
-        return estimated_prefill_ns(uncached_tokens, (
-            (shapes[int(i)].token_capacity, self._estimates.estimate_ns(shapes[int(i)]))
-            for i in self._catalog.prefill))
-
     def checkpoint_allowance(self, handle: RequestHandle) -> CheckpointAllowance:
         """``handle``'s checkpoint allowance ledger (read-only use: tests, diagnostics)."""
         self._record(handle)
-        return self._allowances[handle]
+        return self._captures[handle]
 
     def _account_execution(self, frame: QueuedFrame, timing: ExecutionTiming) -> None:
         """Counters by kind, cost learning, refresh credit (DUR-8..19, REF-1..16)."""
         kind = frame.reason
-        raw = episode_charge_ns(timing, isolated=frame.isolated)
-        self._executions[kind.value] += 1
-        self._execution_ns[kind.value] += raw
-        before = self._estimates.estimate_ns(frame.plan.shape)
-        if self._estimates.observe(frame.plan.shape, timing.cost_sample_ns, self._now_ns) \
-                and self._estimates.estimate_ns(frame.plan.shape) != before:
-            # Normalizers depend on estimate values only: an unchanged median keeps them.
-            self._normalizer_cache.clear()
-        self._refresh_shape_times(frame.plan.shape)
-        if kind is SelectionReason.ORDINARY:
-            self._refresh.earn(credited_duration_ns(timing, isolated=frame.isolated))
-        elif kind is SelectionReason.TIMING_REFRESH:
-            self._refresh.charge(raw)
-            self._refresh.end_episode()
-
-    def _account_service(self, frame: QueuedFrame, served: dict[RequestHandle, int],
-                         out: list[GeneratedToken], fence: Fence, interval_ms: float) -> None:
-        delivered = {t.handle for t in out if t.token_ids}
-        live: list[tuple[ServiceHistory, int]] = []
-        records = self._records
-        for handle, epoch in frame.participants:
-            rec = records.get(handle)
-            if rec is None or rec.epoch != epoch or rec.cancelled or rec.failed:
-                continue
-            h = rec.history
-            live.append((h, served.get(handle, 0)))
-            if handle in delivered:
-                # The delivery rate before this interval's zero-delivery update (the
-                # token update does not touch it).
-                rec.pending_delivery = PendingDelivery(fence, h.delivery_rate, interval_ms)
-        # observe_service(tokens) then observe_delivery(0) per participant (ACCT-8..13).
-        observe_participants(live, interval_ms=interval_ms, config=self._config)
+        self._execution.executed(kind, episode_charge_ns(timing, isolated=frame.isolated))
+        self._cache.observe(self._catalog, frame.plan.shape, timing.cost_sample_ns,
+                            self._now_ns)
+        settle_frame(self._refresh, timing, isolated=frame.isolated,
+                     ordinary=kind is SelectionReason.ORDINARY,
+                     episode=kind is SelectionReason.TIMING_REFRESH)
 
     # ---- publication -------------------------------------------------------------------
 
@@ -583,14 +511,8 @@ class Scheduler:
         held back by stop buffering is reported with the fence at which it became
         visible (OPEN-20)."""
         rec = self._records.get(handle)
-        if rec is None or rec.cancelled:
-            return
-        rec.last_visible_ns = max(rec.last_visible_ns, host_time_ns)
-        pending = rec.pending_delivery
-        if pending is not None and pending.fence == fence:
-            redo_delivery(rec.history, before=pending.before, deliveries=1,
-                          interval_ms=pending.interval_ms, config=self._config)
-            rec.pending_delivery = None
+        if rec is not None and not rec.cancelled:
+            publish(rec, fence, host_time_ns, self._config)
 
     def nothing_published(self, handle: RequestHandle, fence: Fence) -> None:
         """The publisher processed ``fence`` for ``handle`` and nothing became visible
@@ -603,25 +525,16 @@ class Scheduler:
     # ---- observation -------------------------------------------------------------------
 
     def statistics(self) -> SchedulerStatistics:
-        return SchedulerStatistics(
-            executions=dict(self._executions), execution_ns=dict(self._execution_ns),
+        return self._execution.statistics(
             resident=len(self._records), in_flight=len(self._queue),
-            refresh_credit_ns=float(self._refresh.balance_ns),
-            committed_plans=self._committed, failed_lanes=self._failed_lanes,
-        )
+            refresh_credit_ns=float(self._refresh.balance_ns))
 
     def traces(self) -> tuple[TraceRecord, ...]:
-        return tuple(self._traces)
+        return tuple(self._execution.traces)
 
     def in_flight(self) -> tuple[Fence, ...]:
         return tuple(f.fence for f in self._queue)
 
     def _record(self, handle: RequestHandle) -> RequestRecord:
-        rec = self._records.get(handle)
-        if rec is None:
-            raise UnknownRequestError(f"request {handle} is not resident")
-        return rec
+        return self._residency.get(handle)
 
-
-def _or_minus_one(value: int | None) -> int:
-    return -1 if value is None else value

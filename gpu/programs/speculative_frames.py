@@ -64,7 +64,7 @@ class SpeculativeLane:
     row ``D`` along the drafted prefix (greedy: whether it equals the target's argmax
     there; sampled: ``sum min(p, q)`` over that row); -1 for other lanes. Reported
     whatever the lane accepted, so that observing depth ``D + 1`` does not depend on the
-    outcome (the prefix's own survival multiplies it: ``Planner._extend_by_beyond``)."""
+    outcome (the prefix's own survival multiplies it: ``policy.learning.round_observations``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

@@ -4,7 +4,7 @@ A server without speculation prepares the ordinary catalog; one with a draft (``
 run --draft-model``/``--draft-source copy``, draft depth D) prepares the speculative
 load of ``gpu.catalog.build_catalog`` (rectangular ``QueryLength`` programs of widths
 1..D+1, width-one mixed programs that keep the draft context, and wider mixed programs
-whose speculative decode rows the ``SpeculativeScheduler`` plans). Fixed-width mode
+whose speculative decode rows the speculating ``Scheduler`` plans). Fixed-width mode
 (``spec-fixed``) serves ``gpu.catalog.fixed_width_shapes`` of that load, the subset
 ``actors.system.served_shapes`` keeps: per batch bucket only the speculative and mixed
 programs of the widest speculative width, and no ordinary decode (MIX-7, LRN-10).

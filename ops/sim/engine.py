@@ -1,7 +1,7 @@
 """The discrete-event simulator behind ``flare sim``: real policy code, simulated device.
 
-``simulate(planner, requests, costs, options)`` drives any ``Planner`` (the seed's
-``Scheduler`` or a baseline) exactly as the runtime's planner does -- ``advance_to``,
+``simulate(planner, requests, costs, options)`` drives any
+``policy.protocol.SchedulingPolicy`` (the seed's ``Scheduler`` or a baseline) exactly as the runtime's planner does -- ``advance_to``,
 ``plan``, ``window_ready``, ``commit``, ``complete``, ``published_output``,
 ``take_released`` -- while a simulated device runs each committed frame for the cost
 table's duration. Events are request arrivals and frame completions; nothing else moves
@@ -40,12 +40,12 @@ Options: ``output_limit`` is the ``max_tokens`` a request is admitted with (at l
 target; 0 admits exactly the target, so requests end by length, not EOS);
 ``warm_estimates`` preloads each shape's mean into the policy's duration estimates at
 time 0 (what a server knows after warm-up; off: the seed's scheduler discovers every
-shape online); ``draft_counterfactuals`` gives the seed's ``SpeculativeScheduler`` the
+shape online); ``draft_counterfactuals`` gives a policy that learns acceptance the
 learned draft's counterfactual observations that ``flare run`` reports
 (``actors.planner``, ``docs/speculative-selection.md``): a width-one step at output
 position ``p`` observes whether a depth-one round would have accepted (``u_p < a``),
-and a round of ``D`` drafts also observes depth ``D + 1`` (held when the run from ``p``
-reaches ``D + 1``), whatever it accepted.
+and a round of ``D`` drafts also reports depth ``D + 1`` (held when the run from ``p``
+reaches ``D + 1``), whatever it accepted (``RoundLaneOutcome.beyond``).
 """
 
 from __future__ import annotations
@@ -63,10 +63,8 @@ from ops.loadgen.records import RequestRecord
 from ops.loadgen.workload import RequestPlan
 from ops.sim.costs import CostTable
 from ops.sim.workloads import DEFAULT_ACCEPTANCE
-from policy.baselines.protocol import ClientTagged, Planner
 from policy.descriptors import ExecutionTiming, GraphKind, TargetBinding
-from policy.rounds import SpeculationMode
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
 from policy.types import (
     CompletionRecord,
     Fence,
@@ -97,8 +95,8 @@ class SimOptions:
     horizon_s: float | None = None
     """Stop at this simulated time; unfinished requests are reported as cancelled."""
     draft_counterfactuals: bool = False
-    """Learned-draft counterfactual observations for a ``SpeculativeScheduler`` (module
-    docstring); off: real rounds only (the seed's ACC-9)."""
+    """Learned-draft counterfactual observations for a policy that learns acceptance
+    (module docstring); off: real rounds only (the seed's ACC-9)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"max_resident": self.max_resident, "max_queue": self.max_queue,
@@ -175,14 +173,14 @@ class SimulationError(RuntimeError):
     """The policy stopped making progress while requests remained."""
 
 
-def simulate(planner: Planner, requests: Sequence[RequestPlan], costs: CostTable,
+def simulate(planner: SchedulingPolicy, requests: Sequence[RequestPlan], costs: CostTable,
              options: SimOptions | None = None) -> SimResult:
     """Run ``requests`` through ``planner`` on the simulated device."""
     return _Simulation(planner, requests, costs, options or SimOptions()).run()
 
 
 class _Simulation:
-    def __init__(self, planner: Planner, requests: Sequence[RequestPlan], costs: CostTable,
+    def __init__(self, planner: SchedulingPolicy, requests: Sequence[RequestPlan], costs: CostTable,
                  options: SimOptions) -> None:
         self.p = planner
         self.costs = costs
@@ -204,10 +202,8 @@ class _Simulation:
         self.finishing = 0
         """Requests that finished output and were not released yet."""
         self.speculation = {"rounds": 0, "lanes": 0, "drafted": 0, "accepted": 0}
-        self.counterfactuals = planner if options.draft_counterfactuals and isinstance(
-            planner, SpeculativeScheduler) and planner.mode is SpeculationMode.ADAPTIVE \
-            else None
-        """The planner, when it takes learned counterfactual observations."""
+        self.counterfactuals = options.draft_counterfactuals and planner.learns_acceptance
+        """Whether the planner takes learned counterfactual observations."""
 
     def run(self) -> SimResult:
         started = time.perf_counter()
@@ -264,8 +260,7 @@ class _Simulation:
             target = q.plan.output_tokens
             limit = target if self.o.output_limit <= 0 else max(target, self.o.output_limit)
             h = self.p.admit(prompt_len=q.plan.prompt_tokens, max_output_tokens=limit)
-            if isinstance(self.p, ClientTagged):
-                self.p.assign_client(h, q.plan.client)
+            self.p.assign_client(h, q.plan.client)
             q.handle = h
             self.by_handle[h] = q
             self.resident += 1
@@ -283,7 +278,7 @@ class _Simulation:
                     and shape.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT:
                 raise SimulationError(f"{shape.label()}: device-allocated rounds are not "
                                       "simulated (they complete through "
-                                      "complete_packed_round)")
+                                      "their confidence sidecar)")
             self.fence += 1
             fence = Fence(self.fence)
             self.p.commit(plan, fence)
@@ -326,7 +321,7 @@ class _Simulation:
                 records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
                                                 prompt_tokens=lane.prompt_tokens))
                 continue
-            if counterfactual is not None and lane.role is LaneRole.DECODE:
+            if counterfactual and lane.role is LaneRole.DECODE:
                 if lane.token_ceiling > 1:
                     rounds[lane.handle] = (q.produced, lane.token_ceiling - 1)
                 else:
@@ -337,15 +332,14 @@ class _Simulation:
                                  wall_ns=f.end_ns - f.commit_ns)
         now, now_s = self.now, self.now / NS_PER_S
         published = self.p.published_output
-        if counterfactual is not None and rounds:
-            survival, offered = self._one_depth_more(rounds)
-            tokens = counterfactual.complete_with_survival(f.fence, records, timing,
-                                                           survival, offered)
+        if counterfactual and rounds:
+            tokens = self.p.complete(f.fence, records, timing,
+                                     round=RoundCompletion(lanes=self._outcomes(rounds)))
         else:
             tokens = self.p.complete(f.fence, records, timing)
-        if counterfactual is not None and not rounds:  # a round's own lanes report none
+        if counterfactual and not rounds:  # a round's own lanes report none
             for h, position in width_one:
-                counterfactual.observe_counterfactual(
+                self.p.observe_counterfactual(
                     h, offered=1, accepted=int(self._run(by_handle[h], position) >= 1),
                     terminated=False)
         for token in tokens:
@@ -403,19 +397,18 @@ class _Simulation:
                 max(q.plan.output_tokens, position) + ahead + 16)
         return int(runs[position])
 
-    def _one_depth_more(self, rounds: dict[RequestHandle, tuple[int, int]]
-                        ) -> tuple[dict[RequestHandle, tuple[float, ...]],
-                                   dict[RequestHandle, int]]:
-        """Each round lane offered one draft more than it verified, the extra depth held
-        when the run from its start reaches it (``Planner._extend_by_beyond``)."""
-        survival: dict[RequestHandle, tuple[float, ...]] = {}
-        offered: dict[RequestHandle, int] = {}
+    def _outcomes(self, rounds: dict[RequestHandle, tuple[int, int]]
+                  ) -> tuple[RoundLaneOutcome, ...]:
+        """Each round lane verified all its drafts and reports whether one more would
+        have held: when the run from its start reaches it (the policy folds it in as
+        one more offered depth, ``learning.round_observations``)."""
+        out = []
         for h, (position, drafts) in rounds.items():
             run = self._run(self.by_handle[h], position, drafts + 1)
-            held = min(run, drafts + 1)
-            survival[h] = (1.0,) * held + (0.0,) * (drafts + 1 - held)
-            offered[h] = drafts + 1
-        return survival, offered
+            out.append(RoundLaneOutcome(handle=h, proposed=drafts, evaluated=drafts,
+                                        accepted=min(run, drafts),
+                                        beyond=1.0 if run >= drafts + 1 else 0.0))
+        return tuple(out)
 
     def _record(self, q: _Req) -> RequestRecord:
         arrival = q.arrival_ns / NS_PER_S

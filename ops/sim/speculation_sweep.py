@@ -35,9 +35,10 @@ from ops.sim.catalogs import Catalogs, build_catalogs
 from ops.sim.costs import CostTable
 from ops.sim.engine import SimOptions, simulate
 from ops.sim.workloads import build_workload, scenario
-from policy.baselines import Planner, make_policy
+from policy.baselines import make_policy
 from policy.config import policy_preset
 from policy.descriptors import GraphShape
+from policy.protocol import SchedulingPolicy
 
 __all__ = ["SweepFigures", "SweepLoad", "SweepMode", "mode_catalog", "simulate_mode",
            "sweep_catalogs"]
@@ -97,7 +98,7 @@ def mode_catalog(mode: SweepMode, catalogs: dict[int, Catalogs]) -> tuple[GraphS
     return load.fixed_width if mode.speculation == "fixed" else load.speculative
 
 
-def _planner(mode: SweepMode, shapes: tuple[GraphShape, ...]) -> Planner:
+def _planner(mode: SweepMode, shapes: tuple[GraphShape, ...]) -> SchedulingPolicy:
     """The seed's scheduler as ``flare run`` builds it for ``mode`` (``make_policy``)."""
     if mode.speculation == "off":
         return make_policy(mode.policy, catalog=shapes)

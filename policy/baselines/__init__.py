@@ -1,19 +1,21 @@
-"""Baseline scheduling policies behind the seed scheduler's planner interface.
+"""Baseline scheduling policies behind the interface every policy offers.
 
 ``fcfs`` (prefill-first continuous batching), ``sarathi`` (chunked prefill with
 piggybacked decodes under a token budget), ``vtc`` (virtual token counter fairness
 across clients) and ``fixed-spec-K`` (every decode batch a complete speculative round
-at proposal depth K, chunked prefill) run on the same prepared shapes as ``policy.Scheduler`` and expose the
-same methods and value types (``Planner``), so ``flare sim`` and the runtime's planner
-can drive any of them. ``make_policy(name, config)`` builds one by name. Pure like the
+at proposal depth K, chunked prefill) run on the same prepared shapes as
+``policy.Scheduler`` and implement ``policy.protocol.SchedulingPolicy``, so ``flare
+sim`` and the runtime's planner can drive any of them. ``make_policy(name, config)`` builds one by name. Pure like the
 rest of ``policy``: no clocks, no randomness, no I/O.
 """
 
 from policy.baselines.base import DEFAULT_CLIENT, BaselinePolicy, BaselineRequest
 from policy.baselines.factory import (
     BASELINE_POLICIES,
+    COMPARED_POLICIES,
     FIXED_SPEC_POLICIES,
     POLICY_NAMES,
+    RUNTIME_POLICIES,
     SEED_POLICIES,
     SPECULATIVE_SEED_POLICIES,
     make_policy,
@@ -22,24 +24,23 @@ from policy.baselines.factory import (
 from policy.baselines.fcfs import FcfsPolicy
 from policy.baselines.fixed_spec import FixedSpecPolicy, fixed_spec_depth
 from policy.baselines.menu import PromptWork, ShapeMenu
-from policy.baselines.protocol import ClientTagged, Planner
 from policy.baselines.sarathi import DEFAULT_TOKEN_BUDGET, SarathiPolicy
 from policy.baselines.vtc import VtcPolicy
 
 __all__ = [
     "BASELINE_POLICIES",
+    "COMPARED_POLICIES",
     "DEFAULT_CLIENT",
     "DEFAULT_TOKEN_BUDGET",
     "FIXED_SPEC_POLICIES",
     "POLICY_NAMES",
+    "RUNTIME_POLICIES",
     "SEED_POLICIES",
     "SPECULATIVE_SEED_POLICIES",
     "BaselinePolicy",
     "BaselineRequest",
-    "ClientTagged",
     "FcfsPolicy",
     "FixedSpecPolicy",
-    "Planner",
     "PromptWork",
     "SarathiPolicy",
     "ShapeMenu",

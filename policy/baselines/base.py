@@ -1,4 +1,4 @@
-"""``BaselinePolicy``: the lifecycle every baseline shares, behind the ``Planner`` interface.
+"""``BaselinePolicy``: the lifecycle every baseline shares (``policy.protocol.SchedulingPolicy``).
 
 This module owns what a conventional scheduler needs besides its ordering rule, built
 on the seed scheduler's own pieces wherever they exist as modules:
@@ -16,9 +16,11 @@ on the seed scheduler's own pieces wherever they exist as modules:
   cursors), completion validation (every lane before any update, ACCT-6) and applying a
   valid lane's progress are ``policy.lifecycle``'s, as for the seed's ``Scheduler``.
 
-What remains here is residency bookkeeping, terminal snapshots when the catalog
-prepares them (PRE-41), execution counters, cost observations (kept for traces and
-export only: baselines never rank by cost) and the trace of every committed plan.
+Resident records (handles, epochs, cancellation, release) and the execution counters
+and traces are ``policy.residency``'s, shared with the seed's ``Scheduler``. What
+remains here is the baseline record's bookkeeping, terminal snapshots when the catalog
+prepares them (PRE-41) and cost observations (kept for traces and export only:
+baselines never rank by cost).
 
 Subclasses implement ``_choose`` (pure: it reads state, never changes it) and may hook
 ``_on_admitted``, ``_on_client`` and ``_on_served``. Baselines do not price deliveries,
@@ -28,7 +30,6 @@ so ``published_output`` and ``nothing_published`` only check their arguments.
 from __future__ import annotations
 
 import abc
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -45,11 +46,12 @@ from policy.lifecycle import (
     index_records,
     lane_valid,
 )
+from policy.protocol import RoundCompletion
 from policy.refresh import episode_charge_ns
 from policy.requests import RequestRecord
+from policy.residency import ExecutionCounters, Residency
 from policy.service import FALLBACK_RATE_PER_MS, Normalizers, new_history
 from policy.types import (
-    AdmissionRefused,
     CompletionError,
     CompletionRecord,
     Fence,
@@ -65,13 +67,10 @@ from policy.types import (
     SchedulerStatistics,
     SelectionReason,
     TraceRecord,
-    UnknownRequestError,
 )
 
 DEFAULT_CLIENT = ""
 """The client of a request nobody tagged."""
-
-TRACE_HISTORY = 1024
 
 _UNPRICED = Normalizers(token_rate_per_ms=FALLBACK_RATE_PER_MS,
                         delivery_rate_per_ms=FALLBACK_RATE_PER_MS)
@@ -154,19 +153,14 @@ class BaselinePolicy(abc.ABC):
                  catalog: Iterable[GraphShape] = ()) -> None:
         self._config = config if config is not None else PolicyConfig()
         self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
-        self._requests: dict[RequestHandle, BaselineRequest] = {}
-        self._last_epoch: dict[RequestHandle, int] = {}
-        self._next_handle = 1
+        self._residency: Residency[BaselineRequest] = Residency()
+        self._requests = self._residency.records
         self._sequence = 0
         self._now_ns = 0
         self._queue = FrameQueue()
         self._last_fence: Fence | None = None
         self._admitted_any = False
-        self._executions = {r.value: 0 for r in SelectionReason}
-        self._execution_ns = {r.value: 0 for r in SelectionReason}
-        self._committed = 0
-        self._failed_lanes = 0
-        self._traces: deque[TraceRecord] = deque(maxlen=TRACE_HISTORY)
+        self._execution = ExecutionCounters()
         self._last_step_had_prompt = False
         self._menu = ShapeMenu.build(())
         self._planning_view: _View | None = None
@@ -185,6 +179,11 @@ class BaselinePolicy(abc.ABC):
     @property
     def now_ns(self) -> int:
         return self._now_ns
+
+    @property
+    def learns_acceptance(self) -> bool:
+        """Baselines never learn acceptance (``fixed-spec-K`` runs a fixed depth)."""
+        return False
 
     @property
     def catalog(self) -> tuple[GraphShape, ...]:
@@ -234,13 +233,7 @@ class BaselinePolicy(abc.ABC):
         check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                         cached_prefix_len=cached_prefix_len, message_ends=message_ends,
                         system_end=system_end)
-        if handle is None:
-            handle = RequestHandle(self._next_handle)
-        if handle in self._requests:
-            raise AdmissionRefused(f"handle {handle} is already resident")
-        self._next_handle = max(self._next_handle, handle + 1)
-        epoch = self._last_epoch.get(handle, -1) + 1
-        self._last_epoch[handle] = epoch
+        handle, epoch = self._residency.claim(handle)
         self._sequence += 1
         req = BaselineRequest(
             handle=handle, epoch=epoch, sequence=self._sequence, admitted_ns=self._now_ns,
@@ -250,13 +243,13 @@ class BaselinePolicy(abc.ABC):
             last_visible_ns=self._now_ns,
         )
         self._on_admitted(req)
-        self._requests[handle] = req
+        self._residency.add(req)
         self._admitted_any = True
         return handle
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:
-        """Tag a resident request with its client (``Scheduler.admit`` has no client
-        parameter, so the tag travels separately; call it right after ``admit``)."""
+        """Tag a resident request with its client (``admit`` has no client parameter,
+        so the tag travels separately; call it right after ``admit``)."""
         req = self._request(handle)
         if req.client == client:
             return
@@ -268,9 +261,7 @@ class BaselinePolicy(abc.ABC):
         return self._request(handle).client
 
     def cancel(self, handle: RequestHandle) -> None:
-        req = self._request(handle)
-        req.cancelled = True
-        req.phase = Phase.RETIRED
+        self._residency.cancel(handle)
 
     def preempt(self, handle: RequestHandle) -> None:
         req = self._request(handle)
@@ -288,11 +279,7 @@ class BaselinePolicy(abc.ABC):
         return tuple(self._requests)
 
     def take_released(self) -> list[RequestHandle]:
-        done = [h for h, r in self._requests.items()
-                if r.phase is Phase.RETIRED and not r.in_flight]
-        for h in done:
-            del self._requests[h]
-        return done
+        return self._residency.release()
 
     # ---- what subclasses read -------------------------------------------------------
 
@@ -370,12 +357,12 @@ class BaselinePolicy(abc.ABC):
         lanes, shape = plan.lanes, plan.shape
         for lane in lanes:
             check_lane(self._requests.get(lane.handle), lane)
-        self._committed += 1
+        self._execution.committed += 1
         had_prompt = False
         for lane in lanes:
             req = self._requests[lane.handle]
             req.in_flight_fences.append(fence)
-            req.rounds = self._committed
+            req.rounds = self._execution.committed
             if lane.role is LaneRole.DECODE:
                 req.queued_outputs += lane.token_ceiling
             elif lane.role is LaneRole.PROMPT:
@@ -389,22 +376,17 @@ class BaselinePolicy(abc.ABC):
             reason=plan.reason))
         self._last_fence = fence
         self._last_step_had_prompt = had_prompt
-        trace = TraceRecord(
-            fence=fence, shape=shape, lanes=len(lanes),
-            selected_cost_ns=plan.estimated_duration_ns,
-            observation_age_ns=self._estimates.observation_age_ns(shape, self._now_ns),
-            reason=plan.reason, exploration_credit_ns=0.0,
-            value_rate=plan.selection_value_rate(), log_scale=0.0,
-            committed_at_ns=self._now_ns,
-        )
-        self._traces.append(trace)
-        return trace
+        return self._execution.trace(
+            plan, fence, observation_age_ns=self._estimates.observation_age_ns(shape, self._now_ns),
+            exploration_credit_ns=0.0, log_scale=0.0, now_ns=self._now_ns)
 
     # ---- completion --------------------------------------------------------------------
 
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],
-                 timing: ExecutionTiming) -> list[GeneratedToken]:
-        """Apply the oldest frame's results; malformed lanes fail only their request."""
+                 timing: ExecutionTiming, *, round: RoundCompletion | None = None
+                 ) -> list[GeneratedToken]:
+        """Apply the oldest frame's results; malformed lanes fail only their request.
+        Baselines learn no acceptance: a speculative frame's ``round`` is ignored."""
         head = next(iter(self._queue), None)
         if head is None or head.fence != fence:
             raise CompletionError(f"fence {fence} is not the oldest frame in flight")
@@ -414,9 +396,8 @@ class BaselinePolicy(abc.ABC):
                     for lane in plan.lanes]
         # ---- nothing has changed before this point ----
         self._queue.pop(fence)
-        self._executions[SelectionReason.ORDINARY.value] += 1
-        self._execution_ns[SelectionReason.ORDINARY.value] += episode_charge_ns(
-            timing, isolated=head.isolated)
+        self._execution.executed(SelectionReason.ORDINARY,
+                                episode_charge_ns(timing, isolated=head.isolated))
         self._estimates.observe(plan.shape, timing.cost_sample_ns, self._now_ns)
         out: list[GeneratedToken] = []
         for lane, ok in verdicts:
@@ -429,7 +410,7 @@ class BaselinePolicy(abc.ABC):
             if req.cancelled or req.failed:
                 continue
             if not ok:
-                self._failed_lanes += 1
+                self._execution.failed_lanes += 1
                 req.failed = True
                 req.phase = Phase.RETIRED
                 out.append(GeneratedToken(handle=req.handle, epoch=req.epoch, fence=fence,
@@ -485,23 +466,22 @@ class BaselinePolicy(abc.ABC):
         """Baselines keep no delivery prices; nothing to undo."""
         return None
 
+    def observe_counterfactual(self, handle: RequestHandle, *, offered: int,
+                               accepted: int, terminated: bool,
+                               survival: Sequence[float] | None = None) -> None:
+        """Baselines learn no acceptance; counterfactual rounds teach them nothing."""
+        return None
+
     def statistics(self) -> SchedulerStatistics:
-        return SchedulerStatistics(
-            executions=dict(self._executions), execution_ns=dict(self._execution_ns),
-            resident=len(self._requests), in_flight=len(self._queue),
-            refresh_credit_ns=0.0, committed_plans=self._committed,
-            failed_lanes=self._failed_lanes,
-        )
+        return self._execution.statistics(resident=len(self._requests),
+                                         in_flight=len(self._queue), refresh_credit_ns=0.0)
 
     def traces(self) -> tuple[TraceRecord, ...]:
-        return tuple(self._traces)
+        return tuple(self._execution.traces)
 
     def in_flight(self) -> tuple[Fence, ...]:
         return tuple(f.fence for f in self._queue)
 
     def _request(self, handle: RequestHandle) -> BaselineRequest:
-        req = self._requests.get(handle)
-        if req is None:
-            raise UnknownRequestError(f"request {handle} is not resident")
-        return req
+        return self._residency.get(handle)
 

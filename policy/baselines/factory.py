@@ -2,11 +2,16 @@
 
 ``balanced`` and ``throughput`` are the seed's ``Scheduler`` with that preset
 (``policy.config.policy_preset``, POL-14, POL-15); ``spec-adaptive`` and ``spec-fixed``
-are the seed's ``SpeculativeScheduler`` with the ``balanced`` preset in that mode (what
-``flare run --speculation adaptive|fixed`` runs; named for ``flare sim``, which compares
-them side by side); ``fcfs``, ``sarathi``, ``vtc`` and ``fixed-spec-1`` ..
-``fixed-spec-7`` are the baselines of this package. Every result satisfies
-``policy.baselines.Planner``.
+are the seed's ``Scheduler`` speculating with the learned source and the ``balanced``
+preset in that mode (what ``flare run --speculation adaptive|fixed`` runs; named for
+``flare sim``, which compares them side by side; adaptive folds depth-``(D + 1)``
+observations as ``flare run`` does by default); ``fcfs``, ``sarathi``, ``vtc`` and
+``fixed-spec-1`` .. ``fixed-spec-7`` are the baselines of this package. Every result
+satisfies ``policy.protocol.SchedulingPolicy``.
+
+This module is the one home of the policy names: ``RUNTIME_POLICIES`` is what
+``--scheduler-policy`` accepts and ``COMPARED_POLICIES`` what ``flare sim`` and the
+comparison benchmark run by default.
 """
 
 from __future__ import annotations
@@ -15,14 +20,14 @@ from collections.abc import Iterable
 
 from policy.baselines.fcfs import FcfsPolicy
 from policy.baselines.fixed_spec import MAX_FIXED_DEPTH, FixedSpecPolicy, fixed_spec_depth
-from policy.baselines.protocol import Planner
 from policy.baselines.sarathi import DEFAULT_TOKEN_BUDGET, SarathiPolicy
 from policy.baselines.vtc import VtcPolicy
 from policy.config import PolicyConfig, PolicyConfigError, policy_preset
 from policy.descriptors import GraphShape
+from policy.protocol import SchedulingPolicy
+from policy.round_speculation import SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
-from policy.speculative_scheduler import SpeculativeScheduler
 
 SEED_POLICIES = ("balanced", "throughput")
 SPECULATIVE_SEED_POLICIES = ("spec-adaptive", "spec-fixed")
@@ -30,6 +35,10 @@ SPECULATIVE_SEED_POLICIES = ("spec-adaptive", "spec-fixed")
 FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, MAX_FIXED_DEPTH + 1))
 BASELINE_POLICIES = ("fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
 POLICY_NAMES = SEED_POLICIES + SPECULATIVE_SEED_POLICIES + BASELINE_POLICIES
+RUNTIME_POLICIES = SEED_POLICIES + BASELINE_POLICIES
+"""``--scheduler-policy``: speculation is its own flag there (``--speculation``)."""
+COMPARED_POLICIES = (*SEED_POLICIES, "fcfs", "sarathi", "vtc")
+"""The policies a comparison runs when none are named."""
 
 
 def speculative_policy(name: str) -> bool:
@@ -40,7 +49,7 @@ def speculative_policy(name: str) -> bool:
 def make_policy(name: str, config: PolicyConfig | None = None, *,
                 catalog: Iterable[GraphShape] = (),
                 token_budget: int = DEFAULT_TOKEN_BUDGET,
-                context_limit: int | None = None) -> Planner:
+                context_limit: int | None = None) -> SchedulingPolicy:
     """A fresh policy by name.
 
     For the seed's names, ``config`` (when given) replaces the preset entirely; for the
@@ -52,9 +61,12 @@ def make_policy(name: str, config: PolicyConfig | None = None, *,
     if name in SEED_POLICIES:
         return Scheduler(config if config is not None else policy_preset(name), shapes)
     if name in SPECULATIVE_SEED_POLICIES:
-        mode = SpeculationMode.ADAPTIVE if name == "spec-adaptive" else SpeculationMode.FIXED
-        return SpeculativeScheduler(config if config is not None else policy_preset("balanced"),
-                                    shapes, mode=mode, context_limit=context_limit)
+        adaptive = name == "spec-adaptive"
+        settings = SpeculationSettings(
+            mode=SpeculationMode.ADAPTIVE if adaptive else SpeculationMode.FIXED,
+            context_limit=context_limit, depth_beyond=adaptive)
+        return Scheduler(config if config is not None else policy_preset("balanced"),
+                         shapes, speculation=settings)
     if name == "fcfs":
         return FcfsPolicy(config, shapes)
     if name == "sarathi":

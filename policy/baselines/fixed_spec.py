@@ -18,13 +18,13 @@ capacity P below B * W), the least recently served go first, so every stream adv
 Rounds complete like any generation frame: each lane commits between 1 and its host
 length of tokens (``BaselinePolicy.complete``), which is what the runtime's validator
 and the simulator deliver for ``QueryLength`` programs (QUEUE-3: device-allocated
-programs, which need ``complete_packed_round``, are never used here). A round may queue
+programs, which need their confidence sidecar, are never used here). A round may queue
 behind a round (QUEUE-11); a prompt chunk drains the window.
 
 A catalog without speculative programs makes the policy run exactly like ``sarathi``;
 one whose speculative programs cannot verify K drafts is refused.
 
-Seed comparison: the seed's speculative scheduler (``policy/speculative_scheduler.py``)
+Seed comparison: the seed's speculating scheduler (``policy/round_speculation.py``)
 prices every width against ordinary decode from each request's learned acceptance
 (SPEC-6, SEL-24..34); this baseline is the fixed point it should beat when acceptance
 varies across requests or is low.

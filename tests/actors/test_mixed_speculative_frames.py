@@ -2,7 +2,7 @@
 (``actors.frame_inputs``), validation (``actors.completion_validator``), completion
 routing (``actors.planner``) and the served catalog (``actors.system.served_shapes``).
 
-Plans are built by hand in the format the ``SpeculativeScheduler`` produces: the prompt
+Plans are built by hand in the format the speculating ``Scheduler`` produces: the prompt
 lane first (``MixedRole(prefill_row=0, decode_mode=SPECULATIVE)``) or none
 (``prefill_row=-1``), then decode lanes whose ``token_ceiling`` is the host query
 length. Covers MIX-6, MIX-7, MIX-9, MIX-26, MIX-28, MIX-29, MIX-30, MIX-43, VER-13,
@@ -12,7 +12,7 @@ VER-28.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -51,7 +51,9 @@ from gpu.programs.speculative_frames import (
     SpeculativeResult,
 )
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.protocol import RoundCompletion
+from policy.round_speculation import SpeculationSettings
+from policy.scheduler import Scheduler
 from policy.types import (
     CompletionRecord,
     DecodeMode,
@@ -324,33 +326,23 @@ def test_a_decode_only_frame_validates_like_a_round() -> None:
 # ----------------------------------------------------------- completion routing
 
 
-class RecordingScheduler(SpeculativeScheduler):
-    """Records which completion API the planner calls."""
+class RecordingScheduler(Scheduler):
+    """Records what the planner completes frames with."""
 
     def __init__(self) -> None:
-        super().__init__(catalog=(WIDE,))
-        self.calls: list[tuple[str, object, object]] = []
+        super().__init__(catalog=(WIDE,), speculation=SpeculationSettings())
+        self.calls: list[RoundCompletion | None] = []
 
-    def complete(self, *args: object, **kwargs: object) -> list[GeneratedToken]:
-        self.calls.append(("complete", None, None))
-        return []
-
-    def complete_with_survival(
-        self, fence: Fence, records: Sequence[CompletionRecord], timing: ExecutionTiming,
-        survival: Mapping[RequestHandle, Sequence[float]],
-        offered: Mapping[RequestHandle, int] | None = None,
-    ) -> list[GeneratedToken]:
-        self.calls.append(("complete_with_survival", dict(survival), offered))
-        return []
-
-    def complete_packed_round_with_survival(self, *args: object) -> list[GeneratedToken]:
-        self.calls.append(("complete_packed_round_with_survival", None, None))
+    def complete(self, fence: Fence, records: Sequence[CompletionRecord],
+                 timing: ExecutionTiming, *, round: RoundCompletion | None = None
+                 ) -> list[GeneratedToken]:
+        self.calls.append(round)
         return []
 
 
 def test_mix_30_a_validated_speculative_mixed_frame_completes_with_survival() -> None:
-    """The planner hands the decode lanes' survival and offered drafts to
-    ``complete_with_survival``, as for a separate round (ACC-28, MIX-30)."""
+    """The planner hands the decode lanes' survival and offered drafts to ``complete``,
+    as for a separate round (ACC-28, MIX-30)."""
     o = order((prompt_lane(8, 12), decode_lane(1, 3), decode_lane(2, 1)))
     c = check(o, (spec(5, (11, 12)), spec(6, (14,), evaluated=0, rows=1)), sample())
     scheduler = RecordingScheduler()
@@ -361,9 +353,10 @@ def test_mix_30_a_validated_speculative_mixed_frame_completes_with_survival() ->
                            failures=c.failures, timing=TIMING, logprobs=c.logprobs,
                            prompt_logprobs=None, rounds=c.rounds)
     planner._complete_in_scheduler(frame)
-    assert scheduler.calls == [("complete_with_survival",
-                                {RequestHandle(1): (0.5, 0.5), RequestHandle(2): ()},
-                                {RequestHandle(1): 2, RequestHandle(2): 0})]
+    [completed] = scheduler.calls
+    assert completed is not None
+    assert {lane.handle: (lane.survival, lane.evaluated) for lane in completed.lanes} == {
+        RequestHandle(1): ((0.5, 0.5), 2), RequestHandle(2): ((), 0)}
     assert planner.counters.speculative_frames == 1
     assert planner.counters.accepted_tokens == 1
 

@@ -2,7 +2,7 @@
 own pieces: start-up capture (``actors.capture_warmup``), packing
 (``actors.frame_inputs``), a CPU backend launch and validation
 (``actors.completion_validator``). Plans are built by hand in the format the
-``SpeculativeScheduler`` produces (the planning half is not exercised here).
+speculating ``Scheduler`` produces (the planning half is not exercised here).
 
 The learned draft is the target itself, so every greedy draft is accepted and each
 round's tokens are the target's greedy continuation, compared with plain prefill and

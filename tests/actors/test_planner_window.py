@@ -23,7 +23,7 @@ from gpu.backends.fake import FakeBackend
 from policy.config import PolicyConfig
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.frame_queue import FRAME_SLOTS
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.scheduler import Scheduler
 from policy.types import ScheduledPlan
 from tests.actors.toy import (
     EOS,
@@ -70,13 +70,13 @@ async def adaptive_toy() -> AsyncIterator[ToySystem]:
     with trio.fail_after(TOY_DEADLINE_S):
         async with open_runtime_with(parts, catalog=catalog) as runtime:
             scheduler = runtime.scheduler
-            assert isinstance(scheduler, SpeculativeScheduler)
+            assert isinstance(scheduler, Scheduler) and scheduler.speculation is not None
             for shape in SPECULATIVE:
                 scheduler.estimates.observe(shape, 50 * MS, scheduler.now_ns)
             yield ToySystem(runtime=runtime, backend=backend, device=device)
 
 
-def watch_plans(scheduler: SpeculativeScheduler) -> list[tuple[int, bool]]:
+def watch_plans(scheduler: Scheduler) -> list[tuple[int, bool]]:
     """Record, for every ``plan()`` call, the frames in flight and whether the window was
     open at that moment."""
     seen: list[tuple[int, bool]] = []
@@ -98,7 +98,7 @@ async def test_queue_10_11_adaptive_decode_queues_behind_decode_and_planner_wait
     prompt = [1, 2, 3]
     async with adaptive_toy() as toy:
         scheduler = toy.runtime.scheduler
-        assert isinstance(scheduler, SpeculativeScheduler)
+        assert isinstance(scheduler, Scheduler) and scheduler.speculation is not None
         seen = watch_plans(scheduler)
         results: list[list[StreamEvent]] = []
         depth: list[int] = []
@@ -137,7 +137,7 @@ async def test_queue_39_overrun_suspends_planning_until_completion(
     the planner from queueing (and planning); its completion resumes both."""
     async with adaptive_toy() as toy:
         scheduler = toy.runtime.scheduler
-        assert isinstance(scheduler, SpeculativeScheduler)
+        assert isinstance(scheduler, Scheduler) and scheduler.speculation is not None
         seen = watch_plans(scheduler)
         results: list[Any] = []
 

@@ -24,7 +24,8 @@ from actors.public import (
 from actors.resource_book import ResourceStatistics
 from actors.system import Runtime, open_runtime
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.learning import round_observations
+from policy.scheduler import Scheduler
 from tests.actors.test_runtime_cpu import config_for, prompt_of, wait_until_idle
 
 pytestmark = pytest.mark.slow
@@ -117,7 +118,7 @@ async def test_spec_5_greedy_speculation_equals_greedy_without_it(
     served = await _serve(config)
     results, stats, resources, graphs = (served.results, served.stats, served.resources,
                                          served.graphs)
-    assert isinstance(served.scheduler, SpeculativeScheduler)
+    assert isinstance(served.scheduler, Scheduler) and served.scheduler.speculation is not None
     assert [tokens for tokens, _ in results] == plain_outputs
     assert resources.rows_free == resources.rows_total
     speculative = sum(n for label, n in graphs.items() if label.startswith("spec"))
@@ -141,7 +142,7 @@ async def test_mix_43_speculative_mixed_rows_keep_greedy_output(
         source: str, draft: str | None) -> None:
     """Covers MIX-6, MIX-7, MIX-28..31, MIX-43, VER-13 end to end: with mixed prefill
     on, a speculative load serves wider mixed programs (a prompt chunk beside
-    speculative decode rows, planned by the SpeculativeScheduler) and greedy output
+    speculative decode rows, planned by the speculating Scheduler) and greedy output
     equals plain greedy output; every state row returns. Four prompts arriving at once
     leave prompts waiting while earlier requests decode, so an unmeasured wider mixed
     program is discovered (DUR-22). Fixed mode serves only width ``D + 1`` (MIX-7)."""
@@ -164,8 +165,8 @@ async def test_mix_43_speculative_mixed_rows_keep_greedy_output(
 async def test_queue_3_device_allocated_rounds_keep_greedy_output(
         tiny_llama: Path, tiny_draft: Path, plain_outputs: list[list[int]], source: str) -> None:
     """Ragged ``SpeculativePrefixLimit`` programs (ceilings, the device allocates P rows
-    by joint prefix probability) complete through ``complete_packed_round`` with the
-    confidence sidecar; greedy output is unchanged (SPEC-22, QUEUE-3)."""
+    by joint prefix probability) complete with their confidence sidecar
+    (``RoundCompletion``); greedy output is unchanged (SPEC-22, QUEUE-3)."""
     limit = TargetBinding.SPECULATIVE_PREFIX_LIMIT
     extra = (GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=4, token_capacity=4,
                         proposal_depth=3, packed_capacity=7, binding=limit),
@@ -256,7 +257,7 @@ def _record_counterfactuals(scheduler: object, survivals: list[tuple[float, ...]
     """Wrap ``scheduler.observe_counterfactual`` so each call is also recorded as
     ``(offered, accepted, terminated)`` in the returned list (and its survival values,
     when given, in ``survivals``)."""
-    assert isinstance(scheduler, SpeculativeScheduler)
+    assert isinstance(scheduler, Scheduler) and scheduler.speculation is not None
     observed: list[tuple[int, int, bool]] = []
     original = scheduler.observe_counterfactual
 
@@ -376,15 +377,19 @@ async def test_fully_accepted_learned_rounds_observe_one_depth_more(
     with trio.fail_after(240):
         async with open_runtime(config) as rt:
             scheduler = rt.scheduler
-            assert isinstance(scheduler, SpeculativeScheduler)
-            original = scheduler.complete_with_survival
+            assert isinstance(scheduler, Scheduler) and scheduler.speculation is not None
+            original = scheduler.complete
+            depth_beyond = scheduler.speculation.settings.depth_beyond
 
-            def record(fence, records, timing, survival, offered=None):  # type: ignore[no-untyped-def]
-                offered_seen.extend((offered or {}).values())
-                survival_seen.extend(tuple(v) for v in survival.values())
-                return original(fence, records, timing, survival, offered)
+            def record(fence, records, timing, *, round=None):  # type: ignore[no-untyped-def]
+                if round is not None:  # what the scheduler learns from the round
+                    survival, offered = round_observations(round.lanes,
+                                                           depth_beyond=depth_beyond)
+                    offered_seen.extend(offered.values())
+                    survival_seen.extend(tuple(v) for v in survival.values())
+                return original(fence, records, timing, round=round)
 
-            scheduler.complete_with_survival = record  # type: ignore[method-assign]
+            scheduler.complete = record  # type: ignore[method-assign]
             results = await _serve_all(rt)
             await wait_until_idle(rt)
     assert [tokens for tokens, _ in results] == plain_outputs

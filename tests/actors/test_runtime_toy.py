@@ -243,7 +243,7 @@ async def test_acct_5_slot_reuse_after_cancel(autojump_clock: Clock) -> None:
         second = await collect(toy.runtime, request([2, 3, 4], 10))
         assert tokens_of(second) == reference_output([2, 3, 4], 10)
         assert toy.runtime.scheduler.statistics().resident == 0
-        assert max(toy.runtime.scheduler._last_epoch.values()) > old_epoch
+        assert max(toy.runtime.scheduler._residency.last_epoch.values()) > old_epoch
         await assert_all_returned(toy)
 
 

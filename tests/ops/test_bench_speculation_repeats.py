@@ -21,7 +21,7 @@ def test_diagnose_reports_each_programs_median_device_interval() -> None:
     (from the frame log) and the scheduler's estimate, beside the host figures."""
     from types import SimpleNamespace
 
-    from actors.planner import FrameRecord
+    from actors.planner_records import FrameRecord
     from actors.public import RuntimeStatistics
     from ops.bench_speculation import PlanTimer, diagnose
     from policy.descriptors import GraphKind, GraphShape

@@ -1,7 +1,7 @@
 """Simulated speculative rounds: acceptance draws, accounting, workloads, catalogs.
 
-Covers requests with different acceptance rates in the simulator (fixed-spec-k
-baselines against the seed's speculative scheduler): the accepted prefix of a round is
+Covers requests with different acceptance rates in the simulator; fixed-spec-k
+baselines against the seed's speculative scheduler: the accepted prefix of a round is
 the leading run of accepted draft positions from the request's output position (common
 random numbers, hand-computed here), a lane emits its accepted prefix plus one token cut
 at the simulated EOS, rounds queue behind rounds (QUEUE-11), per-client acceptance with a
@@ -21,6 +21,7 @@ from ops.sim.engine import ACCEPTANCE_DRAWS, SimOptions, acceptance_runs, simula
 from ops.sim.workloads import WorkloadSpec, build_workload, parse_client_acceptance, scenario
 from policy.baselines import make_policy
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.learning import round_observations
 
 MS = 1_000_000
 PREFILL_64 = GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64)
@@ -176,27 +177,31 @@ def test_speculative_policies_finish_every_request(policy: str) -> None:
 
 
 class _Recorder:
-    """Wraps a ``SpeculativeScheduler``: records the offered depths it completes rounds
-    with and the counterfactual depth-one observations it takes."""
+    """Wraps a speculating ``Scheduler``: records the offered depths it learns from the
+    rounds it completes and the counterfactual depth-one observations it takes."""
 
     def __init__(self, scheduler: object) -> None:
         self.offered: list[tuple[int, int]] = []
         """(offered depths, the lane's drafts) per round lane."""
         self.width_one: list[tuple[int, int]] = []
-        complete, observe = scheduler.complete_with_survival, scheduler.observe_counterfactual
+        complete, observe = scheduler.complete, scheduler.observe_counterfactual
         commit = scheduler.commit
+        depth_beyond = scheduler.speculation.settings.depth_beyond
         plans = {}
 
         def record_commit(plan, fence):  # type: ignore[no-untyped-def]
             plans[fence] = plan
             return commit(plan, fence)
 
-        def complete_with_survival(fence, records, timing, survival, offered=None):  # type: ignore[no-untyped-def]
+        def record_complete(fence, records, timing, *, round=None):  # type: ignore[no-untyped-def]
             ceilings = {lane.handle: lane.token_ceiling for lane in plans[fence].lanes}
-            for h, n in (offered or {}).items():
-                self.offered.append((n, ceilings[h] - 1))
-                assert len(survival[h]) == n
-            return complete(fence, records, timing, survival, offered)
+            if round is not None:
+                survival, offered = round_observations(round.lanes,
+                                                       depth_beyond=depth_beyond)
+                for h, n in offered.items():
+                    self.offered.append((n, ceilings[h] - 1))
+                    assert len(survival[h]) == n
+            return complete(fence, records, timing, round=round)
 
         scheduler.commit = record_commit  # type: ignore[attr-defined]
 
@@ -205,7 +210,7 @@ class _Recorder:
             return observe(handle, offered=offered, accepted=accepted,
                            terminated=terminated, survival=survival)
 
-        scheduler.complete_with_survival = complete_with_survival  # type: ignore[attr-defined]
+        scheduler.complete = record_complete  # type: ignore[attr-defined]
         scheduler.observe_counterfactual = observe_counterfactual  # type: ignore[attr-defined]
 
 

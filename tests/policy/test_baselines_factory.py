@@ -12,13 +12,12 @@ from policy import Scheduler
 from policy.baselines import (
     POLICY_NAMES,
     FcfsPolicy,
-    Planner,
     SarathiPolicy,
     VtcPolicy,
     make_policy,
 )
 from policy.config import PolicyConfigError, policy_preset
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.protocol import SchedulingPolicy
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -27,7 +26,7 @@ from policy.speculative_scheduler import SpeculativeScheduler
 def test_make_policy_builds_each_name(name: str, kind: type) -> None:
     policy = make_policy(name, catalog=CATALOG)
     assert type(policy) is kind
-    assert isinstance(policy, Planner)
+    assert isinstance(policy, SchedulingPolicy)
     assert set(policy.catalog) == set(CATALOG)  # type: ignore[attr-defined]
 
 
@@ -51,7 +50,8 @@ def test_budget_reaches_chunked_baselines_and_unknown_names_fail() -> None:
 def test_speculative_seed_names_build_the_speculative_scheduler(name: str, mode: str) -> None:
     """What ``flare run --speculation adaptive|fixed`` runs, with the balanced preset."""
     policy = make_policy(name, catalog=CATALOG, context_limit=512)
-    assert isinstance(policy, SpeculativeScheduler) and policy.mode.value == mode
+    assert isinstance(policy, Scheduler) and policy.speculation is not None \
+        and policy.speculation.mode.value == mode
     assert policy.config == policy_preset("balanced")
 
 

@@ -23,8 +23,9 @@ from policy import (
     StaleEpochError,
     WindowNotReady,
 )
-from policy.baselines import FcfsPolicy, Planner
+from policy.baselines import FcfsPolicy
 from policy.descriptors import StateOp
+from policy.protocol import SchedulingPolicy
 
 MS = 1_000_000
 
@@ -46,7 +47,7 @@ CATALOG = (prefill(64), prefill(256), prefill(1024), decode(1), decode(2), decod
 class Driver:
     """Runs a policy frame by frame with hand-made completions."""
 
-    def __init__(self, policy: Planner) -> None:
+    def __init__(self, policy: SchedulingPolicy) -> None:
         self.p = policy
         self.fence = 0
         self.now = 0

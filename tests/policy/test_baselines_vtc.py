@@ -16,9 +16,9 @@ from test_baselines_sarathi import MIXED_CATALOG
 from ops.loadgen.workload import RequestPlan
 from ops.sim.costs import SyntheticCosts
 from ops.sim.engine import SimOptions, simulate
-from policy import CompletionRecord, ExecutionTiming, Fence, GeneratedToken
+from policy import CompletionRecord, ExecutionTiming, Fence, GeneratedToken, Phase
 from policy.baselines import FcfsPolicy, VtcPolicy, make_policy
-from policy.baselines.protocol import ClientTagged, Planner
+from policy.protocol import SchedulingPolicy
 
 
 def tagged(p: VtcPolicy, client: str, prompt: int, output: int) -> int:
@@ -106,7 +106,7 @@ def test_vtc_keeps_backlogged_counters_within_its_bound() -> None:
     assert p.worst_spread > p.counter_bound() / 2
 
 
-def _light_ttft(policy: Planner) -> float:
+def _light_ttft(policy: SchedulingPolicy) -> float:
     result = simulate(policy, flood(), SyntheticCosts().table(MIXED_CATALOG), SimOptions())
     ttfts = [r.ttft_s for r in result.records if r.client == "light"]
     assert all(t is not None for t in ttfts)
@@ -119,6 +119,13 @@ def test_vtc_serves_a_light_client_ahead_of_a_flooding_clients_backlog() -> None
     assert vtc < fcfs / 3
 
 
-def test_only_vtc_needs_client_tags() -> None:
-    assert isinstance(make_policy("vtc", catalog=CATALOG), ClientTagged)
-    assert not isinstance(make_policy("balanced", catalog=CATALOG), ClientTagged)
+def test_every_policy_takes_client_tags_and_vtc_keeps_them() -> None:
+    vtc = make_policy("vtc", catalog=CATALOG)
+    assert isinstance(vtc, VtcPolicy)
+    h = vtc.admit(prompt_len=8, max_output_tokens=4)
+    vtc.assign_client(h, "a")
+    assert vtc.client_of(h) == "a"
+    seed = make_policy("balanced", catalog=CATALOG)
+    h = seed.admit(prompt_len=8, max_output_tokens=4)
+    seed.assign_client(h, "a")  # the seed's scheduler does not rank by client
+    assert seed.phase(h) is Phase.PREFILL

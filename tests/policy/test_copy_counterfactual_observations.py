@@ -1,4 +1,4 @@
-"""``SpeculativeScheduler.observe_counterfactual``: a counterfactual copy round
+"""``Scheduler.observe_counterfactual``: a counterfactual copy round
 folds into the request's copy acceptance exactly as a verified round would (ACC-6,
 ACC-7), censored at termination (ACC-8), and moves the population prior (ACC-20), also
 for a request already released; only a copy scheduler accepts one."""
@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
+from policy.round_speculation import SpeculationSettings
 from policy.rounds import SpeculationMode
+from policy.scheduler import Scheduler
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
-from policy.speculative_scheduler import SpeculativeScheduler
 from tests.policy.test_speculative_scheduler import decoders, scheduler, spec
 
 COPY = ProposalSource.COPY
@@ -20,11 +21,12 @@ SHAPES = [GraphShape(kind=GraphKind.DECODE, batch_capacity=4, token_capacity=1,
                      proposal_depth=3, packed_capacity=16, binding=TargetBinding.QUERY_LENGTH)]
 
 
-def copy_scheduler() -> SpeculativeScheduler:
-    return SpeculativeScheduler(catalog=SHAPES, mode=SpeculationMode.ADAPTIVE, source=COPY)
+def copy_scheduler() -> Scheduler:
+    return Scheduler(catalog=SHAPES, speculation=SpeculationSettings(
+        mode=SpeculationMode.ADAPTIVE, source=COPY))
 
 
-def means(s: SpeculativeScheduler, handle: int) -> list[float]:
+def means(s: Scheduler, handle: int) -> list[float]:
     return [s.acceptance(handle).acceptance(COPY).mean(d) for d in (1, 2, 3, 4)]
 
 
@@ -63,7 +65,8 @@ def test_acc_6_7_a_learned_depth_one_counterfactual_observes_the_learned_source(
     proposal against the emitted token) into its own source, like a verified
     depth-one round, and leaves the copy source alone."""
     learned = ProposalSource.LEARNED
-    s = SpeculativeScheduler(catalog=SHAPES, mode=SpeculationMode.ADAPTIVE, source=learned)
+    s = Scheduler(catalog=SHAPES, speculation=SpeculationSettings(
+        mode=SpeculationMode.ADAPTIVE, source=learned))
     h = s.admit(prompt_len=8, max_output_tokens=64)
     s.observe_counterfactual(h, offered=1, accepted=accepted, terminated=False)
     reference = AcceptanceState(PopulationPriors())

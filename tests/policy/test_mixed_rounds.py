@@ -1,5 +1,5 @@
 """Speculative decode rows in wider mixed programs (``policy/mixed_rounds.py``) through
-the ``SpeculativeScheduler`` (seed: *Mixed execution contract*)."""
+the speculating ``Scheduler`` (seed: *Mixed execution contract*)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from test_speculative_window import DECODE4, MS, PREFILL64, spec
 
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.mixed_rounds import wider_mixed_shapes
+from policy.protocol import RoundCompletion, RoundLaneOutcome
+from policy.round_speculation import SpeculationSettings
+from policy.scheduler import Scheduler
 from policy.speculation import INITIAL_WEIGHT, ProposalSource
-from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CompletionRecord,
     DecodeMode,
@@ -31,15 +33,15 @@ def mixed(w: int, b: int = 4, c: int = 64) -> GraphShape:
 CATALOG = [DECODE4, PREFILL64, spec(1), spec(3), mixed(1), mixed(3)]
 
 
-def scheduler(costs_ms: dict[GraphShape, int]) -> SpeculativeScheduler:
-    s = SpeculativeScheduler(catalog=CATALOG, source=ProposalSource.LEARNED)
+def scheduler(costs_ms: dict[GraphShape, int]) -> Scheduler:
+    s = Scheduler(catalog=CATALOG, speculation=SpeculationSettings(source=ProposalSource.LEARNED))
     s.advance_to(1_000 * MS)
     for shape, cost in costs_ms.items():
         s.estimates.observe(shape, cost * MS, s.now_ns)
     return s
 
 
-def decoders(s: SpeculativeScheduler, n: int, means: tuple[float, ...] = (0.95, 0.9)
+def decoders(s: Scheduler, n: int, means: tuple[float, ...] = (0.95, 0.9)
              ) -> list[RequestHandle]:
     out = []
     for _ in range(n):
@@ -131,8 +133,8 @@ def test_mix_30_mixed_decode_rows_learn_acceptance_and_the_prompt_row_does_not()
                                 prompt_tokens=40)]
     records += [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(7, 8))
                 for lane in plan.lanes[1:]]
-    out = s.complete_with_survival(Fence(1), records, timing(13), {h: () for h in hs},
-                                   {h: 2 for h in hs})
+    out = s.complete(Fence(1), records, timing(13), round=RoundCompletion(lanes=tuple(
+        RoundLaneOutcome(handle=h, proposed=2, evaluated=2, accepted=1) for h in hs)))
     assert {t.handle for t in out} == {prompt, *hs}
     assert s.request(prompt).phase is Phase.DECODE and s.request(prompt).output_committed == 1
     assert all(s.request(h).output_committed == 3 for h in hs)

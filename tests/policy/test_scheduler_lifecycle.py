@@ -54,12 +54,13 @@ def decoding_scheduler(n: int) -> tuple[Scheduler, list[RequestHandle]]:
 
 
 def test_queue_1_api_signatures() -> None:
-    """Covers QUEUE-1: the five methods with their parameters."""
+    """Covers QUEUE-1: the five methods with their parameters (``complete`` also takes
+    a speculative frame's round report by keyword)."""
     params = {name: list(inspect.signature(getattr(Scheduler, name)).parameters)
               for name in ("advance_to", "plan", "commit", "complete", "published_output")}
     assert params == {
         "advance_to": ["self", "now_ns"], "plan": ["self"], "commit": ["self", "plan", "fence"],
-        "complete": ["self", "fence", "records", "timing"],
+        "complete": ["self", "fence", "records", "timing", "round"],
         "published_output": ["self", "handle", "fence", "host_time_ns"],
     }
 

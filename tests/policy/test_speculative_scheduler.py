@@ -1,13 +1,15 @@
-"""The Scheduler with complete speculative rounds (``policy/speculative_scheduler.py``)."""
+"""The Scheduler with complete speculative rounds (``policy/round_speculation.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.protocol import RoundCompletion, RoundLaneOutcome
+from policy.round_speculation import SpeculationSettings
 from policy.rounds import SpeculationMode
+from policy.scheduler import Scheduler
 from policy.speculation import INITIAL_WEIGHT, ProposalSource
-from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CompletionError,
     CompletionRecord,
@@ -32,9 +34,9 @@ def spec(w: int, binding: TargetBinding = HOST, b: int = 4) -> GraphShape:
 
 def scheduler(binding: TargetBinding = HOST, *,
               mode: SpeculationMode = SpeculationMode.ADAPTIVE,
-              source: ProposalSource = ProposalSource.LEARNED) -> SpeculativeScheduler:
+              source: ProposalSource = ProposalSource.LEARNED) -> Scheduler:
     shapes = [DECODE4, spec(1, binding), spec(2, binding), spec(4, binding)]
-    s = SpeculativeScheduler(catalog=shapes, mode=mode, source=source)
+    s = Scheduler(catalog=shapes, speculation=SpeculationSettings(mode=mode, source=source))
     s.advance_to(1_000 * MS)
     for shape in shapes:
         cost = 10 * MS if shape is DECODE4 else (10 + shape.token_capacity // 2) * MS
@@ -42,7 +44,7 @@ def scheduler(binding: TargetBinding = HOST, *,
     return s
 
 
-def decoders(s: SpeculativeScheduler, n: int = 4, *,
+def decoders(s: Scheduler, n: int = 4, *,
              means: tuple[float, ...] | None = None) -> list[RequestHandle]:
     out = []
     for _ in range(n):
@@ -58,7 +60,7 @@ def decoders(s: SpeculativeScheduler, n: int = 4, *,
     return out
 
 
-def stale_except(s: SpeculativeScheduler, stale_shape: GraphShape) -> None:
+def stale_except(s: Scheduler, stale_shape: GraphShape) -> None:
     """Advance past the estimates' freshness (DUR-10) and observe every program again
     except ``stale_shape``, which alone is left stale."""
     s.advance_to(s.now_ns + 31_000 * MS)
@@ -67,7 +69,7 @@ def stale_except(s: SpeculativeScheduler, stale_shape: GraphShape) -> None:
             s.estimates.observe(shape, s.estimates.estimate_ns(shape), s.now_ns)
 
 
-def funded_refresh(s: SpeculativeScheduler, stale_shape: GraphShape) -> ScheduledPlan:
+def funded_refresh(s: Scheduler, stale_shape: GraphShape) -> ScheduledPlan:
     """The plan with full refresh credit, after checking that the ordinary plan before
     it does not run ``stale_shape`` (REF-8)."""
     plan = s.plan()
@@ -131,8 +133,10 @@ def test_acc_9_host_round_observes_only_the_drafts_the_source_supplied() -> None
                    CompletionRecord(handle=hs[1], epoch=plan.lanes[1].epoch,
                                     token_ids=(7, 8))]
         drafts = {hs[0]: 0, hs[1]: 2}
-        s.complete_with_survival(Fence(1), records, timing(12),
-                                 {h: () for h in hs}, drafts if offered else None)
+        # without evaluated counts (no round report) every lane offered its ceiling
+        s.complete(Fence(1), records, timing(12), round=RoundCompletion(lanes=tuple(
+            RoundLaneOutcome(handle=h, proposed=n, evaluated=n, accepted=n)
+            for h, n in drafts.items())) if offered else None)
         source = ProposalSource.LEARNED
         return ([s.acceptance(hs[0]).acceptance(source).mean(d) for d in (1, 2, 3)],
                 [s.acceptance(hs[1]).acceptance(source).mean(d) for d in (1, 2, 3)])
@@ -147,8 +151,8 @@ def test_acc_9_host_round_observes_only_the_drafts_the_source_supplied() -> None
 
 def test_queue_3_device_round_completes_through_packed_round() -> None:
     """Covers QUEUE-3, QUEUE-4, SPEC-22, ACC-13, ACC-28, LRN-12: a device round rejects
-    plain ``complete``; ``complete_packed_round_with_survival`` reads the sidecar up to
-    min(D, W - 1) positions and the survival rows."""
+    ``complete`` without its confidence sidecar; with it (``RoundCompletion``) the
+    scheduler reads the sidecar up to min(D, W - 1) positions and the survival rows."""
     s = scheduler(DEVICE)
     hs = decoders(s, means=(0.95, 0.9, 0.85))
     plan = s.plan()
@@ -163,8 +167,12 @@ def test_queue_3_device_round_completes_through_packed_round() -> None:
     sidecar = [[[0.9, 0.8, 0.7]] * 4, [[0.9, 0.72, 0.5]] * 4]
     offered = {lane.handle: 3 for lane in plan.lanes}
     survival = {lane.handle: (0.9, 0.6, 0.2) for lane in plan.lanes}
-    s.complete_packed_round_with_survival(Fence(1), records, timing(12), sidecar, offered,
-                                          survival)
+    with pytest.raises(CompletionError):
+        s.complete(Fence(1), records, timing(12), round=RoundCompletion())
+    s.complete(Fence(1), records, timing(12), round=RoundCompletion(
+        lanes=tuple(RoundLaneOutcome(handle=h, proposed=n, evaluated=n, accepted=1,
+                                     survival=survival[h]) for h, n in offered.items()),
+        confidence=sidecar))
     state = s.acceptance(hs[0])
     forecast = state.forecast(ProposalSource.LEARNED)
     aged = 0.5 ** (2 / 128)  # two generated tokens age every weight (ACC-23)
@@ -185,19 +193,19 @@ def test_lrn_probe_episode_through_the_scheduler() -> None:
     ordinary = fresh.plan()
     assert ordinary is not None and ordinary.reason is SelectionReason.ORDINARY
     assert ordinary.shape.token_capacity == 1  # without credit: width one on the means
-    fresh.learning_ledger.earn(495 * MS)
+    fresh.speculation.learning_ledger.earn(495 * MS)
     plan = fresh.plan()
     assert plan is not None and plan.reason is SelectionReason.ACCEPTANCE_LEARNING
     assert plan.requires_empty_window and plan.shape.kind is GraphKind.SPECULATIVE
     assert all(lane.role is LaneRole.DECODE for lane in plan.lanes)
     refresh_before = fresh.refresh_ledger.balance_ns
     fresh.commit(plan, Fence(1))
-    assert fresh.learning_ledger.episode_open
+    assert fresh.speculation.learning_ledger.episode_open
     records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(5,))
                for lane in plan.lanes]
     fresh.complete(Fence(1), records, timing(13))
-    assert not fresh.learning_ledger.episode_open
-    assert fresh.learning_ledger.balance_ns == 5 * MS - 13 * MS
+    assert not fresh.speculation.learning_ledger.episode_open
+    assert fresh.speculation.learning_ledger.balance_ns == 5 * MS - 13 * MS
     assert fresh.refresh_ledger.balance_ns == refresh_before
     assert fresh.statistics().executions["acceptance_learning"] == 1
     nxt = fresh.plan()
@@ -208,7 +216,7 @@ def test_lrn_10_fixed_mode_never_probes() -> None:
     """Covers LRN-10 through the scheduler."""
     s = scheduler(mode=SpeculationMode.FIXED)
     decoders(s)
-    s.learning_ledger.earn(495 * MS)
+    s.speculation.learning_ledger.earn(495 * MS)
     plan = s.plan()
     assert plan is not None and plan.reason is SelectionReason.ORDINARY
 
@@ -216,10 +224,10 @@ def test_lrn_10_fixed_mode_never_probes() -> None:
 def test_lrn_16_idle_clears_acceptance_credit() -> None:
     """Covers LRN-16 (OPEN-8): idle discards positive acceptance credit."""
     s = scheduler()
-    s.learning_ledger.earn(200 * MS)
-    assert s.learning_ledger.balance_ns > 0
+    s.speculation.learning_ledger.earn(200 * MS)
+    assert s.speculation.learning_ledger.balance_ns > 0
     s.advance_to(s.now_ns + MS)
-    assert s.learning_ledger.balance_ns == 0
+    assert s.speculation.learning_ledger.balance_ns == 0
 
 
 def test_ref_13_funded_refresh_runs_one_complete_speculative_round() -> None:
@@ -238,7 +246,7 @@ def test_ref_13_funded_refresh_runs_one_complete_speculative_round() -> None:
                for lane in plan.lanes]
     s.complete(Fence(1), records, timing(11))
     assert s.refresh_ledger.balance_ns == 5 * MS - 11 * MS
-    assert s.learning_ledger.balance_ns == 0
+    assert s.speculation.learning_ledger.balance_ns == 0
     assert not s.estimates.is_stale(stale_shape, s.now_ns)
     assert s.statistics().executions["timing_refresh"] == 1
 

@@ -3,7 +3,7 @@
 Five and sixteen 64-token prompts on the measured synthetic catalog plus rectangular
 speculative programs, with every round accepting zero, three or seven drafts, from
 untrained and preseeded acceptance histories (OPEN-34: ``preseed_acceptance``). The
-production ``SpeculativeScheduler`` runs one isolated frame at a time; device intervals
+production speculating ``Scheduler`` runs one isolated frame at a time; device intervals
 equal the recorded durations.
 """
 
@@ -17,9 +17,11 @@ import pytest
 from synthetic_catalog import MS, duration_ns, ordinary_catalog
 
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.protocol import RoundCompletion, RoundLaneOutcome
 from policy.round_search import frontier_allocation
+from policy.round_speculation import SpeculationSettings
+from policy.scheduler import Scheduler
 from policy.speculation import ProposalSource
-from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import (
     CompletionRecord,
     Fence,
@@ -53,7 +55,7 @@ def cost_ns(shape: GraphShape) -> int:
 class SpeculativeDriver:
     """Runs the scheduler; every speculative lane accepts ``accepted`` drafts."""
 
-    def __init__(self, sched: SpeculativeScheduler, accepted: int) -> None:
+    def __init__(self, sched: Scheduler, accepted: int) -> None:
         self.sched = sched
         self.accepted = accepted
         self.fence = 0
@@ -101,8 +103,11 @@ class SpeculativeDriver:
                                             token_ids=(7,) * min(self.accepted + 1, r))
                            for lane, r in zip(plan.lanes, rows, strict=True)]
                 offered = {lane.handle: r - 1 for lane, r in zip(plan.lanes, rows, strict=True)}
-                out = s.complete_packed_round(Fence(self.fence), records, timing, sidecar,
-                                              offered)
+                out = s.complete(Fence(self.fence), records, timing, round=RoundCompletion(
+                    lanes=tuple(RoundLaneOutcome(handle=h, proposed=n, evaluated=n,
+                                                 accepted=min(self.accepted, n))
+                                for h, n in offered.items()),
+                    confidence=sidecar))
             else:
                 out = s.complete(Fence(self.fence), self.records(plan), timing)
             for g in out:
@@ -110,14 +115,14 @@ class SpeculativeDriver:
                     s.published_output(g.handle, g.fence, s.now_ns)
                     self.times.setdefault(g.handle, []).append(s.now_ns)
             self.plans.append(plan)
-            assert s.learning_ledger.bound_holds()  # LRN-17 at every step
+            assert s.speculation.learning_ledger.bound_holds()  # LRN-17 at every step
 
 
 def startup(n: int, accepted: int, preseeded: bool,
             speculative_shapes: tuple[GraphShape, ...] = SPECULATIVE,
-            ) -> tuple[SpeculativeScheduler, SpeculativeDriver, list[RequestHandle]]:
+            ) -> tuple[Scheduler, SpeculativeDriver, list[RequestHandle]]:
     shapes = ordinary_catalog() + speculative_shapes
-    s = SpeculativeScheduler(catalog=shapes)
+    s = Scheduler(catalog=shapes, speculation=SpeculationSettings())
     for shape in shapes:
         s.estimates.observe(shape, cost_ns(shape), 1)
     s.advance_to(1)
@@ -160,7 +165,7 @@ def test_ver_23_speculative_startup_traces(n: int, accepted: int, preseeded: boo
 @pytest.mark.parametrize("accepted", [0, 3, 7])
 def test_ver_23_device_allocated_startup_trace(accepted: int) -> None:
     """Covers VER-23 (untrained, five requests) with device allocation: rounds complete
-    through ``complete_packed_round`` with the confidence sidecar (QUEUE-3, ACC-18); the
+    with the confidence sidecar (``RoundCompletion``) (QUEUE-3, ACC-18); the
     seed's delivery bounds hold (VER-24, VER-25, VER-26) and the width settles on the accepted
     depth plus one."""
     s, d, handles = startup(5, accepted, False, DEVICE)

@@ -11,8 +11,9 @@ planning then.
 from __future__ import annotations
 
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.round_speculation import SpeculationSettings
 from policy.rounds import SpeculationMode
-from policy.speculative_scheduler import SpeculativeScheduler
+from policy.scheduler import Scheduler
 from policy.types import CompletionRecord, Fence, Phase, RequestHandle, ScheduledPlan
 
 MS = 1_000_000
@@ -31,8 +32,8 @@ SHAPES = (DECODE4, PREFILL64, spec(1), spec(2), spec(4))
 """A synthetic measured catalog: decode 10 ms, a width-W round 10 + W/2 ms."""
 
 
-def measured(mode: SpeculationMode = SpeculationMode.ADAPTIVE) -> SpeculativeScheduler:
-    s = SpeculativeScheduler(catalog=SHAPES, mode=mode)
+def measured(mode: SpeculationMode = SpeculationMode.ADAPTIVE) -> Scheduler:
+    s = Scheduler(catalog=SHAPES, speculation=SpeculationSettings(mode=mode))
     s.advance_to(1_000 * MS)
     for shape in SHAPES:
         cost = 10 * MS if shape.kind is not GraphKind.SPECULATIVE \
@@ -41,7 +42,7 @@ def measured(mode: SpeculationMode = SpeculationMode.ADAPTIVE) -> SpeculativeSch
     return s
 
 
-def decoders(s: SpeculativeScheduler, means: tuple[float, ...], n: int = 4,
+def decoders(s: Scheduler, means: tuple[float, ...], n: int = 4,
              max_tokens: int = 500) -> list[RequestHandle]:
     out = []
     for _ in range(n):
@@ -56,7 +57,7 @@ def decoders(s: SpeculativeScheduler, means: tuple[float, ...], n: int = 4,
     return out
 
 
-def submit(s: SpeculativeScheduler, fence: int) -> ScheduledPlan:
+def submit(s: Scheduler, fence: int) -> ScheduledPlan:
     plan = s.plan()
     assert plan is not None and s.window_ready(plan), plan
     s.commit(plan, Fence(fence))
@@ -141,7 +142,7 @@ def test_queue_12_34_39_window_open_is_false_exactly_when_nothing_can_be_submitt
                                                   wall_ns=10 * MS))
     assert s.window_open()  # the completion supplied feedback (QUEUE-39)
     # A frame needing feedback (an unknown program) closes the window behind it.
-    unknown = SpeculativeScheduler(catalog=SHAPES)
+    unknown = Scheduler(catalog=SHAPES, speculation=SpeculationSettings())
     unknown.advance_to(1_000 * MS)
     decoders(unknown, means=(0.5, 0.25, 0.125))
     discovery = submit(unknown, 1)

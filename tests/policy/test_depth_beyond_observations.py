@@ -1,4 +1,4 @@
-"""Depth-``(D + 1)`` counterfactuals of learned rounds (``Planner._extend_by_beyond``):
+"""Depth-``(D + 1)`` counterfactuals of learned rounds (``learning.round_observations``):
 every lane that verified all its drafts observes one depth more, with survival value
 ``s_D * beyond``, so the extra depth's mean estimates the unconditional prefix survival
 ``s_(D+1)`` (ACC-6..8, ACC-28). Observing it only after fully accepted rounds would
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from actors.messages import RoundLane, SpeculativeRounds
-from actors.planner import Planner
+from policy.learning import round_observations
+from policy.protocol import RoundLaneOutcome as RoundLane
 from policy.speculation import AcceptanceState, ProposalSource
 from policy.types import RequestHandle
 
@@ -19,11 +19,14 @@ H = RequestHandle(1)
 
 
 def _extended(lane: RoundLane) -> tuple[int, tuple[float, ...]]:
-    survival = {lane.handle: lane.survival}
-    offered = {lane.handle: lane.evaluated}
-    Planner._extend_by_beyond(SpeculativeRounds(confidence=(), lanes=(lane,)),
-                              survival, offered)
+    survival, offered = round_observations((lane,), depth_beyond=True)
     return offered[lane.handle], survival[lane.handle]
+
+
+def test_without_depth_beyond_every_lane_offers_what_it_verified() -> None:
+    lane = RoundLane(handle=H, proposed=2, evaluated=2, accepted=2, survival=(0.9, 0.6),
+                     beyond=1.0)
+    assert round_observations((lane,), depth_beyond=False) == ({H: (0.9, 0.6)}, {H: 2})
 
 
 def test_a_fully_accepted_lane_observes_beyond_at_one_more_depth() -> None:

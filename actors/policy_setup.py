@@ -1,0 +1,69 @@
+"""The runtime's scheduling policy, built from the runtime's configuration.
+
+``make_scheduler`` chooses the policy the planner drives (``--scheduler-policy``, and
+with ``--speculation`` the seed's scheduler speculating with the configured proposal
+source); ``counterfactual_copy_depth`` and ``learned_counterfactuals`` say which
+counterfactual rounds the planner replays for it; ``seed_estimates`` records start-up
+measurements in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from policy.baselines.factory import make_policy
+from policy.descriptors import GraphKind, GraphShape
+from policy.protocol import SchedulingPolicy
+from policy.round_speculation import SpeculationSettings
+from policy.rounds import SpeculationMode
+from policy.scheduler import Scheduler
+from policy.speculation import ProposalSource
+
+if TYPE_CHECKING:
+    from actors.system import RuntimeParts
+
+
+def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,
+                   max_context: int) -> SchedulingPolicy:
+    """The planner's scheduler: the configured policy, or with speculation the seed's
+    scheduler with complete speculative rounds (fixed mode: fixed widths, complete
+    prefixes, no acceptance probes, LRN-10). A ``fixed-spec-K`` baseline runs its own
+    rounds on the speculative load (host lengths, completed like any generation frame)."""
+    if parts.speculation == "off" or parts.scheduler_policy.startswith("fixed-spec-"):
+        return make_policy(parts.scheduler_policy, parts.policy, catalog=catalog)
+    mode = SpeculationMode(parts.speculation)
+    return Scheduler(parts.policy, catalog, speculation=SpeculationSettings(
+        mode=mode, source=ProposalSource(parts.draft_source), context_limit=max_context,
+        # depth-(D + 1) observations of learned rounds (RuntimeConfig.draft_counterfactuals)
+        depth_beyond=parts.draft_counterfactuals and parts.draft_source == "draft"
+        and mode is SpeculationMode.ADAPTIVE))
+
+
+def counterfactual_copy_depth(parts: RuntimeParts, scheduler: SchedulingPolicy,
+                              catalog: Sequence[GraphShape]) -> int:
+    """Drafts per counterfactual copy round (the deepest copy round in the catalog), or
+    0 where the planner keeps none: only a scheduler that learns acceptance, with copy
+    proposals, learns from them (``RuntimeConfig.copy_counterfactuals``)."""
+    if not (parts.copy_counterfactuals and parts.draft_source == "copy"
+            and scheduler.learns_acceptance):
+        return 0
+    return max((s.proposal_depth for s in catalog if s.kind is GraphKind.SPECULATIVE),
+               default=0)
+
+
+def learned_counterfactuals(parts: RuntimeParts, scheduler: SchedulingPolicy) -> bool:
+    """Whether the planner folds the learned draft's depth-one proposals into the
+    scheduler: only a scheduler that learns acceptance, with the learned source, learns
+    from them (``RuntimeConfig.draft_counterfactuals``)."""
+    return (parts.draft_counterfactuals and parts.draft_source == "draft"
+            and scheduler.learns_acceptance)
+
+
+def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, int], *,
+                   now_ns: int) -> None:
+    """Record start-up measurements as observations in the policy's duration
+    estimates (the baselines keep them for traces only)."""
+    estimates = scheduler.estimates
+    for shape, duration_ns in measured.items():
+        estimates.observe(shape, duration_ns, max(now_ns, 0))

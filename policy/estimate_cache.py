@@ -1,0 +1,97 @@
+"""``EstimateCache``: what a scheduler derives from its duration estimates, kept warm.
+
+Every decision reads each loaded shape's estimate, last valid observation and last
+touch as arrays (``ShapeTimes``), and every admission and commit reads the fair-share
+normalizers of a population (``policy.service.normalizers_from_catalog``). Both depend
+only on the estimates, so this module builds them once and keeps them until an
+estimate changes: an observation or attempt updates one shape's entries in place, and
+a caller that may have changed the estimates directly drops everything
+(``invalidate``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from policy.catalog_index import CatalogIndex, ShapeTimes
+from policy.descriptors import GraphKind, GraphShape
+from policy.duration_estimates import DurationEstimates
+from policy.service import Normalizers, normalizers_from_catalog
+
+__all__ = ["EstimateCache", "fair_share_population"]
+
+
+def fair_share_population(catalog: CatalogIndex) -> int:
+    """How many requests a new request's fair-share start is divided among: the
+    catalog's request slots (its largest generation batch), not the momentary
+    resident count. Requests admitted together then start at the same price, so
+    their order is decided by service, not by who arrived first in a burst (a
+    resident-count population made a burst of arrivals run last-in first-out)."""
+    slots = [s.batch_capacity for s in catalog.shapes if s.is_generation
+             or s.kind is GraphKind.MIXED]
+    return max(slots, default=1)
+
+
+def _or_minus_one(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+class EstimateCache:
+    """Per-shape timing arrays and fair-share normalizers over one ``DurationEstimates``."""
+
+    def __init__(self, estimates: DurationEstimates) -> None:
+        self.estimates = estimates
+        self._times: ShapeTimes | None = None
+        self._normalizers: dict[int, Normalizers] = {}
+
+    def invalidate(self) -> None:
+        """Drop every derived value (the estimates or the catalog may have changed)."""
+        self._times = None
+        self._normalizers.clear()
+
+    def shape_times(self, catalog: CatalogIndex) -> ShapeTimes:
+        """Per-shape estimate arrays in ``catalog`` order, rebuilt only after
+        ``invalidate``."""
+        if self._times is None:
+            est = self.estimates
+            shapes = catalog.shapes
+            self._times = ShapeTimes(
+                estimate_ns=np.array([est.estimate_ns(s) for s in shapes], dtype=np.int64),
+                last_valid_ns=np.array([_or_minus_one(est.last_valid_ns(s)) for s in shapes],
+                                       dtype=np.int64),
+                last_touched_ns=np.array([est.last_touched_ns(s) for s in shapes],
+                                         dtype=np.int64),
+            )
+        return self._times
+
+    def refresh_shape(self, catalog: CatalogIndex, shape: GraphShape) -> None:
+        """Update one shape's cached timing entries in place."""
+        times = self._times
+        i = catalog.position.get(shape)
+        if times is None or i is None:
+            return
+        est = self.estimates
+        times.update(i, est.estimate_ns(shape), _or_minus_one(est.last_valid_ns(shape)),
+                     est.last_touched_ns(shape))
+
+    def normalizers(self, population: int) -> Normalizers:
+        cached = self._normalizers.get(population)
+        if cached is None:
+            cached = normalizers_from_catalog(self.estimates.measured(), population)
+            self._normalizers[population] = cached
+        return cached
+
+    def record_attempt(self, catalog: CatalogIndex, shape: GraphShape, now_ns: int) -> None:
+        """``shape`` was committed at ``now_ns`` (its last touch)."""
+        self.estimates.record_attempt(shape, now_ns)
+        self.refresh_shape(catalog, shape)
+
+    def observe(self, catalog: CatalogIndex, shape: GraphShape, sample_ns: int,
+                now_ns: int) -> None:
+        """A completed frame's cost sample for ``shape``."""
+        est = self.estimates
+        before = est.estimate_ns(shape)
+        if est.observe(shape, sample_ns, now_ns) and est.estimate_ns(shape) != before:
+            # Normalizers depend on estimate values only: an unchanged median keeps them.
+            self._normalizers.clear()
+        self.refresh_shape(catalog, shape)
