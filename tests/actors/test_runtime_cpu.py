@@ -53,12 +53,18 @@ def prompt_of(length: int, seed: int) -> list[int]:
 
 
 async def wait_until_idle(rt: Runtime) -> None:
-    """Poll (real time) until every request released its resources; fail after 10 s."""
-    for _ in range(1000):
-        if not rt.resources.statistics().residents:
-            return
-        await trio.sleep(0.01)
-    raise AssertionError("requests still resident after 10 s")
+    """Wait until every request released its resources (the book reports the moment
+    its last resident leaves); fail after 10 s."""
+    book = rt.resources
+    if not book.statistics().residents:
+        return
+    idle = trio.Event()
+    book.emptied.append(idle.set)
+    try:
+        with trio.fail_after(10):
+            await idle.wait()
+    finally:
+        book.emptied.remove(idle.set)
 
 
 @pytest.mark.slow
