@@ -110,7 +110,8 @@ async def test_spec_5_greedy_speculation_equals_greedy_without_it(
         source: str, draft: str | None, catch_up: int) -> None:
     """The target's own weights as the draft ("perfect") are always accepted, so the
     runtime must deliver multi-token bursts, each as one event. ``catch_up = 8``: a
-    lagging draft context (decodes skip the draft, rounds catch up) keeps output too."""
+    lagging draft context (decodes skip the draft, rounds catch up) keeps output too.
+    ACC-33: the program counter equals the speculative launches, one per round."""
     draft_dir = {"small": tiny_draft, "perfect": tiny_llama, None: None}[draft]
     config = config_for(tiny_llama, speculation=mode, draft_source=source,
                         draft_model_dir=draft_dir, draft_depth=3, draft_catch_up=catch_up)

@@ -233,3 +233,22 @@ def test_mix_36_policy_has_no_rollback_logic() -> None:
     for path in POLICY.rglob("*.py"):
         text = path.read_text().lower()
         assert "rollback" not in text and "roll back" not in text, path
+
+
+def test_pol_11_coefficients_are_never_time_limits() -> None:
+    """Covers POL-11: huge age and terminal prices on requests an hour old neither
+    expire nor fail anything; the old requests are simply planned (a preference, not a
+    deadline)."""
+    config = PolicyConfig(decode_age_price=1e6, terminal_age_price=1e6)
+    s = measured(Scheduler(config, (decode(4),)), {decode(4): 10.0})
+    s.advance_to(3_600_000 * MS)
+    handles = [decoder(s) for _ in range(3)]
+    for h in handles:
+        s.request(h).last_visible_ns = 0
+    plan = s.plan()
+    assert plan is not None and set(plan.handles()) == set(handles)
+    s.commit(plan, Fence(1))
+    _complete(s, Fence(1), plan, 1, ExecutionTiming(device_intervals_ns=(10 * MS,),
+                                                    wall_ns=10 * MS))
+    assert all(s.phase(h) is Phase.DECODE for h in handles)
+    assert not any(s.request(h).failed or s.request(h).cancelled for h in handles)
