@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from decoding import decoding
+
 from policy.baselines.factory import make_policy
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
 from policy.scheduler import Scheduler
@@ -26,7 +28,6 @@ from policy.types import (
     CompletionRecord,
     Fence,
     GeneratedToken,
-    Phase,
     RequestHandle,
     ScheduledPlan,
     SelectionReason,
@@ -75,21 +76,9 @@ def speculative(*, measured: bool = True) -> SpeculativeScheduler:
     return s
 
 
-def decoders(s: Scheduler, n: int = 4, *, means: Sequence[float] | None = None,
+def decoders(s: Scheduler, n: int = 4, *, means: Sequence[float],
              weight: float = 1.0) -> list[RequestHandle]:
-    out = []
-    for _ in range(n):
-        h = s.admit(prompt_len=64, max_output_tokens=500)
-        rec = s.request(h)
-        rec.phase = Phase.DECODE
-        rec.prompt_cursor = 64
-        rec.output_committed = 1
-        rec.last_visible_ns = s.now_ns - 5 * MS
-        if means is not None:
-            assert isinstance(s, SpeculativeScheduler)
-            s.preseed_acceptance(h, means, weight=weight)
-        out.append(h)
-    return out
+    return [decoding(s, means=means, weight=weight) for _ in range(n)]
 
 
 def ordinary_plan(s: Scheduler) -> ScheduledPlan:

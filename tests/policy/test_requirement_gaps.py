@@ -10,6 +10,7 @@ import pathlib
 import re
 
 import pytest
+from decoding import decoding
 from synthetic_catalog import MS, decode, prefill
 
 from policy import GraphKind, GraphShape, Phase, RequestHandle, Scheduler
@@ -18,7 +19,6 @@ from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import DescriptorError, ExecutionTiming, TargetBinding
 from policy.round_plans import speculative_lanes
 from policy.speculation import AcceptanceState, PopulationPriors, ProposalSource
-from policy.speculative_scheduler import SpeculativeScheduler
 from policy.types import CompletionRecord, Fence, LaneRole, PolicyError, ScheduledPlan
 
 POLICY = pathlib.Path(__file__).resolve().parents[2] / "policy"
@@ -31,16 +31,7 @@ def spec(w: int, b: int = 4) -> GraphShape:
 
 
 def decoder(s: Scheduler, *, means: tuple[float, ...] | None = None) -> RequestHandle:
-    h = s.admit(prompt_len=64, max_output_tokens=500)
-    rec = s.request(h)
-    rec.phase = Phase.DECODE
-    rec.prompt_cursor = 64
-    rec.output_committed = 1
-    rec.last_visible_ns = s.now_ns - 5 * MS
-    if means is not None:
-        assert isinstance(s, SpeculativeScheduler)
-        s.preseed_acceptance(h, means, weight=64.0)
-    return h
+    return decoding(s, means=means)
 
 
 def measured(s: Scheduler, durations_ms: dict[GraphShape, float]) -> Scheduler:
@@ -48,6 +39,18 @@ def measured(s: Scheduler, durations_ms: dict[GraphShape, float]) -> Scheduler:
     for shape, ms in durations_ms.items():
         s.estimates.observe(shape, round(ms * MS), s.now_ns)
     return s
+
+
+def speculative_round() -> tuple[Scheduler, ScheduledPlan]:
+    """Four well-accepted decoders on the production speculative scheduler, and the
+    speculative round it plans for them."""
+    s = measured(make_policy("spec-adaptive", catalog=(decode(4), spec(2), spec(4))),
+                 {decode(4): 10.0, spec(2): 11.0, spec(4): 12.0})
+    for _ in range(4):
+        decoder(s, means=(0.95, 0.9, 0.85))
+    plan = s.plan()
+    assert plan is not None and plan.shape.kind is GraphKind.SPECULATIVE
+    return s, plan
 
 
 def _complete(s: Scheduler, fence: Fence, plan: ScheduledPlan, tokens: int,
@@ -91,12 +94,7 @@ def test_cat_11_spec_32_no_proposal_or_verification_only_work() -> None:
     proposal is kept for a later frame)."""
     names = {k.name for k in GraphKind} | {r.name for r in LaneRole}
     assert not {n for n in names if re.search("PROPOS|VERIF|DRAFT", n)}
-    s = measured(make_policy("spec-adaptive", catalog=(decode(4), spec(2), spec(4))),
-                 {decode(4): 10.0, spec(2): 11.0, spec(4): 12.0})
-    for _ in range(4):
-        decoder(s, means=(0.95, 0.9, 0.85))
-    plan = s.plan()
-    assert plan is not None and plan.shape.kind is GraphKind.SPECULATIVE
+    s, plan = speculative_round()
     assert all(lane.role is LaneRole.DECODE for lane in plan.lanes)
     s.commit(plan, Fence(1))
     _complete(s, Fence(1), plan, 2, ExecutionTiming(device_intervals_ns=(12 * MS,),
@@ -152,12 +150,7 @@ def test_acc_30_one_sample_per_speculative_frame() -> None:
     """Covers ACC-30, DUR-15: a speculative round (proposal, verification and commit in
     one program) adds exactly one cost sample: its whole interval less the readiness
     delay."""
-    s = measured(make_policy("spec-adaptive", catalog=(decode(4), spec(2), spec(4))),
-                 {decode(4): 10.0, spec(2): 11.0, spec(4): 12.0})
-    for _ in range(4):
-        decoder(s, means=(0.95, 0.9, 0.85))
-    plan = s.plan()
-    assert plan is not None and plan.shape.kind is GraphKind.SPECULATIVE
+    s, plan = speculative_round()
     before = {shape: s.estimates.samples(shape) for shape in s.catalog}
     s.commit(plan, Fence(1))
     _complete(s, Fence(1), plan, 1, ExecutionTiming(

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from decoding import decoding
 from synthetic_catalog import MS, decode, prefill
 
-from policy import GraphKind, GraphShape, Phase, RequestHandle, Scheduler
+from policy import GraphKind, GraphShape, RequestHandle, Scheduler
 from policy.config import PolicyConfig
 
 
@@ -31,13 +32,8 @@ def tie_scheduler(durations_ms: Mapping[GraphShape, float], *,
 
 
 def decoder(s: Scheduler, *, served_ns: int) -> RequestHandle:
-    h = s.admit(prompt_len=8, max_output_tokens=1000)
-    rec = s.request(h)
-    rec.phase = Phase.DECODE
-    rec.prompt_cursor = 8
-    rec.output_committed = 1
-    rec.last_visible_ns = s.now_ns
-    rec.last_served_ns = served_ns
+    h = decoding(s, prompt_len=8, max_output_tokens=1000, visible_ago_ns=0)
+    s.request(h).last_served_ns = served_ns
     return h
 
 

@@ -4,9 +4,10 @@ value per millisecond is higher; the default coefficients serve it."""
 
 from __future__ import annotations
 
+from decoding import decoding
 from synthetic_catalog import Driver, decode, measured_scheduler, prefill
 
-from policy import Phase, RequestHandle, Scheduler
+from policy import RequestHandle, Scheduler
 from policy.config import PolicyConfig
 
 ZERO = PolicyConfig(token_fairness=0.0, delivery_fairness=0.0, decode_age_price=0.0,
@@ -16,12 +17,7 @@ ZERO = PolicyConfig(token_fairness=0.0, delivery_fairness=0.0, decode_age_price=
 def served_prompt(config: PolicyConfig, steps: int = 200) -> bool:
     s: Scheduler = measured_scheduler((prefill(64), decode(4)), config)
     for _ in range(4):
-        h = s.admit(prompt_len=8, max_output_tokens=10_000)
-        rec = s.request(h)
-        rec.phase = Phase.DECODE
-        rec.prompt_cursor = 8
-        rec.output_committed = 1
-        rec.last_visible_ns = s.now_ns
+        decoding(s, prompt_len=8, max_output_tokens=10_000, visible_ago_ns=0)
     waiting: RequestHandle = s.admit(prompt_len=512, max_output_tokens=4)
     trace = Driver(s).run(steps)
     return any(waiting in plan.handles() for plan in trace.plans)
