@@ -21,7 +21,7 @@ from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelt
 from actors.system import Runtime, open_runtime
 from gpu.tokenizer import Tokenizer
 from tests.actors.reference import hf_greedy
-from tests.actors.test_runtime_cpu import wait_until_idle
+from tests.actors.toy import wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 SYSTEM = "You are a helpful assistant."

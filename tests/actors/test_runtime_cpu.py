@@ -21,6 +21,7 @@ from actors.public import (
 )
 from actors.system import Runtime, open_runtime
 from tests.actors.reference import hf_greedy, hf_prompt_logprobs
+from tests.actors.toy import wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -50,21 +51,6 @@ async def generate(rt: Runtime, prompt: list[int], max_tokens: int) -> tuple[lis
 def prompt_of(length: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, 96) for _ in range(length)]
-
-
-async def wait_until_idle(rt: Runtime) -> None:
-    """Wait until every request released its resources (the book reports the moment
-    its last resident leaves); fail after 10 s."""
-    book = rt.resources
-    if not book.statistics().residents:
-        return
-    idle = trio.Event()
-    book.emptied.append(idle.set)
-    try:
-        with trio.fail_after(10):
-            await idle.wait()
-    finally:
-        book.emptied.remove(idle.set)
 
 
 @pytest.mark.slow

@@ -25,7 +25,8 @@ from actors.resource_book import ResourceStatistics
 from actors.system import Runtime, open_runtime
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.speculative_scheduler import SpeculativeScheduler
-from tests.actors.test_runtime_cpu import config_for, prompt_of, wait_until_idle
+from tests.actors.test_runtime_cpu import config_for, prompt_of
+from tests.actors.toy import wait_until_idle
 
 pytestmark = pytest.mark.slow
 
