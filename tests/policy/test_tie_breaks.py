@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from decoding import decoding
-from synthetic_catalog import MS, decode, prefill
+from synthetic_catalog import MS, decode, mixed, prefill
 
 from policy import GraphKind, GraphShape, RequestHandle, Scheduler
 from policy.config import PolicyConfig
@@ -111,3 +111,25 @@ def test_dur_24_smaller_padding_fourth() -> None:
     prompt(s, prompt_len=64, served_ns=100 * MS)
     full = prompt(s, prompt_len=1000, served_ns=100 * MS)
     assert winner(s) == (GraphKind.PREFILL, 1, frozenset({full}))
+
+
+def test_dur_24_within_a_family_the_less_recently_served_request_goes_first() -> None:
+    """Covers DUR-24, OPEN-19, MIX-18: equal rows of one family tie on every step
+    column; the request served longer ago is taken, not the first admitted (lower
+    handle)."""
+    s = tie_scheduler({prefill(64): 1.0}, output_token_value=64.0)
+    prompt(s, prompt_len=1000, served_ns=500 * MS)
+    older = prompt(s, prompt_len=1000, served_ns=100 * MS)
+    assert winner(s) == (GraphKind.PREFILL, 1, frozenset({older}))
+
+    s = tie_scheduler({decode(1): 1.0, decode(2): 4.0}, output_token_value=64.0)
+    decoder(s, served_ns=500 * MS)
+    older = decoder(s, served_ns=100 * MS)
+    assert winner(s) == (GraphKind.DECODE, 1, frozenset({older}))
+
+    # A mixed step's prompt row (MIX-18): the same choice among equal prompts.
+    s = tie_scheduler({mixed(2, 64): 1.0}, output_token_value=64.0)
+    d = decoder(s, served_ns=300 * MS)
+    prompt(s, prompt_len=1000, served_ns=500 * MS)
+    older = prompt(s, prompt_len=1000, served_ns=100 * MS)
+    assert winner(s) == (GraphKind.MIXED, 2, frozenset({d, older}))
