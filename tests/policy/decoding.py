@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policy import Phase, RequestHandle, Scheduler
-from policy.speculative_scheduler import SpeculativeScheduler
 
 MS = 1_000_000
 
@@ -20,7 +19,6 @@ def decoding(s: Scheduler, *, means: Sequence[float] | None = None, weight: floa
     rec.prompt_cursor = prompt_len
     rec.output_committed = 1
     rec.last_visible_ns = s.now_ns - visible_ago_ns
-    if means is not None:
-        assert isinstance(s, SpeculativeScheduler)
-        s.preseed_acceptance(h, means, weight=weight)
+    if means is not None:  # a scheduler that plans speculative rounds
+        s.preseed_acceptance(h, means, weight=weight)  # type: ignore[attr-defined]
     return h
