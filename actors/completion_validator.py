@@ -11,7 +11,9 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
 - a speculative lane (``SpeculativeResult``): the lane's row, an accepted prefix
   within its ceiling and the program's ``P`` (``accepted <= evaluated < ceiling``,
   emitted ``accepted + 1`` tokens, target rows within ``P`` in total), every token in
-  the vocabulary with a finite, non-positive log-probability; the burst is cut after
+  the vocabulary with a finite, non-positive log-probability, every drafted token in
+  the vocabulary, every survival product and the lane's confidence estimates (its slot
+  of the round's sidecar) probabilities in [0, 1] (ACC-15); the burst is cut after
   its first EOS/stop token. However many tokens it carries, a lane's burst is one
   delivery (the publisher sends it as one event);
 - a mixed frame with speculative decode rows (``SpeculativeMixedResult``; seed *Mixed
@@ -31,6 +33,7 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,11 +132,13 @@ class _LaneRecords:
         if sample is not None and 0.0 <= sample.draft_acceptance <= 1.0:  # NaN fails
             self.acceptances.append((lane.handle, sample.draft_acceptance))
 
-    def speculative(self, lane: Lane, context: LaneContext, spec: SpeculativeLane) -> None:
+    def speculative(self, lane: Lane, context: LaneContext, spec: SpeculativeLane,
+                    problem: str | None = None) -> None:
         """A speculative lane: checked against its ceiling, its burst cut after the
-        first EOS/stop token, its round kept for completion."""
+        first EOS/stop token, its round kept for completion (``problem``: the caller's
+        own finding)."""
         problem = _identity_problem(lane, context) or _lane_problem(
-            spec, context, lane.token_ceiling, self.vocab_size)
+            spec, context, lane.token_ceiling, self.vocab_size) or problem
         if problem is not None:
             self.fail(lane, problem)
             return
@@ -145,9 +150,11 @@ class _LaneRecords:
                                              terminated=stop is not None))
         self.logprobs.append(spec.logprobs[:count])
         beyond = spec.beyond if 0.0 <= spec.beyond <= 1.0 else -1.0  # NaN: none
+        # within rounding of [0, 1] (checked): clamped so the estimates see probabilities
+        survival = tuple(min(max(v, 0.0), 1.0) for v in spec.survival)
         self.rounds.append(RoundLane(handle=lane.handle, proposed=spec.proposed,
                                      evaluated=spec.evaluated, accepted=spec.accepted,
-                                     survival=spec.survival, beyond=beyond))
+                                     survival=survival, beyond=beyond))
         if 0 <= spec.draft_proposal < self.vocab_size:
             self.proposals.append((lane.handle, spec.draft_proposal))
         if 0.0 <= spec.draft_acceptance <= 1.0:  # NaN fails
@@ -252,9 +259,24 @@ def _lane_problem(spec: SpeculativeLane, context: LaneContext, ceiling: int,
             return "non-finite log-probability"
         if logprob > LOGPROB_TOLERANCE:
             return f"log-probability {logprob} is positive"
-    if any(not math.isfinite(v) or not 0.0 <= v <= 1.0 + LOGPROB_TOLERANCE
-           for v in spec.survival):
+    if any(not 0 <= token < vocab_size for token in spec.drafts):
+        return f"a drafted token id outside the vocabulary (size {vocab_size})"
+    if not _probabilities(spec.survival):
         return "survival outside [0, 1]"
+    return None
+
+
+def _probabilities(values: Iterable[float]) -> bool:
+    """Every value a probability, up to float rounding (NaN fails)."""
+    return all(-LOGPROB_TOLERANCE <= v <= 1.0 + LOGPROB_TOLERANCE for v in values)
+
+
+def _confidence_problem(confidence: np.ndarray, slot: int) -> str | None:
+    """Slot ``slot`` of a round's ``[2, B, D]`` confidence sidecar (ACC-15)."""
+    if confidence.ndim != 3 or slot >= confidence.shape[1]:
+        return None  # no per-slot estimates to check
+    if not _probabilities(float(v) for v in confidence[:, slot, :].ravel()):
+        return "confidence estimate outside [0, 1]"
     return None
 
 
@@ -267,8 +289,10 @@ def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> 
     if sum(spec.target_rows for spec in result.lanes) > shape.packed_capacity:
         return _failed(lanes, f"target rows exceed P={shape.packed_capacity}")
     out = _LaneRecords(vocab_size)
-    for lane, context, spec in zip(lanes, order.lanes, result.lanes, strict=True):
-        out.speculative(lane, context, spec)
+    confidence = np.asarray(result.confidence)
+    for slot, (lane, context, spec) in enumerate(
+            zip(lanes, order.lanes, result.lanes, strict=True)):
+        out.speculative(lane, context, spec, _confidence_problem(confidence, slot))
     return out.check(confidence=result.confidence)
 
 

@@ -52,7 +52,7 @@ Pure bookkeeping: no trio, no device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from actors.checkpoints import checkpoint_roles
@@ -134,6 +134,8 @@ class ResourceBook:
         self._guard_sequence = 0
         self.revoked_guards = 0
         """Guards taken back by mandatory execution (QUEUE-28), for diagnostics."""
+        self.emptied: list[Callable[[], None]] = []
+        """Called each time the last resident request's row and pages return."""
 
     # ------------------------------------------------------------------ admission
 
@@ -359,6 +361,9 @@ class ResourceBook:
         owner.pages = []
         self.rows.give_back(owner.row)
         del self._owners[owner.handle]
+        if not self._owners:
+            for listener in tuple(self.emptied):
+                listener()
 
     # ------------------------------------------------------------------ views
 

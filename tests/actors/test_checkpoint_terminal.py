@@ -28,6 +28,7 @@ from tests.actors.toy import (
     toy_durations,
     toy_runtime,
     until,
+    wait_until_idle,
 )
 
 Clock = trio.testing.MockClock
@@ -57,7 +58,7 @@ def state_frames(toy: ToySystem) -> list[Any]:
 
 
 async def assert_all_returned(toy: ToySystem) -> None:
-    await until(lambda: toy.runtime.resources.statistics().residents == 0)
+    await wait_until_idle(toy.runtime)
     stats = toy.runtime.resources.statistics()
     assert stats.rows_free == stats.rows_total
     assert stats.pages_total - stats.pages_free == stats.pages_cached

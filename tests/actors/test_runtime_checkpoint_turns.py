@@ -21,6 +21,7 @@ from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelt
 from actors.system import Runtime, open_runtime
 from gpu.model.tokenizer import Tokenizer
 from tests.actors.reference import hf_greedy
+from tests.actors.toy import wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 SYSTEM = "You are a helpful assistant."
@@ -44,15 +45,6 @@ async def run_turn(rt: Runtime, prompt: list[int], max_tokens: int, *,
                 final = event
     assert final is not None
     return tokens, final
-
-
-async def wait_until_idle(rt: Runtime) -> None:
-    """Poll (real time) until every request released its resources; fail after 10 s."""
-    for _ in range(1000):
-        if not rt.resources.statistics().residents:
-            return
-        await trio.sleep(0.01)
-    raise AssertionError("requests still resident after 10 s")
 
 
 def state_frames(rt: Runtime) -> int:

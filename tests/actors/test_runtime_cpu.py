@@ -21,6 +21,7 @@ from actors.public import (
 )
 from actors.system import Runtime, open_runtime
 from tests.actors.reference import hf_greedy, hf_prompt_logprobs
+from tests.actors.toy import wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -50,15 +51,6 @@ async def generate(rt: Runtime, prompt: list[int], max_tokens: int) -> tuple[lis
 def prompt_of(length: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, 96) for _ in range(length)]
-
-
-async def wait_until_idle(rt: Runtime) -> None:
-    """Poll (real time) until every request released its resources; fail after 10 s."""
-    for _ in range(1000):
-        if not rt.resources.statistics().residents:
-            return
-        await trio.sleep(0.01)
-    raise AssertionError("requests still resident after 10 s")
 
 
 @pytest.mark.slow

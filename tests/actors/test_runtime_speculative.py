@@ -26,7 +26,8 @@ from actors.system import Runtime, open_runtime
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.learning import round_observations
 from policy.scheduler import Scheduler
-from tests.actors.test_runtime_cpu import config_for, prompt_of, wait_until_idle
+from tests.actors.test_runtime_cpu import config_for, prompt_of
+from tests.actors.toy import wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +112,8 @@ async def test_spec_5_greedy_speculation_equals_greedy_without_it(
         source: str, draft: str | None, catch_up: int) -> None:
     """The target's own weights as the draft ("perfect") are always accepted, so the
     runtime must deliver multi-token bursts, each as one event. ``catch_up = 8``: a
-    lagging draft context (decodes skip the draft, rounds catch up) keeps output too."""
+    lagging draft context (decodes skip the draft, rounds catch up) keeps output too.
+    ACC-33: the program counter equals the speculative launches, one per round."""
     draft_dir = {"small": tiny_draft, "perfect": tiny_llama, None: None}[draft]
     config = config_for(tiny_llama, speculation=mode, draft_source=source,
                         draft_model_dir=draft_dir, draft_depth=3, draft_catch_up=catch_up)

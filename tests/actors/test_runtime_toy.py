@@ -26,6 +26,7 @@ from tests.actors.toy import (
     request,
     toy_runtime,
     until,
+    wait_until_idle,
 )
 
 Clock = trio.testing.MockClock
@@ -52,7 +53,7 @@ def finished(events: list[StreamEvent]) -> Finished:
 
 async def assert_all_returned(toy: ToySystem) -> None:
     """Every row is free and the only used pages are the prefix cache's."""
-    await until(lambda: toy.runtime.resources.statistics().residents == 0)
+    await wait_until_idle(toy.runtime)
     stats = toy.runtime.resources.statistics()
     assert stats.residents == 0
     assert stats.rows_free == stats.rows_total
@@ -99,7 +100,7 @@ async def test_ver_28_stop_buffering(autojump_clock: Clock) -> None:
     stop = text[5:8]
     async with toy_runtime() as toy:
         events = await collect(toy.runtime, request(prompt, 12, stop=(stop,)))
-        await until(lambda: toy.runtime.resources.statistics().residents == 0)
+        await wait_until_idle(toy.runtime)
         await assert_all_returned(toy)
     assert text_of(events) == text[: text.index(stop)]
     final = finished(events)
@@ -114,14 +115,20 @@ async def test_concurrent_requests_all_match_reference(autojump_clock: Clock) ->
         async def one(i: int) -> None:
             results[i] = await collect(toy.runtime, request(prompts[i], 6 + i))
 
+        book = toy.runtime.resources
+        grant = book.acquire
         most_resident = 0
+
+        def acquire(*args: Any, **kwargs: Any) -> Any:
+            nonlocal most_resident
+            granted = grant(*args, **kwargs)
+            most_resident = max(most_resident, book.statistics().residents)
+            return granted
+
+        book.acquire = acquire  # type: ignore[method-assign]
         async with trio.open_nursery() as nursery:
             for i in range(len(prompts)):
                 nursery.start_soon(one, i)
-            while len(results) < len(prompts):
-                most_resident = max(most_resident, toy.runtime.statistics().requests_running)
-                await until(lambda: True)
-                await trio.sleep(0.001)
         await assert_all_returned(toy)
     for i, prompt in enumerate(prompts):
         assert tokens_of(results[i]) == reference_output(prompt, 6 + i)
@@ -140,10 +147,7 @@ async def test_queue_10_11_two_slots_decode_behind_decode(autojump_clock: Clock)
             nursery.start_soon(run)
             depth = []
             while not results:
-                try:
-                    await until(lambda: bool(toy.backend.pending()) or bool(results), limit=200)
-                except AssertionError:
-                    continue
+                await until(lambda: bool(toy.backend.pending()) or bool(results))
                 pending = toy.backend.pending()
                 if not pending:
                     continue
@@ -195,7 +199,7 @@ async def test_queue_9_cancel_in_flight_keeps_resources_until_fence(
         while toy.backend.pending():
             toy.backend.complete_next()
             await trio.testing.wait_all_tasks_blocked()
-        await until(lambda: toy.runtime.resources.statistics().residents == 0)
+        await wait_until_idle(toy.runtime)
         assert len(toy.backend.launches) == launches  # nothing new was selected
         await assert_all_returned(toy)
 
@@ -218,7 +222,7 @@ async def test_cancel_while_queued_never_touches_resources(autojump_clock: Clock
                 if toy.backend.pending():
                     toy.backend.complete_next()
         assert tokens_of(first_done[0]) == reference_output([1, 2], 3)
-        await until(lambda: toy.runtime.resources.statistics().residents == 0)
+        await wait_until_idle(toy.runtime)
         await assert_all_returned(toy)
         assert toy.runtime.statistics().prompt_tokens_total == 2
 
@@ -228,7 +232,7 @@ async def test_cancel_between_frames_ends_stream_and_frees(autojump_clock: Clock
         async with toy.runtime.generate(request([9, 8, 7], 50)) as events:
             first = await events.__anext__()
             assert isinstance(first, TokenDelta)
-        await until(lambda: toy.runtime.resources.statistics().residents == 0)
+        await wait_until_idle(toy.runtime)
         await assert_all_returned(toy)
         assert toy.runtime.statistics().generation_tokens_total < 50
 
@@ -273,7 +277,7 @@ async def test_acct_6_malformed_lane_fails_only_its_request(
         failed = finished(victim[0])
         assert failed.reason == "error" and fragment in failed.message
         assert tokens_of(bystander[0]) == reference_output([6, 6, 6], 8)
-        await until(lambda: toy.runtime.resources.statistics().residents == 0)
+        await wait_until_idle(toy.runtime)
         await assert_all_returned(toy)
 
 
@@ -289,7 +293,7 @@ async def test_program_fault_fails_frame_and_runtime_keeps_serving(autojump_cloc
         events = await collect(toy.runtime, request([1, 2, 3], 5))
         final = finished(events)
         assert final.reason == "error" and "device exploded" in final.message
-        await until(lambda: toy.runtime.resources.statistics().residents == 0)
+        await wait_until_idle(toy.runtime)
         await assert_all_returned(toy)
         again = await collect(toy.runtime, request([1, 2, 3], 5))
         assert tokens_of(again) == reference_output([1, 2, 3], 5)
@@ -413,7 +417,7 @@ async def test_shutdown_ends_open_streams_and_stops(autojump_clock: Clock) -> No
 async def toy_exit(toy: ToySystem) -> None:
     """Close admission the way leaving ``open_runtime`` does, then wait for the drain."""
     toy.runtime._close_admission()
-    await until(lambda: toy.runtime.resources.statistics().residents == 0)
+    await wait_until_idle(toy.runtime)
 
 
 async def test_ver_28_mixed_frames_pack_prompt_and_decode_rows(autojump_clock: Clock) -> None:

@@ -318,3 +318,18 @@ async def until(condition: Callable[[], bool], *, limit: int = 10_000) -> None:
             return
         await trio.sleep(0.0001)
     raise AssertionError("condition never became true")
+
+
+async def wait_until_idle(rt: Runtime) -> None:
+    """Wait until every request released its resources (the book reports the moment
+    its last resident leaves); fail after 10 s."""
+    book = rt.resources
+    if not book.statistics().residents:
+        return
+    idle = trio.Event()
+    book.emptied.append(idle.set)
+    try:
+        with trio.fail_after(10):
+            await idle.wait()
+    finally:
+        book.emptied.remove(idle.set)

@@ -1,8 +1,8 @@
 """``flare sim`` end to end on a tiny workload: exit status, files, table, errors.
 
-Covers the simulator's outputs: per-policy run files readable by the load
-benchmark's ``read_run``, ``sim.json`` with summaries labelled synthetic, and clear
-usage errors.
+Simulator outputs: per-policy run files readable by the load benchmark's
+``read_run``, ``sim.json`` with summaries labelled synthetic and the printed summary
+naming its synthetic costs (VER-36), and clear usage errors.
 """
 
 from __future__ import annotations
