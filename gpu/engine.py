@@ -201,8 +201,8 @@ def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
     if kind is GraphKind.MIXED:
         if shape.token_capacity != 1 or shape.speculation_enabled:
             raise UnsupportedShapeError(
-                f"{shape.label()}: mixed programs run decode width 1 without draft state for "
-                "now (speculative programs arrive with the speculative issue)"
+                f"{shape.label()}: an ordinary mixed program runs decode width 1 without draft "
+                "state (wider or speculating mixed programs load with the speculative engine)"
             )
         return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
                            workspace=parts.workspace, execution=parts.execution)

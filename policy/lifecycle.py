@@ -36,6 +36,7 @@ from policy.types import (
     LaneRole,
     Phase,
     RequestHandle,
+    RestoreNeed,
     ScheduledPlan,
     StaleEpochError,
     StalePlanError,
@@ -91,6 +92,18 @@ def check_admission(*, prompt_len: int, max_output_tokens: int, cached_prefix_le
     if system_end is not None and not 0 < system_end <= prompt_len:
         raise AdmissionRefused("system_end must lie within the prompt")
     return ends
+
+
+def check_stages(restore: RestoreNeed, further_stages: Sequence[StateOp]
+                 ) -> tuple[StateOp, ...]:
+    """Refuse prerequisite stages without a restore, or of another kind than restore
+    and initialize graphs; return them as a tuple."""
+    stages = tuple(further_stages)
+    if stages and restore is RestoreNeed.NONE:
+        raise AdmissionRefused("further prerequisite stages need a restore first")
+    if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
+        raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
+    return stages
 
 
 def check_commit(plan: ScheduledPlan, fence: Fence, *, last_fence: Fence | None,

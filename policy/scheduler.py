@@ -11,17 +11,13 @@ The planner actor owns one ``Scheduler`` and drives it with values and times::
     sched.published_output(handle, fence, host_time_ns)  # or nothing_published(...)
     for handle in sched.take_released(): free its resources
 
-This module owns the lifecycle: admission (prerequisite stages, checkpoint
-allowances), preemption and phase transitions, commit (participants, epochs,
-freshness, window gate), completion (lane validation before any update, then the
-record-level steps of ``policy/frame_records.py``, cost observations, refresh
-credit) and publication. It composes its parts: resident records and counters
-(``policy/residency.py``), cached estimate arrays (``policy/estimate_cache.py``),
-terminal-capture allowances (``policy/terminal_captures.py``) and, when configured
-with ``SpeculationSettings``, complete speculative rounds
-(``policy/round_speculation.py``). Selection itself lives in ``policy/selection.py``
-and its inputs in ``policy/decision.py``. It implements
-``policy.protocol.SchedulingPolicy``.
+This module owns the lifecycle (``policy.protocol.SchedulingPolicy``): admission,
+preemption and phases, commit (participants, epochs, freshness, window gate), completion
+(every lane validated before any update; then ``policy/lane_results.py`` and
+``policy/frame_records.py``, cost observations, refresh credit) and publication. Its
+parts: ``policy/residency.py``, ``policy/estimate_cache.py``,
+``policy/terminal_captures.py`` and, with ``SpeculationSettings``,
+``policy/round_speculation.py``. Selection is ``policy/selection.py``.
 
 Seed sections: *Planning and the execution queue*, *Service accounting and publication*,
 *Funded timing refresh*, *Prerequisites and completion* (terminal retirement).
@@ -43,18 +39,18 @@ from policy.duration_estimates import DurationEstimates
 from policy.estimate_cache import EstimateCache, fair_share_population
 from policy.frame_queue import FrameQueue, QueuedFrame
 from policy.frame_records import (
-    apply_setup_lane,
     charge_service,
     mark_committed,
     participants,
     publish,
     settle_in_flight,
 )
+from policy.lane_results import apply_lane_results
 from policy.lifecycle import (
-    apply_progress,
     check_admission,
     check_commit,
     check_lane,
+    check_stages,
     index_records,
     lane_valid,
 )
@@ -77,15 +73,11 @@ from policy.service import (
 from policy.speculation import AcceptanceState
 from policy.terminal_captures import TerminalCaptures
 from policy.types import (
-    AdmissionRefused,
     CommitRejected,
     CompletionError,
     CompletionRecord,
     Fence,
-    FinishKind,
     GeneratedToken,
-    Lane,
-    LaneRole,
     Phase,
     PolicyError,
     RequestHandle,
@@ -223,11 +215,7 @@ class Scheduler:
         ends = check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                                cached_prefix_len=cached_prefix_len,
                                message_ends=message_ends, system_end=system_end)
-        stages = tuple(further_stages)
-        if stages and restore is RestoreNeed.NONE:
-            raise AdmissionRefused("further prerequisite stages need a restore first")
-        if any(op not in (StateOp.RESTORE, StateOp.INITIALIZE) for op in stages):
-            raise AdmissionRefused("prerequisite stages are restore or initialize graphs")
+        stages = check_stages(restore, further_stages)
         handle, epoch = self._residency.claim(handle)
         norms = self._cache.normalizers(fair_share_population(self._catalog))
         self._residency.add(RequestRecord(
@@ -445,47 +433,18 @@ class Scheduler:
         self._account_execution(head, timing)
         interval_ns = service_interval_ns(timing, isolated=head.isolated)
         interval_ms = interval_ns / NS_PER_MS
-        served_tokens: dict[RequestHandle, int] = {}
-        out: list[GeneratedToken] = []
-        for lane, verdict in verdicts:
-            rec = self._records.get(lane.handle)
-            if rec is None or rec.epoch != lane.epoch or rec.cancelled or rec.failed:
-                continue  # cancelled: publication suppressed, nothing charged (ACCT-5)
-            if not verdict:
-                self._execution.failed_lanes += 1
-                rec.failed = True
-                rec.phase = Phase.RETIRED
-                out.append(GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
-                                          token_ids=(), finish=FinishKind.ERROR))
-                continue
-            record = by_handle[lane.handle]
-            if lane.role is LaneRole.DECODE and rec.phase is not Phase.DECODE:
-                continue  # a queued decode behind the request's final token: discarded
-            allowance = self._captures.get(rec.handle)
-            if lane.role is LaneRole.DECODE and allowance is not None:
-                # Productive decode earns terminal-capture allowance (QUEUE-23).
-                allowance.earn_decode(timing.cost_sample_ns)
-            token = self._apply_lane(rec, lane, record, fence)
-            served_tokens[rec.handle] = lane.prompt_tokens + len(record.token_ids)
-            if token is not None:
-                out.append(token)
+        results = apply_lane_results(
+            verdicts, by_handle, fence, residency=self._residency, captures=self._captures,
+            cost_sample_ns=timing.cost_sample_ns, retire=self._retire)
+        self._execution.failed_lanes += results.failed_lanes
         if interval_ns > 0:
-            charge_service(head, self._records, served_tokens, out, fence, interval_ms,
-                           self._config)
-        return out
+            charge_service(head, self._records, results.served_tokens, results.tokens, fence,
+                           interval_ms, self._config)
+        return results.tokens
 
-    def _apply_lane(self, rec: RequestRecord, lane: Lane, record: CompletionRecord,
-                    fence: Fence) -> GeneratedToken | None:
-        if apply_setup_lane(rec, lane, self._residency):
-            return None
-        progress = apply_progress(rec, lane, record)
-        if not progress.emitted:
-            return None
-        if progress.finish is not None:
-            self._captures.retire(rec, self._catalog, self._estimates, self._now_ns)
-        return GeneratedToken(handle=rec.handle, epoch=rec.epoch, fence=fence,
-                              token_ids=record.token_ids, first=progress.first,
-                              finish=progress.finish)
+    def _retire(self, rec: RequestRecord) -> None:
+        """A finished request's terminal capture starts (PRE-41)."""
+        self._captures.retire(rec, self._catalog, self._estimates, self._now_ns)
 
     def checkpoint_allowance(self, handle: RequestHandle) -> CheckpointAllowance:
         """``handle``'s checkpoint allowance ledger (read-only use: tests, diagnostics)."""

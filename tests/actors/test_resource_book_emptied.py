@@ -3,6 +3,7 @@ and pages return (what tests await instead of polling the statistics)."""
 
 from __future__ import annotations
 
+from actors.messages import LaneExtent
 from actors.resource_book import ResourceBook
 from policy.types import Fence
 
@@ -14,7 +15,7 @@ def test_listeners_run_when_the_last_resident_leaves() -> None:
     first = book.acquire([1, 2, 3], max_tokens=4)
     second = book.acquire([4, 5, 6], max_tokens=4)
     assert first is not None and second is not None
-    book.pin(Fence(1), [second.handle])
+    book.reserve(Fence(1), [LaneExtent(handle=second.handle, kv_tokens=3)])
     assert book.release(first.handle)
     assert heard == []  # one resident is left
     assert not book.release(second.handle)  # fence 1 still in flight
