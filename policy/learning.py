@@ -2,7 +2,7 @@
 
 This module owns the choice of an acceptance-learning probe: a speculative round that
 ordinary selection would not run, paid from the 0.01/0.99 acceptance ledger
-(``policy/refresh.py``) to learn whether a request's drafts survive deeper than its
+(``policy/credit_ledgers.py``) to learn whether a request's drafts survive deeper than its
 historical means say. Seed section: *Funded acceptance learning* (LRN-3..10, LRN-12),
 with the optimistic estimate of *Completed confidence and acceptance* (ACC-26).
 
@@ -38,9 +38,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from policy.credit_ledgers import CreditLedger
 from policy.descriptors import GraphKind, GraphShape
 from policy.protocol import RoundLaneOutcome
-from policy.refresh import CreditLedger
 from policy.round_table import RoundCandidate, SpeculativeLane
 from policy.rounds import SpeculationMode, price_rows, round_candidates
 from policy.types import RequestHandle, ScheduledPlan

@@ -40,6 +40,11 @@ from typing import NamedTuple
 
 from policy.catalog_index import CatalogIndex, ShapeTimes
 from policy.config import PolicyConfig
+from policy.credit_ledgers import (
+    CreditLedger,
+    acceptance_learning_ledger,
+    settle_frame,
+)
 from policy.decision import projected_histories
 from policy.decision_context import DecisionContext
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
@@ -53,11 +58,6 @@ from policy.learning import (
 )
 from policy.mixed_rounds import best_mixed_round, mixed_round_plan, wider_mixed_shapes
 from policy.protocol import Confidence, RoundCompletion
-from policy.refresh import (
-    CreditLedger,
-    acceptance_learning_ledger,
-    settle_frame,
-)
 from policy.requests import RequestRecord
 from policy.round_plans import round_plan, round_wins, speculative_lanes
 from policy.round_table import LaneTable, SpeculativeLane, lane_table, observe_completed_round

@@ -29,6 +29,12 @@ from collections.abc import Iterable, Sequence
 
 from policy.checkpoint_allowance import CheckpointAllowance
 from policy.config import PolicyConfig
+from policy.credit_ledgers import (
+    CreditLedger,
+    episode_charge_ns,
+    settle_frame,
+    timing_refresh_ledger,
+)
 from policy.decision import build_context
 from policy.descriptors import (
     ExecutionTiming,
@@ -55,12 +61,6 @@ from policy.lifecycle import (
     lane_valid,
 )
 from policy.protocol import RoundCompletion
-from policy.refresh import (
-    CreditLedger,
-    episode_charge_ns,
-    settle_frame,
-    timing_refresh_ledger,
-)
 from policy.requests import RequestRecord
 from policy.residency import ExecutionCounters, Residency
 from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings

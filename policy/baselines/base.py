@@ -10,7 +10,7 @@ on the seed scheduler's own pieces wherever they exist as modules:
   generation programs may queue behind generation programs; prefill, mixed and state
   programs drain the window). Baselines never call ``observe_time``: they have no
   overrun rule (OPEN-31 is the seed's);
-- execution time per frame is ``policy.refresh.episode_charge_ns``, as the seed counts it.
+- execution time per frame is ``policy.credit_ledgers.episode_charge_ns``, as the seed counts it.
 
 - admission checks, commit rechecks (fence order, window, capacity, each lane's epoch and
   cursors), completion validation (every lane before any update, ACCT-6) and applying a
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from policy.baselines.menu import PromptWork, ShapeMenu
 from policy.config import PolicyConfig
+from policy.credit_ledgers import episode_charge_ns
 from policy.descriptors import ExecutionTiming, GraphShape
 from policy.duration_estimates import DurationEstimates
 from policy.frame_queue import FrameQueue, QueuedFrame
@@ -47,7 +48,6 @@ from policy.lifecycle import (
     lane_valid,
 )
 from policy.protocol import RoundCompletion
-from policy.refresh import episode_charge_ns
 from policy.requests import RequestRecord
 from policy.residency import ExecutionCounters, Residency
 from policy.service import FALLBACK_RATE_PER_MS, Normalizers, new_history

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from policy.credit_ledgers import CreditLedger, acceptance_learning_ledger
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.learning import (
     OrdinaryChoice,
@@ -14,7 +15,6 @@ from policy.learning import (
     ordinary_from_round,
     probe_rank_key,
 )
-from policy.refresh import CreditLedger, acceptance_learning_ledger
 from policy.round_table import (
     SpeculativeLane,
     forecast_observation,

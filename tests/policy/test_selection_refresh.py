@@ -1,5 +1,5 @@
 """Funded timing refresh through the production scheduler (seed: *Funded timing
-refresh*; the ledger arithmetic itself is tested in test_refresh.py)."""
+refresh*; the ledger arithmetic itself is tested in test_credit_ledgers.py)."""
 
 from __future__ import annotations
 

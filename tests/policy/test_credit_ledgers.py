@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.descriptors import ExecutionTiming
-from policy.refresh import (
+from policy.credit_ledgers import (
     FULL_CREDIT_NS,
     CreditLedger,
     LedgerError,
@@ -23,6 +22,7 @@ from policy.refresh import (
     episode_charge_ns,
     timing_refresh_ledger,
 )
+from policy.descriptors import ExecutionTiming
 
 MS = 1_000_000
 
