@@ -23,9 +23,15 @@ from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import LaneSource
 from actors.messages import SpeculativeRounds, ValidatedFrame
 from actors.planner_records import PlannerCounters
-from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
-from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
-from policy.types import GeneratedToken, LaneRole, RequestHandle
+from gpu.engine import COPY_MAX_NGRAM
+from policy import (
+    GeneratedToken,
+    LaneRole,
+    RequestHandle,
+    RoundCompletion,
+    RoundLaneOutcome,
+    SchedulingPolicy,
+)
 
 
 class ObservedResident(Protocol):

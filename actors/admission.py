@@ -49,7 +49,7 @@ from actors.messages import (
     Withdraw,
 )
 from actors.public import Finished, GenerationRequest
-from policy.lifecycle import fits_context
+from policy import fits_context
 
 MAX_STOP_STRINGS = 16
 """More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""

@@ -23,10 +23,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from gpu.backends.protocol import Backend
-from gpu.frames import FRAME_KEY, PageAppend, RowCopy, RowInit, StateOpFrame, StateUpdate
-from gpu.program import PreparedProgram
-from policy.descriptors import GraphKind, GraphShape, StateOp
+from gpu import (
+    FRAME_KEY,
+    Backend,
+    PageAppend,
+    PreparedProgram,
+    RowCopy,
+    RowInit,
+    StateOpFrame,
+    StateUpdate,
+)
+from policy import GraphKind, GraphShape, StateOp
 
 CALIBRATION_RUNS = 5
 """Launches per SNAPSHOT program; the median is the seeded estimate (DUR-9's median

@@ -27,11 +27,17 @@ from typing import Any
 
 import structlog
 
-from gpu.backends.protocol import Backend
-from gpu.frames import FRAME_KEY, DecodeFrame, MixedFrame, PrefillFrame
-from gpu.program import PreparedProgram
-from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
-from policy.descriptors import GraphKind, GraphShape
+from gpu import (
+    FRAME_KEY,
+    Backend,
+    DecodeFrame,
+    MixedFrame,
+    PrefillFrame,
+    PreparedProgram,
+    SpeculativeFrame,
+    SpeculativeMixedFrame,
+)
+from policy import GraphKind, GraphShape
 
 log = structlog.get_logger("flare.actors.capture_warmup")
 

@@ -53,15 +53,16 @@ from actors.messages import (
     ValidatedFrame,
     ValidatorInbox,
 )
-from gpu.frames import LaneSample, StepResult, result_of
-from gpu.programs.speculative_frames import (
+from gpu import (
+    LaneSample,
     SpeculativeLane,
     SpeculativeMixedResult,
     SpeculativeResult,
+    StepResult,
+    result_of,
     speculative_result_of,
 )
-from policy.descriptors import ExecutionTiming, GraphKind
-from policy.types import CompletionRecord, Lane, LaneRole, RequestHandle
+from policy import CompletionRecord, ExecutionTiming, GraphKind, Lane, LaneRole, RequestHandle
 
 LOGPROB_TOLERANCE = 1e-4
 """A log-probability above this is malformed (float rounding can give tiny positives)."""

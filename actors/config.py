@@ -12,8 +12,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from policy.baselines.factory import FIXED_SPEC_POLICIES, RUNTIME_POLICIES, SEED_POLICIES
-from policy.descriptors import GraphKind, GraphShape
+from policy import FIXED_SPEC_POLICIES, RUNTIME_POLICIES, SEED_POLICIES, GraphKind, GraphShape
 
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"

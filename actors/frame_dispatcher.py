@@ -23,10 +23,8 @@ from collections.abc import Callable, Mapping
 import trio
 
 from actors.messages import DispatcherInbox, FrameOrder, FrameOutcome, ValidatorInbox
-from gpu.backends.protocol import Backend, BackendError, LaunchHandle, ProgramFault
-from gpu.frames import FRAME_KEY
-from gpu.program import PreparedProgram
-from policy.descriptors import GraphShape
+from gpu import FRAME_KEY, Backend, BackendError, LaunchHandle, PreparedProgram, ProgramFault
+from policy import GraphShape
 
 IN_FLIGHT_BUFFER = 2
 """Launched frames awaiting observation: the transport's two frame slots (QUEUE-10)."""

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
 from actors.public import GenerationRequest
-from gpu.frames import (
+from gpu import (
     NO_PROMPT_ROW,
     DecodeFrame,
     Frame,
@@ -56,12 +56,12 @@ from gpu.frames import (
     RowCopy,
     RowInit,
     SamplingParams,
+    SpeculativeFrame,
+    SpeculativeMixedFrame,
     StateOpFrame,
     StateUpdate,
 )
-from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
-from policy.descriptors import GraphKind, StateOp
-from policy.types import DecodeMode, Lane, LaneRole, ScheduledPlan
+from policy import DecodeMode, GraphKind, Lane, LaneRole, ScheduledPlan, StateOp
 
 PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
 """Every frame value ``pack_frame`` produces."""

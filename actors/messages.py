@@ -24,13 +24,18 @@ import trio
 
 from actors.errors import AdmissionError
 from actors.public import FinishReason, GenerationRequest, StreamEvent
-from gpu.backends.protocol import Completion, ProgramFault
-from gpu.frames import Frame
-from policy.descriptors import ExecutionTiming
-from policy.types import CompletionRecord, Fence, GeneratedToken, RequestHandle, ScheduledPlan
+from gpu import Completion, Frame, ProgramFault
+from policy import (
+    CompletionRecord,
+    ExecutionTiming,
+    Fence,
+    GeneratedToken,
+    RequestHandle,
+    ScheduledPlan,
+)
 
 if TYPE_CHECKING:
-    from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeMixedFrame
+    from gpu import SpeculativeFrame, SpeculativeMixedFrame
 
 __all__ = [
     "Fence",

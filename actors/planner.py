@@ -77,10 +77,9 @@ from actors.messages import (
 )
 from actors.planner_records import FRAME_LOG_LENGTH, FrameRecord, PlannerCounters, log_trace
 from actors.public import FinishReason
-from gpu.frames import SamplingParams
-from policy.frame_queue import FRAME_SLOTS
-from policy.protocol import SchedulingPolicy
-from policy.types import (
+from gpu import SamplingParams
+from policy import (
+    FRAME_SLOTS,
     CommitRejected,
     Fence,
     FinishKind,
@@ -89,6 +88,7 @@ from policy.types import (
     LaneRole,
     Phase,
     RequestHandle,
+    SchedulingPolicy,
 )
 
 log = structlog.get_logger("flare.planner")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from policy.types import Fence, TraceRecord
+from policy import Fence, TraceRecord
 
 log = structlog.get_logger("flare.planner")
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from policy.baselines.factory import make_policy
-from policy.descriptors import GraphKind, GraphShape
-from policy.protocol import SchedulingPolicy
-from policy.round_speculation import SpeculationSettings
-from policy.rounds import SpeculationMode
-from policy.scheduler import Scheduler
-from policy.speculation import ProposalSource
+from policy import (
+    GraphKind,
+    GraphShape,
+    ProposalSource,
+    Scheduler,
+    SchedulingPolicy,
+    SpeculationMode,
+    SpeculationSettings,
+    make_policy,
+)
 
 if TYPE_CHECKING:
     from actors.system import RuntimeParts

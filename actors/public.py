@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 # Per-request sampling: one value from the request to the device row.
-from gpu.frames import SamplingParams as SamplingParams
+from gpu import SamplingParams as SamplingParams
 
 # The context rule admission applies, for callers that check a request before submitting.
-from policy.lifecycle import context_room as context_room
-from policy.lifecycle import fits_context as fits_context
+from policy import context_room as context_room
+from policy import fits_context as fits_context
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

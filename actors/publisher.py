@@ -42,7 +42,7 @@ from actors.messages import (
 )
 from actors.public import Finished, FinishReason, GenerationRequest, PromptScores, StreamEvent
 from actors.text_stream import Decode, OutputStream
-from policy.types import FinishKind
+from policy import FinishKind
 
 log = structlog.get_logger("flare.publisher")
 

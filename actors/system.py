@@ -40,6 +40,7 @@ from actors import publisher as publisher_actor
 from actors.admission import AdmissionLimits, AdmissionState
 from actors.calibration import measure_snapshot_programs
 from actors.capture_warmup import capture_programs
+from actors.catalog_setup import default_pages, served_shapes, snapshot_lanes, state_rows_for
 from actors.checkpoint_allocator import AllocatorState
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
@@ -55,7 +56,6 @@ from actors.messages import (
     ValidatorInbox,
     Withdraw,
 )
-from actors.page_pool import pages_for
 from actors.planner import Planner
 from actors.planner_records import FrameRecord
 from actors.policy_setup import (
@@ -76,20 +76,25 @@ from actors.public import (
 )
 from actors.publisher import event_buffer_size
 from actors.resource_book import ResourceBook
-from gpu.backends import open_backend
-from gpu.backends.protocol import Backend
-from gpu.catalog import CatalogFlags, build_catalog, fixed_width_shapes
-from gpu.engine import ModelEngine
-from gpu.model.config import load_model_config
-from gpu.model.tokenizer import Tokenizer
-from gpu.program import PreparedProgram
-from gpu.programs.execution import ExecutionOptions
-from policy.baselines.factory import SEED_POLICIES
-from policy.config import PolicyConfig, policy_preset
-from policy.descriptors import GraphKind, GraphShape, StateOp
-from policy.frame_queue import FRAME_SLOTS  # orders and outcomes in transit (QUEUE-10)
-from policy.lifecycle import context_limit
-from policy.protocol import SchedulingPolicy
+from gpu import (
+    Backend,
+    CatalogFlags,
+    PreparedProgram,
+    Tokenizer,
+    build_catalog,
+    load_model_config,
+    open_backend,
+)
+from gpu.engine import ExecutionOptions, ModelEngine
+from policy import (
+    FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
+    SEED_POLICIES,
+    GraphShape,
+    PolicyConfig,
+    SchedulingPolicy,
+    context_limit,
+    policy_preset,
+)
 
 log = structlog.get_logger("flare.runtime")
 
@@ -420,37 +425,6 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
     return engine, shapes
 
 
-def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[GraphShape, ...]:
-    """The generated catalog less what the configured mode does not run.
-
-    A speculative load serves every ``speculation_enabled`` mixed program: width one
-    keeps the draft context (MIX-6) and the wider ones carry speculative decode rows,
-    which the speculating ``Scheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
-    Fixed-width mode (MIX-7, LRN-10) keeps, per batch bucket, only the programs of
-    the fixed width ``D + 1`` (the widest speculative width the envelope allows at
-    that bucket), mixed and separate speculative alike, and no ordinary decode: every
-    decode row is verified at that width, so width-one mixed programs go too (a
-    mixed batch bucket without a wider mixed program of that width keeps none)."""
-    kept = list(shapes)
-    kept += [s for s in config.extra_speculative_shapes if s not in kept]
-    if config.speculation != "fixed":
-        return tuple(kept)
-    return fixed_width_shapes(kept)
-
-
-def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:
-    """Scratch rows the allocator keeps for terminal snapshots: the widest SNAPSHOT
-    shape's lanes (0 without one: then the scheduler plans no terminal lanes)."""
-    return max((s.batch_capacity for s in catalog
-                if s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT), default=0)
-
-
-def state_rows_for(max_batch: int) -> int:
-    """Twice the largest batch: a decode batch can run while as many requests more
-    are resident (prefilling, or waiting for their fenced release)."""
-    return 2 * max_batch
-
-
 class TokenizerCodec:
     """``actors.public.TextCodec`` over ``gpu.model.tokenizer.Tokenizer``."""
 
@@ -489,11 +463,6 @@ def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
 
     start.__name__ = getattr(fn, "__module__", "actor")
     return start
-
-
-def default_pages(max_batch: int, max_context: int, page_size: int) -> int:
-    """Enough pages for ``max_batch`` full contexts."""
-    return max_batch * pages_for(max_context, page_size)
 
 
 if TYPE_CHECKING:  # ``Runtime`` satisfies the public protocol (checked by mypy --strict).

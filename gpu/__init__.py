@@ -10,9 +10,9 @@ verification kernels), ``gpu.backends`` (the protocol and its implementations),
 ``gpu.engine`` (one loaded model with its programs).
 
 This face re-exports what the runtime hands the device and gets back (frames and
-results, the catalog, the program and backend protocols) and loads no torch;
-loading a model (``gpu.engine.ModelEngine``, ``gpu.model``) and the programs
-themselves are imported from their modules.
+results, the catalog, the model's configuration and tokenizer, the program and backend
+protocols) and loads no torch. ``gpu.engine`` is the face that loads a model
+(``ModelEngine`` with its ``ExecutionOptions``) and loads torch.
 """
 
 from gpu.backends import (
@@ -24,7 +24,15 @@ from gpu.backends import (
     ProgramFault,
     open_backend,
 )
-from gpu.catalog import Catalog, CatalogError, CatalogFlags, ModelDims, build_catalog, plan_catalog
+from gpu.catalog import (
+    Catalog,
+    CatalogError,
+    CatalogFlags,
+    ModelDims,
+    build_catalog,
+    fixed_width_shapes,
+    plan_catalog,
+)
 from gpu.frames import (
     FRAME_KEY,
     GREEDY,
@@ -45,6 +53,8 @@ from gpu.frames import (
     as_inputs,
     result_of,
 )
+from gpu.model.config import ModelConfig, ModelLoadError, load_model_config
+from gpu.model.tokenizer import Tokenizer
 from gpu.preparation import prepare_catalog
 from gpu.program import PreparedProgram
 from gpu.programs.speculative_frames import (
@@ -73,7 +83,9 @@ __all__ = [
     "LaneSample",
     "LaunchHandle",
     "MixedFrame",
+    "ModelConfig",
     "ModelDims",
+    "ModelLoadError",
     "PageAppend",
     "PrefillFrame",
     "PreparedProgram",
@@ -89,8 +101,11 @@ __all__ = [
     "StateOpFrame",
     "StateUpdate",
     "StepResult",
+    "Tokenizer",
     "as_inputs",
     "build_catalog",
+    "fixed_width_shapes",
+    "load_model_config",
     "open_backend",
     "plan_catalog",
     "prepare_catalog",

@@ -37,6 +37,13 @@ from gpu.request_state import RequestState
 from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
 from policy.descriptors import GraphKind, GraphShape
 
+__all__ = [
+    "COPY_MAX_NGRAM",
+    "ExecutionOptions",
+    "ModelEngine",
+    "load_speculative_engine",
+]
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -5,6 +5,13 @@ This package never imports trio, torch, or any clock; time enters through
 package's public surface; modules stay importable for their other helpers.
 """
 
+from policy.baselines.factory import (
+    FIXED_SPEC_POLICIES,
+    RUNTIME_POLICIES,
+    SEED_POLICIES,
+    make_policy,
+)
+from policy.config import PolicyConfig, policy_preset
 from policy.descriptors import (
     ExecutionTiming,
     GraphKind,
@@ -12,9 +19,13 @@ from policy.descriptors import (
     StateOp,
     TargetBinding,
 )
+from policy.frame_queue import FRAME_SLOTS
+from policy.lifecycle import context_limit, context_room, fits_context
 from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
 from policy.round_speculation import SpeculationSettings
+from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
+from policy.speculation import ProposalSource
 from policy.types import (
     AdmissionRefused,
     CommitRejected,
@@ -44,6 +55,10 @@ from policy.types import (
 )
 
 __all__ = [
+    "FIXED_SPEC_POLICIES",
+    "FRAME_SLOTS",
+    "RUNTIME_POLICIES",
+    "SEED_POLICIES",
     "AdmissionRefused",
     "CommitRejected",
     "CompletionError",
@@ -59,7 +74,9 @@ __all__ = [
     "LaneRole",
     "MixedRole",
     "Phase",
+    "PolicyConfig",
     "PolicyError",
+    "ProposalSource",
     "PublicationError",
     "RequestHandle",
     "RestoreNeed",
@@ -71,6 +88,7 @@ __all__ = [
     "SchedulerStatistics",
     "SchedulingPolicy",
     "SelectionReason",
+    "SpeculationMode",
     "SpeculationSettings",
     "StaleEpochError",
     "StalePlanError",
@@ -79,4 +97,9 @@ __all__ = [
     "TraceRecord",
     "UnknownRequestError",
     "WindowNotReady",
+    "context_limit",
+    "context_room",
+    "fits_context",
+    "make_policy",
+    "policy_preset",
 ]

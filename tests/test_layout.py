@@ -169,6 +169,20 @@ def test_arrows_app_imports_only_the_actors_face() -> None:
     assert {m: bad for m, bad in offenders.items() if bad} == {}
 
 
+_ARROWS_FACES = {"policy": {"policy"}, "gpu": {"gpu", "gpu.engine"}}
+"""The modules through which actors reaches the other packages: each package's face
+(``__init__``), and for gpu also ``gpu.engine``, the face that loads a model (torch)."""
+
+
+def test_arrows_actors_imports_policy_and_gpu_through_their_faces() -> None:
+    """actors imports ``policy`` and ``gpu`` only through their faces, so a package's
+    inner modules can move without touching the runtime."""
+    offenders = {m: sorted(t for t in targets if t.split(".")[0] in _ARROWS_FACES
+                           and t not in _ARROWS_FACES[t.split(".")[0]])
+                 for m, targets in _arrows_graph().items() if m.split(".")[0] == "actors"}
+    assert {m: bad for m, bad in offenders.items() if bad} == {}
+
+
 def test_arrows_nothing_outside_ops_and_tests_imports_ops() -> None:
     """Every Python file of the repository outside ``ops/`` and ``tests/`` (production
     packages and any other script) leaves ``ops`` alone."""

@@ -1,7 +1,6 @@
 """The served model: its configuration (``config``), weights, tokenizer, the decoder
-(Llama, Qwen2, Qwen3 families) and the paged KV cache it reads and writes."""
+(Llama, Qwen2, Qwen3 families) and the paged KV cache it reads and writes.
 
-from gpu.model.batch import PackedBatch
-from gpu.model.decoder import Decoder
-
-__all__ = ["Decoder", "PackedBatch"]
+Importing this package loads no torch: the configuration and the tokenizer are
+re-exported by the ``gpu`` face; the decoder and the cache are imported from their
+modules inside ``gpu``."""

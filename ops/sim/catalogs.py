@@ -6,7 +6,7 @@ load of ``gpu.catalog.build_catalog`` (rectangular ``QueryLength`` programs of w
 1..D+1, width-one mixed programs that keep the draft context, and wider mixed programs
 whose speculative decode rows the speculating ``Scheduler`` plans). Fixed-width mode
 (``spec-fixed``) serves ``gpu.catalog.fixed_width_shapes`` of that load, the subset
-``actors.system.served_shapes`` keeps: per batch bucket only the speculative and mixed
+``actors.catalog_setup.served_shapes`` keeps: per batch bucket only the speculative and mixed
 programs of the widest speculative width, and no ordinary decode (MIX-7, LRN-10).
 
 So a simulated comparison puts each policy on the catalog its real server would have:

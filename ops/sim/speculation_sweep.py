@@ -91,7 +91,7 @@ def sweep_catalogs(*, max_batch: int, mixed_prefill: bool,
 
 def mode_catalog(mode: SweepMode, catalogs: dict[int, Catalogs]) -> tuple[GraphShape, ...]:
     """The shapes ``mode``'s server serves: the ordinary catalog, the fixed-width subset
-    of the depth's speculative load, or the whole load (``actors.system.served_shapes``)."""
+    of the depth's speculative load, or the whole load (``actors.catalog_setup.served_shapes``)."""
     if mode.speculation == "off":
         return catalogs[0].ordinary
     load = catalogs[mode.depth]

@@ -1,6 +1,6 @@
 """Mixed frames with speculative decode rows in the runtime, without a device: packing
 (``actors.frame_inputs``), validation (``actors.completion_validator``), completion
-routing (``actors.planner``) and the served catalog (``actors.system.served_shapes``).
+routing (``actors.planner``) and the served catalog (``actors.catalog_setup.served_shapes``).
 
 Plans are built by hand in the format the speculating ``Scheduler`` produces: the prompt
 lane first (``MixedRole(prefill_row=0, decode_mode=SPECULATIVE)``) or none
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import trio
 
+from actors.catalog_setup import served_shapes
 from actors.completion_validator import FrameCheck, check_frame
 from actors.config import RuntimeConfig
 from actors.frame_inputs import (
@@ -40,7 +41,6 @@ from actors.messages import (
 )
 from actors.planner import Planner
 from actors.public import GenerationRequest
-from actors.system import served_shapes
 from gpu.backends.protocol import Completion
 from gpu.catalog import CatalogFlags, build_catalog
 from gpu.frames import GREEDY, RESULT_KEY, LaneSample, MixedFrame, PageAppend, RowInit

@@ -6,7 +6,7 @@ the leading run of accepted draft positions from the request's output position (
 random numbers, hand-computed here), a lane emits its accepted prefix plus one token cut
 at the simulated EOS, rounds queue behind rounds (QUEUE-11), per-client acceptance with a
 seeded spread that leaves arrivals and lengths alone, and each policy runs on the catalog
-its server would load (as ``actors.system.served_shapes`` builds it; MIX-7, LRN-10).
+its server would load (as ``actors.catalog_setup.served_shapes`` builds it; MIX-7, LRN-10).
 """
 
 from __future__ import annotations
@@ -133,11 +133,11 @@ def _fields(spec: WorkloadSpec) -> dict[str, object]:
 def test_each_policy_gets_the_catalog_its_server_loads() -> None:
     """Non-speculative policies: the ordinary catalog; spec-adaptive and fixed-spec-K: the
     speculative load; spec-fixed: its fixed-width subset, exactly as the runtime serves
-    them (``actors.system.served_shapes``)."""
+    them (``actors.catalog_setup.served_shapes``)."""
     import pathlib
 
+    from actors.catalog_setup import served_shapes
     from actors.config import RuntimeConfig
-    from actors.system import served_shapes
     from gpu.catalog import CatalogFlags, build_catalog
 
     cats = build_catalogs(max_batch=8, prefill_capacities=(64, 256), mixed_prefill=True,
