@@ -90,13 +90,13 @@ def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
         param, path, value = stack.pop()
         if isinstance(value, str):
             if not _encodable(value):
-                where = f"'{path}'" if path else "the request body"
+                where = f"'{path[:200]}'" if path else "the request body"
                 raise bad_request(f"{where} is not valid Unicode (it holds a lone UTF-16 "
                                   "surrogate).", param=param)
         elif isinstance(value, dict):
             for key, item in value.items():
                 if not _encodable(key):
-                    where = f"an object key in '{path}'" if path else "a field name"
+                    where = f"an object key in '{path[:200]}'" if path else "a field name"
                     raise bad_request(f"{where} is not valid Unicode (it holds a lone UTF-16 "
                                       "surrogate).", param=param)
                 stack.append((param or key, f"{path}.{key}" if path else key, item))
