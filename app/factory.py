@@ -1,36 +1,19 @@
 """``create_app(runtime, settings)``: the quart-trio application, its error handlers and
-API-key check. Error formatting happens here and only here.
+API-key check. Errors are formatted by ``app.error_handlers`` and only there.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 
-import structlog
-from quart import Response, request
+from quart import request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
 from actors import Runtime
-from app.errors import ApiError, internal_error, unauthorized
+from app.error_handlers import register_error_handlers
+from app.errors import unauthorized
 from app.routes import register_routes
 from app.service import AppSettings, FlareService
-
-log = structlog.get_logger("flare.app")
-
-_HTTP_ERROR_TYPES = {
-    404: ("not_found_error", "not_found"),
-    405: ("invalid_request_error", "method_not_allowed"),
-    408: ("invalid_request_error", "request_timeout"),
-    413: ("invalid_request_error", "request_too_large"),
-}
-
-
-def _error_response(error: ApiError, service: FlareService) -> Response:
-    service.metrics.http_errors.labels(str(error.status)).inc()
-    return Response(json.dumps(error.to_body()), status=error.status,
-                    headers=error.headers, mimetype="application/json")
 
 
 def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTrio:
@@ -62,33 +45,6 @@ def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTr
         if not hmac.compare_digest(token.strip().encode(), key.encode()):
             raise unauthorized("Incorrect API key provided.")
 
-    @app.errorhandler(ApiError)
-    async def _api_error(error: ApiError) -> Response:
-        if error.status >= 500:
-            log.error("http.error", status=error.status, message=error.message,
-                      path=request.path)
-        return _error_response(error, service)
-
-    @app.errorhandler(HTTPException)
-    async def _http_error(error: HTTPException) -> Response:
-        status = error.code or 500
-        kind, code = _HTTP_ERROR_TYPES.get(status, ("invalid_request_error", None))
-        message = error.description or error.name
-        if status == 413:
-            message = (f"The request body exceeds the limit of "
-                       f"{service.settings.max_request_bytes} bytes.")
-        response = _error_response(ApiError(status, message, type=kind, code=code), service)
-        if status == 413:
-            # The rest of an oversized (e.g. chunked) body is never read, so this
-            # connection cannot carry another request: tell the client to reconnect
-            # instead of letting its next request wait behind unread body bytes.
-            response.headers["Connection"] = "close"
-        return response
-
-    @app.errorhandler(Exception)
-    async def _unexpected(error: Exception) -> Response:
-        log.exception("http.unhandled_exception", path=request.path)
-        return _error_response(internal_error(), service)
-
+    register_error_handlers(app, service)
     register_routes(app, service)
     return app

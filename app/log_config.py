@@ -4,6 +4,9 @@ Every record carries ``timestamp`` (ISO 8601, UTC), ``level``, ``logger`` and ``
 the schema of flare's own events is in ``docs/logging.md``. Standard-library records
 (hypercorn's error log) are rendered by the same renderer so a JSON log stays one JSON
 object per line.
+
+Tracebacks never carry local variables (structlog's renderers show them by default):
+a frame's locals hold prompts and messages, and user content never reaches the log.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ def configure_logging(fmt: LogFormat = "console", *, level: str = "info",
     renderer: structlog.types.Processor
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
-        shared.append(structlog.processors.dict_tracebacks)
+        shared.append(structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)))
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=out.isatty())
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback)
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,

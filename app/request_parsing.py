@@ -73,7 +73,45 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    _refuse_lone_surrogates(body)
     return body
+
+
+def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """Refuse any string in the body that is not valid Unicode.
+
+    JSON's ``\\ud800`` escapes decode to lone surrogates, which no UTF-8 consumer (the
+    tokenizer, the logs, the response) can encode. Every string (keys and values, known
+    fields or not) is checked once here, iteratively (no recursion limit), so nothing
+    past parsing ever sees one. ``param`` is the top-level field that holds it.
+    """
+    stack: list[tuple[str | None, str, Any]] = [(None, "", body)]
+    while stack:
+        param, path, value = stack.pop()
+        if isinstance(value, str):
+            if not _encodable(value):
+                where = f"'{path[:200]}'" if path else "the request body"
+                raise bad_request(f"{where} is not valid Unicode (it holds a lone UTF-16 "
+                                  "surrogate).", param=param)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodable(key):
+                    where = f"an object key in '{path[:200]}'" if path else "a field name"
+                    raise bad_request(f"{where} is not valid Unicode (it holds a lone UTF-16 "
+                                      "surrogate).", param=param)
+                stack.append((param or key, f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            stack.extend((param, f"{path}[{i}]", item) for i, item in enumerate(value))
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Fields:
@@ -131,18 +169,27 @@ class _Fields:
             raise bad_request(f"'{name}' must be a string.", param=name)
         return value
 
-    def refuse_unless(self, name: str, allowed: Any, why: str) -> None:
+    def refuse_unless(self, name: str, allowed: int, why: str, *, integer: bool) -> None:
+        """A numeric parameter we accept only at its neutral value ``allowed``."""
         value = self.body.get(name)
-        if value is not None and value != allowed:
-            raise bad_request(f"'{name}'={json.dumps(value)[:80]} is not supported: {why}", param=name)
+        if value is None:
+            return
+        kind = "an integer" if integer else "a number"
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or (integer and isinstance(value, float) and not value.is_integer())):
+            raise bad_request(f"'{name}' must be {kind}.", param=name)
+        if value != allowed:
+            raise bad_request(f"'{name}'={json.dumps(value)[:80]} is not supported: {why}",
+                              param=name)
 
 
 def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonParams:
     model = fields.string("model")
-    fields.refuse_unless("n", 1, "this server returns exactly one choice (n=1).")
-    fields.refuse_unless("best_of", 1, "only best_of=1 is served.")
-    fields.refuse_unless("presence_penalty", 0, "penalties are not implemented.")
-    fields.refuse_unless("frequency_penalty", 0, "penalties are not implemented.")
+    fields.refuse_unless("n", 1, "this server returns exactly one choice (n=1).", integer=True)
+    fields.refuse_unless("best_of", 1, "only best_of=1 is served.", integer=True)
+    fields.refuse_unless("presence_penalty", 0, "penalties are not implemented.", integer=False)
+    fields.refuse_unless("frequency_penalty", 0, "penalties are not implemented.",
+                         integer=False)
     logit_bias = fields.body.get("logit_bias")
     if logit_bias:
         raise bad_request("'logit_bias' is not supported.", param="logit_bias")
