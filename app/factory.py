@@ -1,10 +1,10 @@
 """``create_app(runtime, settings)``: the quart-trio application, its error handlers and
-API-key check. Error formatting happens here and only here.
+access checks (API key, JSON content type, CORS: ``app.access``). Error formatting
+happens here and only here.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 
 import structlog
@@ -13,7 +13,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from actors import Runtime
-from app.errors import ApiError, internal_error, unauthorized
+from app.access import (
+    add_cors_headers,
+    check_api_key,
+    check_json_content_type,
+    preflight_response,
+)
+from app.errors import ApiError, internal_error
 from app.routes import register_routes
 from app.service import AppSettings, FlareService
 
@@ -51,16 +57,18 @@ def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTr
         service.draining = True
 
     @app.before_request
-    async def _check_api_key() -> None:
-        key = service.settings.api_key
-        if key is None or not request.path.startswith("/v1/"):
-            return
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
-        if not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise unauthorized("Incorrect API key provided.")
+    async def _check_access() -> Response | None:
+        preflight = preflight_response(service.settings, request)
+        if preflight is not None:
+            return preflight
+        check_api_key(service.settings, request)
+        check_json_content_type(request)
+        return None
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        add_cors_headers(service.settings, request, response)
+        return response
 
     @app.errorhandler(ApiError)
     async def _api_error(error: ApiError) -> Response:

@@ -73,6 +73,15 @@ def _port(text: str) -> int:
     return port
 
 
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(part.strip().rstrip("/") for part in text.split(",") if part.strip())
+    bad = [o for o in origins if o != "*" and "://" not in o]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected origins such as https://app.example.com or *, got {bad[0]!r}")
+    return origins
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL_DIR,
@@ -144,6 +153,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (0 picks a free one)")
     http.add_argument("--api-key", default=os.environ.get("FLARE_API_KEY"),
                       help="require 'Authorization: Bearer KEY' on /v1/* (env FLARE_API_KEY)")
+    http.add_argument("--metrics-require-key", action="store_true",
+                      help="with --api-key, /metrics requires the key too")
+    http.add_argument("--allowed-origins", type=_origins, default=(),
+                      help="comma-separated origins (or *) answered with CORS headers "
+                           "(default: none, browsers refuse cross-origin calls)")
     http.add_argument("--served-model-name", default=None,
                       help="model id clients send (default: the model directory's name)")
     http.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
@@ -196,8 +210,12 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
         raise ConfigError(f"--kv-pages must be positive, got {args.kv_pages}")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key must not be empty")
+    if args.metrics_require_key and args.api_key is None:
+        raise ConfigError("--metrics-require-key needs --api-key (or FLARE_API_KEY)")
     return AppSettings(api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                       served_model_name=args.served_model_name)
+                       served_model_name=args.served_model_name,
+                       allowed_origins=args.allowed_origins,
+                       metrics_require_key=args.metrics_require_key)
 
 
 def main(args: argparse.Namespace) -> int:
