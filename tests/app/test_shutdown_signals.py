@@ -15,11 +15,13 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from http_fakes import FakeRuntime, TinyCodec
-from http_harness import SseReader, client_for
+from http_harness import raw_post, receive_until
 
 from actors.config import RuntimeConfig
 from app import AppSettings, ServerHandle
@@ -51,21 +53,25 @@ async def test_a_second_signal_ends_streams_with_an_error_event(
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             server: ServerHandle = await nursery.start(serve)
-            async with (client_for(server) as client,
-                        client.stream("POST", "/v1/completions", json={
-                            "prompt": "Hi", "max_tokens": 10, "stream": True}) as response):
-                reader = SseReader(response)
-                rt.release(1)
-                await reader.next_data()
-                signal.raise_signal(signal.SIGTERM)
-                await trio.testing.wait_all_tasks_blocked()
-                assert server.service.draining
-                signal.raise_signal(second)  # the stream stays gated: only the signal ends it
-                rest = await reader.rest()
+            stream = await raw_post(server, "/v1/completions", {
+                "prompt": "Hi", "max_tokens": 10, "stream": True})
+            rt.release(1)
+            received = await receive_until(stream, b'"text"')
+            signal.raise_signal(signal.SIGTERM)
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.service.draining
+            signal.raise_signal(second)  # the stream stays gated: only the signal ends it
+            received += await receive_until(stream, b"data: [DONE]")
+            await stream.aclose()
     assert closed.is_set()
     assert results == [status]
-    assert rest[-1] == "[DONE]"
-    assert json.loads(rest[-2])["error"]["message"] == FORCED_STOP_MESSAGE
+    assert _events(received)[-1]["error"]["message"] == FORCED_STOP_MESSAGE
+
+
+def _events(received: bytes) -> list[Any]:
+    """The JSON ``data:`` payloads of a raw chunked SSE response."""
+    payloads = (part.split(b"\r\n", 1)[0].strip() for part in received.split(b"data: ")[1:])
+    return [json.loads(data) for data in payloads if data != b"[DONE]"]
 
 
 def _read_log(stream: object, lines: list[str], seen: dict[str, threading.Event]) -> None:
@@ -119,10 +125,7 @@ def test_flare_run_survives_two_sigterms_with_a_stream_in_flight() -> None:
     assert proc.stderr is not None
     proc.stderr.close()
     log = "".join(lines)
-    events = [json.loads(data) for data in
-              (part.split(b"\r\n", 1)[0].strip() for part in received.split(b"data: ")[1:])
-              if data != b"[DONE]"]
-    assert events[-1]["error"]["message"] == FORCED_STOP_MESSAGE
+    assert _events(received)[-1]["error"]["message"] == FORCED_STOP_MESSAGE
     assert received.rstrip().endswith(b"data: [DONE]\n\n\r\n0")
     assert status == 143, log
     assert stop_s < 10, stop_s

@@ -1,5 +1,6 @@
 """``Runtime.statistics()`` separates KV pages in use by requests from pages the prefix
-cache alone holds: an idle server with a warm cache reports none in use."""
+cache alone holds (an idle server with a warm cache reports none in use), and a
+cancelled runtime still closes its backend."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ async def test_a_cached_page_a_request_shares_counts_as_in_use(
     assert cached > 0
     assert during.kv_pages_used > 0
     assert during.kv_pages_cached < cached
+
+
+async def test_a_cancelled_runtime_still_closes_its_backend(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A forced stop cancels the runtime's block; the backend (whose worker threads would
+    otherwise outlive the interpreter and abort the process) is closed all the same."""
+    with trio.CancelScope() as scope:
+        async with toy_runtime() as toy:
+            scope.cancel()
+            await trio.sleep_forever()
+    assert toy.backend._closed
