@@ -95,7 +95,10 @@ class RuntimeStatistics:
     requests_running: int
     requests_waiting: int
     kv_pages_used: int
+    """Pages in use by requests (a cached page a request shares counts here)."""
     kv_pages_total: int
+    kv_pages_cached: int = 0
+    """Pages held by the prefix cache alone (evictable, free for the asking)."""
     prefix_cache_hit_tokens: int
     prompt_tokens_total: int
     generation_tokens_total: int

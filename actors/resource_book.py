@@ -373,6 +373,12 @@ class ResourceBook:
     def page_table(self, handle: RequestHandle) -> tuple[PageId, ...]:
         return tuple(self._owners[handle].pages)
 
+    def page_use(self) -> tuple[int, int]:
+        """``(pages in use by requests, pages held by the prefix cache alone)``: together
+        every taken page; a cached page a request shares counts as in use."""
+        cached_only = self.cache.evictable_count()
+        return self.pages.used_count - cached_only, cached_only
+
     def statistics(self) -> ResourceStatistics:
         cache = self.cache.statistics()
         return ResourceStatistics(

@@ -241,12 +241,12 @@ class Runtime:
         """A frozen snapshot read from the actors' state between their steps."""
         sched = self._planner.scheduler.statistics()
         counters = self._planner.counters
-        pages = self._book.pages
+        by_requests, cached_only = self._book.page_use()
         return RuntimeStatistics(
             requests_running=self._planner.resident_count,
             requests_waiting=len(self._admission_state.waiting),
-            kv_pages_used=pages.used_count,
-            kv_pages_total=pages.total,
+            kv_pages_used=by_requests, kv_pages_cached=cached_only,
+            kv_pages_total=self._book.pages.total,
             prefix_cache_hit_tokens=counters.prefix_hit_tokens,
             prompt_tokens_total=counters.prompt_tokens,
             generation_tokens_total=counters.generation_tokens,
@@ -328,8 +328,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
                 clock_ns=parts.clock_ns))
             await nursery.start(partial_kw(
                 completion_validator.run, validator_receive, planner_send.clone(),
-                allocator_send.clone(),
-                vocab_size=parts.vocab_size))
+                allocator_send.clone(), vocab_size=parts.vocab_size))
             await nursery.start(partial_kw(
                 frame_dispatcher.run, dispatcher_receive, validator_send,
                 backend=parts.backend, programs=parts.programs, clock_ns=parts.clock_ns))
@@ -343,8 +342,9 @@ async def open_runtime_with(parts: RuntimeParts, *,
                 runtime._close_admission()
                 nursery.cancel_scope.deadline = trio.current_time() + SHUTDOWN_DEADLINE_S
     finally:
-        if parts.close_backend:
-            await trio.to_thread.run_sync(parts.backend.close)
+        with trio.CancelScope(shield=True):  # even when cancelled: join the device threads
+            if parts.close_backend:
+                await trio.to_thread.run_sync(parts.backend.close)
 
 
 @contextlib.asynccontextmanager

@@ -71,6 +71,14 @@ def unauthorized(message: str) -> ApiError:
     )
 
 
+def unsupported_media_type(content_type: str) -> ApiError:
+    """A 415: the body of a POST is not declared as UTF-8 JSON."""
+    sent = f"'{content_type}'" if content_type else "no Content-Type header"
+    return ApiError(415, f"Unsupported media type ({sent}): send the request body with the "
+                         "header 'Content-Type: application/json'.",
+                    param="Content-Type", code="unsupported_media_type")
+
+
 def shutting_down() -> ApiError:
     return ApiError(
         503,

@@ -1,17 +1,21 @@
 """``create_app(runtime, settings)``: the quart-trio application, its error handlers and
-API-key check. Errors are formatted by ``app.error_handlers`` and only there.
+access checks (API key, JSON content type, CORS: ``app.access``). Errors are formatted
+by ``app.error_handlers`` and only there.
 """
 
 from __future__ import annotations
 
-import hmac
-
-from quart import request
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from actors import Runtime
+from app.access import (
+    add_cors_headers,
+    check_api_key,
+    check_json_content_type,
+    preflight_response,
+)
 from app.error_handlers import register_error_handlers
-from app.errors import unauthorized
 from app.routes import register_routes
 from app.service import AppSettings, FlareService
 
@@ -34,16 +38,18 @@ def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTr
         service.draining = True
 
     @app.before_request
-    async def _check_api_key() -> None:
-        key = service.settings.api_key
-        if key is None or not request.path.startswith("/v1/"):
-            return
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
-        if not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise unauthorized("Incorrect API key provided.")
+    async def _check_access() -> Response | None:
+        preflight = preflight_response(service.settings, request)
+        if preflight is not None:
+            return preflight
+        check_api_key(service.settings, request)
+        check_json_content_type(request)
+        return None
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        add_cors_headers(service.settings, request, response)
+        return response
 
     register_error_handlers(app, service)
     register_routes(app, service)

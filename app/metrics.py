@@ -5,7 +5,8 @@ Runtime side (a custom collector calling ``Runtime.statistics()`` once per scrap
 Funded acceptance learning, last paragraph, counts executions by kind):
 ``flare_scheduler_execution_nanoseconds_total{kind}``, ``flare_scheduler_executions_total{kind}``,
 ``flare_scheduler_graph_executions_total{graph}``, ``flare_requests_running``,
-``flare_requests_waiting``, ``flare_kv_pages_used``, ``flare_kv_pages_total``,
+``flare_requests_waiting``, ``flare_kv_pages_used`` (in use by requests),
+``flare_kv_pages_cached`` (held by the prefix cache alone), ``flare_kv_pages_total``,
 ``flare_prefix_cache_hit_tokens_total``, ``flare_scheduler_prompt_tokens_total``,
 ``flare_scheduler_generation_tokens_total``; with speculation on, by proposal source
 ``{source}``: ``flare_speculative_programs_total``, ``flare_speculative_drafted_tokens_total``,
@@ -79,8 +80,11 @@ class RuntimeCollector(Collector):
                                 value=stats.requests_running)
         yield GaugeMetricFamily("flare_requests_waiting", "Requests waiting for admission.",
                                 value=stats.requests_waiting)
-        yield GaugeMetricFamily("flare_kv_pages_used", "KV cache pages in use.",
+        yield GaugeMetricFamily("flare_kv_pages_used", "KV cache pages in use by requests.",
                                 value=stats.kv_pages_used)
+        yield GaugeMetricFamily("flare_kv_pages_cached",
+                                "KV cache pages held by the prefix cache alone (evictable).",
+                                value=stats.kv_pages_cached)
         yield GaugeMetricFamily("flare_kv_pages_total", "KV cache pages in the pool.",
                                 value=stats.kv_pages_total)
         yield CounterMetricFamily("flare_prefix_cache_hit_tokens",

@@ -34,6 +34,10 @@ class AppSettings:
     served_model_name: str | None = None
     """The model id clients send; defaults to ``runtime.model_name``."""
     default_completion_max_tokens: int = DEFAULT_COMPLETION_MAX_TOKENS
+    allowed_origins: tuple[str, ...] = ()
+    """Origins (or ``*``) answered with CORS headers; none by default (``app.access``)."""
+    metrics_require_key: bool = False
+    """With ``api_key`` set, ``/metrics`` requires it too."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

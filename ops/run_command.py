@@ -6,7 +6,9 @@ before anything loads; an invalid value stops the command with a message naming 
 Preparation is logged (``runtime.preparing`` / ``runtime.prepared``), readiness is logged
 with the bound address (``server.ready``). SIGINT/SIGTERM start a graceful shutdown: stop
 admitting, let in-flight requests finish within ``--shutdown-grace`` seconds, end the rest
-with an error event, close the runtime. A second signal stops at once.
+with an error event, close the runtime. A second signal ends every open request at once
+(streams still get their error event), closes the same way and exits with status
+``128 + signal`` (130 after SIGINT, 143 after SIGTERM).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ log = structlog.get_logger("flare.run")
 OpenRuntime = Callable[[RuntimeConfig], AbstractAsyncContextManager[Runtime]]
 DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
+# A forced stop (a second signal) exits with the shell's convention for a signal death.
+FORCED_EXIT_BASE = 128
+FORCED_STOP_MESSAGE = "The server was stopped (second signal) before this request finished."
 
 
 def _capacities(text: str) -> tuple[int, ...]:
@@ -66,6 +71,15 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 0..65535, got {port}")
     return port
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    origins = tuple(part.strip().rstrip("/") for part in text.split(",") if part.strip())
+    bad = [o for o in origins if o != "*" and "://" not in o]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected origins such as https://app.example.com or *, got {bad[0]!r}")
+    return origins
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +153,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (0 picks a free one)")
     http.add_argument("--api-key", default=os.environ.get("FLARE_API_KEY"),
                       help="require 'Authorization: Bearer KEY' on /v1/* (env FLARE_API_KEY)")
+    http.add_argument("--metrics-require-key", action="store_true",
+                      help="with --api-key, /metrics requires the key too")
+    http.add_argument("--allowed-origins", type=_origins, default=(),
+                      help="comma-separated origins (or *) answered with CORS headers "
+                           "(default: none, browsers refuse cross-origin calls)")
     http.add_argument("--served-model-name", default=None,
                       help="model id clients send (default: the model directory's name)")
     http.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
@@ -191,8 +210,12 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
         raise ConfigError(f"--kv-pages must be positive, got {args.kv_pages}")
     if args.api_key is not None and not args.api_key.strip():
         raise ConfigError("--api-key must not be empty")
+    if args.metrics_require_key and args.api_key is None:
+        raise ConfigError("--metrics-require-key needs --api-key (or FLARE_API_KEY)")
     return AppSettings(api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                       served_model_name=args.served_model_name)
+                       served_model_name=args.served_model_name,
+                       allowed_origins=args.allowed_origins,
+                       metrics_require_key=args.metrics_require_key)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -205,8 +228,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     configure_logging(args.log_format, level=args.log_level)
     try:
-        trio.run(partial(serve_until_signalled, open_runtime, config, settings,
-                         host=args.host, port=args.port, grace_s=args.shutdown_grace))
+        status = trio.run(partial(serve_until_signalled, open_runtime, config, settings,
+                                  host=args.host, port=args.port, grace_s=args.shutdown_grace))
     except (ConfigError, ChatTemplateError) as exc:
         print(f"flare run: error: {exc}", file=sys.stderr)
         return 2
@@ -214,29 +237,41 @@ def main(args: argparse.Namespace) -> int:
         print(f"flare run: error: cannot serve on {args.host}:{args.port}: {exc}",
               file=sys.stderr)
         return 1
-    return 0
+    return int(status or 0)
 
 
 async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig,
                                 settings: AppSettings, *, host: str, port: int, grace_s: float,
                                 task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
-                                ) -> None:
+                                ) -> int:
     """Prepare the runtime, serve until SIGINT/SIGTERM, then drain and close.
 
-    A signal during preparation, or a second signal while draining, stops at once.
+    Returns the exit status: 0 after a graceful stop, ``128 + signal`` (130 for SIGINT,
+    143 for SIGTERM) after a forced one. A second signal while draining ends every open
+    request at once (streams get an error event) and then closes as a graceful stop does;
+    a signal during preparation, or a third one, cancels outright. Signals arrive through
+    trio's signal receiver, so no ``KeyboardInterrupt`` is ever raised in worker threads
+    and the runtime always closes its device threads before the process exits.
     """
     stop_requested = trio.Event()
+    forced: list[int] = []
+    handle: ServerHandle | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            serving = False
 
             async def watch_signals() -> None:
                 async for signum in signals:
                     name = signal.Signals(signum).name
-                    if serving and not stop_requested.is_set():
+                    if handle is not None and not stop_requested.is_set():
                         log.info("server.signal", signal=name, action="graceful shutdown",
                                  grace_s=grace_s)
                         stop_requested.set()
+                        continue
+                    forced.append(FORCED_EXIT_BASE + signum)
+                    if handle is not None and len(forced) == 1:
+                        log.warning("server.signal", signal=name, action="end requests now",
+                                    in_flight=len(handle.service.inflight))
+                        handle.service.inflight.abort_all(FORCED_STOP_MESSAGE)
                     else:
                         log.warning("server.signal", signal=name, action="stop now")
                         nursery.cancel_scope.cancel()
@@ -252,15 +287,13 @@ async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig
                          seconds=round(time.monotonic() - started, 3))
                 app = create_app(runtime, settings)
                 async with trio.open_nursery() as http:
-                    handle: ServerHandle = await http.start(partial(serve_http, app, host=host,
-                                                                    port=port))
-                    serving = True
+                    handle = await http.start(partial(serve_http, app, host=host, port=port))
                     log.info("server.ready", address=handle.url, model=handle.service.model_name,
                              api_key_required=settings.api_key is not None)
                     task_status.started(handle)
                     await stop_requested.wait()
                     await handle.shutdown(grace_s)
             nursery.cancel_scope.cancel()
-    log.info("server.stopped")
-
-
+    status = forced[0] if forced else 0
+    log.info("server.stopped", exit_status=status)
+    return status

@@ -163,7 +163,8 @@ async def test_body_too_large_without_content_length_is_413(codec: TinyCodec) ->
     with trio.fail_after(20):
         async with running_server(rt, AppSettings(max_request_bytes=4096)) as server, \
                 client_for(server) as client:
-            response = await client.post(COMPLETIONS, content=chunks())
+            response = await client.post(COMPLETIONS, content=chunks(),
+                                         headers={"Content-Type": "application/json"})
             assert_openai_error(response, Case("chunked", 413))
             # The unread rest of the body makes the connection unusable: the server says
             # so, and the client's next request goes over a fresh connection.
