@@ -6,9 +6,11 @@ serves at most ``max_connections`` connections at once."""
 from __future__ import annotations
 
 import json
+import pathlib
 import socket
 from collections.abc import Sequence
 
+import pytest
 import structlog
 import trio
 import trio.testing
@@ -16,6 +18,8 @@ from http_fakes import FakeRuntime, TinyCodec
 from http_harness import running_server
 
 from app import ConnectionSettings, ServerHandle
+from ops import cli
+from ops.run_command import build_connection_settings
 
 COMPLETIONS = "/v1/completions"
 
@@ -185,3 +189,29 @@ async def test_connections_beyond_the_bound_get_503_and_are_closed(codec: TinyCo
             assert status_of((await read_response(again))[0]) == 200
             for sock in (*held, again):
                 await sock.aclose()
+
+
+def test_flare_run_connection_flags_reach_the_settings(tmp_path: pathlib.Path) -> None:
+    argv = ["run", "--model", str(tmp_path)]
+    assert build_connection_settings(cli.build_parser(argv).parse_args(argv)) == (
+        ConnectionSettings())
+    argv += ["--keep-alive-timeout", "2.5", "--write-timeout", "7", "--max-connections", "9"]
+    assert build_connection_settings(cli.build_parser(argv).parse_args(argv)) == (
+        ConnectionSettings(keep_alive_timeout_s=2.5, write_timeout_s=7.0, max_connections=9))
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--keep-alive-timeout", "0"], "--keep-alive-timeout must be finite and > 0"),
+    (["--write-timeout", "inf"], "--write-timeout must be finite and > 0"),
+    (["--write-timeout", "nan"], "--write-timeout must be finite and > 0"),
+    (["--max-connections", "0"], "--max-connections must be positive"),
+])
+def test_invalid_connection_flags_stop_flare_run_before_loading(
+        flags: list[str], message: str, tmp_path: pathlib.Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def must_not_load(config: object) -> object:
+        raise AssertionError("nothing may load when a flag is invalid")
+
+    monkeypatch.setattr("ops.run_command.open_runtime", must_not_load)
+    assert cli.main(["run", "--model", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
