@@ -90,20 +90,24 @@ async def test_http10_request_is_closed_after_the_response(codec: TinyCodec) -> 
     assert json.loads(response.partition(b"\r\n\r\n")[2])["object"] == "text_completion"
 
 
-async def test_http10_stream_is_closed_after_done(codec: TinyCodec) -> None:
-    """An HTTP/1.0 client (nginx's default proxy protocol) sees the SSE stream end."""
+@pytest.mark.parametrize(("version", "headers", "body_end"), [
+    ("1.0", [], b"data: [DONE]\n\n"),  # close-delimited: nginx's default proxy protocol
+    ("1.1", ["Connection: close"], b"data: [DONE]\n\n\r\n0\r\n\r\n"),  # chunked
+])
+async def test_a_stream_is_closed_after_done(codec: TinyCodec, version: str,
+                                             headers: list[str], body_end: bytes) -> None:
     rt = FakeRuntime(codec, reply="one two three")
     with trio.fail_after(10):
         async with running_server(rt) as server:
             sock = await connect(server)
             await sock.send_all(request_bytes(
-                "POST", COMPLETIONS, version="1.0",
+                "POST", COMPLETIONS, version=version, headers=headers,
                 body={"prompt": "Hello", "max_tokens": 20, "stream": True}))
             response = await read_to_eof(sock)
             await sock.aclose()
     head, _, body = response.partition(b"\r\n\r\n")
-    assert status_of(head) == 200 and b"chunked" not in head.lower()
-    assert body.rstrip().endswith(b"data: [DONE]")
+    assert status_of(head) == 200
+    assert body.endswith(body_end)
     assert rt.finished and not rt.cancelled
 
 
