@@ -6,6 +6,7 @@ serves at most ``max_connections`` connections at once."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import socket
 from collections.abc import Sequence
@@ -129,6 +130,27 @@ async def test_idle_connections_close_after_the_keep_alive_timeout(codec: TinyCo
             assert trio.current_time() - opened >= timeout * 0.9
             await used.aclose()
             await silent.aclose()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+async def test_used_connections_give_their_descriptors_back(codec: TinyCodec) -> None:
+    """Many clients that each send one request and then hold their connection open cost
+    the server no descriptor once the keep-alive timeout has closed them."""
+    with trio.fail_after(20):
+        async with running_server(FakeRuntime(codec), connections=ConnectionSettings(
+                keep_alive_timeout_s=0.3)) as server:
+            before = len(os.listdir("/proc/self/fd"))
+            clients = [await connect(server) for _ in range(40)]
+            for sock in clients:
+                await sock.send_all(request_bytes("GET", "/health"))
+                assert status_of((await read_response(sock))[0]) == 200
+            assert server.connections.open == 40
+            for sock in clients:
+                assert await read_to_eof(sock) == b""
+                await sock.aclose()
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.connections.open == 0
+            assert len(os.listdir("/proc/self/fd")) == before
 
 
 class BulkyCodec(TinyCodec):
