@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import structlog
 import trio
 from hypercorn.config import Config
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 
@@ -136,6 +136,10 @@ class BoundedTCPServer(TCPServer):
     """hypercorn's ``TCPServer`` plus the write timeout and the connection bound of a
     ``FlareConfig`` (see the module docstring)."""
 
+    # Set once reading has ended or the socket was closed for a stalled write: from then
+    # on the connection only winds down and never re-arms its keep-alive timer.
+    _socket_gone = False
+
     async def run(self) -> None:
         bound: ConnectionBound | None = getattr(self.config, "connection_bound", None)
         if bound is None:
@@ -155,10 +159,13 @@ class BoundedTCPServer(TCPServer):
         if isinstance(self.config, FlareConfig):
             # The client closed (or the socket broke): stop the keep-alive timer so the
             # connection ends now instead of holding its socket until the timer expires.
+            self._socket_gone = True
             await self.idle_task.stop()
 
     async def protocol_send(self, event: Event) -> None:
         timeout: float | None = getattr(self.config, "write_timeout", None)
+        if isinstance(event, Updated) and event.idle and self._socket_gone:
+            return  # a response that ended on a dead socket: nothing to keep alive
         if timeout is None or not isinstance(event, RawData):
             await super().protocol_send(event)
             return
@@ -174,6 +181,7 @@ class BoundedTCPServer(TCPServer):
                 # The client stopped reading: a half-written stream cannot be resumed, so
                 # close it; the application gets http.disconnect (request cancelled).
                 log.info("connection.write_timeout", timeout_s=timeout)
+                self._socket_gone = True
                 with trio.CancelScope(shield=True):
                     await trio.aclose_forcefully(self.stream)
                 await self.protocol.handle(Closed())
