@@ -13,19 +13,18 @@ is the task still inside hypercorn's bookkeeping, so the close or the timer neve
 happened and every used connection stayed open. Shielding that one call lets hypercorn
 finish it; the cancellation still lands right after.
 
-``BoundedTCPServer`` is hypercorn's ``TCPServer`` with two additions, active only when
-the config is a ``FlareConfig``: each socket write must complete within
+``BoundedTCPServer`` is hypercorn's ``TCPServer`` with three additions, active only
+when the config is a ``FlareConfig``: each socket write must complete within
 ``write_timeout`` seconds (hypercorn shields its writes, so a client that stops reading
 would otherwise hold the connection, the request and its buffered output forever; on
 expiry the socket is closed and the application sees a disconnect, which cancels the
-generation), and at most ``max_connections`` connections are served at once (beyond
-that a connection gets a 503 JSON answer with ``Retry-After`` and is closed). It also
-ends a connection as soon as its client closes it, where hypercorn would keep the socket
-until the keep-alive timer expired. hypercorn
-0.18 has no per-send timeout and no connection bound (``backlog`` only sizes the kernel's
-accept queue), and its trio worker builds ``TCPServer`` from a module global, so
-``install_bounded_tcp_server`` points that global at the subclass; with a plain
-``Config`` the subclass behaves exactly like hypercorn's class.
+generation); at most ``max_connections`` connections are served at once (beyond that a
+connection gets a 503 JSON answer with ``Retry-After`` and is closed); and a connection
+ends as soon as its client closes it, where hypercorn would keep the socket until the
+keep-alive timer expired. hypercorn 0.18 has no per-send timeout and no connection bound
+(``backlog`` only sizes the kernel's accept queue), and its trio worker builds
+``TCPServer`` from a module global, so ``install_bounded_tcp_server`` points that global
+at the subclass; with a plain ``Config`` the subclass behaves exactly like hypercorn's.
 """
 
 from __future__ import annotations
