@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -192,19 +191,24 @@ class EventStream:
             return self.active.abort_reason
         return self.active.failure or "generation ended unexpectedly"
 
-    def __aiter__(self) -> AsyncIterator[StreamEvent]:
-        return self._events()
+    # An iterator object rather than an async generator: a consumer cancelled between two
+    # events (e.g. while its write stalls) leaves no half-run generator to finalize.
+    def __aiter__(self) -> EventStream:
+        return self
 
-    async def _events(self) -> AsyncIterator[StreamEvent]:
-        async for event in self._receive:
-            if isinstance(event, TokenDelta):
-                self.observer.delta(event)
-            elif isinstance(event, Finished):
-                self.finished = event
-                self.observer.finished(event)
-            yield event
-            if self.finished is not None:
-                return
+    async def __anext__(self) -> StreamEvent:
+        if self.finished is not None:
+            raise StopAsyncIteration
+        try:
+            event = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        if isinstance(event, TokenDelta):
+            self.observer.delta(event)
+        elif isinstance(event, Finished):
+            self.finished = event
+            self.observer.finished(event)
+        return event
 
 
 async def start_generation(runtime: Runtime, nursery: trio.Nursery, inflight: Inflight,

@@ -4,6 +4,11 @@
 once the socket is bound (hypercorn style: readiness through ``task_status``, never
 sleeps). ``handle.shutdown(grace_s)`` stops admitting, lets in-flight requests finish
 within the grace period, ends the rest with an error event, then stops hypercorn.
+
+Connections follow ``ConnectionSettings`` (``app/connections.py``): closed after the
+response on ``Connection: close`` and HTTP/1.0, after the keep-alive timeout when idle,
+on a write the client does not take within the write timeout; at most
+``max_connections`` open at once.
 """
 
 from __future__ import annotations
@@ -15,9 +20,15 @@ from functools import partial
 import hypercorn.trio
 import structlog
 import trio
-from hypercorn.config import Config
 from quart_trio import QuartTrio
 
+from app.connections import (
+    ConnectionBound,
+    ConnectionSettings,
+    ResponseEndShield,
+    hypercorn_config,
+    install_bounded_tcp_server,
+)
 from app.service import FlareService
 
 log = structlog.get_logger("flare.app.server")
@@ -31,6 +42,8 @@ CONNECTION_CLOSE_TIMEOUT_S = 2.0
 class ServerHandle:
     binds: list[str]
     service: FlareService
+    connections: ConnectionBound
+    """Open and refused connection counts against ``max_connections``."""
     _stop: trio.Event
 
     @property
@@ -52,10 +65,13 @@ class ServerHandle:
 
 
 async def serve_http(app: QuartTrio, *, host: str = "127.0.0.1", port: int = 0,
+                     connections: ConnectionSettings | None = None,
                      task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
                      ) -> None:
     """Serve until ``ServerHandle.shutdown`` completes (or the caller cancels)."""
-    config = Config()
+    install_bounded_tcp_server()
+    config = hypercorn_config(connections or ConnectionSettings())
+    assert config.connection_bound is not None
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     # Route hypercorn's own messages through the root logger (structlog's formatter).
@@ -63,7 +79,8 @@ async def serve_http(app: QuartTrio, *, host: str = "127.0.0.1", port: int = 0,
     config.graceful_timeout = CONNECTION_CLOSE_TIMEOUT_S
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(hypercorn.trio.serve, app, config,
-                                            shutdown_trigger=stop.wait))
+        binds = await nursery.start(partial(hypercorn.trio.serve, ResponseEndShield(app),
+                                            config, shutdown_trigger=stop.wait, mode="asgi"))
         service: FlareService = app.extensions["flare"]
-        task_status.started(ServerHandle(binds=list(binds), service=service, _stop=stop))
+        task_status.started(ServerHandle(binds=list(binds), service=service,
+                                         connections=config.connection_bound, _stop=stop))

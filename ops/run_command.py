@@ -39,6 +39,12 @@ from actors.public import Runtime
 from actors.system import open_runtime
 from app import AppSettings, ServerHandle, configure_logging, create_app, serve_http
 from app.chat_template import ChatTemplateError
+from app.connections import (
+    DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_WRITE_TIMEOUT_S,
+    ConnectionSettings,
+)
 from app.log_config import LOG_FORMATS
 from app.service import DEFAULT_MAX_REQUEST_BYTES
 
@@ -164,6 +170,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="largest accepted request body; larger ones get 413")
     http.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
                       help="seconds in-flight requests may finish after SIGINT/SIGTERM")
+    http.add_argument("--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
+                      help="seconds an idle connection stays open (before its first request "
+                           f"and between requests; default {DEFAULT_KEEP_ALIVE_TIMEOUT_S:g})")
+    http.add_argument("--write-timeout", type=float, default=DEFAULT_WRITE_TIMEOUT_S,
+                      help="seconds a client may leave a write untaken before its connection "
+                           "is closed and its request cancelled "
+                           f"(default {DEFAULT_WRITE_TIMEOUT_S:g})")
+    http.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                      help="connections served at once; beyond it a connection gets 503 "
+                           f"(default {DEFAULT_MAX_CONNECTIONS})")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-format", choices=LOG_FORMATS, default="console")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
@@ -218,18 +234,32 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                        metrics_require_key=args.metrics_require_key)
 
 
+def build_connection_settings(args: argparse.Namespace) -> ConnectionSettings:
+    for flag, value in (("--keep-alive-timeout", args.keep_alive_timeout),
+                        ("--write-timeout", args.write_timeout)):
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"{flag} must be finite and > 0, got {value}")
+    if args.max_connections < 1:
+        raise ConfigError(f"--max-connections must be positive, got {args.max_connections}")
+    return ConnectionSettings(keep_alive_timeout_s=args.keep_alive_timeout,
+                              write_timeout_s=args.write_timeout,
+                              max_connections=args.max_connections)
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         config = build_runtime_config(args)
         config.validate()
         settings = build_app_settings(args)
+        connections = build_connection_settings(args)
     except ConfigError as exc:
         print(f"flare run: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_format, level=args.log_level)
     try:
         status = trio.run(partial(serve_until_signalled, open_runtime, config, settings,
-                                  host=args.host, port=args.port, grace_s=args.shutdown_grace))
+                                  host=args.host, port=args.port, grace_s=args.shutdown_grace,
+                                  connections=connections))
     except (ConfigError, ChatTemplateError) as exc:
         print(f"flare run: error: {exc}", file=sys.stderr)
         return 2
@@ -242,6 +272,7 @@ def main(args: argparse.Namespace) -> int:
 
 async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig,
                                 settings: AppSettings, *, host: str, port: int, grace_s: float,
+                                connections: ConnectionSettings | None = None,
                                 task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
                                 ) -> int:
     """Prepare the runtime, serve until SIGINT/SIGTERM, then drain and close.
@@ -287,7 +318,8 @@ async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig
                          seconds=round(time.monotonic() - started, 3))
                 app = create_app(runtime, settings)
                 async with trio.open_nursery() as http:
-                    handle = await http.start(partial(serve_http, app, host=host, port=port))
+                    handle = await http.start(partial(serve_http, app, host=host, port=port,
+                                                      connections=connections))
                     log.info("server.ready", address=handle.url, model=handle.service.model_name,
                              api_key_required=settings.api_key is not None)
                     task_status.started(handle)

@@ -10,16 +10,17 @@ import httpx
 import trio
 
 from actors.public import Runtime
-from app import AppSettings, ServerHandle, create_app, serve_http
+from app import AppSettings, ConnectionSettings, ServerHandle, create_app, serve_http
 
 
 @asynccontextmanager
-async def running_server(runtime: Runtime, settings: AppSettings | None = None
+async def running_server(runtime: Runtime, settings: AppSettings | None = None,
+                         connections: ConnectionSettings | None = None
                          ) -> AsyncIterator[ServerHandle]:
     app = create_app(runtime, settings)
     async with trio.open_nursery() as nursery:
         handle: ServerHandle = await nursery.start(partial(serve_http, app, host="127.0.0.1",
-                                                           port=0))
+                                                           port=0, connections=connections))
         try:
             yield handle
         finally:
