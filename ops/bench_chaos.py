@@ -6,7 +6,8 @@ order: the bad-input battery (``ops.chaos.cases``), a disconnect storm, an overl
 burst, slow readers, maximal-body abuse under a probe stream, a short soak and an idle
 keep-alive check (``ops.chaos.phases`` and ``ops.chaos.streams``). Before and after
 it reads the server's RSS, descriptors and TCP connections from ``/proc`` (a server it
-started, or ``--pid``) or from ``process_*`` metrics. It prints a table of figures and
+started, or ``--pid``) or from ``process_*`` metrics, and counts the lines of the
+started server's log that show prompt text. It prints a table of figures and
 one PASS/FAIL line per target, and with ``--json PATH`` writes them all.
 
 Traffic goes only to loopback; every phase is bounded in count and time, and the run
@@ -35,6 +36,7 @@ import trio
 
 from app.service import DEFAULT_MAX_REQUEST_BYTES
 from ops.bench_compare import free_port, start_server, stop_server
+from ops.chaos.cases import CANARY
 from ops.chaos.phases import Endpoint, Observe
 from ops.chaos.report import ChaosReport, render
 from ops.chaos.run import PHASES, QUICK, SIZE_FIELDS, Sizes, run_chaos
@@ -153,6 +155,15 @@ def run(args: argparse.Namespace, host: str, port: int, api_key: str | None,
     return report
 
 
+def lines_with(path: pathlib.Path, marker: str) -> int | None:
+    """Lines of ``path`` that contain ``marker`` (None: unreadable)."""
+    try:
+        with path.open("rb") as f:
+            return sum(marker.encode() in line for line in f)
+    except OSError:
+        return None
+
+
 def main(args: argparse.Namespace) -> int:
     phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
     unknown = sorted(set(phases) - set(PHASES))
@@ -184,7 +195,8 @@ def main(args: argparse.Namespace) -> int:
             stop_server(proc)
         report.config["server"] = {
             "args": [*extra[:-1], "<key>"], "startup_s": round(time.monotonic() - started, 1),
-            "exit_status_after_sigterm": proc.returncode, "log": str(log)}
+            "exit_status_after_sigterm": proc.returncode, "log": str(log),
+            "log_lines_with_prompt_text": lines_with(log, CANARY)}
         server_note = f"\nserver log: {log} (exit status {proc.returncode} after SIGTERM)"
     print(render(report) + server_note)
     if args.json is not None:

@@ -11,6 +11,8 @@ and bodies just over it). Values are raw JSON text, so literals Python's ``json`
 would never write (``NaN``, ``1e999``, ``"\\ud800"``) reach the server as a client
 sent them.
 
+Every base prompt holds ``CANARY``: a server log that shows it shows prompt text.
+
 Each case says what a correct server answers: ``4xx`` (refused), ``2xx`` (served) or
 ``any`` (either; never a 5xx and never silence, which hold for every case).
 """
@@ -82,9 +84,11 @@ FIELDS: dict[str, dict[str, str]] = {
 }
 # Both max-token names are set on chat so that no mutation leaves the default (the
 # whole context room) in force.
+# Every base prompt carries CANARY, so that prompt text in the server's log can be found.
+CANARY = "chaoscanary"
 BASES: dict[str, dict[str, str]] = {
-    COMPLETIONS: {"prompt": '"def f("', "max_tokens": "4"},
-    CHAT: {"messages": '[{"role": "user", "content": "import os"}]', "max_tokens": "4",
+    COMPLETIONS: {"prompt": f'"def {CANARY}("', "max_tokens": "4"},
+    CHAT: {"messages": f'[{{"role": "user", "content": "import {CANARY}"}}]', "max_tokens": "4",
            "max_completion_tokens": "4"},
 }
 ROUTE_NAMES = {COMPLETIONS: "completions", CHAT: "chat"}
@@ -148,7 +152,7 @@ def _body_cases(target: CaseTarget) -> list[Case]:
         text_field = "prompt" if path == COMPLETIONS else "messages"
         for name, text, expect in (("lone high surrogate", "\\ud800", "4xx"),
                                    ("lone low surrogate", "\\udfff", "4xx"),
-                                   ("surrogate inside", "a\\ud800b", "4xx"),
+                                   ("surrogate inside", f"{CANARY}\\ud800{CANARY}", "4xx"),
                                    ("reversed pair", "\\ude00\\ud83d", "4xx"),
                                    ("valid pair", "\\ud83d\\ude00", "any"),
                                    ("nul character", "a\\u0000b", "any")):

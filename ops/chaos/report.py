@@ -192,6 +192,8 @@ def figure_rows(report: ChaosReport) -> list[tuple[str, str]]:
         ("connections left open", _int(report.connections_left_open())),
         ("server sockets open after the run", _states(a)),
         ("settle time after the run", f"{report.settle_seconds:.1f} s"),
+        ("server log lines with prompt text",
+         _int(report.config.get("server", {}).get("log_lines_with_prompt_text"))),
     ]
 
 

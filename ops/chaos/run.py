@@ -48,13 +48,13 @@ class Sizes:
     abuse_bodies: int = 12
     abuse_bytes: int = 0
     """Size of each abusive body; 0: just under the request size limit."""
-    abuse_time_s: float = 90.0
-    soak_requests: int = 300
+    abuse_time_s: float = 45.0
+    soak_requests: int = 200
     soak_concurrency: int = 8
     soak_tokens: int = 8
     idle_connections: int = 10
     idle_timeout_s: float = 10.0
-    settle_s: float = 20.0
+    settle_s: float = 15.0
 
 
 QUICK = Sizes(quick=True, battery_concurrency=8, storm_waves=2, storm_clients=5,

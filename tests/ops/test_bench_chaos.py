@@ -297,3 +297,12 @@ def test_a_quick_run_against_a_started_server_reports_every_phase(
     assert [v["status"] in ("PASS", "FAIL") for v in report["verdicts"]] == [True] * 6
     printed = capsys.readouterr().out
     assert printed.count("PASS ") + printed.count("FAIL ") == 6
+
+
+def test_log_lines_showing_prompt_text_are_counted(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_bytes(b"request id=1 size=40\nprompt='def " + cases.CANARY.encode() + b"('\nok\n")
+    assert bench_chaos.lines_with(log, cases.CANARY) == 1
+    assert bench_chaos.lines_with(tmp_path / "missing.log", cases.CANARY) is None
+    assert all(cases.CANARY.encode() in json_body for json_body in (
+        cases.json_object(cases.BASES[cases.COMPLETIONS]), cases.json_object(cases.BASES[cases.CHAT])))
