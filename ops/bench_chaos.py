@@ -189,12 +189,13 @@ def main(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"flare bench chaos: {exc}", file=sys.stderr)
             return 1
+        startup_s = round(time.monotonic() - started, 1)
         try:
             report = run(args, "127.0.0.1", port, key, proc.pid, phases)
         finally:
             stop_server(proc)
         report.config["server"] = {
-            "args": [*extra[:-1], "<key>"], "startup_s": round(time.monotonic() - started, 1),
+            "args": [*extra[:-1], "<key>"], "startup_s": startup_s,
             "exit_status_after_sigterm": proc.returncode, "log": str(log),
             "log_lines_with_prompt_text": lines_with(log, CANARY)}
         server_note = f"\nserver log: {log} (exit status {proc.returncode} after SIGTERM)"
