@@ -12,8 +12,8 @@ one PASS/FAIL line per target, and with ``--json PATH`` writes them all.
 
 Traffic goes only to loopback; every phase is bounded in count and time, and the run
 stops by itself (``--time-limit`` bounds the whole). The exit status is 0 whatever the
-figures say (they are the verdict); 1 if the server cannot be started, 2 for bad
-arguments.
+figures say (they are the verdict); 1 if the server cannot be started or the run
+passes ``--time-limit``, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -147,7 +147,11 @@ def run(args: argparse.Namespace, host: str, port: int, api_key: str | None,
             return await run_chaos(ep, sizes, observer(pid, ep), phases=phases,
                                    progress=progress)
 
-    report = trio.run(bounded)
+    try:
+        report = trio.run(bounded)
+    except trio.TooSlowError:
+        raise RuntimeError(f"the run did not end within --time-limit {args.time_limit:g} s"
+                           ) from None
     report.config = {"sizes": {name: getattr(sizes, name) for name in SIZE_FIELDS},
                      "quick": sizes.quick, "request_timeout_s": args.request_timeout,
                      "close_timeout_s": args.close_timeout,
@@ -176,7 +180,11 @@ def main(args: argparse.Namespace) -> int:
             print("flare bench chaos: --url must be http:// on a loopback address",
                   file=sys.stderr)
             return 2
-        report = run(args, parts.hostname, parts.port or 80, args.api_key, args.pid, phases)
+        try:
+            report = run(args, parts.hostname, parts.port or 80, args.api_key, args.pid, phases)
+        except RuntimeError as exc:
+            print(f"flare bench chaos: {exc}", file=sys.stderr)
+            return 1
         server_note = ""
     else:
         port, key = free_port(), secrets.token_hex(12)
@@ -192,6 +200,9 @@ def main(args: argparse.Namespace) -> int:
         startup_s = round(time.monotonic() - started, 1)
         try:
             report = run(args, "127.0.0.1", port, key, proc.pid, phases)
+        except RuntimeError as exc:
+            print(f"flare bench chaos: {exc}; server log: {log}", file=sys.stderr)
+            return 1
         finally:
             stop_server(proc)
         report.config["server"] = {

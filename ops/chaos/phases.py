@@ -76,13 +76,8 @@ async def run_battery(ep: Endpoint, *, quick: bool, concurrency: int) -> PhaseRe
         nonlocal not_closed
         case = cases[index]
         async with limiter:
-            try:
-                got = await exchange(ep.host, ep.port, case.request, timeout_s=ep.request_timeout_s,
-                                     close_timeout_s=ep.close_timeout_s, want_close=case.closes)
-            except OSError:
-                result.add(None)
-                unexpected.append(f"{case.name}: {case.expect} -> connection refused")
-                return
+            got = await exchange(ep.host, ep.port, case.request, timeout_s=ep.request_timeout_s,
+                                 close_timeout_s=ep.close_timeout_s, want_close=case.closes)
         result.add(got.status, hang=got.hang)
         if got.hang or not _expected(case.expect, got.status):
             shown = "hang" if got.hang else (got.status or "dropped")
@@ -165,8 +160,8 @@ async def run_storm(ep: Endpoint, *, waves: int, clients: int, max_tokens: int) 
             try:
                 status, started, hang = await _start_and_leave(
                     ep, ep.stream_request(i, max_tokens), chunks=1 + i % 3, reset=i % 3 == 0)
-            except OSError:
-                status, started, hang = None, False, False
+            except (OSError, trio.BrokenResourceError):
+                status, started, hang = None, False, False  # refused or reset: a drop
             result.add(status, hang=hang)
             started_streams += started
 
@@ -231,9 +226,12 @@ async def run_slow_readers(ep: Endpoint, *, count: int, hold_s: float, max_token
     streams: list[trio.SocketStream] = []
     try:
         for i in range(count):
-            stream = await connect_small_window(ep.host, ep.port)
-            streams.append(stream)
-            await stream.send_all(ep.stream_request(i, max_tokens))
+            try:
+                stream = await connect_small_window(ep.host, ep.port)
+                streams.append(stream)
+                await stream.send_all(ep.stream_request(i, max_tokens))
+            except (OSError, trio.BrokenResourceError):
+                result.add(None)  # refused or reset before the request was sent
         async with ep.client() as http, trio.open_nursery() as nursery:
             nursery.start_soon(trio.sleep, hold_s)  # the hold; the probe runs meanwhile
             probe_started = trio.current_time()

@@ -134,8 +134,12 @@ async def _send(stream: trio.abc.SendStream, request: bytes) -> None:
 
 async def exchange(host: str, port: int, request: bytes, *, timeout_s: float,
                    close_timeout_s: float = 0.0, want_close: bool = False) -> Exchange:
-    """Send ``request`` on a new connection and read one response (see the module)."""
-    stream = await trio.open_tcp_stream(host, port)
+    """Send ``request`` on a new connection and read one response (see the module); a
+    refused connection is a drop."""
+    try:
+        stream = await trio.open_tcp_stream(host, port)
+    except OSError:
+        return Exchange(status=None, headers={}, body=b"", seconds=0.0, hang=False, closed=None)
     async with stream:
         return await exchange_on(stream, request, timeout_s=timeout_s,
                                  close_timeout_s=close_timeout_s, want_close=want_close)

@@ -157,6 +157,14 @@ async def test_an_http_1_0_stream_is_complete_at_done_and_must_then_close(
     assert closed.body.endswith(b"data: [DONE]\n\n")
 
 
+async def test_a_refused_connection_is_a_drop_not_a_hang() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, never listening: connections are refused
+        got = await wire.exchange("127.0.0.1", port, b"GET / HTTP/1.1\r\n\r\n", timeout_s=5)
+    assert (got.status, got.hang) == (None, False)
+
+
 def test_parse_head_reads_status_and_lowercases_names() -> None:
     assert wire.parse_head(b"HTTP/1.1 431 \r\nContent-Length: 0") == (431, {"content-length": "0"})
     assert wire.parse_head(b"garbage") is None
