@@ -20,7 +20,7 @@ Each case says what a correct server answers: ``4xx`` (refused), ``2xx`` (served
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 Expect = Literal["2xx", "4xx", "any"]
 COMPLETIONS = "/v1/completions"
@@ -193,7 +193,7 @@ def _prompt_and_message_cases(target: CaseTarget) -> list[Case]:
                                 ("max_tokens 0 with echo", {"max_tokens": "0", "echo": "true"},
                                  "any")):
         cases.append(Case(f"completions/{name}", http_request(
-            target, "POST", COMPLETIONS, json_object({**completion, **extra})), expect))
+            target, "POST", COMPLETIONS, json_object({**completion, **extra})), cast(Expect, expect)))
     chat = {k: v for k, v in BASES[CHAT].items() if k != "messages"}
     messages: list[tuple[str, str, Expect]] = [
         ("missing", "null", "4xx"), ("empty list", "[]", "4xx"), ("an object", "{}", "4xx"),
@@ -240,7 +240,8 @@ def _http_cases(target: CaseTarget) -> list[Case]:
                                 ("json utf-8", b"application/json; charset=utf-8", "2xx"),
                                 ("json latin-1", b"application/json; charset=latin-1", "any")):
         cases.append(Case(f"content type: {name}",
-                          http_request(target, "POST", post, body, content_type=ctype), expect))
+                          http_request(target, "POST", post, body, content_type=ctype),
+                          cast(Expect, expect)))
     for method, path, expect in (("GET", post, "4xx"), ("PUT", post, "4xx"),
                                  ("DELETE", CHAT, "4xx"), ("POST", "/v1/unknown", "4xx"),
                                  ("GET", "/nowhere", "4xx"), ("POST", "/health", "4xx"),
@@ -249,7 +250,7 @@ def _http_cases(target: CaseTarget) -> list[Case]:
                                  ("GET", "/v1/models%00", "4xx"),
                                  ("GET", "/" + "a" * 10_000, "4xx")):
         cases.append(Case(f"http: {method} {path[:40]}", http_request(
-            target, method, path, body if method == "POST" else b""), expect))
+            target, method, path, body if method == "POST" else b""), cast(Expect, expect)))
     framing: list[tuple[str, bytes, Expect]] = [
         ("20 KB header", http_request(target, "POST", post, body,
                                       headers=(b"X-Pad: " + b"p" * 20_000,)), "any"),
@@ -282,12 +283,13 @@ def _http_cases(target: CaseTarget) -> list[Case]:
     ]
     cases += [Case(f"http: {name}", request, expect) for name, request, expect in framing]
     stream = json_object({**BASES[COMPLETIONS], "stream": "true"})
-    for name, data, version, headers, expect in (
+    lifecycle: list[tuple[str, bytes, bytes, tuple[bytes, ...], Expect]] = [
             ("HTTP/1.0", body, b"HTTP/1.0", (), "2xx"),
             ("HTTP/1.0 stream", stream, b"HTTP/1.0", (), "2xx"),
             ("Connection: close", body, b"HTTP/1.1", (b"Connection: close",), "2xx"),
             ("Connection: close stream", stream, b"HTTP/1.1", (b"Connection: close",), "2xx"),
-            ("Connection: close on an error", b"{", b"HTTP/1.1", (b"Connection: close",), "4xx")):
+            ("Connection: close on an error", b"{", b"HTTP/1.1", (b"Connection: close",), "4xx")]
+    for name, data, version, headers, expect in lifecycle:
         cases.append(Case(f"connection: {name}", http_request(
             target, "POST", post, data, version=version, headers=headers), expect, closes=True))
     return cases

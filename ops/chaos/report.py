@@ -118,6 +118,14 @@ def _snap(s: Snapshot | None) -> dict[str, Any] | None:
     return {"rss_bytes": s.rss_bytes, "fds": s.fds, "connections": s.connections}
 
 
+def _rss(s: Snapshot | None) -> int | None:
+    return None if s is None else s.rss_bytes
+
+
+def _fds(s: Snapshot | None) -> int | None:
+    return None if s is None else s.fds
+
+
 def change(before: float | None, after: float | None) -> float | None:
     """Relative change ``after / before - 1`` (None when either is unknown)."""
     if before is None or after is None or before <= 0:
@@ -133,8 +141,8 @@ def _bounded(name: str, value: float | None, limit: float, shown: str) -> Verdic
 
 def verdicts(report: ChaosReport) -> list[Verdict]:
     before, after = report.before, report.after
-    rss = change(before and before.rss_bytes, after and after.rss_bytes)
-    fds = change(before and before.fds, after and after.fds)
+    rss = change(_rss(before), _rss(after))
+    fds = change(_fds(before), _fds(after))
     ratio = report.figure("abuse", "ratio")
     left = report.connections_left_open()
     tolerance = f"{RESOURCE_TOLERANCE:.0%}"
@@ -177,12 +185,12 @@ def figure_rows(report: ChaosReport) -> list[tuple[str, str]]:
         ("error answers without a JSON body", _int(report.figure("battery", "error_not_json"))),
         ("5xx answers (all phases)", str(report.server_errors)),
         ("hangs (all phases)", str(report.hangs)),
-        ("RSS before / after / change", f"{_mb(b and b.rss_bytes)} / {_mb(a and a.rss_bytes)} / "
-                                        f"{_pct(change(b and b.rss_bytes, a and a.rss_bytes))}"),
-        ("RSS peak", _mb(peak and peak.rss_bytes)),
-        ("descriptors before / after / change", f"{_int(b and b.fds)} / {_int(a and a.fds)} / "
-                                                f"{_pct(change(b and b.fds, a and a.fds))}"),
-        ("descriptors peak", _int(peak and peak.fds)),
+        ("RSS before / after / change", f"{_mb(_rss(b))} / {_mb(_rss(a))} / "
+                                        f"{_pct(change(_rss(b), _rss(a)))}"),
+        ("RSS peak", _mb(_rss(peak))),
+        ("descriptors before / after / change", f"{_int(_fds(b))} / {_int(_fds(a))} / "
+                                                f"{_pct(change(_fds(b), _fds(a)))}"),
+        ("descriptors peak", _int(_fds(peak))),
         ("probe p99 gap idle / abuse / ratio",
          f"{_num(report.figure('abuse', 'idle_p99_ms'), ' ms', 1)} / "
          f"{_num(report.figure('abuse', 'abuse_p99_ms'), ' ms', 1)} / "

@@ -90,7 +90,7 @@ async def _body(reader: Reader, status: int, headers: dict[str, str], head_only:
     if head_only or status in (204, 304) or 100 <= status < 200:
         return b"", None
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        parts = []
+        parts: list[bytes] = []
         while True:
             size_line = await reader.until(b"\r\n")
             if size_line is None:
