@@ -192,8 +192,8 @@ def _prompt_and_message_cases(target: CaseTarget) -> list[Case]:
                                 ("max_tokens 0", {"max_tokens": "0"}, "4xx"),
                                 ("max_tokens 0 with echo", {"max_tokens": "0", "echo": "true"},
                                  "any")):
-        cases.append(Case(f"completions/{name}", http_request(
-            target, "POST", COMPLETIONS, json_object({**completion, **extra})), cast(Expect, expect)))
+        request = http_request(target, "POST", COMPLETIONS, json_object({**completion, **extra}))
+        cases.append(Case(f"completions/{name}", request, cast(Expect, expect)))
     chat = {k: v for k, v in BASES[CHAT].items() if k != "messages"}
     messages: list[tuple[str, str, Expect]] = [
         ("missing", "null", "4xx"), ("empty list", "[]", "4xx"), ("an object", "{}", "4xx"),

@@ -312,5 +312,5 @@ def test_log_lines_showing_prompt_text_are_counted(tmp_path: pathlib.Path) -> No
     log.write_bytes(b"request id=1 size=40\nprompt='def " + cases.CANARY.encode() + b"('\nok\n")
     assert bench_chaos.lines_with(log, cases.CANARY) == 1
     assert bench_chaos.lines_with(tmp_path / "missing.log", cases.CANARY) is None
-    assert all(cases.CANARY.encode() in json_body for json_body in (
-        cases.json_object(cases.BASES[cases.COMPLETIONS]), cases.json_object(cases.BASES[cases.CHAT])))
+    bases = (cases.json_object(cases.BASES[path]) for path in (cases.COMPLETIONS, cases.CHAT))
+    assert all(cases.CANARY.encode() in body for body in bases)
