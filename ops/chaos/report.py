@@ -6,8 +6,8 @@ closed or reset without answering) and its own figures. The verdicts are the tar
 no 5xx, no hangs, the probe stream's p99 inter-token gap during maximal-body abuse at
 most ``PROBE_RATIO_LIMIT`` times its idle value, RSS and descriptors back to at most
 ``RESOURCE_TOLERANCE`` above their starting values (below is fine), and every
-connection closed within its timeout. A figure that could not be measured (no server process to read) gives
-``n/a``, never a pass.
+connection closed within its timeout. A figure that could not be measured (no server
+process to read) gives ``n/a``, never a pass.
 """
 
 from __future__ import annotations
