@@ -60,7 +60,8 @@ class Sizes:
 QUICK = Sizes(quick=True, battery_concurrency=8, storm_waves=2, storm_clients=5,
               storm_tokens=32, burst=40, burst_tokens=4, slow_readers=3, slow_hold_s=2.0,
               slow_tokens=600, probe_tokens=80, abuse_bodies=2, abuse_bytes=256 * 1024,
-              abuse_time_s=30.0, soak_requests=24, soak_concurrency=4, idle_connections=3, idle_timeout_s=6.0, settle_s=6.0)
+              abuse_time_s=30.0, soak_requests=24, soak_concurrency=4, idle_connections=3,
+              idle_timeout_s=6.0, settle_s=6.0)
 SIZE_FIELDS = tuple(f.name for f in fields(Sizes) if f.name != "quick")
 
 
