@@ -460,6 +460,10 @@ class TokenizerCodec:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text)
 
+    @property
+    def max_chars_per_token(self) -> int | None:
+        return self._tokenizer.max_chars_per_token
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(token_ids)
 
