@@ -41,6 +41,7 @@ from actors.admission import AdmissionLimits, AdmissionState
 from actors.calibration import measure_snapshot_programs
 from actors.capture_warmup import capture_programs
 from actors.checkpoint_allocator import AllocatorState
+from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.messages import (
@@ -81,7 +82,6 @@ from gpu.backends.protocol import Backend
 from gpu.catalog import CatalogFlags, build_catalog, fixed_width_shapes
 from gpu.engine import ModelEngine
 from gpu.model.config import load_model_config
-from gpu.model.tokenizer import Tokenizer
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from policy.baselines.factory import SEED_POLICIES
@@ -449,40 +449,6 @@ def state_rows_for(max_batch: int) -> int:
     """Twice the largest batch: a decode batch can run while as many requests more
     are resident (prefilling, or waiting for their fenced release)."""
     return 2 * max_batch
-
-
-class TokenizerCodec:
-    """``actors.public.TextCodec`` over ``gpu.model.tokenizer.Tokenizer``."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text)
-
-    @property
-    def max_chars_per_token(self) -> int | None:
-        return self._tokenizer.max_chars_per_token
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(token_ids)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tokenizer.vocab_size
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(self._tokenizer.eos_token_ids)
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._tokenizer.chat_template
-
-    @property
-    def special_tokens(self) -> dict[str, str]:
-        tokens = {"bos_token": self._tokenizer.bos_token, "eos_token": self._tokenizer.eos_token}
-        return {k: v for k, v in tokens.items() if v is not None}
 
 
 def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
