@@ -115,7 +115,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             params = parse_completion(parse_json_object(raw))
             return params, service.prepare_completion(params, arrived=arrived)
 
-        params, prepared = await service.prepare(prepare, size=len(raw), client=_client())
+        params, prepared = await service.prepare(prepare, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="completions",
                                      stream=params.common.stream)
         logprobs = CompletionLogprobs(service.codec) if params.logprobs else None
@@ -153,8 +153,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             params = parse_chat(parse_json_object(raw))
             return params, service.prepare_chat(params, arrived=arrived)
 
-        params, prepared = await service.prepare(prepare_chat, size=len(raw),
-                                                 client=_client())
+        params, prepared = await service.prepare(prepare_chat, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
         if params.common.stream:
             return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,

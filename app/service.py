@@ -28,7 +28,13 @@ from app.chat_template import ChatTemplate, tokenize_chat
 from app.errors import ApiError, bad_request, context_too_long, shutting_down, too_many_preparing
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
 from app.metrics import AppMetrics
-from app.request_parsing import ChatParams, CommonParams, CompletionParams, check_model
+from app.request_parsing import (
+    MAX_MESSAGES,
+    ChatParams,
+    CommonParams,
+    CompletionParams,
+    check_model,
+)
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -39,7 +45,27 @@ PREPARING_PER_CLIENT = 2
 """Large bodies one client (address) may have parsed or tokenized at once; more are 429."""
 PREPARING_TOTAL = 4
 """Large bodies parsed or tokenized at once across all clients; more wait their turn."""
+JSON_UNITS_PER_MESSAGE = 32
+JSON_UNITS_SPARE = 16_384
+"""A body may hold ``max_context + JSON_UNITS_PER_MESSAGE * MAX_MESSAGES + JSON_UNITS_SPARE``
+JSON strings and values (token ids, messages, fields): parsing holds the GIL, and a body
+of a million tiny values would take a quarter of a second to parse."""
 T = TypeVar("T")
+
+
+def json_units(raw: bytes, limit: int) -> int:
+    """The strings plus separators (``,`` ``:`` ``[``) outside strings of a JSON body: how
+    many values parsing it creates, give or take one. Counted exactly only when a cheap
+    over-count exceeds ``limit``; then at most ``limit + 1`` strings are split out."""
+    quick = sum(raw.count(c) for c in (b",", b":", b"[", b'"'))
+    if quick <= limit:
+        return quick
+    cleaned = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    strings = cleaned.count(b'"') // 2
+    if strings > limit:
+        return strings
+    outside = cleaned.split(b'"')[::2]
+    return strings + sum(p.count(b",") + p.count(b":") + p.count(b"[") for p in outside)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,14 +121,24 @@ class FlareService:
 
     # -- request building -------------------------------------------------------------
 
-    async def prepare(self, prepare: Callable[[], T], *, size: int, client: str) -> T:
-        """Run ``prepare`` (parse and tokenize one body of ``size`` bytes): inline when
-        small; otherwise in a worker thread, so that a long prompt stalls neither the
-        event loop nor the model, within the per-client and total bounds."""
-        if size < OFFLOAD_BYTES:
+    async def prepare(self, prepare: Callable[[], T], *, body: bytes, client: str) -> T:
+        """Run ``prepare`` (parse and tokenize ``body``): inline when small; otherwise in a
+        worker thread, so that a long prompt stalls neither the event loop nor the model,
+        within the per-client and total bounds and the bound on JSON values."""
+        if len(body) < OFFLOAD_BYTES:
             return prepare()
+
+        def checked() -> T:
+            limit = (self.runtime.max_context + JSON_UNITS_PER_MESSAGE * MAX_MESSAGES
+                     + JSON_UNITS_SPARE)
+            units = json_units(body, limit)
+            if units > limit:
+                raise bad_request(f"The request body holds about {units} JSON values and "
+                                  f"strings; at most {limit} are accepted.")
+            return prepare()
+
         with self._preparing_slot(client):
-            return await trio.to_thread.run_sync(prepare, limiter=self._prepare_limiter)
+            return await trio.to_thread.run_sync(checked, limiter=self._prepare_limiter)
 
     @contextlib.contextmanager
     def _preparing_slot(self, client: str) -> Iterator[None]:

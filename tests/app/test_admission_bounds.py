@@ -12,7 +12,7 @@ import trio
 from http_fakes import FakeRuntime, TinyCodec
 from http_harness import client_for, running_server
 
-from app.service import OFFLOAD_BYTES, PREPARING_PER_CLIENT
+from app.service import OFFLOAD_BYTES, PREPARING_PER_CLIENT, json_units
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -124,3 +124,30 @@ async def test_one_client_may_prepare_only_a_few_large_bodies_at_once(
     assert small.status_code == 200  # small bodies are not counted
     assert statuses == [200] * PREPARING_PER_CLIENT
     assert again.status_code == 200  # the slots were given back
+
+
+def test_json_units_counts_values_outside_strings() -> None:
+    body = json.dumps({"prompt": [1, 2, 3], "s": 'a, b: [c] \\" ,', "n": {"x": []}}).encode()
+    # strings: "prompt" "s" its value "n" "x"; outside them: 2 ',' in the list, 2 between
+    # fields, 4 ':', 2 '['
+    assert json_units(body, limit=5) == 5 + 2 + 2 + 4 + 2
+    assert json_units(body, limit=4) == 5  # more strings than the limit: counted no further
+    assert json_units(body, limit=10_000) >= 15  # under the limit: the quick over-count
+
+
+async def test_a_body_of_too_many_json_values_is_refused_before_parsing(
+        codec: TinyCodec) -> None:
+    counting = _counting(codec)
+    rt = FakeRuntime(counting, max_context=256)
+    ids = json.dumps({"prompt": [1] * 1_000_000, "max_tokens": 1}).encode()
+    prose = "a, b: [c] " * (2 * OFFLOAD_BYTES // 10)  # many separators inside a string
+    rt_prose = FakeRuntime(counting, max_context=1_000_000)
+    with trio.fail_after(30):
+        async with running_server(rt) as server, client_for(server) as client:
+            refused = await client.post(COMPLETIONS, content=ids,
+                                        headers={"Content-Type": "application/json"})
+        async with running_server(rt_prose) as server, client_for(server) as client:
+            served = await client.post(COMPLETIONS, json={"prompt": prose, "max_tokens": 1})
+    assert refused.status_code == 400
+    assert "JSON values" in refused.json()["error"]["message"]
+    assert served.status_code == 200
