@@ -128,7 +128,17 @@ class TextCodec(Protocol):
     """The served model's tokenizer, as the HTTP layer needs it (arch: ``app`` applies
     the chat template and tokenizes)."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``. Long texts are encoded in a worker thread: an
+        implementation must not hold the GIL for the whole encoding."""
+        ...
+
+    @property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of text one token can cover (a text longer than
+        ``limit * max_chars_per_token`` cannot fit ``limit`` tokens), or ``None`` when the
+        tokenizer gives no such bound."""
+        ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 

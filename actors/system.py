@@ -42,6 +42,7 @@ from actors.calibration import measure_snapshot_programs
 from actors.capture_warmup import capture_programs
 from actors.catalog_setup import default_pages, served_shapes, snapshot_lanes, state_rows_for
 from actors.checkpoint_allocator import AllocatorState
+from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.messages import (
@@ -80,7 +81,6 @@ from gpu import (
     Backend,
     CatalogFlags,
     PreparedProgram,
-    Tokenizer,
     build_catalog,
     load_model_config,
     open_backend,
@@ -425,34 +425,6 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
     return engine, shapes
 
 
-class TokenizerCodec:
-    """``actors.public.TextCodec`` over ``gpu.model.tokenizer.Tokenizer``."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(token_ids)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._tokenizer.vocab_size
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return tuple(self._tokenizer.eos_token_ids)
-
-    @property
-    def chat_template(self) -> str | None:
-        return self._tokenizer.chat_template
-
-    @property
-    def special_tokens(self) -> dict[str, str]:
-        tokens = {"bos_token": self._tokenizer.bos_token, "eos_token": self._tokenizer.eos_token}
-        return {k: v for k, v in tokens.items() if v is not None}
 
 
 def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:

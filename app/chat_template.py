@@ -23,7 +23,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from actors import TextCodec
-from app.errors import bad_request
+from app.errors import bad_request, context_too_long
 from app.request_parsing import ChatMessage
 
 # Used when the model ships no template: ChatML, the most widely understood layout.
@@ -121,10 +121,17 @@ def _leading_system_count(messages: Sequence[ChatMessage]) -> int:
     return count
 
 
-def tokenize_chat(template: ChatTemplate, codec: TextCodec,
-                  messages: Sequence[ChatMessage]) -> TokenizedChat:
-    """Render with a generation prompt, tokenize segment by segment, and locate anchors."""
+def tokenize_chat(template: ChatTemplate, codec: TextCodec, messages: Sequence[ChatMessage],
+                  *, max_chars: int | None = None) -> TokenizedChat:
+    """Render with a generation prompt, tokenize segment by segment, and locate anchors.
+
+    A rendering longer than ``max_chars`` characters (text that cannot fit the context)
+    is refused before any anchor is rendered or any text encoded."""
     full_text = template.render(messages, add_generation_prompt=True)
+    if max_chars is not None and len(full_text) > max_chars:
+        raise context_too_long(
+            f"The rendered conversation has {len(full_text)} characters; this model's "
+            f"context holds at most {max_chars} characters of text.")
     boundaries = _message_boundaries(template, messages, full_text)
     token_ids: list[int] = []
     message_ends: list[int] = []

@@ -47,8 +47,8 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
     return ApiError(400, message, param=param, code=code)
 
 
-def context_too_long(message: str) -> ApiError:
-    return ApiError(400, message, param="messages", code="context_length_exceeded")
+def context_too_long(message: str, *, param: str = "messages") -> ApiError:
+    return ApiError(400, message, param=param, code="context_length_exceeded")
 
 
 def model_not_found(model: str) -> ApiError:
@@ -108,6 +108,13 @@ def api_error_for(exc: AdmissionError) -> ApiError:
     # An AdmissionError subclass added later without a mapping is still the client's
     # request being refused, never a server fault.
     return bad_request(str(exc) or type(exc).__name__)
+
+
+def too_many_preparing(limit: int) -> ApiError:
+    """429 for a client with ``limit`` large requests already being parsed or tokenized."""
+    return ApiError(429, f"This client already has {limit} large requests being prepared; "
+                    "retry when one of them is answered.", type="rate_limit_error",
+                    code="too_many_requests", headers={"Retry-After": "1"})
 
 
 def internal_error(message: str = "The server failed to process the request.") -> ApiError:

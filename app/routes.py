@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
-import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
@@ -42,10 +41,6 @@ from app.request_parsing import (
 from app.service import FlareService, PreparedRequest
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# Bodies from this size on are parsed and tokenized off the event loop (about 16k tokens
-# of text take a few milliseconds to encode; below that the thread hop costs more).
-OFFLOAD_BYTES = 64 * 1024
-T = TypeVar("T")
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
@@ -59,12 +54,9 @@ async def _request_body() -> bytes:
     return raw.encode() if isinstance(raw, str) else raw
 
 
-async def _off_loop_if_large(prepare: Callable[[], T], size: int) -> T:
-    """Parse and tokenize large bodies in a worker thread so that a long prompt does not
-    stall the event loop (and every stream it serves); small ones inline."""
-    if size < OFFLOAD_BYTES:
-        return prepare()
-    return await trio.to_thread.run_sync(prepare)
+def _client() -> str:
+    """Whom per-client bounds count against: the peer address."""
+    return request.remote_addr or ""
 
 
 def _head(service: FlareService, prepared: PreparedRequest) -> ResponseHead:
@@ -123,7 +115,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             params = parse_completion(parse_json_object(raw))
             return params, service.prepare_completion(params, arrived=arrived)
 
-        params, prepared = await _off_loop_if_large(prepare, len(raw))
+        params, prepared = await service.prepare(prepare, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="completions",
                                      stream=params.common.stream)
         logprobs = CompletionLogprobs(service.codec) if params.logprobs else None
@@ -161,7 +153,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             params = parse_chat(parse_json_object(raw))
             return params, service.prepare_chat(params, arrived=arrived)
 
-        params, prepared = await _off_loop_if_large(prepare_chat, len(raw))
+        params, prepared = await service.prepare(prepare_chat, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
         if params.common.stream:
             return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,

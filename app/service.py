@@ -3,25 +3,69 @@
 
 Routes stay thin: they parse (``request_parsing``), call ``FlareService`` and format
 (``openai_format``). Nothing here knows about Quart.
+
+Work before admission is bounded: a body is at most ``max_request_bytes``; a text longer
+than the context can hold (``max_context * codec.max_chars_per_token`` characters) is
+refused before it is encoded; large bodies are parsed and tokenized in worker threads
+(the codec releases the GIL while encoding), at most ``PREPARING_PER_CLIENT`` at once per
+client (429 beyond) and ``PREPARING_TOTAL`` at once in all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 
 from actors import GenerationRequest, Runtime, context_room, fits_context
 from app.chat_template import ChatTemplate, tokenize_chat
-from app.errors import ApiError, bad_request, context_too_long, shutting_down
+from app.errors import ApiError, bad_request, context_too_long, shutting_down, too_many_preparing
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
 from app.metrics import AppMetrics
-from app.request_parsing import ChatParams, CommonParams, CompletionParams, check_model
+from app.request_parsing import (
+    MAX_MESSAGES,
+    ChatParams,
+    CommonParams,
+    CompletionParams,
+    check_model,
+)
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Bodies from this size on are parsed and tokenized off the event loop (about 16k tokens
+# of text take a few milliseconds to encode; below that the thread hop costs more).
+OFFLOAD_BYTES = 64 * 1024
+PREPARING_PER_CLIENT = 2
+"""Large bodies one client (address) may have parsed or tokenized at once; more are 429."""
+PREPARING_TOTAL = 4
+"""Large bodies parsed or tokenized at once across all clients; more wait their turn."""
+JSON_UNITS_PER_MESSAGE = 32
+JSON_UNITS_SPARE = 16_384
+"""A body may hold ``max_context + JSON_UNITS_PER_MESSAGE * MAX_MESSAGES + JSON_UNITS_SPARE``
+JSON strings and values (token ids, messages, fields): parsing holds the GIL, and a body
+of a million tiny values would take a quarter of a second to parse."""
+T = TypeVar("T")
+
+
+def json_units(raw: bytes, limit: int) -> int:
+    """The strings plus separators (``,`` ``:`` ``[``) outside strings of a JSON body: how
+    many values parsing it creates, give or take one. Counted exactly only when a cheap
+    over-count exceeds ``limit``; then at most ``limit + 1`` strings are split out."""
+    quick = sum(raw.count(c) for c in (b",", b":", b"[", b'"'))
+    if quick <= limit:
+        return quick
+    cleaned = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    strings = cleaned.count(b'"') // 2
+    if strings > limit:
+        return strings
+    outside = cleaned.split(b'"')[::2]
+    return strings + sum(p.count(b",") + p.count(b":") + p.count(b"[") for p in outside)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +105,8 @@ class FlareService:
         self.inflight = Inflight()
         self.draining = False
         self.nursery: trio.Nursery | None = None
+        self._preparing: Counter[str] = Counter()
+        self._prepare_limiter = trio.CapacityLimiter(PREPARING_TOTAL)
 
     # -- admission ------------------------------------------------------------------
 
@@ -79,9 +125,52 @@ class FlareService:
 
     # -- request building -------------------------------------------------------------
 
+    async def prepare(self, prepare: Callable[[], T], *, body: bytes, client: str) -> T:
+        """Run ``prepare`` (parse and tokenize ``body``): inline when small; otherwise in a
+        worker thread, so that a long prompt stalls neither the event loop nor the model,
+        within the per-client and total bounds and the bound on JSON values."""
+        if len(body) < OFFLOAD_BYTES:
+            return prepare()
+
+        def checked() -> T:
+            limit = (self.runtime.max_context + JSON_UNITS_PER_MESSAGE * MAX_MESSAGES
+                     + JSON_UNITS_SPARE)
+            units = json_units(body, limit)
+            if units > limit:
+                raise bad_request(f"The request body holds about {units} JSON values and "
+                                  f"strings; at most {limit} are accepted.")
+            return prepare()
+
+        with self._preparing_slot(client):
+            return await trio.to_thread.run_sync(checked, limiter=self._prepare_limiter)
+
+    @contextlib.contextmanager
+    def _preparing_slot(self, client: str) -> Iterator[None]:
+        if self._preparing[client] >= PREPARING_PER_CLIENT:
+            raise too_many_preparing(PREPARING_PER_CLIENT)
+        self._preparing[client] += 1
+        try:
+            yield
+        finally:
+            self._preparing[client] -= 1
+            if not self._preparing[client]:
+                del self._preparing[client]
+
+    @property
+    def max_text_chars(self) -> int | None:
+        """Characters beyond which a text cannot fit the context (``None``: no bound)."""
+        per_token = self.codec.max_chars_per_token
+        return None if per_token is None else self.runtime.max_context * per_token
+
     def prepare_completion(self, params: CompletionParams, *, arrived: float) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
         if isinstance(params.prompt, str):
+            limit = self.max_text_chars
+            if limit is not None and len(params.prompt) > limit:
+                raise context_too_long(
+                    f"The prompt has {len(params.prompt)} characters; this model's context "
+                    f"of {self.runtime.max_context} tokens holds at most {limit} characters "
+                    "of text.", param="prompt")
             prompt_ids = tuple(self.codec.encode(params.prompt))
             prompt_text = params.prompt
         else:
@@ -103,7 +192,8 @@ class FlareService:
 
     def prepare_chat(self, params: ChatParams, *, arrived: float) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
-        chat = tokenize_chat(self.template, self.codec, params.messages)
+        chat = tokenize_chat(self.template, self.codec, params.messages,
+                             max_chars=self.max_text_chars)
         max_tokens = params.common.max_tokens
         if max_tokens is None:
             max_tokens = context_room(prompt_len=len(chat.token_ids),

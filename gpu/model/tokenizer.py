@@ -2,6 +2,11 @@
 
 Owns encoding, decoding, EOS ids, the BOS token and the chat template (rendered with
 jinja2 the way HF does). It is host-only and never touches a device.
+
+Encoding runs in Rust with the GIL released (``encode_batch_fast``), so a long text
+encoded in a worker thread never stalls the threads that run the model or the event loop.
+``max_chars_per_token`` bounds how much text one token can cover, so callers can refuse a
+text that cannot fit a context before encoding it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,63 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from gpu.model.config import ModelLoadError
+
+# Normalizers that never make a text shorter (so a token still covers at most as many input
+# characters as its vocabulary string has).
+_NON_SHRINKING_NORMALIZERS = frozenset({"Prepend", "NFD", "NFKD", "Lowercase"})
+
+
+def _never_shrinks(normalizer: Mapping[str, Any] | None) -> bool:
+    if normalizer is None:
+        return True
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        return all(_never_shrinks(n) for n in normalizer.get("normalizers", ()))
+    if kind == "Replace":
+        pattern = normalizer.get("pattern", {})
+        content = normalizer.get("content", "")
+        return ("String" in pattern and isinstance(content, str)
+                and len(content) >= len(pattern["String"]))
+    return kind in _NON_SHRINKING_NORMALIZERS
+
+
+def _has_byte_level(pre_tokenizer: Mapping[str, Any] | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_has_byte_level(p) for p in pre_tokenizer.get("pretokenizers", ()))
+    return pre_tokenizer.get("type") == "ByteLevel"
+
+
+def max_chars_per_token(backend: HFTokenizer) -> int | None:
+    """The most input characters one token of ``backend`` can cover, or ``None`` when no
+    such bound holds (a normalizer that can delete or compose characters, an unknown token
+    that swallows a whole word or run, a token that strips neighbouring whitespace).
+
+    Sound: byte-level and metaspace pre-tokenizers map each input character to at least
+    one vocabulary character, byte-fallback tokens cover at most one character, so a text
+    of ``n`` characters encodes to at least ``n / max_chars_per_token`` tokens.
+    """
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    kind = model.get("type")
+    if not _never_shrinks(spec.get("normalizer")):
+        return None
+    added = spec.get("added_tokens") or []
+    if any(t.get("lstrip") or t.get("rstrip") for t in added):
+        return None
+    if kind == "BPE":
+        every_char_encodes = model.get("byte_fallback") or _has_byte_level(
+            spec.get("pre_tokenizer"))
+        if model.get("unk_token") is None and not every_char_encodes:
+            return None  # unknown characters are dropped
+        if model.get("fuse_unk") and not every_char_encodes:
+            return None  # a run of unknown characters is one token
+    elif kind != "Unigram" or not model.get("byte_fallback"):
+        return None  # WordLevel, WordPiece: a whole unknown word is one token
+    vocab = backend.get_vocab(with_added_tokens=True)
+    longest = max((len(token) for token in vocab), default=1)
+    return max(1, longest, *(len(t.get("content", "")) for t in added))
 
 
 def _token_text(value: Any) -> str | None:
@@ -46,6 +108,7 @@ class Tokenizer:
         self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
         self.chat_template = chat_template
         self.add_bos = add_bos
+        self.max_chars_per_token = max_chars_per_token(backend)
 
     @classmethod
     def load(cls, model_dir: str | Path, *, extra_eos_ids: Sequence[int] = ()) -> Tokenizer:
@@ -86,9 +149,12 @@ class Tokenizer:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (with the post-processor's special tokens by default)."""
-        ids = list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
-        return ids
+        """Token ids of ``text`` (with the post-processor's special tokens by default).
+
+        The same ids as ``encode``; the batch call releases the GIL while it runs."""
+        [encoding] = self._backend.encode_batch_fast([text],
+                                                     add_special_tokens=add_special_tokens)
+        return list(encoding.ids)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))

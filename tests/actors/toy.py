@@ -76,6 +76,10 @@ class ToyCodec:
         return "".join(ALPHABET[t] for t in token_ids if t != EOS)
 
     @property
+    def max_chars_per_token(self) -> int:
+        return 1
+
+    @property
     def vocab_size(self) -> int:
         return VOCAB
 

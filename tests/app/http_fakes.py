@@ -24,6 +24,7 @@ from actors.public import (
     TokenDelta,
     fits_context,
 )
+from gpu.model.tokenizer import max_chars_per_token
 
 SPECIAL_TOKENS = ["<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
 CORPUS = [
@@ -69,6 +70,10 @@ class TinyCodec:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=False))
+
+    @property
+    def max_chars_per_token(self) -> int | None:
+        return max_chars_per_token(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:

@@ -177,9 +177,9 @@ async def test_lifecycle_log_events(codec: TinyCodec) -> None:
 
 
 async def test_large_bodies_are_prepared_off_the_event_loop(codec: TinyCodec) -> None:
-    """Bodies past app.routes.OFFLOAD_BYTES take the worker-thread path; results and
+    """Bodies past app.service.OFFLOAD_BYTES take the worker-thread path; results and
     errors are the same as inline."""
-    from app.routes import OFFLOAD_BYTES
+    from app.service import OFFLOAD_BYTES
 
     rt = FakeRuntime(codec, reply=REPLY, max_context=200_000)
     text = "The quick brown fox jumps over the lazy dog. " * (OFFLOAD_BYTES // 40)
