@@ -20,13 +20,13 @@ import numpy as np
 from policy.descriptors import GraphShape
 from policy.round_search import prefix_cohort_values
 from policy.round_table import (
+    LaneTable,
     Ordering,
     RoundCandidate,
     SpeculativeLane,
-    _candidate,
-    _LaneTable,
-    _options,
-    _width,
+    lane_options,
+    lane_width,
+    priced_candidate,
 )
 from policy.utility import NS_PER_MS, FloatArray, IntArray, value_rate
 
@@ -48,7 +48,7 @@ class HostCohort(NamedTuple):
     slope: float
 
 
-def top_cohorts(table: _LaneTable, specs: Sequence[tuple[int, int, int]]
+def top_cohorts(table: LaneTable, specs: Sequence[tuple[int, int, int]]
                 ) -> list[HostCohort | None]:
     """For each ``(batch, width, estimate_ns)``: the best ``batch`` lanes of ``table``
     at complete ceilings ``min(request limit, width)``, by value over the estimate (the
@@ -85,7 +85,7 @@ def top_cohorts(table: _LaneTable, specs: Sequence[tuple[int, int, int]]
     return out
 
 
-def cohort_round(shape: GraphShape, table: _LaneTable, cohort: HostCohort, estimate_ns: int,
+def cohort_round(shape: GraphShape, table: LaneTable, cohort: HostCohort, estimate_ns: int,
                  waiting: float) -> RoundCandidate:
     """``cohort`` as a host-allocated ``RoundCandidate`` of ``shape``."""
     t_ms = estimate_ns / NS_PER_MS
@@ -120,7 +120,7 @@ class _HostPick(NamedTuple):
                 float(self.shape.batch_capacity - size),
                 float(self.shape.packed_capacity - self.rows_used))
 
-    def candidate(self, table: _LaneTable) -> RoundCandidate:
+    def candidate(self, table: LaneTable) -> RoundCandidate:
         rows = np.array(self.rows, dtype=np.int64)
         return RoundCandidate(
             shape=self.shape, base=self.base, slope=self.slope, estimate_ns=self.estimate_ns,
@@ -135,7 +135,7 @@ _Pick = RoundCandidate | _HostPick
 _ORDERINGS = (Ordering.TOTAL_VALUE, Ordering.DELIVERY_VALUE, Ordering.VALUE_PER_ROW)
 
 
-def _device_search(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
+def _device_search(shape: GraphShape, table: LaneTable, ceilings: IntArray,
                    t_ms: float) -> tuple[list[IntArray], FloatArray, IntArray]:
     """The bounded device search (SEL-28..30): for each ordering (total lane value,
     pending-token delivery value, value per target row) the lane order and the value and
@@ -143,7 +143,7 @@ def _device_search(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
     frontier allocation. Returns (orders, values ``[3, m]``, rows ``[3, m, m]``)."""
     live = np.nonzero(ceilings > 0)[0]
     limit = min(shape.batch_capacity, shape.packed_capacity, len(live))
-    options = _options(table, ceilings, t_ms, complete=False)
+    options = lane_options(table, ceilings, t_ms, complete=False)
     full = options[live, ceilings[live]]
     keys = (full, options[live, 1], full / ceilings[live])
     orders: list[IntArray] = []
@@ -167,13 +167,13 @@ def device_cohort_values(lanes: Sequence[SpeculativeLane], shape: GraphShape, *,
     """Scaled value (at the program's duration) of every cohort the device search prices
     for ``shape``: ``[3, min(B, P, lanes)]``, one row per ordering (SEL-28, SEL-30)."""
     live = [ln for ln in lanes if ln.request_limit > 0]
-    width = _width(shape)
-    table = _LaneTable(live, width, alpha, optimistic=False)
+    width = lane_width(shape)
+    table = LaneTable(live, width, alpha, optimistic=False)
     ceilings = table.at_width(width)[0]
     return _device_search(shape, table, ceilings, estimate_ns / NS_PER_MS)[1]
 
 
-def _device_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
+def _device_candidates(shape: GraphShape, table: LaneTable, ceilings: IntArray,
                        estimate_ns: int, waiting: float, *, every: bool
                        ) -> list[RoundCandidate]:
     orders, values, rows = _device_search(shape, table, ceilings, estimate_ns / NS_PER_MS)
@@ -191,6 +191,6 @@ def _device_candidates(shape: GraphShape, table: _LaneTable, ceilings: IntArray,
         if cohort in seen:
             continue
         seen.add(cohort)
-        out.append(_candidate(shape, table, orders[k][: m + 1], rows[k, m, : m + 1],
+        out.append(priced_candidate(shape, table, orders[k][: m + 1], rows[k, m, : m + 1],
                               ceilings, estimate_ns, waiting, _ORDERINGS[k]))
     return out

@@ -29,8 +29,11 @@ __all__ = [
     "SpeculativeLane",
     "forecast_observation",
     "lane_ceiling",
+    "lane_options",
     "lane_table",
+    "lane_width",
     "observe_completed_round",
+    "priced_candidate",
     "queued_advance_bound",
     "speculative_lane",
 ]
@@ -110,10 +113,10 @@ def speculative_lane(
 def lane_ceiling(shape: GraphShape, request_limit: int) -> int:
     """``min(D + 1, W, request limit)`` target rows (SPEC-25), never above ``P`` (no lane
     can hold more rows than the program, QUEUE-47); 0 when nothing is left."""
-    return max(min(_width(shape), request_limit), 0)
+    return max(min(lane_width(shape), request_limit), 0)
 
 
-def _width(shape: GraphShape) -> int:
+def lane_width(shape: GraphShape) -> int:
     """The most rows one lane of ``shape`` can verify: ``min(D + 1, W, P)``."""
     return min(shape.proposal_depth + 1, shape.token_capacity, shape.packed_capacity)
 
@@ -175,7 +178,7 @@ class RoundLane(NamedTuple):
     value: float
 
 
-class _LaneTable:
+class LaneTable:
     """Per-decision lane values: ``base[i, L]`` for ``L`` target rows (0 for ``L = 0``)."""
 
     def __init__(self, lanes: Sequence[SpeculativeLane], max_rows: int, alpha: float,
@@ -245,14 +248,10 @@ class _LaneTable:
         return got
 
 
-LaneTable = _LaneTable
-"""The decision's lane table, as other policy modules name it (``lane_table`` builds it)."""
-
-
-def lane_table(lanes: Sequence[SpeculativeLane], max_rows: int, alpha: float) -> _LaneTable:
+def lane_table(lanes: Sequence[SpeculativeLane], max_rows: int, alpha: float) -> LaneTable:
     """The decision's lane values (means, not optimistic bounds) for lanes with room,
     up to ``max_rows`` rows each, for ``ranked_rounds(table=...)`` and ``top_cohorts``."""
-    return _LaneTable([ln for ln in lanes if ln.request_limit > 0], max_rows, alpha,
+    return LaneTable([ln for ln in lanes if ln.request_limit > 0], max_rows, alpha,
                       optimistic=False)
 
 
@@ -274,7 +273,7 @@ class RoundCandidate:
     rate: float | None
     """F-SEL value rate; None for an unknown duration (ranked by useful value)."""
     ordering: Ordering
-    table: _LaneTable
+    table: LaneTable
     lane_index: IntArray
     """Index into the table's lanes of each cohort member, in slot order."""
     rows: IntArray
@@ -330,7 +329,7 @@ class RoundCandidate:
         return (self.shape.proposal_depth, self.shape.binding, tuple(work))
 
 
-def _candidate(shape: GraphShape, table: _LaneTable, index: IntArray, rows: IntArray,
+def priced_candidate(shape: GraphShape, table: LaneTable, index: IntArray, rows: IntArray,
                ceilings: IntArray, estimate_ns: int, waiting: float,
                ordering: Ordering, *, sums: tuple[float, float] | None = None
                ) -> RoundCandidate:
@@ -349,7 +348,7 @@ def _candidate(shape: GraphShape, table: _LaneTable, index: IntArray, rows: IntA
                           rows=rows, ceilings=ceilings[index], rows_used=int(rows.sum()))
 
 
-def _options(table: _LaneTable, ceilings: IntArray, t_ms: float, *, complete: bool
+def lane_options(table: LaneTable, ceilings: IntArray, t_ms: float, *, complete: bool
              ) -> FloatArray:
     """``options[i, L]``: lane ``i``'s value with ``L`` rows over ``t_ms`` (``-inf`` where
     not allowed: past the ceiling, or below it when prefixes must be complete)."""

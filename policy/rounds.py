@@ -53,13 +53,13 @@ from policy.descriptors import GraphKind, GraphShape, IdentityEnum, TargetBindin
 from policy.round_cohorts import _device_candidates, _HostPick, _Pick
 from policy.round_search import best_lengths, frontier_allocation
 from policy.round_table import (
+    LaneTable,
     Ordering,
     RoundCandidate,
     SpeculativeLane,
-    _candidate,
-    _LaneTable,
-    _options,
-    _width,
+    lane_options,
+    lane_width,
+    priced_candidate,
 )
 from policy.types import Lane, LaneRole
 from policy.utility import NS_PER_MS, value_rate
@@ -86,15 +86,15 @@ class SpeculationMode(IdentityEnum):
     """Adaptive: host lengths or device allocation, widths compete (SPEC-6)."""
 
 
-def _host_candidates(shape: GraphShape, table: _LaneTable, estimate_ns: int,
+def _host_candidates(shape: GraphShape, table: LaneTable, estimate_ns: int,
                      waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
     best = _host_round(shape, table, estimate_ns, waiting, mode,
                        batch=shape.batch_capacity, packed=shape.packed_capacity,
-                       width=_width(shape))
+                       width=lane_width(shape))
     return [best] if best is not None else []
 
 
-def _host_round(shape: GraphShape, table: _LaneTable, estimate_ns: int, waiting: float,
+def _host_round(shape: GraphShape, table: LaneTable, estimate_ns: int, waiting: float,
                 mode: SpeculationMode, *, batch: int, packed: int, width: int
                 ) -> RoundCandidate | None:
     """The best host-allocated cohort of at most ``batch`` lanes, ``width`` rows each and
@@ -117,20 +117,20 @@ def _host_round(shape: GraphShape, table: _LaneTable, estimate_ns: int, waiting:
     if int(top_ceilings.sum()) <= packed:
         # P does not constrain the best cohort: complete prefixes, top-B values (SEL-25).
         sums = (float(at_ceiling[top].sum()), float(slope[top].sum()))
-        return _candidate(shape, table, top, top_ceilings, ceilings, estimate_ns, waiting,
+        return priced_candidate(shape, table, top, top_ceilings, ceilings, estimate_ns, waiting,
                           Ordering.HOST, sums=sums)
-    options = _options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
+    options = lane_options(table, ceilings, t_ms, complete=mode is SpeculationMode.FIXED)
     picked = best_lengths(options, batch, packed)
     chosen = sorted(picked.items(), key=lambda item: (-float(full[item[0]]), item[0]))
     index = np.array([i for i, _ in chosen], dtype=np.int64)
     rows = np.array([r for _, r in chosen], dtype=np.int64)
     if len(index) == 0:
         return None
-    return _candidate(shape, table, index, rows, ceilings, estimate_ns, waiting,
+    return priced_candidate(shape, table, index, rows, ceilings, estimate_ns, waiting,
                       Ordering.HOST)
 
 
-def _host_picks(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _LaneTable,
+def _host_picks(shapes: Sequence[GraphShape], estimates: Sequence[int], table: LaneTable,
                 waiting: float, mode: SpeculationMode) -> list[_Pick]:
     """``_host_candidates`` for many host-allocated programs at once.
 
@@ -152,7 +152,7 @@ def _host_picks(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _
     if not shapes or n == 0:
         return []
     limits, slopes, base_rows = table.python_rows()
-    widths = [_width(sh) for sh in shapes]
+    widths = [lane_width(sh) for sh in shapes]
     out: list[_Pick] = []
     if min(limits) <= 0 or min(widths) <= 0:  # a lane without room: per-program path
         for shape, estimate in zip(shapes, estimates, strict=True):
@@ -190,7 +190,7 @@ def _host_picks(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _
     return out
 
 
-def _host_batch(shapes: Sequence[GraphShape], estimates: Sequence[int], table: _LaneTable,
+def _host_batch(shapes: Sequence[GraphShape], estimates: Sequence[int], table: LaneTable,
                 waiting: float, mode: SpeculationMode) -> list[RoundCandidate]:
     """``_host_picks`` with every pick built into a ``RoundCandidate``."""
     return [p.candidate(table) if isinstance(p, _HostPick) else p
@@ -203,7 +203,7 @@ def price_rows(candidate: RoundCandidate, lanes: Sequence[SpeculativeLane], esti
     means after an optimistic search, ACC-25); lane order and rows are kept."""
     by_handle = {ln.handle: i for i, ln in enumerate(lanes)}
     max_rows = max((ln.rows for ln in candidate.lanes), default=1)
-    table = _LaneTable(lanes, max(max_rows, 1), alpha, optimistic=optimistic)
+    table = LaneTable(lanes, max(max_rows, 1), alpha, optimistic=optimistic)
     ceilings = np.zeros(len(lanes), dtype=np.int64)
     chosen: list[tuple[int, int]] = []
     for ln in candidate.lanes:
@@ -212,7 +212,7 @@ def price_rows(candidate: RoundCandidate, lanes: Sequence[SpeculativeLane], esti
         chosen.append((i, ln.rows))
     index = np.array([i for i, _ in chosen], dtype=np.int64)
     rows = np.array([r for _, r in chosen], dtype=np.int64)
-    return _candidate(candidate.shape, table, index, rows, ceilings, estimate_ns, waiting,
+    return priced_candidate(candidate.shape, table, index, rows, ceilings, estimate_ns, waiting,
                       candidate.ordering)
 
 
@@ -276,7 +276,7 @@ class RoundPrograms:
 
     def __init__(self, shapes: Iterable[GraphShape]) -> None:
         self.shapes = [s for s in shapes if s.kind is GraphKind.SPECULATIVE]
-        self.widths = [_width(s) for s in self.shapes]
+        self.widths = [lane_width(s) for s in self.shapes]
         self.device = [i for i, s in enumerate(self.shapes)
                        if s.binding is TargetBinding.SPECULATIVE_PREFIX_LIMIT]
         device = set(self.device)
@@ -356,7 +356,7 @@ def ranked_rounds(
     keep_dominated: bool = False,
     every_cohort: bool = False,
     limit: int | None = None,
-    table: _LaneTable | None = None,
+    table: LaneTable | None = None,
 ) -> list[RoundCandidate]:
     """``round_candidates`` over a catalog's precomputed ``programs``; ``estimates_ns``
     aligned with ``programs.shapes`` (0 = unknown). The scheduler's per-decision path:
@@ -369,7 +369,7 @@ def ranked_rounds(
         live = [ln for ln in lanes if ln.request_limit > 0]
         if not spec or not live:
             return []
-        table = _LaneTable(live, programs.max_rows, alpha, optimistic=optimistic)
+        table = LaneTable(live, programs.max_rows, alpha, optimistic=optimistic)
     elif not spec or not table.lanes:
         return []
     host = programs.host if keep_dominated else programs.host_for(len(table.lanes))

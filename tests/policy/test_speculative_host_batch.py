@@ -18,7 +18,7 @@ import pytest
 
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
 from policy.round_cohorts import _HostPick
-from policy.round_table import Ordering, RoundCandidate, SpeculativeLane, _LaneTable, _width
+from policy.round_table import LaneTable, Ordering, RoundCandidate, SpeculativeLane, lane_width
 from policy.rounds import (
     RoundPrograms,
     SpeculationMode,
@@ -33,13 +33,13 @@ from policy.utility import NS_PER_MS, value_rates
 
 
 def reference_host_batch(shapes: Sequence[GraphShape], estimates: Sequence[int],
-                         table: _LaneTable, waiting: float,
+                         table: LaneTable, waiting: float,
                          mode: SpeculationMode) -> list[RoundCandidate]:
     """The numpy implementation the list path replaced (kept here as the oracle)."""
     n = len(table.lanes)
     if not shapes or n == 0:
         return []
-    widths = np.array([_width(sh) for sh in shapes], dtype=np.int64)
+    widths = np.array([lane_width(sh) for sh in shapes], dtype=np.int64)
     ceil = np.minimum(table.limit[None, :], widths[:, None])
     if ceil.min() <= 0:
         out: list[RoundCandidate] = []
@@ -119,7 +119,7 @@ def test_sel_25_27_list_path_equals_numpy_batch_to_the_bit(seed: int) -> None:
     rng = random.Random(seed)
     shapes = catalog(rng)
     n = rng.randint(1, 8)
-    table = _LaneTable(lanes(rng, n, ties=seed % 4 == 0), max(_width(s) for s in shapes),
+    table = LaneTable(lanes(rng, n, ties=seed % 4 == 0), max(lane_width(s) for s in shapes),
                        alpha=rng.choice((0.5, 1.0, 2.0)), optimistic=False)
     estimates = [0 if rng.random() < 0.2 else rng.randint(3, 40) * 1_000_000 + rng.randint(0, 999)
                  for _ in shapes]
@@ -138,7 +138,7 @@ def test_dur_24_pick_rank_equals_rank_key_of_its_candidate(seed: int) -> None:
     before building them keeps the order."""
     rng = random.Random(100 + seed)
     shapes = catalog(rng)
-    table = _LaneTable(lanes(rng, rng.randint(1, 8), ties=seed % 2 == 0), 5, alpha=1.0,
+    table = LaneTable(lanes(rng, rng.randint(1, 8), ties=seed % 2 == 0), 5, alpha=1.0,
                        optimistic=False)
     estimates = [0 if rng.random() < 0.3 else rng.randint(3, 40) * 1_000_000 for _ in shapes]
     picks = _host_picks(shapes, estimates, table, 0.05, SpeculationMode.ADAPTIVE)
@@ -154,7 +154,7 @@ def test_sel_25_lane_without_room_takes_the_per_program_path() -> None:
     shapes = catalog(rng)
     live = lanes(rng, 3, ties=True)
     full = live[1]._replace(output_limit=0)
-    table = _LaneTable([live[0], full, live[2]], 5, alpha=1.0, optimistic=False)
+    table = LaneTable([live[0], full, live[2]], 5, alpha=1.0, optimistic=False)
     got = _host_batch(shapes, [5_000_000] * len(shapes), table, 0.1, SpeculationMode.ADAPTIVE)
     assert got and all(1 not in c.lane_index.tolist() for c in got)
     want = reference_host_batch(shapes, [5_000_000] * len(shapes), table, 0.1,
@@ -172,7 +172,7 @@ def test_sel_24_ranked_candidates_unchanged() -> None:
     estimates = {s: rng.randint(5, 30) * 1_000_000 for s in shapes}
     ranked = round_candidates(spec_lanes, shapes, estimates, alpha=1.0, waiting=0.05,
                               mode=SpeculationMode.ADAPTIVE)
-    table = _LaneTable(spec_lanes, 5, alpha=1.0, optimistic=False)
+    table = LaneTable(spec_lanes, 5, alpha=1.0, optimistic=False)
     brute = [c for s in shapes for c in _host_candidates(s, table, estimates[s], 0.05,
                                                          SpeculationMode.ADAPTIVE)]
     best = min(brute, key=rank_key)
