@@ -2,29 +2,37 @@
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: serve test test-cuda lint typecheck bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,cuda]'
-	touch $(STAMP)
 
-serve: $(STAMP)
+# Serving installs what flare needs to run; the tests add the dev extras.
+$(SERVE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[cuda]'
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev,cuda]'
+	touch $@ $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
 	$(BIN)/flare run $(ARGS)
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # On a machine with a CUDA device: the cuda-marked tests, then every program timed on it.
-test-cuda: $(STAMP)
+test-cuda: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m cuda tests
 	$(BIN)/flare bench programs --backend cuda
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy policy actors
 
