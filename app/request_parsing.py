@@ -324,7 +324,16 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     common = _common(fields, max_tokens_names=("max_tokens", "max_completion_tokens"))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
-    raw = body.get("messages")
+    messages = _messages(body.get("messages"))
+    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
+    if top_logprobs:
+        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
+                          param="top_logprobs")
+    return ChatParams(common=common, messages=messages,
+                      logprobs=fields.boolean("logprobs", False))
+
+
+def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list.", param="messages")
     if len(raw) > MAX_MESSAGES:
@@ -343,12 +352,46 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
             raise bad_request(f"messages[{i}].name must be a string.", param="messages")
         messages.append(ChatMessage(role=role, content=_message_content(item.get("content"), i),
                                     name=name))
-    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
-    if top_logprobs:
-        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
-                          param="top_logprobs")
-    return ChatParams(common=common, messages=tuple(messages),
-                      logprobs=fields.boolean("logprobs", False))
+    return tuple(messages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizeParams:
+    """``POST /tokenize``: exactly one of ``prompt`` and ``messages``."""
+
+    model: str | None
+    prompt: str | None
+    messages: tuple[ChatMessage, ...] | None
+    add_generation_prompt: bool
+
+
+def parse_tokenize(body: dict[str, Any]) -> TokenizeParams:
+    fields = _Fields(body)
+    model = fields.string("model")
+    if fields.present("messages"):
+        if fields.present("prompt"):
+            raise bad_request("Send either 'prompt' or 'messages', not both.", param="prompt")
+        return TokenizeParams(model=model, prompt=None, messages=_messages(body["messages"]),
+                              add_generation_prompt=fields.boolean("add_generation_prompt",
+                                                                   True))
+    prompt = fields.string("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' (a string) or 'messages' is required.", param="prompt")
+    return TokenizeParams(model=model, prompt=prompt, messages=None,
+                          add_generation_prompt=False)
+
+
+def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
+    """``POST /detokenize``: the model name (if sent) and the token ids."""
+    fields = _Fields(body)
+    model = fields.string("model")
+    raw = body.get("tokens")
+    if not isinstance(raw, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        raise bad_request("'tokens' must be a list of token ids.", param="tokens")
+    if any(t < 0 for t in raw):
+        raise bad_request("Token ids in 'tokens' must be non-negative.", param="tokens")
+    return model, tuple(raw)
 
 
 def check_model(requested: str | None, served: str) -> None:

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: ``/v1/completions``, ``/v1/chat/completions`` (JSON or
-SSE), ``/v1/models``, ``/health`` and ``/metrics``.
+SSE), ``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize``, ``/health`` and
+``/metrics``.
 
 Handlers parse, ask ``FlareService`` to admit, then either collect the events into one
 JSON body or return an SSE body generator. Every error leaves as an ``ApiError`` and is
@@ -36,7 +37,9 @@ from app.request_parsing import (
     CompletionParams,
     parse_chat,
     parse_completion,
+    parse_detokenize,
     parse_json_object,
+    parse_tokenize,
 )
 from app.service import FlareService, PreparedRequest
 
@@ -104,6 +107,23 @@ def register_routes(app: Quart, service: FlareService) -> None:
         return _json({"object": "list", "data": [{
             "id": service.model_name, "object": "model", "created": 0, "owned_by": "flare",
             "max_model_len": service.runtime.max_context}]})
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        raw = await _request_body()
+        tokens = await service.prepare(
+            lambda: service.tokenize(parse_tokenize(parse_json_object(raw))),
+            body=raw, client=_client())
+        return _json({"count": len(tokens), "max_model_len": service.runtime.max_context,
+                      "tokens": list(tokens)})
+
+    @app.post("/detokenize")
+    async def detokenize() -> Response:
+        raw = await _request_body()
+        text = await service.prepare(
+            lambda: service.detokenize(*parse_detokenize(parse_json_object(raw))),
+            body=raw, client=_client())
+        return _json({"prompt": text})
 
     @app.post("/v1/completions")
     async def completions() -> Response:

@@ -33,6 +33,7 @@ from app.request_parsing import (
     ChatParams,
     CommonParams,
     CompletionParams,
+    TokenizeParams,
     check_model,
 )
 
@@ -174,11 +175,7 @@ class FlareService:
             prompt_ids = tuple(self.codec.encode(params.prompt))
             prompt_text = params.prompt
         else:
-            vocab = self.codec.vocab_size
-            bad = next((t for t in params.prompt if t >= vocab), None)
-            if bad is not None:
-                raise bad_request(f"Token id {bad} in 'prompt' is outside the vocabulary "
-                                  f"(size {vocab}).", param="prompt")
+            self.check_vocabulary(params.prompt, param="prompt")
             prompt_ids = params.prompt
             prompt_text = self.codec.decode(prompt_ids) if params.echo else ""
         max_tokens = params.common.max_tokens
@@ -189,6 +186,37 @@ class FlareService:
                                 logprobs=params.logprobs)
         return PreparedRequest(request=request, prompt_text=prompt_text, arrived=arrived,
                                created=int(time.time()))
+
+    def check_vocabulary(self, token_ids: tuple[int, ...], *, param: str) -> None:
+        vocab = self.codec.vocab_size
+        bad = next((t for t in token_ids if t >= vocab), None)
+        if bad is not None:
+            raise bad_request(f"Token id {bad} in '{param}' is outside the vocabulary "
+                              f"(size {vocab}).", param=param)
+
+    def tokenize(self, params: TokenizeParams) -> tuple[int, ...]:
+        """The token ids of a prompt, or of a conversation rendered by the chat template."""
+        check_model(params.model, self.model_name)
+        limit = self.max_text_chars
+        if params.messages is None:
+            assert params.prompt is not None
+            text = params.prompt
+        elif params.add_generation_prompt:
+            return tokenize_chat(self.template, self.codec, params.messages,
+                                 max_chars=limit).token_ids
+        else:
+            text = self.template.render(params.messages, add_generation_prompt=False)
+        if limit is not None and len(text) > limit:
+            raise context_too_long(
+                f"The text has {len(text)} characters; this model's context of "
+                f"{self.runtime.max_context} tokens holds at most {limit} characters.",
+                param="prompt" if params.messages is None else "messages")
+        return tuple(self.codec.encode(text))
+
+    def detokenize(self, model: str | None, token_ids: tuple[int, ...]) -> str:
+        check_model(model, self.model_name)
+        self.check_vocabulary(token_ids, param="tokens")
+        return self.codec.decode(token_ids)
 
     def prepare_chat(self, params: ChatParams, *, arrived: float) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
