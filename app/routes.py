@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
 from actors import Finished, PromptScores, TokenDelta
-from app.errors import ApiError, internal_error, shutting_down
+from app.errors import ApiError, internal_error, model_not_found, shutting_down
 from app.generation import EventStream
 from app.openai_format import (
     SSE_DONE,
@@ -102,11 +102,19 @@ def register_routes(app: Quart, service: FlareService) -> None:
         return Response(service.metrics.render(), mimetype=None,
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def model_card() -> dict[str, Any]:
+        return {"id": service.model_name, "object": "model", "created": 0,
+                "owned_by": "flare", "max_model_len": service.runtime.max_context}
+
     @app.get("/v1/models")
     async def models() -> Response:
-        return _json({"object": "list", "data": [{
-            "id": service.model_name, "object": "model", "created": 0, "owned_by": "flare",
-            "max_model_len": service.runtime.max_context}]})
+        return _json({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        if model_id != service.model_name:
+            raise model_not_found(model_id)
+        return _json(model_card())
 
     @app.post("/tokenize")
     async def tokenize() -> Response:
