@@ -23,6 +23,7 @@ MAX_STOP_STRINGS = 4
 MAX_MESSAGES = 2048
 MAX_SEED = 2**63 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_REQUEST_ID_CHARS = 128
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -399,3 +400,16 @@ def check_model(requested: str | None, served: str) -> None:
     if requested is not None and requested != served:
         raise model_not_found(requested)
 
+
+
+def parse_request_id(value: str | None) -> str | None:
+    """An ``X-Request-Id`` header a client sent: printable ASCII, at most
+    ``MAX_REQUEST_ID_CHARS`` characters (it is logged and echoed verbatim)."""
+    if value is None:
+        return None
+    if not value or len(value) > MAX_REQUEST_ID_CHARS:
+        raise bad_request(f"'X-Request-Id' must be 1 to {MAX_REQUEST_ID_CHARS} characters, got "
+                          f"{len(value)}.", param="X-Request-Id")
+    if not (value.isascii() and value.isprintable()):
+        raise bad_request("'X-Request-Id' must be printable ASCII.", param="X-Request-Id")
+    return value

@@ -39,6 +39,7 @@ from app.request_parsing import (
     parse_completion,
     parse_detokenize,
     parse_json_object,
+    parse_request_id,
     parse_tokenize,
 )
 from app.service import FlareService, PreparedRequest
@@ -60,6 +61,15 @@ async def _request_body() -> bytes:
 def _client() -> str:
     """Whom per-client bounds count against: the peer address."""
     return request.remote_addr or ""
+
+
+def _incoming_request_id() -> str | None:
+    return parse_request_id(request.headers.get("X-Request-Id"))
+
+
+def _echoed_id(incoming: str | None, prepared: PreparedRequest) -> str:
+    """The ``X-Request-Id`` answered: the client's own, else the generated id."""
+    return incoming or prepared.request.request_id
 
 
 def _head(service: FlareService, prepared: PreparedRequest) -> ResponseHead:
@@ -137,11 +147,13 @@ def register_routes(app: Quart, service: FlareService) -> None:
     async def completions() -> Response:
         arrived = time.monotonic()
         service.check_admitting()
+        incoming = _incoming_request_id()
         raw = await _request_body()
 
         def prepare() -> tuple[CompletionParams, PreparedRequest]:
             params = parse_completion(parse_json_object(raw))
-            return params, service.prepare_completion(params, arrived=arrived)
+            return params, service.prepare_completion(params, arrived=arrived,
+                                                      request_id=incoming)
 
         params, prepared = await service.prepare(prepare, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="completions",
@@ -151,7 +163,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             return _sse(_completion_events(service, prepared, stream, echo=params.echo,
                                            logprobs=logprobs,
                                            include_usage=params.common.include_usage),
-                        prepared.request.request_id)
+                        _echoed_id(incoming, prepared))
         text: list[str] = [prepared.prompt_text] if params.echo else []
         try:
             async for event in stream:
@@ -169,24 +181,25 @@ def register_routes(app: Quart, service: FlareService) -> None:
         return _json(completion_body(
             _head(service, prepared), text="".join(text),
             logprobs=None if logprobs is None else logprobs.body(), finished=finished),
-            headers={"X-Request-Id": prepared.request.request_id})
+            headers={"X-Request-Id": _echoed_id(incoming, prepared)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
         arrived = time.monotonic()
         service.check_admitting()
+        incoming = _incoming_request_id()
         raw = await _request_body()
 
         def prepare_chat() -> tuple[ChatParams, PreparedRequest]:
             params = parse_chat(parse_json_object(raw))
-            return params, service.prepare_chat(params, arrived=arrived)
+            return params, service.prepare_chat(params, arrived=arrived, request_id=incoming)
 
         params, prepared = await service.prepare(prepare_chat, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
         if params.common.stream:
             return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,
                                      include_usage=params.common.include_usage),
-                        prepared.request.request_id)
+                        _echoed_id(incoming, prepared))
         text: list[str] = []
         entries: list[dict[str, Any]] | None = [] if params.logprobs else None
         try:
@@ -203,7 +216,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             raise _failure_error(stream)
         return _json(chat_body(
             _head(service, prepared), text="".join(text), logprobs=entries,
-            finished=finished), headers={"X-Request-Id": prepared.request.request_id})
+            finished=finished), headers={"X-Request-Id": _echoed_id(incoming, prepared)})
 
 
 def _finish_events(finished: Finished | None, stream: EventStream, last_chunk: dict[str, Any],

@@ -163,7 +163,8 @@ class FlareService:
         per_token = self.codec.max_chars_per_token
         return None if per_token is None else self.runtime.max_context * per_token
 
-    def prepare_completion(self, params: CompletionParams, *, arrived: float) -> PreparedRequest:
+    def prepare_completion(self, params: CompletionParams, *, arrived: float,
+                           request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
         if isinstance(params.prompt, str):
             limit = self.max_text_chars
@@ -183,7 +184,7 @@ class FlareService:
             max_tokens = self.settings.default_completion_max_tokens
         request = self._request(params.common, prompt_ids, max_tokens, prefix="cmpl",
                                 prompt_logprobs=params.echo and params.logprobs,
-                                logprobs=params.logprobs)
+                                logprobs=params.logprobs, request_id=request_id)
         return PreparedRequest(request=request, prompt_text=prompt_text, arrived=arrived,
                                created=int(time.time()))
 
@@ -218,7 +219,8 @@ class FlareService:
         self.check_vocabulary(token_ids, param="tokens")
         return self.codec.decode(token_ids)
 
-    def prepare_chat(self, params: ChatParams, *, arrived: float) -> PreparedRequest:
+    def prepare_chat(self, params: ChatParams, *, arrived: float,
+                     request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
         chat = tokenize_chat(self.template, self.codec, params.messages,
                              max_chars=self.max_text_chars)
@@ -230,7 +232,7 @@ class FlareService:
                 raise self._too_long(len(chat.token_ids), 1)
         request = self._request(params.common, chat.token_ids, max_tokens, prefix="chatcmpl",
                                 message_ends=chat.message_ends, system_end=chat.system_end,
-                                logprobs=params.logprobs)
+                                logprobs=params.logprobs, request_id=request_id)
         return PreparedRequest(request=request, prompt_text="", arrived=arrived,
                                created=int(time.time()))
 
@@ -243,7 +245,10 @@ class FlareService:
 
     def _request(self, common: CommonParams, prompt_ids: tuple[int, ...], max_tokens: int, *,
                  prefix: str, message_ends: tuple[int, ...] = (), system_end: int | None = None,
-                 prompt_logprobs: bool = False, logprobs: bool = False) -> GenerationRequest:
+                 prompt_logprobs: bool = False, logprobs: bool = False,
+                 request_id: str | None = None) -> GenerationRequest:
+        """``request_id``: the client's ``X-Request-Id``; the id is ``<prefix>-<it>``
+        (``<prefix>-<random hex>`` without one)."""
         if not prompt_ids:
             raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
         if not fits_context(prompt_len=len(prompt_ids), max_tokens=max_tokens,
@@ -260,7 +265,7 @@ class FlareService:
             prompt_logprobs=prompt_logprobs,
             logprobs=logprobs,
             client=common.user,
-            request_id=f"{prefix}-{uuid.uuid4().hex}",
+            request_id=f"{prefix}-{request_id or uuid.uuid4().hex}",
         )
 
     # -- shutdown -----------------------------------------------------------------------
