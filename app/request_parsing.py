@@ -197,6 +197,10 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
     max_tokens = None
     for name in max_tokens_names:
         value = fields.integer(name, lo=0, hi=2**31 - 1)
+        if value is not None and max_tokens is not None and value != max_tokens:
+            raise bad_request(f"'{name}'={value} differs from '{max_tokens_names[0]}'="
+                              f"{max_tokens}; send one of them (or the same value in both).",
+                              param=name)
         if value is not None:
             max_tokens = value
     temperature = fields.number("temperature", lo=0.0, hi=2.0, default=1.0)

@@ -25,7 +25,14 @@ import trio
 
 from actors import GenerationRequest, Runtime, context_room, fits_context
 from app.chat_template import ChatTemplate, tokenize_chat
-from app.errors import ApiError, bad_request, context_too_long, shutting_down, too_many_preparing
+from app.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    ApiError,
+    bad_request,
+    context_too_long,
+    shutting_down,
+    too_many_preparing,
+)
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
 from app.metrics import AppMetrics
 from app.request_parsing import (
@@ -121,8 +128,13 @@ class FlareService:
         assert self.nursery is not None
         observer = RequestObserver(self.metrics, request_id=prepared.request.request_id,
                                    endpoint=endpoint, arrived=prepared.arrived)
-        return await start_generation(self.runtime, self.nursery, self.inflight,
-                                      prepared.request, observer, stream=stream)
+        try:
+            return await start_generation(self.runtime, self.nursery, self.inflight,
+                                          prepared.request, observer, stream=stream)
+        except ApiError as exc:
+            if exc.code == CONTEXT_LENGTH_EXCEEDED and endpoint == "completions":
+                exc.param = "prompt"  # completions have no 'messages' to blame
+            raise
 
     # -- request building -------------------------------------------------------------
 
@@ -236,12 +248,13 @@ class FlareService:
         return PreparedRequest(request=request, prompt_text="", arrived=arrived,
                                created=int(time.time()))
 
-    def _too_long(self, prompt_tokens: int, max_tokens: int) -> ApiError:
+    def _too_long(self, prompt_tokens: int, max_tokens: int, *,
+                  param: str = "messages") -> ApiError:
         limit = self.runtime.max_context
         return context_too_long(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-            f"{max_tokens} for the completion).")
+            f"{max_tokens} for the completion).", param=param)
 
     def _request(self, common: CommonParams, prompt_ids: tuple[int, ...], max_tokens: int, *,
                  prefix: str, message_ends: tuple[int, ...] = (), system_end: int | None = None,
@@ -253,7 +266,8 @@ class FlareService:
             raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
         if not fits_context(prompt_len=len(prompt_ids), max_tokens=max_tokens,
                             limit=self.runtime.max_context):
-            raise self._too_long(len(prompt_ids), max_tokens)
+            raise self._too_long(len(prompt_ids), max_tokens,
+                                 param="prompt" if prefix == "cmpl" else "messages")
         return GenerationRequest(
             prompt_token_ids=prompt_ids,
             max_tokens=max_tokens,
