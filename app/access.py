@@ -1,8 +1,8 @@
 """Who may call the server, and how: API-key check, JSON content type, CORS.
 
-- **API key.** With ``AppSettings.api_key`` set, every ``/v1/*`` route (and ``/metrics``
-  with ``metrics_require_key``) needs ``Authorization: Bearer <key>``. The key is compared
-  as UTF-8 bytes in constant time (``hmac.compare_digest``): header values arrive decoded
+- **API key.** With ``AppSettings.api_key`` set, every ``/v1/*`` route, ``/tokenize`` and
+  ``/detokenize`` (and ``/metrics`` with ``metrics_require_key``) need ``Authorization:
+  Bearer <key>``. The key is compared as UTF-8 bytes in constant time (``hmac.compare_digest``): header values arrive decoded
   as latin-1, so the client's raw bytes are recovered before comparing, and a non-ASCII
   key matches a client that sends it in UTF-8.
 - **Content type.** A POST must declare ``Content-Type: application/json`` (a ``charset``
@@ -30,6 +30,8 @@ CORS_ALLOWED_METHODS = "GET, POST, OPTIONS"
 CORS_DEFAULT_HEADERS = "Authorization, Content-Type"
 CORS_EXPOSED_HEADERS = "X-Request-Id, Retry-After"
 CORS_MAX_AGE_S = 600
+KEYED_PATHS = ("/tokenize", "/detokenize")
+"""Routes outside ``/v1/`` that require the API key like ``/v1/*``."""
 
 
 def _header_bytes(value: str) -> bytes:
@@ -45,7 +47,7 @@ def check_api_key(settings: AppSettings, request: Request) -> None:
     key = settings.api_key
     if key is None or request.method == "OPTIONS":
         return
-    guarded = request.path.startswith("/v1/") or (
+    guarded = request.path.startswith("/v1/") or request.path in KEYED_PATHS or (
         settings.metrics_require_key and request.path == "/metrics")
     if not guarded:
         return

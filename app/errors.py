@@ -47,8 +47,13 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
     return ApiError(400, message, param=param, code=code)
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 def context_too_long(message: str, *, param: str = "messages") -> ApiError:
-    return ApiError(400, message, param=param, code="context_length_exceeded")
+    """A 400 for a prompt the context cannot hold; ``param`` is ``prompt`` on
+    ``/v1/completions``."""
+    return ApiError(400, message, param=param, code=CONTEXT_LENGTH_EXCEEDED)
 
 
 def model_not_found(model: str) -> ApiError:

@@ -23,6 +23,7 @@ MAX_STOP_STRINGS = 4
 MAX_MESSAGES = 2048
 MAX_SEED = 2**63 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_REQUEST_ID_CHARS = 128
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,6 +197,10 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
     max_tokens = None
     for name in max_tokens_names:
         value = fields.integer(name, lo=0, hi=2**31 - 1)
+        if value is not None and max_tokens is not None and value != max_tokens:
+            raise bad_request(f"'{name}'={value} differs from '{max_tokens_names[0]}'="
+                              f"{max_tokens}; send one of them (or the same value in both).",
+                              param=name)
         if value is not None:
             max_tokens = value
     temperature = fields.number("temperature", lo=0.0, hi=2.0, default=1.0)
@@ -324,7 +329,16 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     common = _common(fields, max_tokens_names=("max_tokens", "max_completion_tokens"))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
-    raw = body.get("messages")
+    messages = _messages(body.get("messages"))
+    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
+    if top_logprobs:
+        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
+                          param="top_logprobs")
+    return ChatParams(common=common, messages=messages,
+                      logprobs=fields.boolean("logprobs", False))
+
+
+def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list.", param="messages")
     if len(raw) > MAX_MESSAGES:
@@ -343,12 +357,46 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
             raise bad_request(f"messages[{i}].name must be a string.", param="messages")
         messages.append(ChatMessage(role=role, content=_message_content(item.get("content"), i),
                                     name=name))
-    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
-    if top_logprobs:
-        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
-                          param="top_logprobs")
-    return ChatParams(common=common, messages=tuple(messages),
-                      logprobs=fields.boolean("logprobs", False))
+    return tuple(messages)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizeParams:
+    """``POST /tokenize``: exactly one of ``prompt`` and ``messages``."""
+
+    model: str | None
+    prompt: str | None
+    messages: tuple[ChatMessage, ...] | None
+    add_generation_prompt: bool
+
+
+def parse_tokenize(body: dict[str, Any]) -> TokenizeParams:
+    fields = _Fields(body)
+    model = fields.string("model")
+    if fields.present("messages"):
+        if fields.present("prompt"):
+            raise bad_request("Send either 'prompt' or 'messages', not both.", param="prompt")
+        return TokenizeParams(model=model, prompt=None, messages=_messages(body["messages"]),
+                              add_generation_prompt=fields.boolean("add_generation_prompt",
+                                                                   True))
+    prompt = fields.string("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' (a string) or 'messages' is required.", param="prompt")
+    return TokenizeParams(model=model, prompt=prompt, messages=None,
+                          add_generation_prompt=False)
+
+
+def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]:
+    """``POST /detokenize``: the model name (if sent) and the token ids."""
+    fields = _Fields(body)
+    model = fields.string("model")
+    raw = body.get("tokens")
+    if not isinstance(raw, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        raise bad_request("'tokens' must be a list of token ids.", param="tokens")
+    if any(t < 0 for t in raw):
+        raise bad_request("Token ids in 'tokens' must be non-negative.", param="tokens")
+    return model, tuple(raw)
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -356,3 +404,16 @@ def check_model(requested: str | None, served: str) -> None:
     if requested is not None and requested != served:
         raise model_not_found(requested)
 
+
+
+def parse_request_id(value: str | None) -> str | None:
+    """An ``X-Request-Id`` header a client sent: printable ASCII, at most
+    ``MAX_REQUEST_ID_CHARS`` characters (it is logged and echoed verbatim)."""
+    if value is None:
+        return None
+    if not value or len(value) > MAX_REQUEST_ID_CHARS:
+        raise bad_request(f"'X-Request-Id' must be 1 to {MAX_REQUEST_ID_CHARS} characters, got "
+                          f"{len(value)}.", param="X-Request-Id")
+    if not (value.isascii() and value.isprintable()):
+        raise bad_request("'X-Request-Id' must be printable ASCII.", param="X-Request-Id")
+    return value

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: ``/v1/completions``, ``/v1/chat/completions`` (JSON or
-SSE), ``/v1/models``, ``/health`` and ``/metrics``.
+SSE), ``/v1/models``, vLLM's ``/tokenize`` and ``/detokenize``, ``/health`` and
+``/metrics``.
 
 Handlers parse, ask ``FlareService`` to admit, then either collect the events into one
 JSON body or return an SSE body generator. Every error leaves as an ``ApiError`` and is
@@ -17,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
 from actors import Finished, PromptScores, TokenDelta
-from app.errors import ApiError, internal_error, shutting_down
+from app.errors import ApiError, internal_error, model_not_found, shutting_down
 from app.generation import EventStream
 from app.openai_format import (
     SSE_DONE,
@@ -36,7 +37,10 @@ from app.request_parsing import (
     CompletionParams,
     parse_chat,
     parse_completion,
+    parse_detokenize,
     parse_json_object,
+    parse_request_id,
+    parse_tokenize,
 )
 from app.service import FlareService, PreparedRequest
 
@@ -57,6 +61,15 @@ async def _request_body() -> bytes:
 def _client() -> str:
     """Whom per-client bounds count against: the peer address."""
     return request.remote_addr or ""
+
+
+def _incoming_request_id() -> str | None:
+    return parse_request_id(request.headers.get("X-Request-Id"))
+
+
+def _echoed_id(incoming: str | None, prepared: PreparedRequest) -> str:
+    """The ``X-Request-Id`` answered: the client's own, else the generated id."""
+    return incoming or prepared.request.request_id
 
 
 def _head(service: FlareService, prepared: PreparedRequest) -> ResponseHead:
@@ -99,21 +112,48 @@ def register_routes(app: Quart, service: FlareService) -> None:
         return Response(service.metrics.render(), mimetype=None,
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def model_card() -> dict[str, Any]:
+        return {"id": service.model_name, "object": "model", "created": 0,
+                "owned_by": "flare", "max_model_len": service.runtime.max_context}
+
     @app.get("/v1/models")
     async def models() -> Response:
-        return _json({"object": "list", "data": [{
-            "id": service.model_name, "object": "model", "created": 0, "owned_by": "flare",
-            "max_model_len": service.runtime.max_context}]})
+        return _json({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        if model_id != service.model_name:
+            raise model_not_found(model_id)
+        return _json(model_card())
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        raw = await _request_body()
+        tokens = await service.prepare(
+            lambda: service.tokenize(parse_tokenize(parse_json_object(raw))),
+            body=raw, client=_client())
+        return _json({"count": len(tokens), "max_model_len": service.runtime.max_context,
+                      "tokens": list(tokens)})
+
+    @app.post("/detokenize")
+    async def detokenize() -> Response:
+        raw = await _request_body()
+        text = await service.prepare(
+            lambda: service.detokenize(*parse_detokenize(parse_json_object(raw))),
+            body=raw, client=_client())
+        return _json({"prompt": text})
 
     @app.post("/v1/completions")
     async def completions() -> Response:
         arrived = time.monotonic()
         service.check_admitting()
+        incoming = _incoming_request_id()
         raw = await _request_body()
 
         def prepare() -> tuple[CompletionParams, PreparedRequest]:
             params = parse_completion(parse_json_object(raw))
-            return params, service.prepare_completion(params, arrived=arrived)
+            return params, service.prepare_completion(params, arrived=arrived,
+                                                      request_id=incoming)
 
         params, prepared = await service.prepare(prepare, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="completions",
@@ -123,7 +163,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             return _sse(_completion_events(service, prepared, stream, echo=params.echo,
                                            logprobs=logprobs,
                                            include_usage=params.common.include_usage),
-                        prepared.request.request_id)
+                        _echoed_id(incoming, prepared))
         text: list[str] = [prepared.prompt_text] if params.echo else []
         try:
             async for event in stream:
@@ -141,24 +181,25 @@ def register_routes(app: Quart, service: FlareService) -> None:
         return _json(completion_body(
             _head(service, prepared), text="".join(text),
             logprobs=None if logprobs is None else logprobs.body(), finished=finished),
-            headers={"X-Request-Id": prepared.request.request_id})
+            headers={"X-Request-Id": _echoed_id(incoming, prepared)})
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
         arrived = time.monotonic()
         service.check_admitting()
+        incoming = _incoming_request_id()
         raw = await _request_body()
 
         def prepare_chat() -> tuple[ChatParams, PreparedRequest]:
             params = parse_chat(parse_json_object(raw))
-            return params, service.prepare_chat(params, arrived=arrived)
+            return params, service.prepare_chat(params, arrived=arrived, request_id=incoming)
 
         params, prepared = await service.prepare(prepare_chat, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
         if params.common.stream:
             return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,
                                      include_usage=params.common.include_usage),
-                        prepared.request.request_id)
+                        _echoed_id(incoming, prepared))
         text: list[str] = []
         entries: list[dict[str, Any]] | None = [] if params.logprobs else None
         try:
@@ -175,7 +216,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             raise _failure_error(stream)
         return _json(chat_body(
             _head(service, prepared), text="".join(text), logprobs=entries,
-            finished=finished), headers={"X-Request-Id": prepared.request.request_id})
+            finished=finished), headers={"X-Request-Id": _echoed_id(incoming, prepared)})
 
 
 def _finish_events(finished: Finished | None, stream: EventStream, last_chunk: dict[str, Any],

@@ -25,7 +25,14 @@ import trio
 
 from actors import GenerationRequest, Runtime, context_room, fits_context
 from app.chat_template import ChatTemplate, tokenize_chat
-from app.errors import ApiError, bad_request, context_too_long, shutting_down, too_many_preparing
+from app.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    ApiError,
+    bad_request,
+    context_too_long,
+    shutting_down,
+    too_many_preparing,
+)
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
 from app.metrics import AppMetrics
 from app.request_parsing import (
@@ -33,6 +40,7 @@ from app.request_parsing import (
     ChatParams,
     CommonParams,
     CompletionParams,
+    TokenizeParams,
     check_model,
 )
 
@@ -120,8 +128,13 @@ class FlareService:
         assert self.nursery is not None
         observer = RequestObserver(self.metrics, request_id=prepared.request.request_id,
                                    endpoint=endpoint, arrived=prepared.arrived)
-        return await start_generation(self.runtime, self.nursery, self.inflight,
-                                      prepared.request, observer, stream=stream)
+        try:
+            return await start_generation(self.runtime, self.nursery, self.inflight,
+                                          prepared.request, observer, stream=stream)
+        except ApiError as exc:
+            if exc.code == CONTEXT_LENGTH_EXCEEDED and endpoint == "completions":
+                exc.param = "prompt"  # completions have no 'messages' to blame
+            raise
 
     # -- request building -------------------------------------------------------------
 
@@ -162,7 +175,8 @@ class FlareService:
         per_token = self.codec.max_chars_per_token
         return None if per_token is None else self.runtime.max_context * per_token
 
-    def prepare_completion(self, params: CompletionParams, *, arrived: float) -> PreparedRequest:
+    def prepare_completion(self, params: CompletionParams, *, arrived: float,
+                           request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
         if isinstance(params.prompt, str):
             limit = self.max_text_chars
@@ -174,11 +188,7 @@ class FlareService:
             prompt_ids = tuple(self.codec.encode(params.prompt))
             prompt_text = params.prompt
         else:
-            vocab = self.codec.vocab_size
-            bad = next((t for t in params.prompt if t >= vocab), None)
-            if bad is not None:
-                raise bad_request(f"Token id {bad} in 'prompt' is outside the vocabulary "
-                                  f"(size {vocab}).", param="prompt")
+            self.check_vocabulary(params.prompt, param="prompt")
             prompt_ids = params.prompt
             prompt_text = self.codec.decode(prompt_ids) if params.echo else ""
         max_tokens = params.common.max_tokens
@@ -186,11 +196,43 @@ class FlareService:
             max_tokens = self.settings.default_completion_max_tokens
         request = self._request(params.common, prompt_ids, max_tokens, prefix="cmpl",
                                 prompt_logprobs=params.echo and params.logprobs,
-                                logprobs=params.logprobs)
+                                logprobs=params.logprobs, request_id=request_id)
         return PreparedRequest(request=request, prompt_text=prompt_text, arrived=arrived,
                                created=int(time.time()))
 
-    def prepare_chat(self, params: ChatParams, *, arrived: float) -> PreparedRequest:
+    def check_vocabulary(self, token_ids: tuple[int, ...], *, param: str) -> None:
+        vocab = self.codec.vocab_size
+        bad = next((t for t in token_ids if t >= vocab), None)
+        if bad is not None:
+            raise bad_request(f"Token id {bad} in '{param}' is outside the vocabulary "
+                              f"(size {vocab}).", param=param)
+
+    def tokenize(self, params: TokenizeParams) -> tuple[int, ...]:
+        """The token ids of a prompt, or of a conversation rendered by the chat template."""
+        check_model(params.model, self.model_name)
+        limit = self.max_text_chars
+        if params.messages is None:
+            assert params.prompt is not None
+            text = params.prompt
+        elif params.add_generation_prompt:
+            return tokenize_chat(self.template, self.codec, params.messages,
+                                 max_chars=limit).token_ids
+        else:
+            text = self.template.render(params.messages, add_generation_prompt=False)
+        if limit is not None and len(text) > limit:
+            raise context_too_long(
+                f"The text has {len(text)} characters; this model's context of "
+                f"{self.runtime.max_context} tokens holds at most {limit} characters.",
+                param="prompt" if params.messages is None else "messages")
+        return tuple(self.codec.encode(text))
+
+    def detokenize(self, model: str | None, token_ids: tuple[int, ...]) -> str:
+        check_model(model, self.model_name)
+        self.check_vocabulary(token_ids, param="tokens")
+        return self.codec.decode(token_ids)
+
+    def prepare_chat(self, params: ChatParams, *, arrived: float,
+                     request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
         chat = tokenize_chat(self.template, self.codec, params.messages,
                              max_chars=self.max_text_chars)
@@ -202,25 +244,30 @@ class FlareService:
                 raise self._too_long(len(chat.token_ids), 1)
         request = self._request(params.common, chat.token_ids, max_tokens, prefix="chatcmpl",
                                 message_ends=chat.message_ends, system_end=chat.system_end,
-                                logprobs=params.logprobs)
+                                logprobs=params.logprobs, request_id=request_id)
         return PreparedRequest(request=request, prompt_text="", arrived=arrived,
                                created=int(time.time()))
 
-    def _too_long(self, prompt_tokens: int, max_tokens: int) -> ApiError:
+    def _too_long(self, prompt_tokens: int, max_tokens: int, *,
+                  param: str = "messages") -> ApiError:
         limit = self.runtime.max_context
         return context_too_long(
             f"This model's maximum context length is {limit} tokens. However, you requested "
             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-            f"{max_tokens} for the completion).")
+            f"{max_tokens} for the completion).", param=param)
 
     def _request(self, common: CommonParams, prompt_ids: tuple[int, ...], max_tokens: int, *,
                  prefix: str, message_ends: tuple[int, ...] = (), system_end: int | None = None,
-                 prompt_logprobs: bool = False, logprobs: bool = False) -> GenerationRequest:
+                 prompt_logprobs: bool = False, logprobs: bool = False,
+                 request_id: str | None = None) -> GenerationRequest:
+        """``request_id``: the client's ``X-Request-Id``; the id is ``<prefix>-<it>``
+        (``<prefix>-<random hex>`` without one)."""
         if not prompt_ids:
             raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
         if not fits_context(prompt_len=len(prompt_ids), max_tokens=max_tokens,
                             limit=self.runtime.max_context):
-            raise self._too_long(len(prompt_ids), max_tokens)
+            raise self._too_long(len(prompt_ids), max_tokens,
+                                 param="prompt" if prefix == "cmpl" else "messages")
         return GenerationRequest(
             prompt_token_ids=prompt_ids,
             max_tokens=max_tokens,
@@ -232,7 +279,7 @@ class FlareService:
             prompt_logprobs=prompt_logprobs,
             logprobs=logprobs,
             client=common.user,
-            request_id=f"{prefix}-{uuid.uuid4().hex}",
+            request_id=f"{prefix}-{request_id or uuid.uuid4().hex}",
         )
 
     # -- shutdown -----------------------------------------------------------------------

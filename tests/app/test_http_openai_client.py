@@ -135,3 +135,18 @@ async def test_api_key_required_when_configured(codec: TinyCodec) -> None:
     assert result.usage is not None and result.usage.completion_tokens == 2
     assert error.status_code == 401
     assert len(rt.requests) == 1  # the refused request never reached the runtime
+
+
+async def test_models_retrieve_served_name_and_unknown_is_404(codec: TinyCodec) -> None:
+    with trio.fail_after(20):
+        async with running_server(FakeRuntime(codec)) as server:
+            client = make_client(server.url)
+            model = await in_thread(functools.partial(client.models.retrieve, "flare-test"))
+            try:
+                await in_thread(functools.partial(client.models.retrieve, "other/model"))
+            except openai.NotFoundError as exc:
+                missing = exc
+            client.close()
+    assert (model.id, model.object, model.owned_by) == ("flare-test", "model", "flare")
+    assert missing.status_code == 404
+    assert isinstance(missing.body, dict) and missing.body["code"] == "model_not_found"
