@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from selection_setup import make_decoder, reference_rate
 from synthetic_catalog import decode, measured_scheduler
+from test_learning import ADAPTIVE, DEVICE, MS, spec
 
 from gpu.catalog import (
     CatalogFlags,
@@ -29,7 +30,7 @@ from policy.credit_ledgers import (
     acceptance_learning_ledger,
     timing_refresh_ledger,
 )
-from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
+from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.learning import find_probe, ordinary_from_round
 from policy.protocol import RoundCompletion, RoundLaneOutcome
 from policy.round_speculation import SpeculationSettings
@@ -41,23 +42,11 @@ from policy.round_table import (
     observe_completed_round,
     speculative_lane,
 )
-from policy.rounds import SpeculationMode, best_round, frontier_allocation, round_candidates
+from policy.rounds import best_round, frontier_allocation, round_candidates
 from policy.scheduler import Scheduler
 from policy.service import delivery_price, output_token_price
 from policy.speculation import INITIAL_WEIGHT, AcceptanceState, ProposalSource, expected_output
 from policy.types import CompletionRecord, Fence, Phase, RequestHandle, ScheduledPlan
-
-MS = 1_000_000
-HOST = TargetBinding.QUERY_LENGTH
-DEVICE = TargetBinding.SPECULATIVE_PREFIX_LIMIT
-ADAPTIVE = SpeculationMode.ADAPTIVE
-
-
-def spec(b: int, d: int, w: int, p: int | None = None, binding: TargetBinding = HOST
-         ) -> GraphShape:
-    return GraphShape(kind=GraphKind.SPECULATIVE, batch_capacity=b, token_capacity=w,
-                      proposal_depth=d, packed_capacity=b * w if p is None else p,
-                      binding=binding)
 
 
 def lane(h: int, *, token: float, survival: tuple[float, ...],
