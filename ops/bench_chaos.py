@@ -35,7 +35,8 @@ import httpx
 import trio
 
 from app.service import DEFAULT_MAX_REQUEST_BYTES
-from ops.bench_compare import free_port, start_server, stop_server
+from ops import launch
+from ops.bench_compare import start_server
 from ops.chaos.cases import CANARY
 from ops.chaos.phases import Endpoint, Observe
 from ops.chaos.report import ChaosReport, render
@@ -187,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
             return 1
         server_note = ""
     else:
-        port, key = free_port(), secrets.token_hex(12)
+        port, key = launch.free_port(), secrets.token_hex(12)
         extra = [*args.server_args.split(), *(QUICK_SERVER_ARGS.split() if args.quick else ()),
                  "--api-key", key]
         log = args.server_log or pathlib.Path(tempfile.gettempdir()) / f"flare-chaos-{port}.log"
@@ -204,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"flare bench chaos: {exc}; server log: {log}", file=sys.stderr)
             return 1
         finally:
-            stop_server(proc)
+            launch.stop(proc)
         report.config["server"] = {
             "args": [*extra[:-1], "<key>"], "startup_s": startup_s,
             "exit_status_after_sigterm": proc.returncode, "log": str(log),

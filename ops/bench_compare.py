@@ -22,8 +22,6 @@ import json
 import math
 import os
 import pathlib
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +30,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from ops import launch
 from policy.baselines.factory import COMPARED_POLICIES
 
 POLICIES = COMPARED_POLICIES
@@ -45,7 +44,7 @@ REAL_SCENARIOS: dict[str, dict[str, Any]] = {
     "bursty": dict(count=24, rate=0.6),
     "poisson": dict(count=24, rate=0.6),
 }
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = launch.REPO_ROOT
 CHAT_PROMPT_MAX = 256
 CHAT_OUTPUT_MAX = 32
 
@@ -67,20 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tabulate", type=pathlib.Path, nargs="+", default=None,
                         help="only print the table of the run files in these directories "
                              "(several: one sweep table, a row per directory and policy)")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 def scheduler_metrics(base_url: str) -> dict[str, float]:
@@ -106,27 +91,7 @@ def start_server(policy: str, port: int, extra: Sequence[str], log: pathlib.Path
                  timeout_s: float) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "ops.cli", "run", "--scheduler-policy", policy,
            "--host", "127.0.0.1", "--port", str(port), *extra]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"flare run exited with {proc.returncode}; see {log}")
-        if _healthy(f"http://127.0.0.1:{port}"):
-            return proc
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"flare run not healthy after {timeout_s:.0f} s; see {log}")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return launch.start(cmd, port=port, log=log, timeout_s=timeout_s)
 
 
 def _workload(args: argparse.Namespace) -> Any:
@@ -152,7 +117,7 @@ def run_policy(policy: str, args: argparse.Namespace, spec: Any, plans: Sequence
     from ops.loadgen.report import RunFile
     from ops.sim.runs import per_client_latency
 
-    port = free_port()
+    port = launch.free_port()
     args.output_dir.mkdir(parents=True, exist_ok=True)
     log = args.output_dir / f"{policy}.server.log"
     started = time.monotonic()
@@ -166,7 +131,7 @@ def run_policy(policy: str, args: argparse.Namespace, spec: Any, plans: Sequence
                                   time_limit_s=args.time_limit, seed=args.seed))
         metrics = scheduler_metrics(f"http://127.0.0.1:{port}")
     finally:
-        stop_server(proc)
+        launch.stop(proc)
     summary = summarize(result.records, duration_s=result.duration_s, planned=result.planned,
                         options=MetricOptions())
     summary["hit_time_limit"] = result.hit_time_limit
@@ -339,7 +304,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         try:
             run = run_policy(policy, args, spec, plans)
-        except RuntimeError as exc:
+        except launch.LaunchError as exc:
             print(f"flare bench compare: {policy}: {exc}", file=sys.stderr)
             return 1
         write_run(args.output_dir / f"{policy}.json", run)

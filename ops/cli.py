@@ -26,6 +26,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "compare speculation off / fixed depths / adaptive at several loads"),
     (("bench", "checkpoints"), "ops.bench_checkpoints",
      "finish lag and next-turn prefix reuse with terminal captures on and off"),
+    (("bench", "peer"), "ops.bench_peer",
+     "flare against another OpenAI-compatible server: tokens/s, TTFT and ITL, pair by pair"),
     (("bench", "chaos"), "ops.bench_chaos",
      "hostile clients against a live server: 5xx, hangs, leaks, probe-stream gaps"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),

@@ -32,12 +32,15 @@ TEST_DEADLINE_S = 15
 class FakeOpenAI:
     """Raw ASGI app: streams ``max_tokens`` one-word chunks, ``TOKEN_PACE_S`` apart.
 
+    A body with ``"stream": false`` gets one JSON answer after ``max_tokens`` paces.
     The model name ``"busy"`` gets a 429, ``"broken"`` fails after one token with an SSE
     error event, and ``"slow"`` paces at ``SLOW_PACE_S`` per token.
     """
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -83,6 +86,9 @@ class FakeOpenAI:
             return
         chat = scope["path"] == "/v1/chat/completions"
         pace = SLOW_PACE_S if body["model"] == "slow" else TOKEN_PACE_S
+        if body.get("stream") is False:
+            await self._answer_whole(send, body, pace)
+            return
         await send(
             {
                 "type": "http.response.start",
@@ -123,6 +129,21 @@ class FakeOpenAI:
         await event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n}})
         await event("[DONE]")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+    async def _answer_whole(self, send: Any, body: dict[str, Any], pace: float) -> None:
+        """A non-streaming completion: ``max_tokens`` words after as many paces."""
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        n = body["max_tokens"]
+        await trio.sleep(pace * n)
+        self.in_flight -= 1
+        answer = {"choices": [{"index": 0, "text": "".join(f" w{i}" for i in range(n)),
+                               "finish_reason": "length"}],
+                  "usage": {"prompt_tokens": 7, "completion_tokens": n}}
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
 
 
 @asynccontextmanager
