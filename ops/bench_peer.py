@@ -24,6 +24,7 @@ import json
 import math
 import pathlib
 import shlex
+import shutil
 import statistics
 import sys
 from functools import partial
@@ -83,7 +84,13 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 
 def peer_command(template: str, *, port: int, model: pathlib.Path) -> list[str]:
-    return [part.format(port=port, model=model) for part in shlex.split(template)]
+    """The peer's argv; a program not on PATH is looked for beside this Python (a
+    virtual environment's scripts, e.g. ``transformers``, without activating it)."""
+    command = [part.format(port=port, model=model) for part in shlex.split(template)]
+    beside = pathlib.Path(sys.executable).parent / command[0] if command else None
+    if command and shutil.which(command[0]) is None and beside is not None and beside.exists():
+        command[0] = str(beside)
+    return command
 
 
 def flare_command(extra: str, *, port: int, model: pathlib.Path) -> list[str]:
