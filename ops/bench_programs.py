@@ -125,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--static-context", action="store_true",
                         help="cpu: run the static (CUDA-style, full max-context) programs "
                              "instead of the eager ones that read only the needed context")
+    parser.add_argument("--capture-forward", action="store_true",
+                        help="cpu: replay each decoder forward from a captured graph, as "
+                             "flare run does (default: the forward runs op by op)")
     parser.add_argument("--json", type=pathlib.Path, default=None, dest="json_path",
                         help="also write the results as JSON here")
     spec = parser.add_argument_group("speculation")
@@ -433,7 +436,9 @@ def main(args: argparse.Namespace) -> int:
             model_dir, device=backend.device, dtype=dtype, catalog=plan.catalog.shapes,
             page_size=layout.page_size, num_pages=layout.num_pages,
             state_rows=layout.state_rows, max_context=max_context, require_tokenizer=False,
-            execution=ExecutionOptions.static() if args.static_context else None,
+            execution=(ExecutionOptions.static() if args.static_context else
+                       ExecutionOptions.for_device(backend.device,
+                                                   capture_forward=args.capture_forward)),
             speculation_source=args.speculation if speculative else None,
             draft_model_dir=args.draft_model if args.speculation == "draft" else None,
         )

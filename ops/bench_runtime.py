@@ -14,6 +14,11 @@ execution interval also counts time the worker spends waiting for the GIL while 
 trio actors run Python (every torch op releases it), so the busy fraction minus the
 worker-CPU share is host Python the window did not hide (see docs/runtime.md).
 
+It then times the same programs alone (``flare bench programs`` in a fresh process,
+same batch limit, capacities, forward execution and the load's mean decode context) and
+prints, per graph the load ran, the in-server mean interval over the isolated median:
+host work that slows the "device" shows there instead of hiding inside the interval.
+
 With ``--tiny`` it builds a random tiny Llama (``ops.tiny_model``) in a temporary
 directory (no download), so the benchmark runs on a fresh machine.
 """
@@ -25,6 +30,8 @@ import itertools
 import json
 import logging
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -58,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager-forward", action="store_true",
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")
+    parser.add_argument("--no-isolated", action="store_true",
+                        help="skip timing the load's programs alone (flare bench programs) "
+                             "for the in-server / isolated interval ratio")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -95,6 +105,8 @@ def summarize(frames: list[FrameRecord]) -> dict[str, float]:
         "queued_fraction": sum(1 for g in gaps if g == 0) / len(gaps),
     }
 
+
+PREFILL_CAPACITIES = (64, 256)
 
 CPU_STREAM_PREFIX = "flare-cpu-stream-"
 """Name prefix of the CPU backend's worker threads (``CpuBackend.stream_name``)."""
@@ -138,7 +150,7 @@ async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: i
 async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
                            capture_forward=not args.eager_forward,
-                           max_batch=args.max_batch, prefill_capacities=(64, 256),
+                           max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
                            max_queue=max(args.requests, 1))
     async with open_runtime(config) as rt:
         vocab = rt.codec.vocab_size
@@ -158,9 +170,46 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     if worker_start is not None and worker_end is not None and elapsed > 0:
         result["worker_cpu_fraction"] = (worker_end - worker_start) / 1e9 / elapsed
     result["graphs"] = graph_counts(frames)
+    result["frame_records"] = frames
     result["mean_device_ms"] = (sum(f.device_ns for f in frames) / len(frames) / 1e6
                                 if frames else 0.0)
     return result
+
+
+def in_server_intervals(frames: list[FrameRecord]) -> dict[str, tuple[int, float]]:
+    """Per graph: frames run and their mean device interval (ms) inside the server."""
+    by_graph: dict[str, list[int]] = {}
+    for frame in frames:
+        by_graph.setdefault(frame.graph, []).append(frame.device_ns)
+    return {graph: (len(ns), sum(ns) / len(ns) / 1e6) for graph, ns in sorted(by_graph.items())}
+
+
+def isolated_intervals(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Median device interval (ms) of every program timed alone by ``flare bench
+    programs`` in a fresh process, with the load's batch limit, prefill capacities, mean
+    decode context and forward execution (captured unless ``--eager-forward``)."""
+    context = args.prompt_tokens + args.max_tokens // 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "programs.json"
+        command = [sys.executable, "-m", "ops.cli", "bench", "programs", "--model",
+                   str(model_dir), "--backend", args.backend, "--max-batch",
+                   str(args.max_batch), "--prefill-capacity", *map(str, PREFILL_CAPACITIES),
+                   "--context", str(context), "--json", str(out)]
+        if not args.eager_forward and args.backend == "cpu":
+            command.append("--capture-forward")
+        subprocess.run(command, check=True, capture_output=True)
+        results = json.loads(out.read_text())["results"]
+    return {r["shape"]: float(r["median_device_ms"]) for r in results}
+
+
+def interval_ratios(in_server: dict[str, tuple[int, float]], isolated: dict[str, float]
+                    ) -> list[dict[str, object]]:
+    """In-server mean over isolated median interval for every graph both timed, the most
+    run first."""
+    rows = [{"graph": graph, "frames": count, "in_server_ms": mean,
+             "isolated_ms": isolated[graph], "ratio": mean / isolated[graph]}
+            for graph, (count, mean) in in_server.items() if isolated.get(graph, 0) > 0]
+    return sorted(rows, key=lambda r: -int(str(r["frames"])))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -169,6 +218,11 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_tiny_llama(TINY, Path(tmp)) if args.tiny else args.model
         result = trio.run(bench, args, model_dir)
+        if not args.no_isolated:
+            in_server = in_server_intervals(result.pop("frame_records"))  # type: ignore[arg-type]
+            result["interval_ratios"] = interval_ratios(in_server,
+                                                        isolated_intervals(model_dir, args))
+        result.pop("frame_records", None)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
@@ -179,6 +233,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"host gap p50 / p99   {result['gap_p50_ms']:.3f} / {result['gap_p99_ms']:.3f} ms")
     print(f"frames queued behind another: {result.get('queued_fraction', 0.0):.1%}")
     print(f"output tokens/s      {result['tokens_per_s']:.1f}")
+    for row in result.get("interval_ratios", []):  # type: ignore[attr-defined]
+        print(f"{row['graph']:<20} in server {row['in_server_ms']:.3f} ms over "
+              f"{row['frames']} frames, alone {row['isolated_ms']:.3f} ms: "
+              f"ratio {row['ratio']:.2f}")
     if "worker_cpu_fraction" in result:
         print(f"cpu worker CPU/wall  {result['worker_cpu_fraction']:.3f}   "
               "(share of the wall the worker computed, bind and read included)")
