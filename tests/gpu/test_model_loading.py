@@ -16,7 +16,7 @@ import pytest
 import torch
 from model_fixtures import EOS_ID, MODEL_KINDS, SCORED_64, HFReference, build_engine, prompt_of
 
-from gpu.engine import ModelEngine, resolve_dtype
+from gpu.engine import ModelEngine
 from gpu.frames import PageAppend, PrefillFrame, RowInit, StepResult, as_inputs, result_of
 from gpu.model.config import (
     ModelLoadError,
@@ -129,14 +129,6 @@ def test_tokenizer_round_trip_eos_and_chat_template(tiny_checkpoints: dict[str, 
     assert tok.eos_token_ids == (EOS_ID,) and tok.bos_token_id == 1
     text = tok.apply_chat_template([{"role": "user", "content": "w5"}])
     assert text == "<user> w5 <assistant>"
-
-
-def test_dtype_rules() -> None:
-    assert resolve_dtype("cpu", None) == torch.float32
-    assert resolve_dtype("cuda:0", None) == torch.bfloat16
-    assert resolve_dtype("cuda", "float16") == torch.float16
-    with pytest.raises(ValueError, match="float32"):
-        resolve_dtype("cpu", torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
