@@ -1,0 +1,71 @@
+"""A Llama-3-style checkpoint served by the runtime: ``rope_scaling`` of type llama3,
+grouped-query attention, bf16 weights, and the default model's tokenizer.
+
+``dtype="auto"`` serves it in bf16 (weights as stored); its greedy output equals
+transformers run in bf16 over the first 8 tokens (the reduced-precision horizon stated
+in ``tests/gpu/test_model_dtypes.py``). ``dtype="float32"`` equals transformers in
+float32 token for token over 24 tokens. Text goes through the shipped tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import structlog
+import trio
+
+from actors.config import DEFAULT_MODEL_DIR
+from actors.system import open_runtime
+from tests.actors.reference import hf_greedy
+from tests.actors.test_runtime_cpu import config_for, generate
+
+PROMPT = "Once upon a time there was a small robot who wanted to"
+
+
+@pytest.fixture(scope="module")
+def llama3_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama-3-style checkpoint (vocabulary of the default tokenizer)."""
+    import torch
+    import transformers as tf
+
+    directory = tmp_path_factory.mktemp("llama3_bf16")
+    vocab = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(31)
+    config = tf.LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, initializer_range=0.3, bos_token_id=0, eos_token_id=0,
+        rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    model = tf.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn(param.shape) * 0.3)
+    model.to(torch.bfloat16).eval().save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEFAULT_MODEL_DIR / name, directory / name)
+    return directory
+
+
+@pytest.mark.parametrize(("dtype", "new_tokens"), [("auto", 8), ("float32", 24)])
+async def test_a_llama3_style_checkpoint_serves_and_matches_transformers(
+        llama3_bf16: Path, dtype: str, new_tokens: int) -> None:
+    from tokenizers import Tokenizer
+
+    stored = json.loads((llama3_bf16 / "config.json").read_text())
+    assert stored["dtype"] == "bfloat16" and stored["rope_parameters"]["rope_type"] == "llama3"
+    prompt = Tokenizer.from_file(str(llama3_bf16 / "tokenizer.json")).encode(PROMPT).ids
+    expected = hf_greedy(llama3_bf16, prompt, new_tokens,
+                         dtype="bfloat16" if dtype == "auto" else dtype)
+    with trio.fail_after(120), structlog.testing.capture_logs() as logs:
+        async with open_runtime(config_for(llama3_bf16, dtype=dtype,
+                                           capture_forward=False)) as runtime:
+            tokens, _ = await generate(runtime, prompt, new_tokens)
+    assert tokens == expected
+    ready = [entry for entry in logs if entry["event"] == "runtime ready"]
+    assert [entry["dtype"] for entry in ready] == ["bfloat16" if dtype == "auto" else dtype]
