@@ -1,10 +1,15 @@
-"""A Llama-3-style checkpoint served by the runtime: ``rope_scaling`` of type llama3,
-grouped-query attention, bf16 weights, and the default model's tokenizer.
+"""Checkpoints beyond plain Llama served by the runtime on the CPU backend.
 
-``dtype="auto"`` serves it in bf16 (weights as stored); its greedy output equals
-transformers run in bf16 over the first 8 tokens (the reduced-precision horizon stated
-in ``tests/gpu/test_model_dtypes.py``). ``dtype="float32"`` equals transformers in
-float32 token for token over 24 tokens. Text goes through the shipped tokenizer.
+A Llama-3-style checkpoint (``rope_scaling`` of type llama3, grouped-query attention,
+bf16 weights, the default model's tokenizer): ``dtype="auto"`` serves it in bf16
+(weights as stored) and its greedy output equals transformers run in bf16 over the
+first 8 tokens (the reduced-precision horizon stated in
+``tests/gpu/test_model_dtypes.py``); ``dtype="float32"`` equals transformers in float32
+token for token over 24 tokens. Text goes through the shipped tokenizer.
+
+A Mistral checkpoint with a sliding window narrower than prompt + output, served with
+fixed-depth speculative rounds (its own weights as the draft, so rounds accept and
+verify several positions at once): greedy output equals transformers' (SPEC-5).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR
 from actors.system import open_runtime
 from tests.actors.reference import hf_greedy
-from tests.actors.test_runtime_cpu import config_for, generate
+from tests.actors.test_runtime_cpu import config_for, generate, prompt_of
 
 PROMPT = "Once upon a time there was a small robot who wanted to"
 
@@ -69,3 +74,44 @@ async def test_a_llama3_style_checkpoint_serves_and_matches_transformers(
     assert tokens == expected
     ready = [entry for entry in logs if entry["event"] == "runtime ready"]
     assert [entry["dtype"] for entry in ready] == ["bfloat16" if dtype == "auto" else dtype]
+
+
+@pytest.fixture(scope="module")
+def mistral_windowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Mistral with a 13-token sliding window (randomised norms)."""
+    import torch
+    import transformers as tf
+
+    from tests.actors.conftest import TINY_EOS, TINY_VOCAB, _write_tokenizer
+
+    directory = tmp_path_factory.mktemp("mistral_windowed")
+    torch.manual_seed(32)
+    config = tf.MistralConfig(
+        vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=13,
+        max_position_embeddings=256, initializer_range=0.3, bos_token_id=1,
+        eos_token_id=TINY_EOS, tie_word_embeddings=True)
+    model = tf.MistralForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn(param.shape) * 0.3)
+    model.eval().save_pretrained(directory)
+    _write_tokenizer(directory)
+    return directory
+
+
+@pytest.mark.slow
+async def test_a_windowed_mistral_keeps_greedy_output_through_speculative_rounds(
+        mistral_windowed: Path) -> None:
+    prompt = prompt_of(30, seed=4)
+    expected = hf_greedy(mistral_windowed, prompt, 24)
+    config = config_for(mistral_windowed, speculation="adaptive", draft_source="draft",
+                        draft_model_dir=mistral_windowed, draft_depth=3,
+                        scheduler_policy="fixed-spec-3", capture_forward=False)
+    with trio.fail_after(120):
+        async with open_runtime(config) as runtime:
+            tokens, _ = await generate(runtime, prompt, 24)
+            graphs = dict(runtime.statistics().executions_by_graph)
+    assert tokens == expected
+    assert any(label.startswith("speculative[") for label in graphs), graphs
