@@ -94,16 +94,18 @@ def test_window_in_padded_decode_and_mixed_frames(kind: str, variants: dict[str,
     assert out_late == expected_late  # its first token (mixed frame) and two decodes
 
 
+@pytest.mark.parametrize("kind", ["mistral", "qwen2_window", "gemma"])
 @pytest.mark.parametrize("execution", [ExecutionOptions.static(),
                                        ExecutionOptions.eager(capture_forward=True)],
                          ids=["static", "captured"])
-def test_window_in_static_and_captured_forwards(execution: ExecutionOptions,
-                                                variants: dict[str, Path],
-                                                reference: HFReference) -> None:
-    """Full-row attention (static programs) and traced forwards honour the window."""
+def test_static_and_captured_forwards(execution: ExecutionOptions, kind: str,
+                                      variants: dict[str, Path],
+                                      reference: HFReference) -> None:
+    """Full-row attention (static programs) and traced forwards honour windows
+    (one per layer kind in Qwen2) and Gemma's scaled embeddings and norms."""
     prompt = prompt_of(45, seed=9)
-    expected = reference.greedy("mistral", prompt, NEW_TOKENS)
-    driver = ReferenceDriver(_engine(variants["mistral"], execution))
+    expected = reference.greedy(kind, prompt, NEW_TOKENS)
+    driver = ReferenceDriver(_engine(variants[kind], execution))
     assert _prefill_then_decode(driver, prompt) == expected
 
 
