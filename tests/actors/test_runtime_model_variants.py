@@ -30,6 +30,16 @@ from tests.actors.test_runtime_cpu import config_for, generate, prompt_of
 PROMPT = "Once upon a time there was a small robot who wanted to"
 
 
+def _randomise_norms(model: object) -> None:
+    """Norm weights away from transformers' initial 1 (so a misapplied norm shows)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # type: ignore[attr-defined]
+            if "norm" in name:
+                param.add_(torch.randn(param.shape) * 0.3)
+
+
 @pytest.fixture(scope="module")
 def llama3_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama-3-style checkpoint (vocabulary of the default tokenizer)."""
@@ -47,10 +57,7 @@ def llama3_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
     model = tf.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn(param.shape) * 0.3)
+    _randomise_norms(model)
     model.to(torch.bfloat16).eval().save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(DEFAULT_MODEL_DIR / name, directory / name)
@@ -86,16 +93,13 @@ def mistral_windowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     directory = tmp_path_factory.mktemp("mistral_windowed")
     torch.manual_seed(32)
-    config = tf.MistralConfig(
-        vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=13,
-        max_position_embeddings=256, initializer_range=0.3, bos_token_id=1,
-        eos_token_id=TINY_EOS, tie_word_embeddings=True)
+    config = tf.MistralConfig(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              head_dim=8, sliding_window=13, max_position_embeddings=256,
+                              initializer_range=0.3, bos_token_id=1, eos_token_id=TINY_EOS,
+                              tie_word_embeddings=True)
     model = tf.MistralForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(torch.randn(param.shape) * 0.3)
+    _randomise_norms(model)
     model.eval().save_pretrained(directory)
     _write_tokenizer(directory)
     return directory
