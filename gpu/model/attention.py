@@ -94,6 +94,9 @@ def grouped_attention(
     batches: int,
     queries: int,
     group: int,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Grouped-query attention without copying K/V per query head: the ``group`` query
     heads that share a KV head are stacked along the query axis.
@@ -101,7 +104,10 @@ def grouped_attention(
     ``q`` ``[batches * queries, H, hd]``; ``keys``/``values`` ``[batches, S, kvh, hd]``;
     ``mask`` from ``attention_masks`` ``[batches, 1, group * queries, S]``. Returns
     ``[batches * queries, H * hd]`` (head ``h`` reads KV head ``h // group``, as in HF
-    ``repeat_kv``).
+    ``repeat_kv``). ``scale`` replaces ``hd ** -0.5``; ``softcap`` (Gemma2) caps the
+    scores at ``softcap * tanh(scores / softcap)`` before the mask, which SDPA cannot do,
+    so it runs the product, the cap and a float32 softmax explicitly, as transformers'
+    eager attention does.
     """
     kv_heads, hd = keys.shape[2], keys.shape[3]
     stacked = (
@@ -109,9 +115,15 @@ def grouped_attention(
         .permute(0, 2, 3, 1, 4)
         .reshape(batches, kv_heads, group * queries, hd)
     )
-    out = F.scaled_dot_product_attention(
-        stacked, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-    )
+    if softcap is None:
+        out = F.scaled_dot_product_attention(
+            stacked, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask, scale=scale
+        )
+    else:
+        scores = torch.matmul(stacked, keys.permute(0, 2, 3, 1)) * (scale or hd ** -0.5)
+        scores = torch.tanh(scores / softcap) * softcap
+        weights = F.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(weights, values.transpose(1, 2))
     return (
         out.view(batches, kv_heads, group, queries, hd)
         .permute(0, 3, 1, 2, 4)

@@ -17,12 +17,15 @@ from typing import Any
 from gpu.model.rope_scaling import RopeConfigError, RopeScaling, parse_rope
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "GemmaForCausalLM")
+                           "Qwen3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM")
+_GEMMA = ("GemmaForCausalLM", "Gemma2ForCausalLM")
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 """MLP activations (``hidden_act``) the decoder implements."""
 _SLIDING_BY_LAYER_TYPE = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 """Families whose sliding window applies to the layers ``use_sliding_window`` and
-``max_window_layers`` (or ``layer_types``) select; Mistral's applies to every layer."""
+``max_window_layers`` (or ``layer_types``) select; Mistral's applies to every layer,
+Gemma2's to the layers ``layer_types`` marks (default: every other one, from the
+first)."""
 
 
 class UnsupportedModelError(ValueError):
@@ -59,8 +62,18 @@ class ModelConfig:
     ``window`` positions, itself included), or None for full causal attention."""
     hidden_act: str = "silu"
     gemma_norms: bool = False
-    """Gemma: RMSNorm scales by ``1 + weight`` (in float32) and the embeddings are
-    multiplied by ``sqrt(hidden_size)``."""
+    """Gemma, Gemma2: RMSNorm scales by ``1 + weight`` (in float32) and the embeddings
+    are multiplied by ``sqrt(hidden_size)``."""
+    sandwich_norms: bool = False
+    """Gemma2: attention and MLP outputs are normed before their residual add
+    (``post_attention_layernorm``, ``post_feedforward_layernorm``), and the MLP input by
+    ``pre_feedforward_layernorm``."""
+    attention_scale: float | None = None
+    """Query scaling of attention scores (None: ``head_dim ** -0.5``)."""
+    attention_softcap: float | None = None
+    """Gemma2: scores become ``cap * tanh(scores / cap)`` before the mask."""
+    final_softcap: float | None = None
+    """Gemma2: logits become ``cap * tanh(logits / cap)``."""
     torch_dtype: str | None = None
     """The checkpoint's declared dtype (``dtype`` or ``torch_dtype``), if any."""
 
@@ -107,24 +120,48 @@ def _layer_windows(raw: dict[str, Any], arch: str, layers: int) -> tuple[int | N
     window = raw.get("sliding_window")
     if arch == "MistralForCausalLM":
         return (int(window) if window else None,) * layers
+    if arch == "Gemma2ForCausalLM":
+        types = raw.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+        return _windows_of(types, window, layers)
     if arch not in _SLIDING_BY_LAYER_TYPE or not raw.get("use_sliding_window") or not window:
         return (None,) * layers  # Llama and Gemma read no sliding window
     types = raw.get("layer_types") or [
         "sliding_attention" if i >= int(raw.get("max_window_layers", 28)) else "full_attention"
         for i in range(layers)]
+    return _windows_of(types, window, layers)
+
+
+def _windows_of(types: list[str], window: Any, layers: int) -> tuple[int | None, ...]:
     if len(types) != layers:
         raise UnsupportedModelError(f"layer_types has {len(types)} entries for {layers} layers")
-    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+    return tuple(int(window) if window and t == "sliding_attention" else None for t in types)
 
 
 def _activation(raw: dict[str, Any], arch: str) -> str:
-    act = str(raw.get("hidden_act") or raw.get("hidden_activation") or "silu")
-    if arch == "GemmaForCausalLM" and act == "gelu":
+    keys = ("hidden_activation", "hidden_act") if arch == "Gemma2ForCausalLM" else (
+        "hidden_act", "hidden_activation")  # the key each family's transformers reads
+    act = str(raw.get(keys[0]) or raw.get(keys[1]) or "silu")
+    if arch in _GEMMA and act == "gelu":
         act = "gelu_pytorch_tanh"  # as transformers: Gemma's legacy "gelu" means tanh
     if act not in ACTIVATIONS:
         raise UnsupportedModelError(
             f"hidden_act {act!r} is not supported; flare supports " + ", ".join(ACTIVATIONS))
     return act
+
+
+def _gemma2_options(raw: dict[str, Any], arch: str) -> dict[str, Any]:
+    if arch != "Gemma2ForCausalLM":
+        return {}
+
+    def optional(key: str, default: float | None) -> float | None:
+        value = raw.get(key, default)
+        return None if value is None else float(value)
+
+    return dict(sandwich_norms=True,
+                attention_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+                attention_softcap=optional("attn_logit_softcapping", 50.0),
+                final_softcap=optional("final_logit_softcapping", 30.0))
 
 
 def parse_model_config(
@@ -165,7 +202,7 @@ def parse_model_config(
             rope=rope,
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(raw.get(
-                "tie_word_embeddings", arch == "GemmaForCausalLM")),  # transformers' defaults
+                "tie_word_embeddings", arch in _GEMMA)),  # transformers' defaults
             attention_bias=arch == "Qwen2ForCausalLM",
             qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=tuple(dict.fromkeys(
@@ -174,7 +211,8 @@ def parse_model_config(
             bos_token_id=raw.get("bos_token_id"),
             layer_windows=_layer_windows(raw, arch, layers),
             hidden_act=_activation(raw, arch),
-            gemma_norms=arch == "GemmaForCausalLM",
+            gemma_norms=arch in _GEMMA,
+            **_gemma2_options(raw, arch),
             torch_dtype=str(dtype) if dtype else None,
         )
     except KeyError as exc:
@@ -188,6 +226,9 @@ def parse_model_config(
         )
     if raw.get("mlp_bias"):
         raise UnsupportedModelError("mlp_bias is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("use_bidirectional_attention is not supported; flare "
+                                    "serves causal decoders")
     return config
 
 

@@ -2,8 +2,10 @@
 
 Owns the transformer math for ``LlamaForCausalLM``, ``MistralForCausalLM`` (sliding
 window), ``Qwen2ForCausalLM`` (q/k/v bias, optional sliding window),
-``Qwen3ForCausalLM`` (per-head q/k RMSNorm) and ``GemmaForCausalLM`` (embeddings scaled
-by ``sqrt(hidden)``, ``1 + weight`` RMSNorm, GeGLU): embeddings, rotary position
+``Qwen3ForCausalLM`` (per-head q/k RMSNorm), ``GemmaForCausalLM`` (embeddings scaled
+by ``sqrt(hidden)``, ``1 + weight`` RMSNorm, GeGLU) and ``Gemma2ForCausalLM`` (Gemma's
+plus sandwich norms, soft-capped attention scores and logits, alternating sliding
+windows): embeddings, rotary position
 embeddings (tables of ``gpu.model.rope``), grouped-query attention
 (``gpu.model.attention``), gated MLP, final norm and the vocabulary projection (tied or
 untied).
@@ -144,6 +146,7 @@ class Decoder:
         h_heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = h_heads // kv_heads
         eps, gemma = cfg.rms_norm_eps, cfg.gemma_norms
+        scores = {"scale": cfg.attention_scale, "softcap": cfg.attention_softcap}
         positions = batch.positions.clamp(0, self.rope_cos.shape[0] - 1)
         cos = self.rope_cos[positions][:, None, :]
         sin = self.rope_sin[positions][:, None, :]
@@ -189,10 +192,11 @@ class Decoder:
                     p_keys, p_values = cache.gather_rows(i, split.prompt_block_table)
                 prompt_attn = grouped_attention(
                     q_ext[split.prompt_slots], p_keys, p_values, prompt_mask, 1,
-                    split.prompt_slots.shape[0], group,
+                    split.prompt_slots.shape[0], group, **scores,
                 )
                 decode_attn = grouped_attention(
-                    q_ext[split.decode_slots], keys, values, mask, lanes, split.width, group
+                    q_ext[split.decode_slots], keys, values, mask, lanes, split.width, group,
+                    **scores,
                 )
                 merged = q.new_zeros(n + 1, h_heads * hd)
                 merged.index_copy_(0, split.decode_slots, decode_attn)
@@ -203,13 +207,31 @@ class Decoder:
                     keys = keys.reshape(1, lanes * ctx, kv_heads, hd)
                     values = values.reshape(1, lanes * ctx, kv_heads, hd)
                 attn = grouped_attention(q, keys, values, mask, batches, queries_per_batch,
-                                         group)
-            h = h + F.linear(attn, self._layer(i, "self_attn.o_proj.weight"))
-            x = _rms_norm(h, self._layer(i, "post_attention_layernorm.weight"), eps, gemma=gemma)
+                                         group, **scores)
+            h = self._residual(i, h, F.linear(attn, self._layer(i, "self_attn.o_proj.weight")),
+                               "post_attention_layernorm")
+            x = _rms_norm(h, self._layer(i, "pre_feedforward_layernorm.weight"
+                                         if cfg.sandwich_norms else
+                                         "post_attention_layernorm.weight"), eps, gemma=gemma)
             gate, up = F.linear(x, self.gate_up_weight[i]).chunk(2, dim=-1)
-            h = h + F.linear(self._act(gate) * up, self._layer(i, "mlp.down_proj.weight"))
+            h = self._residual(i, h, F.linear(self._act(gate) * up,
+                                              self._layer(i, "mlp.down_proj.weight")),
+                               "post_feedforward_layernorm")
         return _rms_norm(h, self.w["model.norm.weight"], eps, gemma=gemma)
 
+    def _residual(self, i: int, h: torch.Tensor, out: torch.Tensor, norm: str) -> torch.Tensor:
+        """``h + out``; with sandwich norms (Gemma2) ``out`` is normed by layer ``i``'s
+        ``norm`` first."""
+        if self.config.sandwich_norms:
+            out = _rms_norm(out, self._layer(i, f"{norm}.weight"), self.config.rms_norm_eps,
+                            gemma=True)
+        return h + out
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits (float32) of hidden states ``[M, hidden]``."""
-        return F.linear(hidden, self.lm_head).float()
+        """Vocabulary logits (float32) of hidden states ``[M, hidden]``; soft-capped in the
+        serving dtype where the model caps them (Gemma2), as transformers does."""
+        logits = F.linear(hidden, self.lm_head)
+        cap = self.config.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

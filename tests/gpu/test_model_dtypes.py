@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_fixtures import CATALOG, DECODE, PAGE_SIZE, PREFILL_64, SCORED_64, prompt_of
-from variant_fixtures import build_variant
+from model_fixtures import CATALOG, DECODE, PAGE_SIZE, PREFILL_64, prompt_of
+from variant_fixtures import build_variant, scored_logprobs
 
 from gpu.engine import ModelEngine, resolve_dtype
-from gpu.frames import PageAppend, PrefillFrame, RowInit, StepResult, as_inputs, result_of
 from gpu.programs.driver import ReferenceDriver
 
 HORIZON = 8
@@ -96,15 +95,8 @@ def test_a_reduced_precision_checkpoint_serves_in_its_dtype(
     prompt = prompt_of(60, seed=3)
     with torch.no_grad():
         reference = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    program = engine.programs[SCORED_64]
-    program.bind(as_inputs(PrefillFrame(
-        row=0, tokens=tuple(prompt), start_position=0, ends_prompt=True, following_token=-1,
-        updates=(RowInit(row=0), PageAppend(row=0, first_block=0, page_ids=(0, 1, 2, 3))))))
-    program.execute()
-    result = result_of(program.read_outputs())
-    assert isinstance(result, StepResult) and result.prompt_logprobs is not None
     expected = reference[torch.arange(59), torch.tensor(prompt[1:])]
-    got = torch.tensor(result.prompt_logprobs[:-1])
+    got = scored_logprobs(engine, prompt)
     assert torch.allclose(got, expected, atol=LOGPROB_TOLERANCE, rtol=0)
     for seed in range(3):
         prompt = prompt_of(40, seed=seed)

@@ -51,12 +51,12 @@ def _raw(**extra: object) -> dict[str, object]:
     return raw
 
 
-@pytest.mark.parametrize("archs", [["Gemma2ForCausalLM"], ["GPT2LMHeadModel"], [], None])
+@pytest.mark.parametrize("archs", [["Gemma3ForCausalLM"], ["GPT2LMHeadModel"], [], None])
 def test_unsupported_architecture_is_refused_naming_the_supported(archs: object) -> None:
     with pytest.raises(UnsupportedModelError) as info:
         parse_model_config(_raw(architectures=archs))
     for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                 "Qwen3ForCausalLM", "GemmaForCausalLM"):
+                 "Qwen3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM"):
         assert name in str(info.value)
 
 
@@ -93,7 +93,8 @@ def test_rope_scaling_is_read_from_either_layout() -> None:
 
 def test_sliding_windows_per_family() -> None:
     """Mistral windows every layer; Qwen2 only with use_sliding_window, from
-    max_window_layers on; Llama ignores the key (as transformers)."""
+    max_window_layers on; Gemma2 every other layer from the first; Llama ignores the
+    key (as transformers)."""
     mistral = parse_model_config(_raw(architectures=["MistralForCausalLM"],
                                       num_hidden_layers=2, sliding_window=8))
     assert mistral.layer_windows == (8, 8)
@@ -103,6 +104,10 @@ def test_sliding_windows_per_family() -> None:
     assert windowed.layer_windows == (None, 8, 8)
     llama = parse_model_config(_raw(use_sliding_window=True, sliding_window=8))
     assert llama.layer_windows == (None,)
+    gemma2 = parse_model_config(_raw(architectures=["Gemma2ForCausalLM"], num_hidden_layers=4,
+                                     sliding_window=8))
+    assert gemma2.layer_windows == (8, None, 8, None)
+    assert (gemma2.attention_softcap, gemma2.final_softcap) == (50.0, 30.0)
 
 
 def test_missing_files_give_a_load_error(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ weights and biases randomised).
 
 Greedy continuations through the prepared programs equal transformers' greedy
 ``generate`` token for token (26 tokens: the prefill's first plus 25 decodes), for
-every variant; the windowed ones also through padded multi-lane decode, mixed frames,
+every variant, and so do scored prompt log-probabilities (within 1e-4); the windowed
+ones also through padded multi-lane decode, mixed frames,
 static (full-row) execution and captured forwards, with prompt + output longer than
 the window. The rope tables equal transformers' rotary embedding in float32.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from model_fixtures import CATALOG, DECODE, MIXED_4, PAGE_SIZE, PREFILL_64, HFReference, prompt_of
-from variant_fixtures import VARIANTS, WINDOW, build_variant
+from variant_fixtures import VARIANTS, WINDOW, build_variant, scored_logprobs
 
 from gpu.engine import ModelEngine
 from gpu.model.config import load_model_config
@@ -26,7 +27,7 @@ from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
 
 NEW_TOKENS = 26
-WINDOWED = ("mistral", "qwen2_window", "qwen3_window")
+WINDOWED = ("mistral", "qwen2_window", "qwen3_window", "gemma2")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,17 @@ def test_variant_greedy_equals_generate(kind: str, variants: dict[str, Path],
     assert _prefill_then_decode(ReferenceDriver(_engine(variants[kind])), prompt) == expected
 
 
+@pytest.mark.parametrize("kind", sorted(VARIANTS))
+def test_variant_prompt_logprobs_equal_transformers(kind: str, variants: dict[str, Path],
+                                                    reference: HFReference) -> None:
+    """Scored prefill log-probabilities agree with transformers within 1e-4 (this also
+    pins what greedy tokens cannot see, such as Gemma2's monotone logit soft-cap)."""
+    prompt = prompt_of(64, seed=12)
+    expected = reference.log_probs(kind, prompt)[torch.arange(63), torch.tensor(prompt[1:])]
+    got = scored_logprobs(_engine(variants[kind]), prompt)
+    assert torch.allclose(got, expected, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("kind", WINDOWED)
 def test_window_in_padded_decode_and_mixed_frames(kind: str, variants: dict[str, Path],
                                                   reference: HFReference) -> None:
@@ -94,7 +106,7 @@ def test_window_in_padded_decode_and_mixed_frames(kind: str, variants: dict[str,
     assert out_late == expected_late  # its first token (mixed frame) and two decodes
 
 
-@pytest.mark.parametrize("kind", ["mistral", "qwen2_window", "gemma"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2_window", "gemma", "gemma2"])
 @pytest.mark.parametrize("execution", [ExecutionOptions.static(),
                                        ExecutionOptions.eager(capture_forward=True)],
                          ids=["static", "captured"])

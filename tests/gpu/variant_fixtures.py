@@ -38,6 +38,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                                          max_window_layers=1, head_dim=16)),
     "gemma": ("GemmaConfig", dict(head_dim=8, hidden_act="gelu_pytorch_tanh",
                                   tie_word_embeddings=True, pad_token_id=0)),
+    # soft caps low enough to bind at these logit scales; windowed layers 0 and 2
+    "gemma2": ("Gemma2Config", dict(head_dim=8, num_hidden_layers=3, sliding_window=WINDOW,
+                                    query_pre_attn_scalar=12, attn_logit_softcapping=3.0,
+                                    final_logit_softcapping=5.0, pad_token_id=0)),
 }
 
 
@@ -68,8 +72,28 @@ def build_variant(kind: str, directory: Path, *, dtype: str = "float32") -> Path
     config = getattr(tf, class_name)(**_common(**{"tie_word_embeddings": True, **extra}))
     model_class = getattr(tf, class_name.replace("Config", "ForCausalLM"))
     model = model_class(config)
-    randomise_norms_and_biases(model, seed, gemma=class_name == "GemmaConfig")
+    randomise_norms_and_biases(model, seed, gemma=class_name.startswith("Gemma"))
     model = model.to(getattr(torch, dtype)).eval()
     model.save_pretrained(directory)
     _write_tokenizer(directory)
     return directory
+
+
+def scored_logprobs(engine: Any, prompt: list[int]) -> Any:
+    """Every prompt token's log-probability after the first (float32 ``[len - 1]``),
+    from one scored prefill of ``prompt`` (at most 64 tokens) in row 0."""
+    import torch
+    from model_fixtures import PAGE_SIZE, SCORED_64
+
+    from gpu.frames import PageAppend, PrefillFrame, RowInit, StepResult, as_inputs, result_of
+
+    assert len(prompt) <= SCORED_64.token_capacity
+    program = engine.programs[SCORED_64]
+    pages = tuple(range(-(-len(prompt) // PAGE_SIZE)))
+    program.bind(as_inputs(PrefillFrame(
+        row=0, tokens=tuple(prompt), start_position=0, ends_prompt=True, following_token=-1,
+        updates=(RowInit(row=0), PageAppend(row=0, first_block=0, page_ids=pages)))))
+    program.execute()
+    result = result_of(program.read_outputs())
+    assert isinstance(result, StepResult) and result.prompt_logprobs is not None
+    return torch.tensor(result.prompt_logprobs[:-1])
