@@ -121,6 +121,10 @@ class RuntimeConfig:
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, "
                               f"got {self.dtype!r}")
+        if self.backend == "cuda" and self.dtype == "float32":
+            # gpu.model.dtypes: CUDA programs run bfloat16 or float16
+            raise ConfigError("--dtype float32 is not supported on the cuda backend; it runs "
+                              "bfloat16 or float16 (or --dtype auto)")
         if not self.prefill_capacities:
             raise ConfigError("--prefill-capacity needs at least one capacity")
         for c in self.prefill_capacities:

@@ -31,3 +31,10 @@ def test_an_unknown_dtype_is_refused(tmp_path: pathlib.Path,
     assert "--dtype" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--dtype must be one of auto, float32"):
         RuntimeConfig(model_dir=tmp_path, dtype="int8").validate()  # type: ignore[arg-type]
+
+
+def test_a_dtype_the_backend_does_not_run_stops_before_loading(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--model", str(tmp_path), "--backend", "cuda",
+                     "--dtype", "float32"]) == 2
+    assert "--dtype float32 is not supported on the cuda backend" in capsys.readouterr().err
