@@ -22,6 +22,10 @@ SpeculationSetting = Literal["off", "fixed", "adaptive"]
 """``--speculation``: ``off``, or the value of a ``policy.rounds.SpeculationMode``."""
 DraftSource = Literal["draft", "copy"]
 SpeculativeAllocation = Literal["host", "device"]
+DtypeSetting = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_CHOICES: tuple[DtypeSetting, ...] = ("auto", "float32", "bfloat16", "float16")
+"""``--dtype``: ``auto`` serves the checkpoint's declared dtype where the backend runs it
+(``gpu.model.dtypes``)."""
 DEFAULT_DRAFT_DEPTH = 4
 """Proposal depth D of a speculative load: widths 1..D+1 are prepared (SPEC-12)."""
 DEFAULT_DRAFT_CATCH_UP = 0
@@ -43,6 +47,9 @@ class RuntimeConfig:
     model_dir: pathlib.Path = DEFAULT_MODEL_DIR
     draft_model_dir: pathlib.Path | None = None
     backend: BackendName = "cpu"
+    dtype: DtypeSetting = "auto"
+    """``--dtype``: the serving dtype; ``auto`` is the checkpoint's (``torch_dtype``) where
+    the backend runs it, else float32 on the CPU and bfloat16 on CUDA."""
     max_batch: int = 8
     """Largest decode batch capacity; buckets are the powers of two up to it."""
     prefill_capacities: tuple[int, ...] = (64, 256, 1024)
@@ -111,6 +118,13 @@ class RuntimeConfig:
         """Raise ``ConfigError`` with a message naming the first invalid value."""
         if self.max_batch < 1 or self.max_batch > 64 or self.max_batch & (self.max_batch - 1):
             raise ConfigError(f"--max-batch must be a power of two from 1 to 64, got {self.max_batch}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, "
+                              f"got {self.dtype!r}")
+        if self.backend == "cuda" and self.dtype == "float32":
+            # gpu.model.dtypes: CUDA programs run bfloat16 or float16
+            raise ConfigError("--dtype float32 is not supported on the cuda backend; it runs "
+                              "bfloat16 or float16 (or --dtype auto)")
         if not self.prefill_capacities:
             raise ConfigError("--prefill-capacity needs at least one capacity")
         for c in self.prefill_capacities:

@@ -385,6 +385,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         measured_costs=measured,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
+             dtype=str(engine.dtype).removeprefix("torch."),
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)
     async with open_runtime_with(parts, catalog=catalog) as runtime:
         yield runtime
@@ -413,7 +414,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
     num_pages = config.kv_pages or default_pages(config.max_batch, max_context,
                                                  config.page_size)
     engine = ModelEngine.load(
-        config.model_dir, device=device, dtype=None, catalog=shapes,
+        config.model_dir, device=device, dtype=config.dtype, catalog=shapes,
         page_size=config.page_size, num_pages=num_pages,
         state_rows=state_rows_for(config.max_batch) + snapshot_lanes(shapes),
         max_context=max_context,

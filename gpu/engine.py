@@ -24,6 +24,7 @@ from gpu.engine_parts import EngineParts, UnsupportedShapeError
 from gpu.frames import TOP_LOGPROBS
 from gpu.model.config import ModelConfig, load_model_config
 from gpu.model.decoder import Decoder
+from gpu.model.dtypes import resolve_dtype
 from gpu.model.kv_cache import CacheGeometry, PagedKVCache
 from gpu.model.tokenizer import Tokenizer
 from gpu.model.weights import load_weights
@@ -42,26 +43,8 @@ __all__ = [
     "ExecutionOptions",
     "ModelEngine",
     "load_speculative_engine",
+    "resolve_dtype",
 ]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(device: str, dtype: torch.dtype | str | None) -> torch.dtype:
-    """fp32 on CPU; bf16 (default) or fp16 on CUDA."""
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r}: choose one of {sorted(_DTYPES)}")
-        dtype = _DTYPES[dtype]
-    on_cuda = torch.device(device).type == "cuda"
-    if dtype is None:
-        return torch.bfloat16 if on_cuda else torch.float32
-    if not on_cuda and dtype != torch.float32:
-        raise ValueError("the CPU runs float32 only")
-    if on_cuda and dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError("CUDA runs bfloat16 or float16")
-    return dtype
-
 
 class ModelEngine:
     """A loaded model with its prepared programs, keyed by shape."""
@@ -141,7 +124,7 @@ class ModelEngine:
                              "on CUDA")
         directory = Path(model_dir)
         config = load_model_config(directory)
-        serving_dtype = resolve_dtype(device, dtype)
+        serving_dtype = resolve_dtype(device, dtype, config.torch_dtype)
         tokenizer: Tokenizer | None = None
         if (directory / "tokenizer.json").exists():
             tokenizer = Tokenizer.load(directory, extra_eos_ids=config.eos_token_ids)

@@ -30,6 +30,7 @@ from actors.config import (
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DEFAULT_MODEL_DIR,
+    DTYPE_CHOICES,
     SCHEDULER_POLICIES,
     ConfigError,
     RuntimeConfig,
@@ -95,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--draft-model", type=pathlib.Path, default=None,
                        help="draft model directory for learned speculative proposals")
     model.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                       help="serving dtype (default auto: the checkpoint's torch_dtype where "
+                            "the backend runs it; float32 or bfloat16 or float16 on the CPU)")
     model.add_argument("--eager-forward", action="store_true",
                        help="CPU: run the decoder forward op by op instead of replaying "
                             "graphs captured at start-up (faster start, slower serving)")
@@ -193,6 +197,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         model_dir=args.model,
         draft_model_dir=args.draft_model,
         backend=args.backend,
+        dtype=args.dtype,
         capture_forward=not args.eager_forward,
         max_batch=args.max_batch,
         prefill_capacities=tuple(args.prefill_capacity),

@@ -60,6 +60,11 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.bias": (kv_out,),
                 p + "self_attn.v_proj.bias": (kv_out,),
             })
+        if config.sandwich_norms:
+            shapes.update({
+                p + "pre_feedforward_layernorm.weight": (d,),
+                p + "post_feedforward_layernorm.weight": (d,),
+            })
         if config.qk_norm:
             shapes.update({
                 p + "self_attn.q_norm.weight": (hd,),

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def hf_greedy(model_dir: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    """transformers' greedy continuation of ``prompt`` (no EOS stop)."""
+def hf_greedy(model_dir: Path, prompt: list[int], new_tokens: int,
+              dtype: str = "float32") -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (no EOS stop), run in ``dtype``."""
     import torch
     import transformers as tf
 
-    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     config = tf.GenerationConfig(do_sample=False, max_new_tokens=new_tokens,
                                  min_new_tokens=0, eos_token_id=None, pad_token_id=0,
                                  bos_token_id=None)

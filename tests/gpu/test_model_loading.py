@@ -16,7 +16,7 @@ import pytest
 import torch
 from model_fixtures import EOS_ID, MODEL_KINDS, SCORED_64, HFReference, build_engine, prompt_of
 
-from gpu.engine import ModelEngine, resolve_dtype
+from gpu.engine import ModelEngine
 from gpu.frames import PageAppend, PrefillFrame, RowInit, StepResult, as_inputs, result_of
 from gpu.model.config import (
     ModelLoadError,
@@ -51,25 +51,63 @@ def _raw(**extra: object) -> dict[str, object]:
     return raw
 
 
-@pytest.mark.parametrize("archs", [["MistralForCausalLM"], ["GPT2LMHeadModel"], [], None])
+@pytest.mark.parametrize("archs", [["Gemma3ForCausalLM"], ["GPT2LMHeadModel"], [], None])
 def test_unsupported_architecture_is_refused_naming_the_supported(archs: object) -> None:
     with pytest.raises(UnsupportedModelError) as info:
         parse_model_config(_raw(architectures=archs))
-    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for name in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                 "Qwen3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM"):
         assert name in str(info.value)
 
 
-def test_rope_scaling_and_other_activations_are_refused() -> None:
-    with pytest.raises(UnsupportedModelError, match="rope scaling 'llama3'"):
+def test_unknown_rope_options_and_other_activations_are_refused() -> None:
+    with pytest.raises(UnsupportedModelError, match=r"rope scaling 'mrope'.*llama3, yarn"):
+        parse_model_config(_raw(rope_scaling={"rope_type": "mrope", "factor": 8.0}))
+    with pytest.raises(UnsupportedModelError, match="'llama3' needs a numeric 'low_freq_factor'"):
         parse_model_config(_raw(rope_scaling={"rope_type": "llama3", "factor": 8.0}))
-    with pytest.raises(UnsupportedModelError, match="hidden_act"):
-        parse_model_config(_raw(hidden_act="gelu"))
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor"):
+        parse_model_config(_raw(rope_parameters={"rope_type": "default",
+                                                 "partial_rotary_factor": 0.5}))
+    with pytest.raises(UnsupportedModelError, match="hidden_act 'relu'"):
+        parse_model_config(_raw(hidden_act="relu"))
     with pytest.raises(UnsupportedModelError, match="attention_bias"):
         parse_model_config(_raw(attention_bias=True))
     with pytest.raises(UnsupportedModelError, match="mlp_bias"):
         parse_model_config(_raw(mlp_bias=True))
     plain = parse_model_config(_raw(rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
     assert plain.rope_theta == 5e5
+
+
+def test_rope_scaling_is_read_from_either_layout() -> None:
+    """The older flat layout (``rope_theta`` + ``rope_scaling`` with ``type``) and the
+    current ``rope_parameters`` one describe the same variant."""
+    old = parse_model_config(_raw(rope_theta=5e5, rope_scaling={"type": "linear", "factor": 2}))
+    new = parse_model_config(_raw(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                   "rope_theta": 5e5}))
+    assert old.rope == new.rope and new.rope.rope_type == "linear" and new.rope_theta == 5e5
+    longrope = parse_model_config(_raw(max_position_embeddings=4096, rope_scaling={
+        "type": "su", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+        "original_max_position_embeddings": 1024}))
+    assert longrope.rope.rope_type == "longrope" and longrope.max_context == 1024
+
+
+def test_sliding_windows_per_family() -> None:
+    """Mistral windows every layer; Qwen2 only with use_sliding_window, from
+    max_window_layers on; Gemma2 every other layer from the first; Llama ignores the
+    key (as transformers)."""
+    mistral = parse_model_config(_raw(architectures=["MistralForCausalLM"],
+                                      num_hidden_layers=2, sliding_window=8))
+    assert mistral.layer_windows == (8, 8)
+    qwen2 = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 3, "sliding_window": 8}
+    assert parse_model_config(_raw(**qwen2)).layer_windows == (None,) * 3
+    windowed = parse_model_config(_raw(**qwen2, use_sliding_window=True, max_window_layers=1))
+    assert windowed.layer_windows == (None, 8, 8)
+    llama = parse_model_config(_raw(use_sliding_window=True, sliding_window=8))
+    assert llama.layer_windows == (None,)
+    gemma2 = parse_model_config(_raw(architectures=["Gemma2ForCausalLM"], num_hidden_layers=4,
+                                     sliding_window=8))
+    assert gemma2.layer_windows == (8, None, 8, None)
+    assert (gemma2.attention_softcap, gemma2.final_softcap) == (50.0, 30.0)
 
 
 def test_missing_files_give_a_load_error(tmp_path: Path) -> None:
@@ -96,14 +134,6 @@ def test_tokenizer_round_trip_eos_and_chat_template(tiny_checkpoints: dict[str, 
     assert tok.eos_token_ids == (EOS_ID,) and tok.bos_token_id == 1
     text = tok.apply_chat_template([{"role": "user", "content": "w5"}])
     assert text == "<user> w5 <assistant>"
-
-
-def test_dtype_rules() -> None:
-    assert resolve_dtype("cpu", None) == torch.float32
-    assert resolve_dtype("cuda:0", None) == torch.bfloat16
-    assert resolve_dtype("cuda", "float16") == torch.float16
-    with pytest.raises(ValueError, match="float32"):
-        resolve_dtype("cpu", torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
