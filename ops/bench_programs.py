@@ -411,7 +411,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"flare bench programs: {exc}", file=sys.stderr)
         return 2
     try:
-        dtype = resolve_dtype(backend.device, None)
+        dtype = resolve_dtype(backend.device, None, config.torch_dtype)
         dims = ModelDims(
             hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
             vocab_size=config.vocab_size, num_attention_heads=config.num_heads,
