@@ -67,7 +67,8 @@ class AllocatorState:
             head = self.parked[0]
             grant = self.book.acquire(head.prompt_token_ids, head.max_tokens,
                                       message_ends=head.message_ends,
-                                      use_prefix_cache=head.use_prefix_cache)
+                                      use_prefix_cache=head.use_prefix_cache,
+                                      prompt_group=head.prompt_group)
             if grant is None:
                 return
             self.parked.popleft()

@@ -124,6 +124,8 @@ class Acquire:
     message_ends: tuple[int, ...]
     use_prefix_cache: bool
     reply: trio.MemorySendChannel[Grant | None]
+    prompt_group: str = ""
+    """Requests of one group with one prompt share its prefill (``ResourceBook``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
