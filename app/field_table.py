@@ -172,8 +172,8 @@ def checked_parse(body: dict[str, Any], table: dict[str, FieldRule],
     recording = ReadRecordingBody(body)
     result = parse(recording)
     for name, value in body.items():
-        rule = table[name]
-        if value is not None and rule.support is Support.SUPPORTED and name not in (
-                recording.read):
+        rule = table.get(name)
+        if (value is not None and rule is not None and rule.support is Support.SUPPORTED
+                and name not in recording.read):
             raise bad_request(f"'{name}' is not supported by this server.", param=name)
     return result, ignored
