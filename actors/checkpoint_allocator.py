@@ -59,7 +59,7 @@ class AllocatorState:
         elif isinstance(msg, Finishing):
             self.book.finishing(msg.handle, token_ids=msg.token_ids, kv_tokens=msg.kv_tokens)
         elif isinstance(msg, FenceRetired):
-            self.book.retire(msg.fence)
+            self.book.retire(msg.fence, failed=msg.failed)
         self._grant_parked()
 
     def _grant_parked(self) -> None:

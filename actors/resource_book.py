@@ -52,9 +52,10 @@ QUEUE-49/50, PRE-39, PRE-54):
   later lookup may reuse, ``(prompt_len - 1) // page_size`` of them) are not yet
   written, an ``acquire`` of another member is not granted. The leader's prompt pages
   are published as soon as the fence of the frame whose reservation covers them
-  retires (not at its release), and the waiting members are granted with those pages
-  as their cached prefix; a leader that ends first lets them go once its release is
-  final (and its pages published).
+  retires (not at its release) with none of the leader's lanes rejected, and the
+  waiting members are granted with those pages as their cached prefix. A leader that
+  ends first (or whose prefill lane was rejected) lets them go once its release is
+  final, with whatever it published then.
 
 Pure bookkeeping: no trio, no device.
 """
@@ -108,6 +109,8 @@ class _Ownership:
     """(prompt group, prompt) while it leads a shared prefill that is not published."""
     group_fence: Fence | None = None
     """The fence after which its shareable prompt pages are written."""
+    group_failed: bool = False
+    """A lane of its prefill was rejected: it publishes nothing early."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,7 +272,7 @@ class ResourceBook:
                 raise ResourceError(f"request {extent.handle} is not resident")
             owner.last_fence = fence
             if (owner.group is not None and owner.group_fence is None
-                    and extent.kv_tokens >= (owner.prompt_len - 1) // self.page_size
+                    and not owner.group_failed and extent.kv_tokens >= (owner.prompt_len - 1) // self.page_size
                     * self.page_size):
                 owner.group_fence = fence
             if extent.snapshot:
@@ -368,10 +371,17 @@ class ResourceBook:
             return True
         return False
 
-    def retire(self, fence: Fence) -> int:
+    def retire(self, fence: Fence, *, failed: Sequence[RequestHandle] = ()) -> int:
         """``fence`` retired; free every released request whose last fence has.
-        Returns how many requests were freed."""
+        ``failed``: requests whose lanes of it were rejected; a shared prefill they lead
+        publishes nothing early (its members go once it ends). Returns how many
+        requests were freed."""
         self._retired = max(self._retired, int(fence))
+        for handle in failed:
+            owner = self._owners.get(handle)
+            if owner is not None and owner.group is not None:
+                owner.group_fence = None
+                owner.group_failed = True
         self._publish_group_prompts()
         done = [
             o for o in self._owners.values()

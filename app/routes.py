@@ -228,6 +228,8 @@ async def _completion_result(service: FlareService, choices: Choices,
                 texts[choice.index].append(event.text)
                 if choice_logprobs is not None:
                     choice_logprobs.add(event.token_ids, event.logprobs)
+            elif isinstance(event, Finished) and event.reason not in NORMAL_ENDS:
+                break  # the request fails: leaving ends the other choices
     if not choices.all_ended_normally():
         raise choices.failure_error()
     return completion_body(_head(service, choices), usage=choices.usage(), choices=[
@@ -248,6 +250,8 @@ async def _chat_result(service: FlareService, choices: Choices,
                 if params.logprobs:
                     entries[choice.index].extend(chat_logprob_entries(
                         service.codec, event.token_ids, event.logprobs))
+            elif isinstance(event, Finished) and event.reason not in NORMAL_ENDS:
+                break  # the request fails: leaving ends the other choices
     if not choices.all_ended_normally():
         raise choices.failure_error()
     return chat_body(_head(service, choices), usage=choices.usage(), choices=[

@@ -45,6 +45,19 @@ def test_a_leader_that_ends_before_its_prefill_lets_the_members_go() -> None:
     assert member is not None and member.cached_tokens == 0
 
 
+def test_a_rejected_prefill_lane_shares_nothing() -> None:
+    book = ResourceBook(num_pages=32, state_rows=4, page_size=PAGE)
+    prompt = list(range(1, 12))
+    leader = book.acquire(prompt, 4, prompt_group="g")
+    assert leader is not None
+    book.reserve(Fence(1), [LaneExtent(handle=leader.handle, kv_tokens=11)])
+    book.retire(Fence(1), failed=[leader.handle])  # its KV may be garbage
+    assert book.acquire(prompt, 4, prompt_group="g") is None  # still resident
+    book.release(leader.handle)  # the failed request publishes nothing
+    member = book.acquire(prompt, 4, prompt_group="g")
+    assert member is not None and member.cached_tokens == 0
+
+
 def test_a_prompt_within_one_page_holds_nobody_back() -> None:
     book = ResourceBook(num_pages=32, state_rows=4, page_size=PAGE)
     assert book.acquire([5, 6, 7], 4, prompt_group="g") is not None
