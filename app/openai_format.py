@@ -131,29 +131,20 @@ def chat_body(head: ResponseHead, *, choices: list[dict[str, Any]],
     return {**head.fields("chat.completion"), "choices": choices, "usage": usage_body(usage)}
 
 
-def _with_usage(chunk: dict[str, Any], usage: Usage | None) -> dict[str, Any]:
-    """A chunk with ``continuous_usage_stats``: its choice's usage so far."""
-    if usage is not None:
-        chunk["usage"] = usage_body(usage)
-    return chunk
-
-
 def completion_chunk(head: ResponseHead, *, index: int = 0, text: str,
                      logprobs: dict[str, Any] | None = None,
-                     finish_reason: str | None = None,
-                     usage: Usage | None = None) -> dict[str, Any]:
-    return _with_usage({
+                     finish_reason: str | None = None) -> dict[str, Any]:
+    return {
         **head.fields("text_completion"),
         "choices": [completion_choice(index, text=text, logprobs=logprobs,
                                       finish_reason=finish_reason)],
-    }, usage)
+    }
 
 
 def chat_chunk(head: ResponseHead, *, index: int = 0, delta: dict[str, Any],
                logprobs: list[dict[str, Any]] | None = None,
-               finish_reason: str | None = None,
-               usage: Usage | None = None) -> dict[str, Any]:
-    return _with_usage({
+               finish_reason: str | None = None) -> dict[str, Any]:
+    return {
         **head.fields("chat.completion.chunk"),
         "choices": [{
             "index": index,
@@ -161,7 +152,7 @@ def chat_chunk(head: ResponseHead, *, index: int = 0, delta: dict[str, Any],
             "logprobs": None if logprobs is None else {"content": logprobs},
             "finish_reason": finish_reason,
         }],
-    }, usage)
+    }
 
 
 def usage_chunk(head: ResponseHead, *, object_name: str, usage: Usage) -> dict[str, Any]:

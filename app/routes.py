@@ -20,7 +20,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
-from actors import Finished, PromptScores, TokenDelta
+from actors import Finished, PromptScores, StreamEvent, TokenDelta
 from app.choices import NORMAL_ENDS, Choice, Choices, start_choices
 from app.errors import model_not_found
 from app.field_table import (
@@ -35,7 +35,6 @@ from app.openai_format import (
     SSE_DONE,
     CompletionLogprobs,
     ResponseHead,
-    Usage,
     chat_body,
     chat_choice,
     chat_chunk,
@@ -50,6 +49,7 @@ from app.openai_format import (
 )
 from app.request_parsing import (
     ChatParams,
+    CommonParams,
     CompletionParams,
     parse_chat,
     parse_completion,
@@ -261,10 +261,6 @@ async def _chat_result(service: FlareService, choices: Choices,
         for c in choices.choices if c.finished is not None])
 
 
-def _usage_so_far(choice: Choice, continuous: bool) -> Usage | None:
-    return choice.usage_so_far() if continuous else None
-
-
 def _closing_events(choices: Choices, head: ResponseHead, *, object_name: str,
                     include_usage: bool) -> list[bytes]:
     """The end of a stream: the usage chunk and ``[DONE]``, or an error event."""
@@ -276,71 +272,85 @@ def _closing_events(choices: Choices, head: ResponseHead, *, object_name: str,
     return [SSE_DONE]
 
 
-async def _completion_events(service: FlareService, choices: Choices,
-                             params: CompletionParams) -> AsyncIterator[bytes]:
+async def _sse_choices(choices: Choices, head: ResponseHead, common: CommonParams, *,
+                       object_name: str, opening: list[tuple[Choice, dict[str, Any]]],
+                       chunk_for: Callable[[Choice, StreamEvent], dict[str, Any] | None],
+                       finish_chunk: Callable[[Choice, str], dict[str, Any]]
+                       ) -> AsyncIterator[bytes]:
+    """The SSE body of a generation: ``opening`` chunks, one chunk per event that has
+    one (``chunk_for``), each choice's finish chunk, then the closing events. With
+    ``continuous_usage_stats`` every chunk carries its choice's usage so far."""
+
+    def event(choice: Choice, chunk: dict[str, Any]) -> bytes:
+        if common.continuous_usage:
+            chunk["usage"] = usage_body(choice.usage_so_far())
+        return sse_event(chunk)
+
+    async with choices:
+        for choice, first in opening:
+            yield event(choice, first)
+        async for choice, stream_event in choices:
+            chunk: dict[str, Any] | None
+            if isinstance(stream_event, Finished):
+                if stream_event.reason not in NORMAL_ENDS:
+                    break
+                chunk = finish_chunk(choice, finish_reason(stream_event))
+            else:
+                chunk = chunk_for(choice, stream_event)
+            if chunk is not None:
+                yield event(choice, chunk)
+        for closing in _closing_events(choices, head, object_name=object_name,
+                                       include_usage=common.include_usage):
+            yield closing
+
+
+def _completion_events(service: FlareService, choices: Choices,
+                       params: CompletionParams) -> AsyncIterator[bytes]:
     head = _head(service, choices)
-    continuous = params.common.continuous_usage
     logprobs = _completion_logprobs(service, choices, params)
-    async with choices:
-        if params.echo and not params.logprobs:
-            for choice in choices.choices:
-                yield sse_event(completion_chunk(
-                    head, index=choice.index, text=choice.prepared.prompt_text,
-                    usage=_usage_so_far(choice, continuous)))
-        async for choice, event in choices:
-            choice_logprobs = logprobs[choice.index]
-            chunk: dict[str, Any] | None = None
-            if isinstance(event, PromptScores):
-                if params.echo and choice_logprobs is not None:
-                    chunk = completion_chunk(
-                        head, index=choice.index, text=choice.prepared.prompt_text,
-                        logprobs=choice_logprobs.add(event.token_ids, event.logprobs))
-            elif isinstance(event, TokenDelta) and (
-                    event.text or (choice_logprobs is not None and event.token_ids)):
-                chunk = completion_chunk(
-                    head, index=choice.index, text=event.text,
-                    logprobs=(None if choice_logprobs is None
-                              else choice_logprobs.add(event.token_ids, event.logprobs)))
-            elif isinstance(event, Finished):
-                if event.reason not in NORMAL_ENDS:
-                    break
-                chunk = completion_chunk(head, index=choice.index, text="",
-                                         finish_reason=finish_reason(event))
-            if chunk is not None:
-                if continuous:
-                    chunk["usage"] = usage_body(choice.usage_so_far())
-                yield sse_event(chunk)
-        for closing in _closing_events(choices, head, object_name="text_completion",
-                                       include_usage=params.common.include_usage):
-            yield closing
+    opening = [(c, completion_chunk(head, index=c.index, text=c.prepared.prompt_text))
+               for c in choices.choices] if params.echo and not params.logprobs else []
+
+    def chunk_for(choice: Choice, event: StreamEvent) -> dict[str, Any] | None:
+        choice_logprobs = logprobs[choice.index]
+        if isinstance(event, PromptScores):
+            if not (params.echo and choice_logprobs is not None):
+                return None
+            return completion_chunk(
+                head, index=choice.index, text=choice.prepared.prompt_text,
+                logprobs=choice_logprobs.add(event.token_ids, event.logprobs))
+        if isinstance(event, TokenDelta) and (
+                event.text or (choice_logprobs is not None and event.token_ids)):
+            return completion_chunk(
+                head, index=choice.index, text=event.text,
+                logprobs=(None if choice_logprobs is None
+                          else choice_logprobs.add(event.token_ids, event.logprobs)))
+        return None
+
+    return _sse_choices(
+        choices, head, params.common, object_name="text_completion", opening=opening,
+        chunk_for=chunk_for,
+        finish_chunk=lambda choice, reason: completion_chunk(
+            head, index=choice.index, text="", finish_reason=reason))
 
 
-async def _chat_events(service: FlareService, choices: Choices,
-                       params: ChatParams) -> AsyncIterator[bytes]:
+def _chat_events(service: FlareService, choices: Choices,
+                 params: ChatParams) -> AsyncIterator[bytes]:
     head = _head(service, choices)
-    continuous = params.common.continuous_usage
-    async with choices:
-        for choice in choices.choices:
-            yield sse_event(chat_chunk(head, index=choice.index,
-                                       delta={"role": "assistant", "content": ""},
-                                       usage=_usage_so_far(choice, continuous)))
-        async for choice, event in choices:
-            chunk: dict[str, Any] | None = None
-            if isinstance(event, TokenDelta) and (
-                    event.text or (params.logprobs and event.token_ids)):
-                entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
-                           if params.logprobs else None)
-                chunk = chat_chunk(head, index=choice.index, delta={"content": event.text},
-                                   logprobs=entries)
-            elif isinstance(event, Finished):
-                if event.reason not in NORMAL_ENDS:
-                    break
-                chunk = chat_chunk(head, index=choice.index, delta={},
-                                   finish_reason=finish_reason(event))
-            if chunk is not None:
-                if continuous:
-                    chunk["usage"] = usage_body(choice.usage_so_far())
-                yield sse_event(chunk)
-        for closing in _closing_events(choices, head, object_name="chat.completion.chunk",
-                                       include_usage=params.common.include_usage):
-            yield closing
+    opening = [(c, chat_chunk(head, index=c.index, delta={"role": "assistant", "content": ""}))
+               for c in choices.choices]
+
+    def chunk_for(choice: Choice, event: StreamEvent) -> dict[str, Any] | None:
+        if not isinstance(event, TokenDelta) or not (
+                event.text or (params.logprobs and event.token_ids)):
+            return None
+        entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
+                   if params.logprobs else None)
+        return chat_chunk(head, index=choice.index, delta={"content": event.text},
+                          logprobs=entries)
+
+    return _sse_choices(
+        choices, head, params.common, object_name="chat.completion.chunk", opening=opening,
+        chunk_for=chunk_for,
+        finish_chunk=lambda choice, reason: chat_chunk(
+            head, index=choice.index, delta={}, finish_reason=reason))

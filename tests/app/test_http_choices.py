@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import openai
 import pytest
@@ -30,17 +31,25 @@ from app.field_table import (
 
 REPLY = "Hello world, this is a tiny reply."
 MODEL = "flare-test"
+T = TypeVar("T")
+
+
+async def served_call(rt: FakeRuntime, call: Callable[[openai.OpenAI], T]) -> T:
+    """``call(client)`` in a worker thread against a server on ``rt``."""
+    with trio.fail_after(20):
+        async with running_server(rt) as server:
+            client = make_client(server.url)
+            try:
+                return await in_thread(functools.partial(call, client))
+            finally:
+                client.close()
 
 
 async def test_n_three_non_streaming_choices_seeds_and_usage(codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply=REPLY)
-    with trio.fail_after(20):
-        async with running_server(rt) as server:
-            client = make_client(server.url)
-            result = await in_thread(functools.partial(
-                client.completions.create, model=MODEL, prompt="The quick brown fox", max_tokens=5,
-                n=3, seed=41, temperature=0.8))
-            client.close()
+    result = await served_call(rt, lambda client: client.completions.create(
+        model=MODEL, prompt="The quick brown fox", max_tokens=5, n=3, seed=41,
+        temperature=0.8))
     assert [c.index for c in result.choices] == [0, 1, 2]
     assert [c.finish_reason for c in result.choices] == ["length"] * 3
     prompt_tokens = len(codec.encode("The quick brown fox"))
@@ -55,13 +64,8 @@ async def test_n_three_non_streaming_choices_seeds_and_usage(codec: TinyCodec) -
 
 async def test_n_without_a_seed_leaves_each_sibling_its_own_draw(codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply=REPLY)
-    with trio.fail_after(20):
-        async with running_server(rt) as server:
-            client = make_client(server.url)
-            result = await in_thread(functools.partial(
-                client.chat.completions.create, model=MODEL,
-                messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2))
-            client.close()
+    result = await served_call(rt, lambda client: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2))
     assert [c.index for c in result.choices] == [0, 1]
     assert all(c.message.content == codec.decode(codec.encode(REPLY)[:4])
                for c in result.choices)
@@ -78,18 +82,14 @@ def test_sibling_seeds_wrap_within_the_seed_space() -> None:
 async def test_n_three_streaming_interleaves_indices_and_finishes_each(
         codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply=REPLY)
-    with trio.fail_after(20):
-        async with running_server(rt) as server:
-            client = make_client(server.url)
 
-            def run() -> list[Any]:
-                with client.completions.create(
-                        model=MODEL, prompt="Hello", max_tokens=100, n=3, stream=True,
-                        stream_options={"include_usage": True}) as stream:
-                    return list(stream)
+    def run(client: openai.OpenAI) -> list[Any]:
+        with client.completions.create(
+                model=MODEL, prompt="Hello", max_tokens=100, n=3, stream=True,
+                stream_options={"include_usage": True}) as stream:
+            return list(stream)
 
-            chunks = await in_thread(run)
-            client.close()
+    chunks = await served_call(rt, run)
     texts = {i: "".join(c.choices[0].text for c in chunks
                         if c.choices and c.choices[0].index == i) for i in range(3)}
     assert texts == {0: REPLY, 1: REPLY, 2: REPLY}
@@ -123,15 +123,14 @@ async def test_chat_streaming_n_two_sends_one_done(codec: TinyCodec) -> None:
 async def test_batched_prompts_index_prompt_times_n_plus_i(codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply=REPLY)
     prompts = ["alpha beta", "gamma"]
-    with trio.fail_after(20):
-        async with running_server(rt) as server:
-            client = make_client(server.url)
-            result = await in_thread(functools.partial(
-                client.completions.create, model=MODEL, prompt=prompts, max_tokens=2, n=2, echo=True))
-            ids = [codec.encode("delta"), codec.encode("epsilon zeta")]
-            by_ids = await in_thread(functools.partial(
-                client.completions.create, model=MODEL, prompt=ids, max_tokens=1))
-            client.close()
+    ids = [codec.encode("delta"), codec.encode("epsilon zeta")]
+
+    def run(client: openai.OpenAI) -> tuple[Any, Any]:
+        return (client.completions.create(model=MODEL, prompt=prompts, max_tokens=2, n=2,
+                                          echo=True),
+                client.completions.create(model=MODEL, prompt=ids, max_tokens=1))
+
+    result, by_ids = await served_call(rt, run)
     reply = codec.decode(codec.encode(REPLY)[:2])
     assert [(c.index, c.text) for c in result.choices] == [
         (0, prompts[0] + reply), (1, prompts[0] + reply),
@@ -148,23 +147,19 @@ async def test_batched_prompts_index_prompt_times_n_plus_i(codec: TinyCodec) -> 
 
 async def test_continuous_usage_stats_in_every_chunk(codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply="one two three")
-    with trio.fail_after(20):
-        async with running_server(rt) as server:
-            client = make_client(server.url)
 
-            def run() -> tuple[list[Any], list[Any]]:
-                options = {"include_usage": True, "continuous_usage_stats": True}
-                with client.completions.create(model=MODEL, prompt="Hello", max_tokens=10, n=2,
-                                               stream=True, stream_options=options) as s:
-                    completion = list(s)
-                with client.chat.completions.create(
-                        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10,
-                        stream=True, stream_options=options) as s:
-                    chat = list(s)
-                return completion, chat
+    def run(client: openai.OpenAI) -> tuple[list[Any], list[Any]]:
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        with client.completions.create(model=MODEL, prompt="Hello", max_tokens=10, n=2,
+                                       stream=True, stream_options=options) as s:
+            completion = list(s)
+        with client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+                stream=True, stream_options=options) as s:
+            chat = list(s)
+        return completion, chat
 
-            completion, chat = await in_thread(run)
-            client.close()
+    completion, chat = await served_call(rt, run)
     reply_tokens = len(codec.encode("one two three"))
     for chunks, choices in ((completion, 2), (chat, 1)):
         assert all(c.usage is not None for c in chunks)
@@ -179,27 +174,25 @@ async def test_continuous_usage_stats_in_every_chunk(codec: TinyCodec) -> None:
 
 async def test_unknown_refused_and_ignored_fields(codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply=REPLY)
-    with trio.fail_after(20), structlog.testing.capture_logs() as logs:
-        async with running_server(rt) as server:
-            client = make_client(server.url)
 
-            def run() -> tuple[Any, ...]:
-                errors = []
-                for extra in ({"temprature": 0.3}, {"priority": 2},
-                              {"guided_whitespace_pattern": " "}):
-                    try:
-                        client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra)
-                    except openai.BadRequestError as exc:
-                        errors.append(exc.body)
-                neutral = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
-                                                    extra_body={"priority": 0})
-                ignored = client.chat.completions.with_raw_response.create(
-                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                    extra_body={"cache_salt": "a", "store": True})
-                return errors, neutral, ignored
+    def run(client: openai.OpenAI) -> tuple[Any, ...]:
+        errors = []
+        for extra in ({"temprature": 0.3}, {"priority": 2},
+                      {"guided_whitespace_pattern": " "}):
+            try:
+                client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                          extra_body=extra)
+            except openai.BadRequestError as exc:
+                errors.append(exc.body)
+        neutral = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                            extra_body={"priority": 0})
+        ignored = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_body={"cache_salt": "a", "store": True})
+        return errors, neutral, ignored
 
-            errors, neutral, ignored = await in_thread(run)
-            client.close()
+    with structlog.testing.capture_logs() as logs:
+        errors, neutral, ignored = await served_call(rt, run)
     assert [e["param"] for e in errors] == ["temprature", "priority",
                                              "guided_whitespace_pattern"]
     assert "priority scheduling" in errors[1]["message"]
