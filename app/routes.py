@@ -214,24 +214,34 @@ def _completion_logprobs(service: FlareService, choices: Choices, params: Comple
             for c in choices.choices}
 
 
+async def _collect(choices: Choices, take: Callable[[Choice, StreamEvent], None]) -> None:
+    """Read every choice's events into ``take``; raise the failure if one fails (which
+    ends the others)."""
+    async with choices:
+        async for choice, event in choices:
+            if isinstance(event, Finished) and event.reason not in NORMAL_ENDS:
+                break
+            take(choice, event)
+    if not choices.all_ended_normally():
+        raise choices.failure_error()
+
+
 async def _completion_result(service: FlareService, choices: Choices,
                              params: CompletionParams) -> dict[str, Any]:
     logprobs = _completion_logprobs(service, choices, params)
     texts: dict[int, list[str]] = {
         c.index: [c.prepared.prompt_text] if params.echo else [] for c in choices.choices}
-    async with choices:
-        async for choice, event in choices:
-            choice_logprobs = logprobs[choice.index]
-            if isinstance(event, PromptScores) and choice_logprobs is not None:
+
+    def take(choice: Choice, event: StreamEvent) -> None:
+        choice_logprobs = logprobs[choice.index]
+        if isinstance(event, PromptScores) and choice_logprobs is not None:
+            choice_logprobs.add(event.token_ids, event.logprobs)
+        elif isinstance(event, TokenDelta):
+            texts[choice.index].append(event.text)
+            if choice_logprobs is not None:
                 choice_logprobs.add(event.token_ids, event.logprobs)
-            elif isinstance(event, TokenDelta):
-                texts[choice.index].append(event.text)
-                if choice_logprobs is not None:
-                    choice_logprobs.add(event.token_ids, event.logprobs)
-            elif isinstance(event, Finished) and event.reason not in NORMAL_ENDS:
-                break  # the request fails: leaving ends the other choices
-    if not choices.all_ended_normally():
-        raise choices.failure_error()
+
+    await _collect(choices, take)
     return completion_body(_head(service, choices), usage=choices.usage(), choices=[
         completion_choice(c.index, text="".join(texts[c.index]),
                           logprobs=None if (lp := logprobs[c.index]) is None else lp.body(),
@@ -243,17 +253,15 @@ async def _chat_result(service: FlareService, choices: Choices,
                        params: ChatParams) -> dict[str, Any]:
     texts: dict[int, list[str]] = {c.index: [] for c in choices.choices}
     entries: dict[int, list[dict[str, Any]]] = {c.index: [] for c in choices.choices}
-    async with choices:
-        async for choice, event in choices:
-            if isinstance(event, TokenDelta):
-                texts[choice.index].append(event.text)
-                if params.logprobs:
-                    entries[choice.index].extend(chat_logprob_entries(
-                        service.codec, event.token_ids, event.logprobs))
-            elif isinstance(event, Finished) and event.reason not in NORMAL_ENDS:
-                break  # the request fails: leaving ends the other choices
-    if not choices.all_ended_normally():
-        raise choices.failure_error()
+
+    def take(choice: Choice, event: StreamEvent) -> None:
+        if isinstance(event, TokenDelta):
+            texts[choice.index].append(event.text)
+            if params.logprobs:
+                entries[choice.index].extend(chat_logprob_entries(
+                    service.codec, event.token_ids, event.logprobs))
+
+    await _collect(choices, take)
     return chat_body(_head(service, choices), usage=choices.usage(), choices=[
         chat_choice(c.index, text="".join(texts[c.index]),
                     logprobs=entries[c.index] if params.logprobs else None,

@@ -246,3 +246,18 @@ async def test_a_client_that_leaves_cancels_every_sibling(codec: TinyCodec) -> N
             await sock.aclose()  # the client leaves mid-stream
             await rt.wait_until(lambda: len(rt.cancelled) == 3)
     assert rt.finished == [] and rt.active == 0
+
+
+async def test_a_failing_choice_fails_the_request_and_ends_its_siblings(
+        codec: TinyCodec) -> None:
+    rt = FakeRuntime(codec, reply=REPLY, fail_after=2)
+    with trio.fail_after(20):
+        async with running_server(rt) as server, client_for(server) as client:
+            whole = await client.post("/v1/completions",
+                                      json={"prompt": "Hi", "max_tokens": 9, "n": 2})
+            body = {"prompt": "Hi", "max_tokens": 9, "n": 2, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                events = await SseReader(response).rest()
+    assert whole.status_code == 500
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+    assert rt.active == 0
