@@ -39,10 +39,10 @@ class CommonParams:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
-    continuous_usage: bool
-    """``stream_options.continuous_usage_stats``: every chunk carries the usage so far."""
     ignore_eos: bool
     user: str
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats``: every chunk carries the usage so far."""
     n: int = 1
 
 
@@ -50,10 +50,15 @@ class CommonParams:
 class CompletionParams:
     common: CommonParams
     prompt: Prompt
-    """The first prompt; the route serves each of ``batch`` with ``prompt`` set to it."""
-    batch: tuple[Prompt, ...]
+    """The first prompt; the route serves each of ``prompts`` with ``prompt`` set to it."""
     echo: bool
     logprobs: bool
+    batch: tuple[Prompt, ...] = ()
+    """Every prompt of a batch (empty: just ``prompt``)."""
+
+    @property
+    def prompts(self) -> tuple[Prompt, ...]:
+        return self.batch or (self.prompt,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

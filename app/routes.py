@@ -176,7 +176,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
             request_id = incoming or uuid.uuid4().hex  # one id for every prompt's choices
             return params, [service.prepare_completion(
                 dataclasses.replace(params, prompt=prompt), arrived=arrived,
-                request_id=request_id) for prompt in params.batch], ignored
+                request_id=request_id) for prompt in params.prompts], ignored
 
         params, prepared, ignored = await service.prepare(prepare, body=raw, client=_client())
         headers = _response_headers(incoming, prepared[0], ignored)
