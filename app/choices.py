@@ -92,22 +92,26 @@ async def start_choices(service: FlareService, prepared: Sequence[PreparedReques
     """Admit every choice (``n`` per prepared prompt); on a refusal, end the ones
     already admitted and raise it."""
     rename = len(prepared) * n > 1
-    started: list[Choice] = []
+    siblings = [sibling_requests(one.request, n, first_index=p * n, rename=rename)
+                for p, one in enumerate(prepared)]
+    # Every prompt's first choice before any other sibling: the prompts prefill side by
+    # side instead of each waiting behind the previous prompt's siblings in admission.
+    order = sorted(range(len(prepared) * n), key=lambda index: (index % n != 0, index))
+    started: dict[int, Choice] = {}
     try:
-        for prompt_index, one in enumerate(prepared):
-            siblings = sibling_requests(one.request, n, first_index=prompt_index * n,
-                                        rename=rename)
-            for request in siblings:
-                events = await service.start(dataclasses.replace(one, request=request),
-                                             endpoint=endpoint, stream=stream)
-                started.append(Choice(index=len(started), prompt_index=prompt_index,
-                                      prepared=one, stream=events))
+        for index in order:
+            one = prepared[index // n]
+            events = await service.start(
+                dataclasses.replace(one, request=siblings[index // n][index % n]),
+                endpoint=endpoint, stream=stream)
+            started[index] = Choice(index=index, prompt_index=index // n, prepared=one,
+                                    stream=events)
     except BaseException:
-        for choice in started:
+        for choice in started.values():
             choice.stream.close()
         raise
     assert service.nursery is not None
-    return Choices(started, service.nursery)
+    return Choices([started[index] for index in range(len(order))], service.nursery)
 
 
 class Choices:

@@ -138,6 +138,10 @@ async def test_batched_prompts_index_prompt_times_n_plus_i(codec: TinyCodec) -> 
     assert result.usage is not None
     assert result.usage.prompt_tokens == sum(len(codec.encode(p)) for p in prompts)
     assert result.usage.completion_tokens == 8
+    # every prompt's first choice is submitted before the other siblings
+    first, second = (tuple(codec.encode(p)) for p in prompts)
+    assert [r.prompt_token_ids for r in rt.requests[:4]] == [first, second, first, second]
+    assert [r.request_id.rsplit("-", 1)[1] for r in rt.requests[:4]] == ["0", "2", "1", "3"]
     assert [c.index for c in by_ids.choices] == [0, 1]
     assert [r.prompt_token_ids for r in rt.requests[4:]] == [tuple(i) for i in ids]
     assert by_ids.usage is not None and by_ids.usage.prompt_tokens == sum(map(len, ids))
