@@ -64,15 +64,19 @@ def test_a_prompt_within_one_page_holds_nobody_back() -> None:
     assert book.acquire([5, 6, 7], 4, prompt_group="g") is not None
 
 
-async def _run_together(requests: list[GenerationRequest]) -> tuple[int, list[list[int]]]:
+async def _run_together(requests: list[GenerationRequest], log: list[tuple[int, str, int]]
+                        ) -> tuple[int, list[list[int]]]:
     """Submit ``requests`` at the same instant; the prompt tokens the device ran and
-    every request's output."""
+    every request's output. ``log`` gets (request, event kind, resident requests then)
+    in arrival order."""
     async with toy_runtime() as toy:
         outputs: list[list[int]] = [[] for _ in requests]
 
         async def one(i: int) -> None:
             async with toy.runtime.generate(requests[i]) as events:
                 async for event in events:
+                    log.append((i, type(event).__name__,
+                                toy.runtime.resources.statistics().residents))
                     if isinstance(event, TokenDelta):
                         outputs[i].extend(event.token_ids)
                     else:
@@ -88,12 +92,20 @@ async def _run_together(requests: list[GenerationRequest]) -> tuple[int, list[li
 async def test_siblings_admitted_together_prefill_their_prompt_once(
         autojump_clock: trio.testing.MockClock) -> None:
     prompt = list(range(1, 30))  # 29 tokens, page 4: 28 positions shareable
-    grouped = [request(prompt, 6, request_id=f"r-{i}", prefill_group="r") for i in range(3)]
-    ran, outputs = await _run_together(grouped)
+    grouped = [request(prompt, 12, request_id=f"r-{i}", prefill_group="r")
+               for i in range(3)]
+    log: list[tuple[int, str, int]] = []
+    ran, outputs = await _run_together(grouped, log)
     assert ran == len(prompt) + 2 * (len(prompt) - 28)
-    assert outputs == [reference_output(prompt, 6)] * 3
+    assert outputs == [reference_output(prompt, 12)] * 3
+    # the others are granted once the prompt pages are published, not when the first
+    # one ends: all three are resident while the first still streams
+    leader = log[0][0]
+    leader_done = next(k for k, (i, kind, _) in enumerate(log)
+                       if i == leader and kind == "Finished")
+    assert max(residents for _, _, residents in log[:leader_done]) == 3
     # without the group the three arrive before any page is published: three prefills
-    alone = [request(prompt, 6, request_id=f"r-{i}") for i in range(3)]
-    ran_alone, outputs_alone = await _run_together(alone)
+    alone = [request(prompt, 12, request_id=f"r-{i}") for i in range(3)]
+    ran_alone, outputs_alone = await _run_together(alone, [])
     assert ran_alone == 3 * len(prompt)
     assert outputs_alone == outputs
