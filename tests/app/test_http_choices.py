@@ -48,7 +48,7 @@ async def served_call(rt: FakeRuntime, call: Callable[[openai.OpenAI], T]) -> T:
 async def test_n_three_non_streaming_choices_seeds_and_usage(codec: TinyCodec) -> None:
     rt = FakeRuntime(codec, reply=REPLY)
     result = await served_call(rt, lambda client: client.completions.create(
-        model=MODEL, prompt="The quick brown fox", max_tokens=5, n=3, seed=41,
+        model=MODEL, prompt="The quick brown fox", max_tokens=5, n=3, best_of=3, seed=41,
         temperature=0.8))
     assert [c.index for c in result.choices] == [0, 1, 2]
     assert [c.finish_reason for c in result.choices] == ["length"] * 3
