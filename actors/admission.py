@@ -11,7 +11,9 @@ Architecture step 2. ``check_request`` is the pure decision (limits in
   ``RuntimeShutDown``.
 - Backpressure is explicit: at most ``max_queue`` accepted requests wait; only the
   queue head is parked at the allocator, so admission order is FIFO and a request
-  withdrawn while queued never touches a resource.
+  withdrawn while queued never touches a resource. A request of a ``prefill_group``
+  whose prompt another member is still prefilling waits parked at the head until that
+  member's prompt pages are published (a frame or two), so it reuses them.
 - A granted request goes to the planner with its client stream (``Admitted``); a
   withdrawal of a resident request is forwarded as ``Cancel``.
 """
@@ -136,6 +138,7 @@ class AdmissionState:
             request_id=head.request_id, prompt_token_ids=head.request.prompt_token_ids,
             max_tokens=head.request.max_tokens, message_ends=head.request.message_ends,
             use_prefix_cache=not head.request.prompt_logprobs, reply=reply,
+            prompt_group=head.request.prefill_group,
         )
 
     def on_withdraw(self, request_id: RequestId) -> str:

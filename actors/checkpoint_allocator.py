@@ -59,7 +59,7 @@ class AllocatorState:
         elif isinstance(msg, Finishing):
             self.book.finishing(msg.handle, token_ids=msg.token_ids, kv_tokens=msg.kv_tokens)
         elif isinstance(msg, FenceRetired):
-            self.book.retire(msg.fence)
+            self.book.retire(msg.fence, failed=msg.failed)
         self._grant_parked()
 
     def _grant_parked(self) -> None:
@@ -67,7 +67,8 @@ class AllocatorState:
             head = self.parked[0]
             grant = self.book.acquire(head.prompt_token_ids, head.max_tokens,
                                       message_ends=head.message_ends,
-                                      use_prefix_cache=head.use_prefix_cache)
+                                      use_prefix_cache=head.use_prefix_cache,
+                                      prompt_group=head.prompt_group)
             if grant is None:
                 return
             self.parked.popleft()

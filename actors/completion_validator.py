@@ -360,7 +360,8 @@ async def run(
             check = check_frame(order, outcome, vocab_size=vocab_size)
             timing = (outcome.completion.timing if outcome.completion is not None
                       else zero_timing(outcome.wall_ns))
-            await to_allocator.send(FenceRetired(fence=order.fence))
+            await to_allocator.send(FenceRetired(
+                fence=order.fence, failed=tuple(f.handle for f in check.failures)))
             await to_planner.send(ValidatedFrame(
                 fence=order.fence, plan=order.plan, records=check.records,
                 failures=check.failures, timing=timing, logprobs=check.logprobs,

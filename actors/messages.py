@@ -124,6 +124,8 @@ class Acquire:
     message_ends: tuple[int, ...]
     use_prefix_cache: bool
     reply: trio.MemorySendChannel[Grant | None]
+    prompt_group: str = ""
+    """Requests of one group with one prompt share its prefill (``ResourceBook``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,9 +214,11 @@ class Finishing:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FenceRetired:
     """The frame ``fence`` finished on the device (successfully or not): nothing it
-    used is in use any more (step 7)."""
+    used is in use any more (step 7). ``failed``: requests whose lane the validator
+    rejected (every lane of a faulted frame): what it wrote for them is not shared."""
 
     fence: Fence
+    failed: tuple[RequestHandle, ...] = ()
 
 
 AllocatorInbox = Acquire | CancelAcquire | Reserve | Release | Finishing | FenceRetired

@@ -37,6 +37,11 @@ class GenerationRequest:
     ``system_end``: token offset where the system prompt ends, if any (OPEN-36).
     ``prompt_logprobs``: also return the prompt tokens' logprobs (scored prefill).
     ``client``: a tag for fairness accounting and logs.
+    ``prefill_group``: requests submitted with the same non-empty group and the same
+    prompt share one prefill (the ``n`` choices of one API request): while the first
+    one admitted prefills the prompt, the others wait in admission, then start from
+    its prompt pages through the prefix cache (each is still its own request to the
+    scheduler, with its own row, sampling and stream).
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -50,6 +55,7 @@ class GenerationRequest:
     logprobs: bool = False
     client: str = ""
     request_id: str = ""
+    prefill_group: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

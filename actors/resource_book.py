@@ -46,6 +46,16 @@ QUEUE-49/50, PRE-39, PRE-54):
   is final, an ``acquire`` whose prompt extends that request's whole prompt (the next
   turn of its conversation) is not granted, so the continuation sees the published
   checkpoint even though the client's ``Finished`` came first.
+- **Shared prefills** (a request's ``n`` sibling choices). Requests acquired with the
+  same non-empty ``prompt_group`` and the same prompt share one prefill: the first
+  becomes the group's *leader*; while its prompt's shareable pages (the full pages a
+  later lookup may reuse, ``(prompt_len - 1) // page_size`` of them) are not yet
+  written, an ``acquire`` of another member is not granted. The leader's prompt pages
+  are published as soon as the fence of the frame whose reservation covers them
+  retires (not at its release) with none of the leader's lanes rejected, and the
+  waiting members are granted with those pages as their cached prefix. A leader that
+  ends first (or whose prefill lane was rejected) lets them go once its release is
+  final, with whatever it published then.
 
 Pure bookkeeping: no trio, no device.
 """
@@ -95,6 +105,12 @@ class _Ownership:
     finishing_tokens: tuple[int, ...] | None = None
     """Its written content once its output ended with the capture still to run
     (PRE-53: continuations of it wait for its publication)."""
+    group: tuple[str, tuple[int, ...]] | None = None
+    """(prompt group, prompt) while it leads a shared prefill that is not published."""
+    group_fence: Fence | None = None
+    """The fence after which its shareable prompt pages are written."""
+    group_failed: bool = False
+    """A lane of its prefill was rejected: it publishes nothing early."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,10 +163,15 @@ class ResourceBook:
 
     def acquire(
         self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = (),
-        use_prefix_cache: bool = True,
+        use_prefix_cache: bool = True, prompt_group: str = "",
     ) -> Grant | None:
-        """A grant if a row and the request's budget are available now, else None."""
-        if self.rows.free_count == 0 or self._continues_a_finishing_request(prompt):
+        """A grant if a row and the request's budget are available now, else None.
+
+        ``prompt_group``: a shared prefill (module docstring); ignored without the
+        prefix cache."""
+        group = (prompt_group, tuple(prompt)) if prompt_group and use_prefix_cache else None
+        if (self.rows.free_count == 0 or self._continues_a_finishing_request(prompt)
+                or (group is not None and self._group_prefilling(group))):
             return None
         # At least one prompt token must run so the first output has logits.
         limit = len(prompt) - 1 if use_prefix_cache else 0
@@ -168,6 +189,9 @@ class ResourceBook:
             prompt_len=len(prompt), message_ends=tuple(message_ends),
         )
         self._owners[handle] = owner
+        shareable = (len(prompt) - 1) // self.page_size * self.page_size
+        if group is not None and hit.tokens < shareable:
+            owner.group = group  # it leads: the others wait for its prompt pages
         if self.terminal_snapshots and self._unguarded_spare() >= 1:
             self._guard_sequence += 1
             owner.guard = self._guard_sequence
@@ -208,6 +232,23 @@ class ResourceBook:
                 return True
         return False
 
+    def _group_prefilling(self, group: tuple[str, tuple[int, ...]]) -> bool:
+        return any(o.group == group for o in self._owners.values())
+
+    def _publish_group_prompts(self) -> None:
+        """Publish the prompt pages of every leader whose covering fence retired."""
+        for owner in self._owners.values():
+            fence = owner.group_fence
+            if owner.group is None or fence is None or int(fence) > self._retired:
+                continue
+            shareable = (owner.prompt_len - 1) // self.page_size * self.page_size
+            roles = checkpoint_roles(prompt_len=owner.prompt_len,
+                                     message_ends=owner.message_ends, kv_tokens=shareable,
+                                     page_size=self.page_size, terminal=False)
+            self.cache.publish(owner.group[1][:shareable], owner.pages, roles=roles)
+            owner.group = None
+            owner.group_fence = None
+
     def finishing(self, handle: RequestHandle, *, token_ids: Sequence[int],
                   kv_tokens: int) -> None:
         """``handle``'s output ended and its client may already have seen
@@ -230,6 +271,10 @@ class ResourceBook:
             if owner is None or owner.released:
                 raise ResourceError(f"request {extent.handle} is not resident")
             owner.last_fence = fence
+            if (owner.group is not None and owner.group_fence is None
+                    and not owner.group_failed and extent.kv_tokens >= (owner.prompt_len - 1) // self.page_size
+                    * self.page_size):
+                owner.group_fence = fence
             if extent.snapshot:
                 scratch = sum(1 for p in plans if isinstance(p, SnapshotPlan))
                 plans.append(self._snapshot_plan(owner, extent.kv_tokens, scratch))
@@ -326,10 +371,18 @@ class ResourceBook:
             return True
         return False
 
-    def retire(self, fence: Fence) -> int:
+    def retire(self, fence: Fence, *, failed: Sequence[RequestHandle] = ()) -> int:
         """``fence`` retired; free every released request whose last fence has.
-        Returns how many requests were freed."""
+        ``failed``: requests whose lanes of it were rejected; a shared prefill they lead
+        publishes nothing early (its members go once it ends). Returns how many
+        requests were freed."""
         self._retired = max(self._retired, int(fence))
+        for handle in failed:
+            owner = self._owners.get(handle)
+            if owner is not None and owner.group is not None:
+                owner.group_fence = None
+                owner.group_failed = True
+        self._publish_group_prompts()
         done = [
             o for o in self._owners.values()
             if o.released and (o.last_fence is None or o.last_fence <= self._retired)

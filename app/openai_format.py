@@ -39,13 +39,28 @@ def sse_event(payload: dict[str, Any] | str) -> bytes:
 SSE_DONE = sse_event("[DONE]")
 
 
-def usage_body(finished: Finished) -> dict[str, Any]:
-    return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finished.cached_prompt_tokens},
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None
+    """Prompt tokens served from the prefix cache; ``None`` (not known yet, as in a
+    ``continuous_usage_stats`` chunk) leaves ``prompt_tokens_details`` out."""
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+    if usage.cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return body
+
+
+def finish_reason(finished: Finished) -> str:
+    return OPENAI_FINISH_REASONS.get(finished.reason, finished.reason)
 
 
 @dataclass(slots=True)
@@ -91,51 +106,48 @@ def chat_logprob_entries(codec: TextCodec, token_ids: Sequence[int],
     return entries
 
 
-def completion_body(head: ResponseHead, *, text: str,
-                    logprobs: dict[str, Any] | None, finished: Finished) -> dict[str, Any]:
-    return {
-        **head.fields("text_completion"),
-        "choices": [{
-            "index": 0,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": OPENAI_FINISH_REASONS.get(finished.reason, finished.reason),
-        }],
-        "usage": usage_body(finished),
-    }
+def completion_choice(index: int, *, text: str, logprobs: dict[str, Any] | None,
+                      finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": finish_reason}
 
 
-def completion_chunk(head: ResponseHead, *, text: str,
+def chat_choice(index: int, *, text: str, logprobs: list[dict[str, Any]] | None,
+                finish_reason: str | None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": finish_reason}
+
+
+def completion_body(head: ResponseHead, *, choices: list[dict[str, Any]],
+                    usage: Usage) -> dict[str, Any]:
+    """``choices`` sorted by index."""
+    return {**head.fields("text_completion"), "choices": choices,
+            "usage": usage_body(usage)}
+
+
+def chat_body(head: ResponseHead, *, choices: list[dict[str, Any]],
+              usage: Usage) -> dict[str, Any]:
+    return {**head.fields("chat.completion"), "choices": choices, "usage": usage_body(usage)}
+
+
+def completion_chunk(head: ResponseHead, *, index: int = 0, text: str,
                      logprobs: dict[str, Any] | None = None,
                      finish_reason: str | None = None) -> dict[str, Any]:
     return {
         **head.fields("text_completion"),
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs,
-                     "finish_reason": finish_reason}],
+        "choices": [completion_choice(index, text=text, logprobs=logprobs,
+                                      finish_reason=finish_reason)],
     }
 
 
-def chat_body(head: ResponseHead, *, text: str,
-              logprobs: list[dict[str, Any]] | None, finished: Finished) -> dict[str, Any]:
-    return {
-        **head.fields("chat.completion"),
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": OPENAI_FINISH_REASONS.get(finished.reason, finished.reason),
-        }],
-        "usage": usage_body(finished),
-    }
-
-
-def chat_chunk(head: ResponseHead, *, delta: dict[str, Any],
+def chat_chunk(head: ResponseHead, *, index: int = 0, delta: dict[str, Any],
                logprobs: list[dict[str, Any]] | None = None,
                finish_reason: str | None = None) -> dict[str, Any]:
     return {
         **head.fields("chat.completion.chunk"),
         "choices": [{
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": None if logprobs is None else {"content": logprobs},
             "finish_reason": finish_reason,
@@ -143,6 +155,5 @@ def chat_chunk(head: ResponseHead, *, delta: dict[str, Any],
     }
 
 
-def usage_chunk(head: ResponseHead, *, object_name: str,
-                finished: Finished) -> dict[str, Any]:
-    return {**head.fields(object_name), "choices": [], "usage": usage_body(finished)}
+def usage_chunk(head: ResponseHead, *, object_name: str, usage: Usage) -> dict[str, Any]:
+    return {**head.fields(object_name), "choices": [], "usage": usage_body(usage)}

@@ -2,9 +2,8 @@
 
 Everything a client can get wrong about the *shape* of a request is decided here and
 raised as a 400 ``ApiError`` naming the parameter; nothing malformed reaches the
-runtime. Unknown fields are ignored (clients send extensions freely); fields we know
-but cannot honour (``n > 1``, penalties, ``logit_bias``, tools...) are refused clearly
-rather than silently dropped.
+runtime. Which fields a route accepts at all (unknown, ignored and refused ones) is
+``app/field_table.py``'s decision, applied before these parsers run.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors import SamplingParams
+from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
 
 MAX_STOP_STRINGS = 4
@@ -24,6 +24,9 @@ MAX_MESSAGES = 2048
 MAX_SEED = 2**63 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
+MAX_CHOICES = 128
+"""Choices one request may ask for (``n`` times the prompts): each is a runtime request."""
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,14 +41,24 @@ class CommonParams:
     include_usage: bool
     ignore_eos: bool
     user: str
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats``: every chunk carries the usage so far."""
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CompletionParams:
     common: CommonParams
-    prompt: str | tuple[int, ...]
+    prompt: Prompt
+    """The first prompt; the route serves each of ``prompts`` with ``prompt`` set to it."""
     echo: bool
     logprobs: bool
+    batch: tuple[Prompt, ...] = ()
+    """Every prompt of a batch (empty: just ``prompt``)."""
+
+    @property
+    def prompts(self) -> tuple[Prompt, ...]:
+        return self.batch or (self.prompt,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,8 +199,12 @@ class _Fields:
 
 def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonParams:
     model = fields.string("model")
-    fields.refuse_unless("n", 1, "this server returns exactly one choice (n=1).", integer=True)
-    fields.refuse_unless("best_of", 1, "only best_of=1 is served.", integer=True)
+    n = fields.integer("n", lo=1, hi=MAX_CHOICES) or 1
+    best_of = fields.integer("best_of", lo=1, hi=MAX_CHOICES)
+    if best_of is not None and best_of != n:
+        raise bad_request(f"'best_of'={best_of} is not supported: only best_of equal to n "
+                          f"(here {n}) is served (every generated choice is returned).",
+                          param="best_of")
     fields.refuse_unless("presence_penalty", 0, "penalties are not implemented.", integer=False)
     fields.refuse_unless("frequency_penalty", 0, "penalties are not implemented.",
                          integer=False)
@@ -208,7 +225,7 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
     top_k = fields.integer("top_k", lo=-1, hi=2**31 - 1)
     seed = fields.integer("seed", lo=-MAX_SEED - 1, hi=MAX_SEED)
     stream = fields.boolean("stream", False)
-    include_usage = False
+    include_usage = continuous_usage = False
     options = fields.body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
@@ -216,7 +233,12 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
         if not stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true.",
                               param="stream_options")
+        unknown = next((k for k in options if k not in STREAM_OPTIONS), None)
+        if unknown is not None:
+            raise bad_request(f"Unknown field 'stream_options.{unknown[:80]}'; known: "
+                              f"{', '.join(STREAM_OPTIONS)}.", param="stream_options")
         include_usage = _Fields(options).boolean("include_usage", False)
+        continuous_usage = _Fields(options).boolean("continuous_usage_stats", False)
     user = fields.string("user") or ""
     return CommonParams(
         model=model,
@@ -230,8 +252,10 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
         stop=_stop_strings(fields.body.get("stop")),
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         ignore_eos=fields.boolean("ignore_eos", False),
         user=user,
+        n=n,
     )
 
 
@@ -248,41 +272,14 @@ def _stop_strings(value: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _token_ids(value: list[Any]) -> tuple[int, ...] | None:
-    if value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return tuple(value)
-    return None
-
-
 def parse_completion(body: dict[str, Any]) -> CompletionParams:
-    """``POST /v1/completions``: prompt as a string, token ids, or a one-item batch."""
+    """``POST /v1/completions``: one prompt or a batch (``app.completion_prompts``)."""
     fields = _Fields(body)
-    if fields.body.get("suffix") is not None:
-        raise bad_request("'suffix' is not supported.", param="suffix")
     common = _common(fields, max_tokens_names=("max_tokens",))
-    raw = body.get("prompt")
-    prompt: str | tuple[int, ...]
-    if isinstance(raw, str):
-        prompt = raw
-    elif isinstance(raw, list):
-        ids = _token_ids(raw)
-        if ids is not None:
-            prompt = ids
-        elif len(raw) == 1 and isinstance(raw[0], str):
-            prompt = raw[0]
-        elif len(raw) == 1 and isinstance(raw[0], list) and _token_ids(raw[0]) is not None:
-            prompt = tuple(raw[0])
-        elif len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
-            raise bad_request("Batched prompts are not supported; send one prompt per request.",
-                              param="prompt")
-        else:
-            raise bad_request("'prompt' must be a string, a list of token ids, or a one-item "
-                              "list of either.", param="prompt")
-    else:
-        raise bad_request("'prompt' is required and must be a string or a list of token ids.",
-                          param="prompt")
-    if isinstance(prompt, tuple) and any(t < 0 for t in prompt):
-        raise bad_request("Token ids in 'prompt' must be non-negative.", param="prompt")
+    batch = parse_prompts(body.get("prompt"))
+    if len(batch) * common.n > MAX_CHOICES:
+        raise bad_request(f"{len(batch)} prompts times n={common.n} ask for more than "
+                          f"{MAX_CHOICES} choices.", param="n")
     logprobs = fields.integer("logprobs", lo=0, hi=20)
     if logprobs is not None and logprobs > 0:
         raise bad_request("Only logprobs=0 is supported (the sampled tokens' logprobs); top "
@@ -291,7 +288,8 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
     if common.max_tokens == 0 and not echo:
         raise bad_request("'max_tokens' must be at least 1 (0 is allowed only with echo).",
                           param="max_tokens")
-    return CompletionParams(common=common, prompt=prompt, echo=echo, logprobs=logprobs is not None)
+    return CompletionParams(common=common, prompt=batch[0], batch=batch, echo=echo,
+                            logprobs=logprobs is not None)
 
 
 def _message_content(value: Any, index: int) -> str:

@@ -9,31 +9,47 @@ formatted by the handlers in ``app/factory.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
+import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
-from actors import Finished, PromptScores, TokenDelta
-from app.errors import ApiError, internal_error, model_not_found, shutting_down
-from app.generation import EventStream
+from actors import Finished, PromptScores, StreamEvent, TokenDelta
+from app.choices import NORMAL_ENDS, Choice, Choices, start_choices
+from app.errors import model_not_found
+from app.field_table import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    DETOKENIZE_FIELDS,
+    IGNORED_FIELDS_HEADER,
+    TOKENIZE_FIELDS,
+    checked_parse,
+)
 from app.openai_format import (
     SSE_DONE,
     CompletionLogprobs,
     ResponseHead,
     chat_body,
+    chat_choice,
     chat_chunk,
     chat_logprob_entries,
     completion_body,
+    completion_choice,
     completion_chunk,
+    finish_reason,
     sse_event,
+    usage_body,
     usage_chunk,
 )
 from app.request_parsing import (
     ChatParams,
+    CommonParams,
     CompletionParams,
     parse_chat,
     parse_completion,
@@ -44,7 +60,10 @@ from app.request_parsing import (
 )
 from app.service import FlareService, PreparedRequest
 
+log = structlog.get_logger("flare.app.requests")
+
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+T = TypeVar("T")
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
@@ -67,24 +86,27 @@ def _incoming_request_id() -> str | None:
     return parse_request_id(request.headers.get("X-Request-Id"))
 
 
-def _echoed_id(incoming: str | None, prepared: PreparedRequest) -> str:
-    """The ``X-Request-Id`` answered: the client's own, else the generated id."""
-    return incoming or prepared.request.request_id
+def _response_headers(incoming: str | None, prepared: PreparedRequest,
+                      ignored: tuple[str, ...]) -> dict[str, str]:
+    """``X-Request-Id`` (the client's own, else the generated id) and the accepted but
+    ignored fields (``app.field_table``), which are also logged as a warning."""
+    headers = {"X-Request-Id": incoming or prepared.request.request_id}
+    if ignored:
+        headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)
+        log.warning("request.ignored_fields", request_id=prepared.request.request_id,
+                    fields=list(ignored))
+    return headers
 
 
-def _head(service: FlareService, prepared: PreparedRequest) -> ResponseHead:
-    return ResponseHead(request_id=prepared.request.request_id, created=prepared.created,
+def _parsed(raw: bytes, table: dict[str, Any], parse: Callable[[dict[str, Any]], T]
+            ) -> tuple[T, tuple[str, ...]]:
+    return checked_parse(parse_json_object(raw), table, parse)
+
+
+def _head(service: FlareService, choices: Choices) -> ResponseHead:
+    first = choices.choices[0].prepared
+    return ResponseHead(request_id=first.request.request_id, created=first.created,
                         model=service.model_name)
-
-
-def _failure_error(stream: EventStream) -> ApiError:
-    """A non-streaming request that ended without a normal finish."""
-    finished = stream.finished
-    if stream.active.abort_reason or (finished is not None and finished.reason == "cancelled"):
-        return shutting_down()
-    if finished is not None and finished.reason == "error":
-        return internal_error(finished.message or "generation failed")
-    return internal_error(stream.early_end_message())
 
 
 def _error_event(message: str) -> bytes:
@@ -92,9 +114,8 @@ def _error_event(message: str) -> bytes:
                                 "code": "generation_failed"}})
 
 
-def _sse(body: AsyncIterator[bytes], request_id: str) -> Response:
-    response = Response(body, mimetype="text/event-stream",
-                        headers={**SSE_HEADERS, "X-Request-Id": request_id})
+def _sse(body: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+    response = Response(body, mimetype="text/event-stream", headers={**SSE_HEADERS, **headers})
     response.timeout = None  # streams have no response timeout (stack notes)
     return response
 
@@ -130,7 +151,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
     async def tokenize() -> Response:
         raw = await _request_body()
         tokens = await service.prepare(
-            lambda: service.tokenize(parse_tokenize(parse_json_object(raw))),
+            lambda: service.tokenize(_parsed(raw, TOKENIZE_FIELDS, parse_tokenize)[0]),
             body=raw, client=_client())
         return _json({"count": len(tokens), "max_model_len": service.runtime.max_context,
                       "tokens": list(tokens)})
@@ -139,7 +160,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
     async def detokenize() -> Response:
         raw = await _request_body()
         text = await service.prepare(
-            lambda: service.detokenize(*parse_detokenize(parse_json_object(raw))),
+            lambda: service.detokenize(*_parsed(raw, DETOKENIZE_FIELDS, parse_detokenize)[0]),
             body=raw, client=_client())
         return _json({"prompt": text})
 
@@ -150,38 +171,20 @@ def register_routes(app: Quart, service: FlareService) -> None:
         incoming = _incoming_request_id()
         raw = await _request_body()
 
-        def prepare() -> tuple[CompletionParams, PreparedRequest]:
-            params = parse_completion(parse_json_object(raw))
-            return params, service.prepare_completion(params, arrived=arrived,
-                                                      request_id=incoming)
+        def prepare() -> tuple[CompletionParams, list[PreparedRequest], tuple[str, ...]]:
+            params, ignored = _parsed(raw, COMPLETION_FIELDS, parse_completion)
+            request_id = incoming or uuid.uuid4().hex  # one id for every prompt's choices
+            return params, [service.prepare_completion(
+                dataclasses.replace(params, prompt=prompt), arrived=arrived,
+                request_id=request_id) for prompt in params.prompts], ignored
 
-        params, prepared = await service.prepare(prepare, body=raw, client=_client())
-        stream = await service.start(prepared, endpoint="completions",
-                                     stream=params.common.stream)
-        logprobs = CompletionLogprobs(service.codec) if params.logprobs else None
+        params, prepared, ignored = await service.prepare(prepare, body=raw, client=_client())
+        headers = _response_headers(incoming, prepared[0], ignored)
+        choices = await start_choices(service, prepared, params.common.n,
+                                      endpoint="completions", stream=params.common.stream)
         if params.common.stream:
-            return _sse(_completion_events(service, prepared, stream, echo=params.echo,
-                                           logprobs=logprobs,
-                                           include_usage=params.common.include_usage),
-                        _echoed_id(incoming, prepared))
-        text: list[str] = [prepared.prompt_text] if params.echo else []
-        try:
-            async for event in stream:
-                if isinstance(event, PromptScores) and logprobs is not None:
-                    logprobs.add(event.token_ids, event.logprobs)
-                elif isinstance(event, TokenDelta):
-                    text.append(event.text)
-                    if logprobs is not None:
-                        logprobs.add(event.token_ids, event.logprobs)
-        finally:
-            stream.close()
-        finished = stream.finished
-        if finished is None or finished.reason not in ("stop", "length"):
-            raise _failure_error(stream)
-        return _json(completion_body(
-            _head(service, prepared), text="".join(text),
-            logprobs=None if logprobs is None else logprobs.body(), finished=finished),
-            headers={"X-Request-Id": _echoed_id(incoming, prepared)})
+            return _sse(_completion_events(service, choices, params), headers)
+        return _json(await _completion_result(service, choices, params), headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions() -> Response:
@@ -190,99 +193,172 @@ def register_routes(app: Quart, service: FlareService) -> None:
         incoming = _incoming_request_id()
         raw = await _request_body()
 
-        def prepare_chat() -> tuple[ChatParams, PreparedRequest]:
-            params = parse_chat(parse_json_object(raw))
-            return params, service.prepare_chat(params, arrived=arrived, request_id=incoming)
+        def prepare_chat() -> tuple[ChatParams, PreparedRequest, tuple[str, ...]]:
+            params, ignored = _parsed(raw, CHAT_FIELDS, parse_chat)
+            return (params, service.prepare_chat(params, arrived=arrived, request_id=incoming),
+                    ignored)
 
-        params, prepared = await service.prepare(prepare_chat, body=raw, client=_client())
-        stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
+        params, prepared, ignored = await service.prepare(prepare_chat, body=raw,
+                                                          client=_client())
+        headers = _response_headers(incoming, prepared, ignored)
+        choices = await start_choices(service, [prepared], params.common.n, endpoint="chat",
+                                      stream=params.common.stream)
         if params.common.stream:
-            return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,
-                                     include_usage=params.common.include_usage),
-                        _echoed_id(incoming, prepared))
-        text: list[str] = []
-        entries: list[dict[str, Any]] | None = [] if params.logprobs else None
-        try:
-            async for event in stream:
-                if isinstance(event, TokenDelta):
-                    text.append(event.text)
-                    if entries is not None:
-                        entries.extend(chat_logprob_entries(service.codec, event.token_ids,
-                                                            event.logprobs))
-        finally:
-            stream.close()
-        finished = stream.finished
-        if finished is None or finished.reason not in ("stop", "length"):
-            raise _failure_error(stream)
-        return _json(chat_body(
-            _head(service, prepared), text="".join(text), logprobs=entries,
-            finished=finished), headers={"X-Request-Id": _echoed_id(incoming, prepared)})
+            return _sse(_chat_events(service, choices, params), headers)
+        return _json(await _chat_result(service, choices, params), headers=headers)
 
 
-def _finish_events(finished: Finished | None, stream: EventStream, last_chunk: dict[str, Any],
-                   usage: dict[str, Any] | None) -> list[bytes]:
-    """The closing events of a stream: finish chunk and usage, or an error event."""
-    if finished is None:
-        return [_error_event(stream.early_end_message()), SSE_DONE]
-    if finished.reason not in ("stop", "length"):
-        message = finished.message or f"generation ended: {finished.reason}"
-        if stream.active.abort_reason:
-            message = stream.active.abort_reason
-        return [_error_event(message), SSE_DONE]
-    events = [sse_event(last_chunk)]
-    if usage is not None:
-        events.append(sse_event(usage))
-    events.append(SSE_DONE)
-    return events
+def _completion_logprobs(service: FlareService, choices: Choices, params: CompletionParams
+                         ) -> dict[int, CompletionLogprobs | None]:
+    return {c.index: CompletionLogprobs(service.codec) if params.logprobs else None
+            for c in choices.choices}
 
 
-async def _completion_events(service: FlareService, prepared: PreparedRequest,
-                             stream: EventStream, *, echo: bool,
-                             logprobs: CompletionLogprobs | None,
-                             include_usage: bool) -> AsyncIterator[bytes]:
-    head = _head(service, prepared)
-    try:
-        if echo and logprobs is None:
-            yield sse_event(completion_chunk(head, text=prepared.prompt_text))
-        async for event in stream:
-            if isinstance(event, PromptScores):
-                if echo and logprobs is not None:
-                    yield sse_event(completion_chunk(
-                        head, text=prepared.prompt_text,
-                        logprobs=logprobs.add(event.token_ids, event.logprobs)))
-            elif isinstance(event, TokenDelta) and (
-                    event.text or (logprobs is not None and event.token_ids)):
-                chunk_logprobs = (None if logprobs is None
-                                  else logprobs.add(event.token_ids, event.logprobs))
-                yield sse_event(completion_chunk(head, text=event.text,
-                                                 logprobs=chunk_logprobs))
-        finished = stream.finished
-        last = completion_chunk(head, text="",
-                                finish_reason=finished.reason if finished else None)
-        usage = (usage_chunk(head, object_name="text_completion", finished=finished)
-                 if include_usage and finished is not None else None)
-        for chunk in _finish_events(finished, stream, last, usage):
-            yield chunk
-    finally:
-        stream.close()
+async def _collect(choices: Choices, take: Callable[[Choice, StreamEvent], None]) -> None:
+    """Read every choice's events into ``take``; raise the failure if one fails (which
+    ends the others)."""
+    async with choices:
+        async for choice, event in choices:
+            if isinstance(event, Finished) and event.reason not in NORMAL_ENDS:
+                break
+            take(choice, event)
+    if not choices.all_ended_normally():
+        raise choices.failure_error()
 
 
-async def _chat_events(service: FlareService, prepared: PreparedRequest, stream: EventStream,
-                       *, logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
-    head = _head(service, prepared)
-    try:
-        yield sse_event(chat_chunk(head, delta={"role": "assistant", "content": ""}))
-        async for event in stream:
-            if isinstance(event, TokenDelta) and (event.text or (logprobs and event.token_ids)):
-                entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
-                           if logprobs else None)
-                yield sse_event(chat_chunk(head, delta={"content": event.text},
-                                           logprobs=entries))
-        finished = stream.finished
-        last = chat_chunk(head, delta={}, finish_reason=finished.reason if finished else None)
-        usage = (usage_chunk(head, object_name="chat.completion.chunk", finished=finished)
-                 if include_usage and finished is not None else None)
-        for chunk in _finish_events(finished, stream, last, usage):
-            yield chunk
-    finally:
-        stream.close()
+async def _completion_result(service: FlareService, choices: Choices,
+                             params: CompletionParams) -> dict[str, Any]:
+    logprobs = _completion_logprobs(service, choices, params)
+    texts: dict[int, list[str]] = {
+        c.index: [c.prepared.prompt_text] if params.echo else [] for c in choices.choices}
+
+    def take(choice: Choice, event: StreamEvent) -> None:
+        choice_logprobs = logprobs[choice.index]
+        if isinstance(event, PromptScores) and choice_logprobs is not None:
+            choice_logprobs.add(event.token_ids, event.logprobs)
+        elif isinstance(event, TokenDelta):
+            texts[choice.index].append(event.text)
+            if choice_logprobs is not None:
+                choice_logprobs.add(event.token_ids, event.logprobs)
+
+    await _collect(choices, take)
+    return completion_body(_head(service, choices), usage=choices.usage(), choices=[
+        completion_choice(c.index, text="".join(texts[c.index]),
+                          logprobs=None if (lp := logprobs[c.index]) is None else lp.body(),
+                          finish_reason=finish_reason(c.finished))
+        for c in choices.choices if c.finished is not None])
+
+
+async def _chat_result(service: FlareService, choices: Choices,
+                       params: ChatParams) -> dict[str, Any]:
+    texts: dict[int, list[str]] = {c.index: [] for c in choices.choices}
+    entries: dict[int, list[dict[str, Any]]] = {c.index: [] for c in choices.choices}
+
+    def take(choice: Choice, event: StreamEvent) -> None:
+        if isinstance(event, TokenDelta):
+            texts[choice.index].append(event.text)
+            if params.logprobs:
+                entries[choice.index].extend(chat_logprob_entries(
+                    service.codec, event.token_ids, event.logprobs))
+
+    await _collect(choices, take)
+    return chat_body(_head(service, choices), usage=choices.usage(), choices=[
+        chat_choice(c.index, text="".join(texts[c.index]),
+                    logprobs=entries[c.index] if params.logprobs else None,
+                    finish_reason=finish_reason(c.finished))
+        for c in choices.choices if c.finished is not None])
+
+
+def _closing_events(choices: Choices, head: ResponseHead, *, object_name: str,
+                    include_usage: bool) -> list[bytes]:
+    """The end of a stream: the usage chunk and ``[DONE]``, or an error event."""
+    if not choices.all_ended_normally():
+        return [_error_event(choices.early_end_message()), SSE_DONE]
+    if include_usage:
+        return [sse_event(usage_chunk(head, object_name=object_name, usage=choices.usage())),
+                SSE_DONE]
+    return [SSE_DONE]
+
+
+async def _sse_choices(choices: Choices, head: ResponseHead, common: CommonParams, *,
+                       object_name: str, opening: list[tuple[Choice, dict[str, Any]]],
+                       chunk_for: Callable[[Choice, StreamEvent], dict[str, Any] | None],
+                       finish_chunk: Callable[[Choice, str], dict[str, Any]]
+                       ) -> AsyncIterator[bytes]:
+    """The SSE body of a generation: ``opening`` chunks, one chunk per event that has
+    one (``chunk_for``), each choice's finish chunk, then the closing events. With
+    ``continuous_usage_stats`` every chunk carries its choice's usage so far."""
+
+    def event(choice: Choice, chunk: dict[str, Any]) -> bytes:
+        if common.continuous_usage:
+            chunk["usage"] = usage_body(choice.usage_so_far())
+        return sse_event(chunk)
+
+    async with choices:
+        for choice, first in opening:
+            yield event(choice, first)
+        async for choice, stream_event in choices:
+            chunk: dict[str, Any] | None
+            if isinstance(stream_event, Finished):
+                if stream_event.reason not in NORMAL_ENDS:
+                    break
+                chunk = finish_chunk(choice, finish_reason(stream_event))
+            else:
+                chunk = chunk_for(choice, stream_event)
+            if chunk is not None:
+                yield event(choice, chunk)
+        for closing in _closing_events(choices, head, object_name=object_name,
+                                       include_usage=common.include_usage):
+            yield closing
+
+
+def _completion_events(service: FlareService, choices: Choices,
+                       params: CompletionParams) -> AsyncIterator[bytes]:
+    head = _head(service, choices)
+    logprobs = _completion_logprobs(service, choices, params)
+    opening = [(c, completion_chunk(head, index=c.index, text=c.prepared.prompt_text))
+               for c in choices.choices] if params.echo and not params.logprobs else []
+
+    def chunk_for(choice: Choice, event: StreamEvent) -> dict[str, Any] | None:
+        choice_logprobs = logprobs[choice.index]
+        if isinstance(event, PromptScores):
+            if not (params.echo and choice_logprobs is not None):
+                return None
+            return completion_chunk(
+                head, index=choice.index, text=choice.prepared.prompt_text,
+                logprobs=choice_logprobs.add(event.token_ids, event.logprobs))
+        if isinstance(event, TokenDelta) and (
+                event.text or (choice_logprobs is not None and event.token_ids)):
+            return completion_chunk(
+                head, index=choice.index, text=event.text,
+                logprobs=(None if choice_logprobs is None
+                          else choice_logprobs.add(event.token_ids, event.logprobs)))
+        return None
+
+    return _sse_choices(
+        choices, head, params.common, object_name="text_completion", opening=opening,
+        chunk_for=chunk_for,
+        finish_chunk=lambda choice, reason: completion_chunk(
+            head, index=choice.index, text="", finish_reason=reason))
+
+
+def _chat_events(service: FlareService, choices: Choices,
+                 params: ChatParams) -> AsyncIterator[bytes]:
+    head = _head(service, choices)
+    opening = [(c, chat_chunk(head, index=c.index, delta={"role": "assistant", "content": ""}))
+               for c in choices.choices]
+
+    def chunk_for(choice: Choice, event: StreamEvent) -> dict[str, Any] | None:
+        if not isinstance(event, TokenDelta) or not (
+                event.text or (params.logprobs and event.token_ids)):
+            return None
+        entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
+                   if params.logprobs else None)
+        return chat_chunk(head, index=choice.index, delta={"content": event.text},
+                          logprobs=entries)
+
+    return _sse_choices(
+        choices, head, params.common, object_name="chat.completion.chunk", opening=opening,
+        chunk_for=chunk_for,
+        finish_chunk=lambda choice, reason: chat_chunk(
+            head, index=choice.index, delta={}, finish_reason=reason))

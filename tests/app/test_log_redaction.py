@@ -67,7 +67,7 @@ async def test_request_text_never_reaches_the_log(tokenizer: Tokenizer,
             refused = [
                 await client.post(COMPLETIONS, headers={"Content-Type": "application/json"},
                                   content=json.dumps(completion(prompt=text + "\ud800"))),
-                await client.post(COMPLETIONS, json=completion(prompt=text, n=2)),
+                await client.post(COMPLETIONS, json=completion(prompt=text, priority=2)),
                 await client.post(COMPLETIONS, json=completion(prompt=text * 200)),
                 await client.post(CHAT, json=chat([{"role": "assistant", "content": text}])),
             ]
