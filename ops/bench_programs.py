@@ -126,8 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu: run the static (CUDA-style, full max-context) programs "
                              "instead of the eager ones that read only the needed context")
     parser.add_argument("--capture-forward", action="store_true",
-                        help="cpu: replay each decoder forward from a captured graph, as "
-                             "flare run does (default: the forward runs op by op)")
+                        help="cpu: replay captured decoder forwards, as flare run does")
     parser.add_argument("--json", type=pathlib.Path, default=None, dest="json_path",
                         help="also write the results as JSON here")
     spec = parser.add_argument_group("speculation")
