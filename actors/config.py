@@ -96,8 +96,8 @@ class RuntimeConfig:
     """Reuse cached KV pages of shared prompt prefixes; False computes every prompt in
     full (``--no-enable-prefix-caching``)."""
     gpu_memory_utilization: float | None = None
-    """CUDA: size the KV page pool so the device is at most this fraction full
-    (``actors.memory_sizing``); None keeps ``kv_pages`` or the default pool."""
+    """vLLM's ``--gpu-memory-utilization``: accepted and checked, not yet used to size
+    the KV pool (``actors.context_sizing`` logs that it is ignored)."""
     state_operations: bool = False
     """Prepare state-operation programs (measured at start-up), so a normal completion
     whose checkpoint allowance pays for it ends with a scheduled terminal SNAPSHOT
@@ -136,9 +136,6 @@ class RuntimeConfig:
         share = self.gpu_memory_utilization
         if share is not None and not (math.isfinite(share) and 0 < share <= 1):
             raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {share}")
-        if share is not None and self.kv_pages is not None and self.backend == "cuda":
-            raise ConfigError("--gpu-memory-utilization and --kv-pages both size the KV "
-                              "pool: give one")
         if self.scheduler_policy not in SCHEDULER_POLICIES:
             raise ConfigError(f"--scheduler-policy must be one of {', '.join(SCHEDULER_POLICIES)}, "
                               f"got {self.scheduler_policy!r}")

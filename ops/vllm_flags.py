@@ -38,9 +38,8 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
                            f"(a multiple of {PROMPT_ALIGNMENT}; replaces --prefill-capacity "
                            "with the default chunks below N plus N)")
     vllm.add_argument("--gpu-memory-utilization", type=_fraction, default=None, metavar="F",
-                      help="--backend cuda: size the KV page pool to leave the device this "
-                           "fraction full after weights and workspace (default: pages for "
-                           "--max-batch full contexts); ignored, with a warning, on cpu")
+                      help="accepted for vLLM command lines and logged as ignored: the KV "
+                           "pool follows --kv-pages or --max-batch on every backend")
     vllm.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                       help="a jinja chat template (a file, or the template text itself) "
                            "used instead of the tokenizer's")

@@ -150,10 +150,15 @@ def test_values_served_as_asked_warn_nothing() -> None:
     assert _adjusted(RuntimeConfig(), 2048) == []
 
 
-def test_gpu_memory_utilization_on_the_cpu_is_ignored_with_a_warning() -> None:
-    [event] = _adjusted(RuntimeConfig(gpu_memory_utilization=0.9), 2048)
+@pytest.mark.parametrize("backend", ["cpu", "cuda"], ids=["cpu-backend", "cuda-backend"])
+def test_gpu_memory_utilization_is_accepted_and_logged_as_ignored(backend: str) -> None:
+    config = RuntimeConfig(backend=backend, gpu_memory_utilization=0.9)  # type: ignore[arg-type]
+    [event] = _adjusted(config, 2048)
     assert (event["event"], event["flag"], event["value"]) == (
         "config.ignored", "--gpu-memory-utilization", 0.9)
+    assert f"the {backend} backend" in str(event["reason"])
+    assert size_context(config, model_max_context=2048) == size_context(
+        RuntimeConfig(backend=backend), model_max_context=2048)  # type: ignore[arg-type]
 
 
 async def test_every_served_name_is_accepted_and_listed(codec: TinyCodec) -> None:
