@@ -1,8 +1,11 @@
 """``flare run``: serve a model over the OpenAI-compatible HTTP API.
 
 With no arguments it serves the embedded default model (``models/default``) on
-127.0.0.1:8000. Every flag is checked (``RuntimeConfig.validate`` and the HTTP settings)
-before anything loads; an invalid value stops the command with a message naming it.
+127.0.0.1:8000 (``flare run MODEL`` or ``--model`` another; vLLM's spellings of the
+flags are accepted too, ``ops.vllm_flags``). Every flag, the model directory, the device
+and the port are checked before anything is prepared (``ops.startup_checks``): a failure
+is one line naming the cause and the flag or file, with exit status 2 (JSON under
+``--log-format json``). The listening socket is bound then and handed to the server.
 Preparation is logged (``runtime.preparing`` / ``runtime.prepared``), readiness is logged
 with the bound address (``server.ready``). SIGINT/SIGTERM start a graceful shutdown: stop
 admitting, let in-flight requests finish within ``--shutdown-grace`` seconds, end the rest
