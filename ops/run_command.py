@@ -303,7 +303,9 @@ def main(args: argparse.Namespace) -> int:
                                   host=args.host, port=args.port, grace_s=args.shutdown_grace,
                                   connections=connections, listener=listener))
     except BaseException as exc:
-        cause = startup_cause(exc)
+        # Once the server took the socket over, start-up is over: anything later is no
+        # start-up failure and keeps its traceback.
+        cause = startup_cause(exc) if listener.fileno() != -1 else None
         if cause is None:
             raise
         return report_failure(str(cause), log_format=args.log_format)

@@ -163,6 +163,20 @@ def test_bugs_are_not_mistaken_for_start_up_failures() -> None:
     assert startup_cause(ExceptionGroup("nursery", [KeyError("bug")])) is None
 
 
+def test_a_failure_after_the_server_started_keeps_its_traceback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the server holds the socket, a ``FileNotFoundError`` is no start-up failure."""
+
+    async def serve(*args: object, listener: socket.socket, **kwargs: object) -> int:
+        os.close(listener.detach())  # serve_http hands it to the server
+        raise FileNotFoundError("a file the running server needed")
+
+    monkeypatch.setattr("ops.run_command.serve_until_signalled", serve)
+    monkeypatch.setattr("ops.run_command.configure_logging", lambda fmt, level: None)
+    with pytest.raises(FileNotFoundError):
+        cli.main(["run", "--port", "0"])
+
+
 def test_the_flare_command_writes_one_json_line_for_a_port_in_use(busy_port: int) -> None:
     """The real entry point, in its own process: nothing else reaches stdout or stderr
     (no traceback, no ``runtime.preparing``)."""
