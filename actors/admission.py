@@ -65,6 +65,8 @@ class AdmissionLimits:
     max_context: int
     vocab_size: int
     max_queue: int
+    prefix_caching: bool = True
+    """False: no request reuses cached prefix pages (``--no-enable-prefix-caching``)."""
 
 
 def _end(msg: Admit, message: str) -> None:
@@ -137,8 +139,8 @@ class AdmissionState:
         return Acquire(
             request_id=head.request_id, prompt_token_ids=head.request.prompt_token_ids,
             max_tokens=head.request.max_tokens, message_ends=head.request.message_ends,
-            use_prefix_cache=not head.request.prompt_logprobs, reply=reply,
-            prompt_group=head.request.prefill_group,
+            use_prefix_cache=self.limits.prefix_caching and not head.request.prompt_logprobs,
+            reply=reply, prompt_group=head.request.prefill_group,
         )
 
     def on_withdraw(self, request_id: RequestId) -> str:

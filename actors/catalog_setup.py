@@ -2,8 +2,9 @@
 
 ``open_runtime`` sizes the allocator from these rules: the shapes the configured
 speculation mode runs (``served_shapes``), the scratch rows terminal snapshots need
-(``snapshot_lanes``), the request-state rows (``state_rows_for``) and the default KV
-page count (``default_pages``).
+(``snapshot_lanes``), the request-state rows (``state_rows_for``), the prepared batch
+buckets for a batch limit that is no power of two (``program_batch``) and the default
+KV page count (``default_pages``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,20 @@ def snapshot_lanes(catalog: Sequence[GraphShape]) -> int:
                 if s.kind is GraphKind.STATE and s.state_op is StateOp.SNAPSHOT), default=0)
 
 
+def program_batch(max_batch: int) -> int:
+    """The largest prepared batch bucket for a batch limit: ``max_batch`` rounded up to
+    a power of two (decode programs come in power-of-two buckets)."""
+    return 1 << (max_batch - 1).bit_length()
+
+
 def state_rows_for(max_batch: int) -> int:
-    """Twice the largest batch: a decode batch can run while as many requests more
-    are resident (prefilling, or waiting for their fenced release)."""
+    """Request state rows. A power-of-two limit: twice the largest batch, so a decode
+    batch can run while as many requests more are resident (prefilling, or waiting
+    for their fenced release). Any other limit N: N rows, so no more than N requests
+    are ever resident and no decode batch exceeds N, although the largest prepared
+    bucket (``program_batch``) is larger."""
+    if program_batch(max_batch) != max_batch:
+        return max_batch
     return 2 * max_batch
 
 

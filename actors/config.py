@@ -34,6 +34,9 @@ DEFAULT_DRAFT_CATCH_UP = 0
 with a lagging draft, adaptive selection at one stream decodes from the
 start and never learns acceptance, because a round then looks 1.7x dearer than a decode
 against the 0.5^d prior and the 1 % probe ledger funds no probe within a request)."""
+DEFAULT_PREFILL_CAPACITIES = (64, 256, 1024)
+MAX_BATCH_LIMIT = 64
+"""The most request slots a program has (``policy.descriptors.MAX_REQUEST_SLOTS``)."""
 SCHEDULER_POLICIES = RUNTIME_POLICIES
 """``--scheduler-policy`` (the names live in ``policy.baselines.factory``)."""
 
@@ -51,8 +54,9 @@ class RuntimeConfig:
     """``--dtype``: the serving dtype; ``auto`` is the checkpoint's (``torch_dtype``) where
     the backend runs it, else float32 on the CPU and bfloat16 on CUDA."""
     max_batch: int = 8
-    """Largest decode batch capacity; buckets are the powers of two up to it."""
-    prefill_capacities: tuple[int, ...] = (64, 256, 1024)
+    """Most requests in one decode batch (1..64, any integer): the prepared decode
+    buckets are the powers of two up to it, rounded up (``catalog_setup``)."""
+    prefill_capacities: tuple[int, ...] = DEFAULT_PREFILL_CAPACITIES
     mixed_prefill: bool = False
     speculation: SpeculationSetting = "off"
     speculative_token_capacity: int = 0
@@ -95,6 +99,12 @@ class RuntimeConfig:
     """Pages in the KV pool; default: enough for ``max_batch`` full contexts."""
     max_queue: int = 64
     """Bounded admission queue: requests waiting beyond the resident ones."""
+    prefix_caching: bool = True
+    """Reuse cached KV pages of shared prompt prefixes; False computes every prompt in
+    full (``--no-enable-prefix-caching``)."""
+    gpu_memory_utilization: float | None = None
+    """vLLM's ``--gpu-memory-utilization``: accepted and checked, not yet used to size
+    the KV pool (``actors.context_sizing`` logs that it is ignored)."""
     state_operations: bool = False
     """Prepare state-operation programs (measured at start-up), so a normal completion
     whose checkpoint allowance pays for it ends with a scheduled terminal SNAPSHOT
@@ -116,8 +126,9 @@ class RuntimeConfig:
 
     def validate(self) -> None:
         """Raise ``ConfigError`` with a message naming the first invalid value."""
-        if self.max_batch < 1 or self.max_batch > 64 or self.max_batch & (self.max_batch - 1):
-            raise ConfigError(f"--max-batch must be a power of two from 1 to 64, got {self.max_batch}")
+        if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
+            raise ConfigError(f"--max-batch (--max-num-seqs) must be 1..{MAX_BATCH_LIMIT}, "
+                              f"got {self.max_batch}")
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, "
                               f"got {self.dtype!r}")
@@ -136,6 +147,9 @@ class RuntimeConfig:
             raise ConfigError(f"--max-context must be positive, got {self.max_context}")
         if self.kv_pages is not None and self.kv_pages < 1:
             raise ConfigError(f"--kv-pages must be positive, got {self.kv_pages}")
+        share = self.gpu_memory_utilization
+        if share is not None and not (math.isfinite(share) and 0 < share <= 1):
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {share}")
         if self.scheduler_policy not in SCHEDULER_POLICIES:
             raise ConfigError(f"--scheduler-policy must be one of {', '.join(SCHEDULER_POLICIES)}, "
                               f"got {self.scheduler_policy!r}")

@@ -40,10 +40,11 @@ from actors import publisher as publisher_actor
 from actors.admission import AdmissionLimits, AdmissionState
 from actors.calibration import measure_snapshot_programs
 from actors.capture_warmup import capture_programs
-from actors.catalog_setup import default_pages, served_shapes, snapshot_lanes, state_rows_for
+from actors.catalog_setup import program_batch, served_shapes, snapshot_lanes, state_rows_for
 from actors.checkpoint_allocator import AllocatorState
 from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
+from actors.context_sizing import serving_context
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.messages import (
     AdmissionInbox,
@@ -132,6 +133,8 @@ class RuntimeParts:
     num_pages: int
     state_rows: int
     max_queue: int
+    prefix_caching: bool = True
+    """Whether admission looks prompts up in the prefix cache (``--enable-prefix-caching``)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     scheduler_policy: str = "balanced"
     """``--scheduler-policy``: the seed's ``balanced``/``throughput`` or a baseline
@@ -305,7 +308,8 @@ async def open_runtime_with(parts: RuntimeParts, *,
     max_context = context_limit(max_context=parts.max_context, num_pages=parts.num_pages,
                                 page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
-        max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
+        max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
+        prefix_caching=parts.prefix_caching))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())
     planner = Planner(
@@ -373,6 +377,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         eos_token_ids=tuple(tokenizer.eos_token_ids), max_context=geometry.max_context,
         page_size=geometry.page_size, num_pages=geometry.num_pages,
         state_rows=engine.state_rows, max_queue=config.max_queue,
+        prefix_caching=config.prefix_caching,
         scheduler_policy=config.scheduler_policy,
         speculation=config.speculation, draft_source=config.draft_source,
         copy_counterfactuals=config.copy_counterfactuals,
@@ -393,10 +398,12 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
 
 def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
     model = load_model_config(config.model_dir)
-    max_context = min(config.max_context or model.max_context, model.max_context)
+    sizing = serving_context(config, model_max_context=model.max_context)
+    max_context = sizing.max_context
     speculative = config.speculation != "off"
     catalog = build_catalog(CatalogFlags(
-        max_batch=config.max_batch, prefill_capacities=config.prefill_capacities,
+        max_batch=program_batch(config.max_batch),
+        prefill_capacities=config.prefill_capacities,
         mixed_prefill=config.mixed_prefill,
         # CAT-13: mixed programs only for model families that declare mixed capture.
         family_supports_mixed=model.mixed_capture,
@@ -411,8 +418,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         device_allocation=speculative and config.speculative_allocation == "device",
     ))
     shapes = served_shapes(catalog.shapes, config)
-    num_pages = config.kv_pages or default_pages(config.max_batch, max_context,
-                                                 config.page_size)
+    num_pages = sizing.num_pages
     engine = ModelEngine.load(
         config.model_dir, device=device, dtype=config.dtype, catalog=shapes,
         page_size=config.page_size, num_pages=num_pages,

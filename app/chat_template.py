@@ -15,6 +15,7 @@ tokens by itself; templates place ``bos_token`` explicitly.
 from __future__ import annotations
 
 import datetime
+import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -41,8 +42,29 @@ SYSTEM_ROLES = ("system", "developer")
 MAX_RECENT_ANCHORS = 32
 
 
+TEMPLATE_MARKS = ("{{", "{%")
+"""A ``--chat-template`` value holding one of these is template text, not a file name."""
+
+
 class ChatTemplateError(ValueError):
-    """Raised at start-up when the model's chat template does not compile."""
+    """Raised at start-up when the model's chat template (or ``--chat-template``) does
+    not compile, or names no file and is no template."""
+
+
+def load_chat_template(value: str) -> str:
+    """The template ``--chat-template`` gives: a file's text, or ``value`` itself when it
+    is template text (as vLLM reads the flag). It must compile; raises
+    ``ChatTemplateError`` naming the flag otherwise."""
+    path = pathlib.Path(value)
+    if not any(mark in value for mark in TEMPLATE_MARKS):
+        try:
+            value = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise ChatTemplateError(f"--chat-template {value}: not a readable file ({reason}) "
+                                    "and not template text") from None
+    ChatTemplate(value, {}, origin="--chat-template")  # raises when it does not compile
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,7 +85,8 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     """One compiled template; ``render`` is synchronous and side-effect free."""
 
-    def __init__(self, source: str | None, special_tokens: dict[str, str]) -> None:
+    def __init__(self, source: str | None, special_tokens: dict[str, str], *,
+                 origin: str = "the model's chat template") -> None:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
@@ -74,7 +97,7 @@ class ChatTemplate:
         try:
             self._template = env.from_string(self.source)
         except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from exc
+            raise ChatTemplateError(f"{origin} does not compile: {exc}") from exc
         self._special_tokens = dict(special_tokens)
 
     def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool) -> str:

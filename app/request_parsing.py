@@ -397,9 +397,10 @@ def parse_detokenize(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...]]
     return model, tuple(raw)
 
 
-def check_model(requested: str | None, served: str) -> None:
-    """An omitted model means the served one; any other name is unknown (404)."""
-    if requested is not None and requested != served:
+def check_model(requested: str | None, served: str | tuple[str, ...]) -> None:
+    """An omitted model means the served one; a name not ``served`` is unknown (404)."""
+    names = (served,) if isinstance(served, str) else served
+    if requested is not None and requested not in names:
         raise model_not_found(requested)
 
 

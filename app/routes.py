@@ -133,19 +133,19 @@ def register_routes(app: Quart, service: FlareService) -> None:
         return Response(service.metrics.render(), mimetype=None,
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def model_card() -> dict[str, Any]:
-        return {"id": service.model_name, "object": "model", "created": 0,
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0,
                 "owned_by": "flare", "max_model_len": service.runtime.max_context}
 
     @app.get("/v1/models")
     async def models() -> Response:
-        return _json({"object": "list", "data": [model_card()]})
+        return _json({"object": "list", "data": [model_card(n) for n in service.model_names]})
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
-        if model_id != service.model_name:
+        if model_id not in service.model_names:
             raise model_not_found(model_id)
-        return _json(model_card())
+        return _json(model_card(model_id))
 
     @app.post("/tokenize")
     async def tokenize() -> Response:

@@ -2,7 +2,9 @@
 
 ``await nursery.start(serve_http, app, host=..., port=0)`` returns a ``ServerHandle``
 once the socket is bound (hypercorn style: readiness through ``task_status``, never
-sleeps). ``handle.shutdown(grace_s)`` stops admitting, lets in-flight requests finish
+sleeps). ``bind_listener(host, port)`` binds the socket beforehand, so that a caller
+with a long preparation (``flare run``) learns that the port is taken before it
+prepares, and hands it over with ``listener=``. ``handle.shutdown(grace_s)`` stops admitting, lets in-flight requests finish
 within the grace period, ends the rest with an error event, then stops hypercorn.
 
 Connections follow ``ConnectionSettings`` (``app/connections.py``): closed after the
@@ -14,6 +16,7 @@ on a write the client does not take within the write timeout; at most
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from functools import partial
 
@@ -64,15 +67,39 @@ class ServerHandle:
         self._stop.set()
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one) as hypercorn binds it,
+    not yet listening (connections are refused until ``serve_http`` serves it).
+
+    Raises ``OSError`` when the address cannot be bound (in use, not local)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_http(app: QuartTrio, *, host: str = "127.0.0.1", port: int = 0,
                      connections: ConnectionSettings | None = None,
+                     listener: socket.socket | None = None,
                      task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
                      ) -> None:
-    """Serve until ``ServerHandle.shutdown`` completes (or the caller cancels)."""
+    """Serve until ``ServerHandle.shutdown`` completes (or the caller cancels).
+
+    ``listener``: a socket from ``bind_listener``, served instead of binding
+    ``host:port``; the server takes it over (and closes it)."""
     install_bounded_tcp_server()
     config = hypercorn_config(connections or ConnectionSettings())
     assert config.connection_bound is not None
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if listener is not None:
+        config.bind = [f"fd://{listener.detach()}"]
+    else:
+        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     # Route hypercorn's own messages through the root logger (structlog's formatter).
     config.errorlog = logging.getLogger("hypercorn.error")

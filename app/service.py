@@ -85,6 +85,11 @@ class AppSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     served_model_name: str | None = None
     """The model id clients send; defaults to ``runtime.model_name``."""
+    served_model_aliases: tuple[str, ...] = ()
+    """Further ids accepted in ``model`` and listed by ``/v1/models``; responses report
+    the served model name."""
+    chat_template: str | None = None
+    """A template used instead of the tokenizer's (``--chat-template``)."""
     default_completion_max_tokens: int = DEFAULT_COMPLETION_MAX_TOKENS
     allowed_origins: tuple[str, ...] = ()
     """Origins (or ``*``) answered with CORS headers; none by default (``app.access``)."""
@@ -107,8 +112,15 @@ class FlareService:
         self.runtime = runtime
         self.settings = settings
         self.model_name = settings.served_model_name or runtime.model_name
+        self.model_names = tuple(dict.fromkeys((self.model_name,
+                                                *settings.served_model_aliases)))
+        """Every id a request may name, the reported one first."""
         self.codec = runtime.codec
-        self.template = ChatTemplate(self.codec.chat_template, self.codec.special_tokens)
+        if settings.chat_template is not None:
+            self.template = ChatTemplate(settings.chat_template, self.codec.special_tokens,
+                                         origin="--chat-template")
+        else:
+            self.template = ChatTemplate(self.codec.chat_template, self.codec.special_tokens)
         self.metrics = AppMetrics(runtime.statistics)
         self.inflight = Inflight()
         self.draining = False
@@ -177,7 +189,7 @@ class FlareService:
 
     def prepare_completion(self, params: CompletionParams, *, arrived: float,
                            request_id: str | None = None) -> PreparedRequest:
-        check_model(params.common.model, self.model_name)
+        check_model(params.common.model, self.model_names)
         if isinstance(params.prompt, str):
             limit = self.max_text_chars
             if limit is not None and len(params.prompt) > limit:
@@ -209,7 +221,7 @@ class FlareService:
 
     def tokenize(self, params: TokenizeParams) -> tuple[int, ...]:
         """The token ids of a prompt, or of a conversation rendered by the chat template."""
-        check_model(params.model, self.model_name)
+        check_model(params.model, self.model_names)
         limit = self.max_text_chars
         if params.messages is None:
             assert params.prompt is not None
@@ -227,13 +239,13 @@ class FlareService:
         return tuple(self.codec.encode(text))
 
     def detokenize(self, model: str | None, token_ids: tuple[int, ...]) -> str:
-        check_model(model, self.model_name)
+        check_model(model, self.model_names)
         self.check_vocabulary(token_ids, param="tokens")
         return self.codec.decode(token_ids)
 
     def prepare_chat(self, params: ChatParams, *, arrived: float,
                      request_id: str | None = None) -> PreparedRequest:
-        check_model(params.common.model, self.model_name)
+        check_model(params.common.model, self.model_names)
         chat = tokenize_chat(self.template, self.codec, params.messages,
                              max_chars=self.max_text_chars)
         max_tokens = params.common.max_tokens

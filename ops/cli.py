@@ -11,6 +11,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
+
+from ops.failure_line import EXIT_STATUS, failure_line
 
 # (command path, module, one-line help)
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
@@ -35,6 +38,25 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line, ``flare run: error: ...`` (argparse also prints the
+    usage), or one JSON object when the command line asks for ``--log-format json``."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        line = failure_line(f"{message} ({self.prog} --help lists the flags)", prog=self.prog,
+                            json_format=self.json_errors, event="cli.usage_error",
+                            logger="flare.cli")
+        self.exit(EXIT_STATUS, line + "\n")
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` selects ``--log-format json`` (also spelled ``--log-format=json``)."""
+    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    return any(a == "--log-format=json" or (a, b) == ("--log-format", "json") for a, b in pairs)
+
+
 def _selected(argv: Sequence[str]) -> tuple[str, ...] | None:
     """The command path that ``argv`` names, if any (e.g. ``("bench", "plan")``)."""
     words = [a for a in argv if not a.startswith("-")]
@@ -49,7 +71,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     flags are needed); the others appear with their one-line help, so a heavy or broken
     command never slows down or breaks the rest."""
     selected = _selected(argv)
-    parser = argparse.ArgumentParser(prog="flare", description=__doc__.splitlines()[0])
+    parser_class = type("Parser", (OneLineParser,), {"json_errors": _wants_json(argv)})
+    parser = parser_class(prog="flare", description=__doc__.splitlines()[0])
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     for path, module_name, help_text in COMMANDS:

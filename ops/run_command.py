@@ -1,8 +1,11 @@
 """``flare run``: serve a model over the OpenAI-compatible HTTP API.
 
 With no arguments it serves the embedded default model (``models/default``) on
-127.0.0.1:8000. Every flag is checked (``RuntimeConfig.validate`` and the HTTP settings)
-before anything loads; an invalid value stops the command with a message naming it.
+127.0.0.1:8000 (``flare run MODEL`` or ``--model`` another; vLLM's spellings of the
+flags are accepted too, ``ops.vllm_flags``). Every flag, the model directory, the device
+and the port are checked before anything is prepared (``ops.startup_checks``): a failure
+is one line naming the cause and the flag or file, with exit status 2 (JSON under
+``--log-format json``). The listening socket is bound then and handed to the server.
 Preparation is logged (``runtime.preparing`` / ``runtime.prepared``), readiness is logged
 with the bound address (``server.ready``). SIGINT/SIGTERM start a graceful shutdown: stop
 admitting, let in-flight requests finish within ``--shutdown-grace`` seconds, end the rest
@@ -14,10 +17,11 @@ with an error event, close the runtime. A second signal ends every open request 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import pathlib
 import signal
-import sys
+import socket
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -29,7 +33,6 @@ import trio
 from actors.config import (
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
-    DEFAULT_MODEL_DIR,
     DTYPE_CHOICES,
     SCHEDULER_POLICIES,
     ConfigError,
@@ -38,8 +41,15 @@ from actors.config import (
 )
 from actors.public import Runtime
 from actors.system import open_runtime
-from app import AppSettings, ServerHandle, configure_logging, create_app, serve_http
-from app.chat_template import ChatTemplateError
+from app import (
+    AppSettings,
+    ServerHandle,
+    bind_listener,
+    configure_logging,
+    create_app,
+    serve_http,
+)
+from app.chat_template import load_chat_template
 from app.connections import (
     DEFAULT_KEEP_ALIVE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -48,6 +58,15 @@ from app.connections import (
 )
 from app.log_config import LOG_FORMATS
 from app.service import DEFAULT_MAX_REQUEST_BYTES
+from ops.startup_checks import (
+    STARTUP_FAILURES,
+    StartupError,
+    check_backend,
+    check_model_dir,
+    report_failure,
+    startup_cause,
+)
+from ops.vllm_flags import add_vllm_arguments, model_dir, prefill_capacities, prefix_caching
 
 log = structlog.get_logger("flare.run")
 
@@ -56,6 +75,8 @@ DEFAULT_PORT = 8000
 DEFAULT_SHUTDOWN_GRACE_S = 30.0
 # A forced stop (a second signal) exits with the shell's convention for a signal death.
 FORCED_EXIT_BASE = 128
+REQUEST_LOGGER = "flare.app.requests"
+"""The logger of per-request lifecycle records (``app.generation``)."""
 FORCED_STOP_MESSAGE = "The server was stopped (second signal) before this request finished."
 
 
@@ -91,7 +112,9 @@ def _origins(text: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL_DIR,
+    model.add_argument("model_path", nargs="?", type=pathlib.Path, default=None,
+                       metavar="MODEL", help="HF-format model directory (the same as --model)")
+    model.add_argument("--model", type=pathlib.Path, default=None,
                        help="HF-format model directory (default: the embedded default model)")
     model.add_argument("--draft-model", type=pathlib.Path, default=None,
                        help="draft model directory for learned speculative proposals")
@@ -102,13 +125,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--eager-forward", action="store_true",
                        help="CPU: run the decoder forward op by op instead of replaying "
                             "graphs captured at start-up (faster start, slower serving)")
-    model.add_argument("--max-context", type=int, default=None,
-                       help="context length (default: the model's max_position_embeddings)")
+    model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
+                       default=None,
+                       help="context length (default: the model's max_position_embeddings; "
+                            "a larger value is lowered to it, with a warning)")
     sched = parser.add_argument_group("scheduling")
-    sched.add_argument("--max-batch", type=int, default=8,
-                       help="largest decode batch (a power of two, 1..64); request slots")
-    sched.add_argument("--prefill-capacity", type=_capacities, default=(64, 256, 1024),
-                       help="prefill token capacities, comma separated multiples of 64")
+    sched.add_argument("--max-batch", "--max-num-seqs", dest="max_batch", type=int, default=8,
+                       help="most requests in one decode batch (1..64; programs are "
+                            "prepared for the powers of two up to it, rounded up)")
+    sched.add_argument("--prefill-capacity", type=_capacities, default=None,
+                       help="prefill token capacities, comma separated multiples of 64 "
+                            "(default 64,256,1024)")
     sched.add_argument("--mixed-prefill", action="store_true",
                        help="prepare mixed prefill/decode programs (families that declare them)")
     sched.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default=None,
@@ -168,8 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--allowed-origins", type=_origins, default=(),
                       help="comma-separated origins (or *) answered with CORS headers "
                            "(default: none, browsers refuse cross-origin calls)")
-    http.add_argument("--served-model-name", default=None,
-                      help="model id clients send (default: the model directory's name)")
+    http.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                      help="model ids clients may send, the first one reported (default: "
+                           "the model directory's name)")
     http.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                       help="largest accepted request body; larger ones get 413")
     http.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
@@ -188,19 +216,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     logs.add_argument("--log-format", choices=LOG_FORMATS, default="console")
     logs.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                       default="info")
+    add_vllm_arguments(parser)
 
 
 def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     speculation: SpeculationSetting = args.speculation or (
         "adaptive" if args.draft_model is not None or args.draft_source == "copy" else "off")
     return RuntimeConfig(
-        model_dir=args.model,
+        model_dir=model_dir(args),
         draft_model_dir=args.draft_model,
         backend=args.backend,
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
         max_batch=args.max_batch,
-        prefill_capacities=tuple(args.prefill_capacity),
+        prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,
         speculation=speculation,
         speculative_token_capacity=args.speculative_token_capacity,
@@ -213,6 +242,8 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         max_context=args.max_context,
         kv_pages=args.kv_pages,
         max_queue=args.max_queue,
+        prefix_caching=prefix_caching(args),
+        gpu_memory_utilization=args.gpu_memory_utilization,
         scheduler_policy=args.scheduler_policy,
         scheduler_terminal_value=args.scheduler_terminal_value,
         scheduler_terminal_age_price=args.scheduler_terminal_age_price,
@@ -233,8 +264,14 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
         raise ConfigError("--api-key must not be empty")
     if args.metrics_require_key and args.api_key is None:
         raise ConfigError("--metrics-require-key needs --api-key (or FLARE_API_KEY)")
+    names = tuple(dict.fromkeys(args.served_model_name or ()))
+    if any(not name.strip() for name in names):
+        raise ConfigError("--served-model-name: names must not be empty")
     return AppSettings(api_key=args.api_key, max_request_bytes=args.max_request_bytes,
-                       served_model_name=args.served_model_name,
+                       served_model_name=names[0] if names else None,
+                       served_model_aliases=names[1:],
+                       chat_template=(None if args.chat_template is None
+                                      else load_chat_template(args.chat_template)),
                        allowed_origins=args.allowed_origins,
                        metrics_require_key=args.metrics_require_key)
 
@@ -252,32 +289,64 @@ def build_connection_settings(args: argparse.Namespace) -> ConnectionSettings:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Check everything that can be checked, bind the port, then prepare and serve.
+
+    Every start-up failure is one line and exit status 2 (``ops.startup_checks``)."""
     try:
-        config = build_runtime_config(args)
-        config.validate()
-        settings = build_app_settings(args)
-        connections = build_connection_settings(args)
-    except ConfigError as exc:
-        print(f"flare run: error: {exc}", file=sys.stderr)
-        return 2
+        config, settings, connections = prepare_startup(args)
+    except (StartupError, *STARTUP_FAILURES) as exc:
+        return report_failure(str(exc), log_format=args.log_format)
+    try:  # before preparing: a port in use is known in milliseconds, not minutes
+        listener = bind_listener(args.host, args.port)
+    except OSError as exc:
+        return report_failure(f"--port {args.port}: cannot listen on {args.host}:{args.port}: "
+                              f"{exc.strerror or exc}", log_format=args.log_format)
     configure_logging(args.log_format, level=args.log_level)
+    quiet_request_logs(args.disable_log_requests)
     try:
         status = trio.run(partial(serve_until_signalled, open_runtime, config, settings,
                                   host=args.host, port=args.port, grace_s=args.shutdown_grace,
-                                  connections=connections))
-    except (ConfigError, ChatTemplateError) as exc:
-        print(f"flare run: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"flare run: error: cannot serve on {args.host}:{args.port}: {exc}",
-              file=sys.stderr)
-        return 1
+                                  connections=connections, listener=listener))
+    except BaseException as exc:
+        # Once the server took the socket over, start-up is over: anything later is no
+        # start-up failure and keeps its traceback.
+        cause = startup_cause(exc) if listener.fileno() != -1 else None
+        if cause is None:
+            raise
+        return report_failure(str(cause), log_format=args.log_format)
+    finally:
+        if listener.fileno() != -1:  # never handed to the server
+            listener.close()
     return int(status or 0)
+
+
+def quiet_request_logs(quiet: bool) -> None:
+    """``--disable-log-requests``: no per-request info records (``request.admitted``,
+    ``request.first_token``, ``request.finished``...); failures are still logged."""
+    logging.getLogger(REQUEST_LOGGER).setLevel(logging.WARNING if quiet else logging.NOTSET)
+
+
+def prepare_startup(args: argparse.Namespace
+                    ) -> tuple[RuntimeConfig, AppSettings, ConnectionSettings]:
+    """The runtime, HTTP and connection settings of ``args``, once every value, the
+    model directories, the device and the chat template are known to be usable.
+
+    Raises ``ConfigError``, ``StartupError`` or ``ChatTemplateError`` naming the cause."""
+    config = build_runtime_config(args)
+    config.validate()
+    settings = build_app_settings(args)
+    connections = build_connection_settings(args)
+    check_model_dir(config.model_dir, flag="--model")
+    if config.draft_model_dir is not None:
+        check_model_dir(config.draft_model_dir, flag="--draft-model", needs_tokenizer=False)
+    check_backend(config.backend)
+    return config, settings, connections
 
 
 async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig,
                                 settings: AppSettings, *, host: str, port: int, grace_s: float,
                                 connections: ConnectionSettings | None = None,
+                                listener: socket.socket | None = None,
                                 task_status: trio.TaskStatus[ServerHandle] = trio.TASK_STATUS_IGNORED
                                 ) -> int:
     """Prepare the runtime, serve until SIGINT/SIGTERM, then drain and close.
@@ -285,7 +354,9 @@ async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig
     Returns the exit status: 0 after a graceful stop, ``128 + signal`` (130 for SIGINT,
     143 for SIGTERM) after a forced one. A second signal while draining ends every open
     request at once (streams get an error event) and then closes as a graceful stop does;
-    a signal during preparation, or a third one, cancels outright. Signals arrive through
+    a signal during preparation, or a third one, cancels outright. ``listener``: the
+    socket ``bind_listener`` bound before preparation (else ``host:port`` is bound when
+    the runtime is ready). Signals arrive through
     trio's signal receiver, so no ``KeyboardInterrupt`` is ever raised in worker threads
     and the runtime always closes its device threads before the process exits.
     """
@@ -324,7 +395,8 @@ async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig
                 app = create_app(runtime, settings)
                 async with trio.open_nursery() as http:
                     handle = await http.start(partial(serve_http, app, host=host, port=port,
-                                                      connections=connections))
+                                                      connections=connections,
+                                                      listener=listener))
                     log.info("server.ready", address=handle.url, model=handle.service.model_name,
                              api_key_required=settings.api_key is not None)
                     task_status.started(handle)

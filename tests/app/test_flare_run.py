@@ -19,7 +19,7 @@ import trio.testing
 from http_fakes import FakeRuntime, TinyCodec
 from http_harness import SseReader, client_for
 
-from actors.config import DEFAULT_DRAFT_CATCH_UP, ConfigError, RuntimeConfig
+from actors.config import DEFAULT_DRAFT_CATCH_UP, DEFAULT_MODEL_DIR, ConfigError, RuntimeConfig
 from actors.system import open_runtime
 from app import AppSettings, ServerHandle
 from ops import cli
@@ -46,8 +46,8 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--max-batch", "3"], "--max-batch must be a power of two"),
-    (["--max-batch", "128"], "--max-batch must be a power of two"),
+    (["--max-batch", "0"], "--max-batch (--max-num-seqs) must be 1..64, got 0"),
+    (["--max-batch", "128"], "--max-batch (--max-num-seqs) must be 1..64, got 128"),
     (["--prefill-capacity", "100"], "multiples of 64"),
     (["--speculative-token-capacity", "-1"], "--speculative-token-capacity"),
     (["--scheduler-terminal-value", "-1"], "--scheduler-terminal-value must be finite"),
@@ -99,7 +99,7 @@ def test_unparseable_flags_exit_with_usage_error(
 
 
 def test_run_configures_logging_then_serves_the_runtime(
-        model_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     formats: list[str] = []
     served: list[object] = []
     monkeypatch.setattr("ops.run_command.configure_logging",
@@ -109,7 +109,8 @@ def test_run_configures_logging_then_serves_the_runtime(
         served.append(open_runtime)
 
     monkeypatch.setattr("ops.run_command.serve_until_signalled", serve)
-    assert cli.main(["run", "--model", str(model_dir), "--log-format", "json"]) == 0
+    assert cli.main(["run", "--model", str(DEFAULT_MODEL_DIR), "--port", "0",
+                     "--log-format", "json"]) == 0
     assert formats == ["json"]
     assert served == [open_runtime]
 
