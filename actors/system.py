@@ -45,6 +45,7 @@ from actors.checkpoint_allocator import AllocatorState
 from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
+from actors.log_defaults import quiet_unless_configured
 from actors.messages import (
     AdmissionInbox,
     Admit,
@@ -350,7 +351,9 @@ async def open_runtime_with(parts: RuntimeParts, *,
 @contextlib.asynccontextmanager
 async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     """Load the model of ``config``, prepare its catalog on the configured backend
-    (CPU by default), and run the actors until the block exits."""
+    (CPU by default), and run the actors until the block exits. Logs stay quiet
+    (warnings and up) unless the application configured logging (``log_defaults``)."""
+    quiet_unless_configured()
     config.validate()
     backend = open_backend(config.backend)
     try:
