@@ -70,6 +70,8 @@ class Admit:
     request: GenerationRequest
     events: EventSender
     decision: trio.MemorySendChannel[AdmissionError | None]
+    arrived_ns: int = 0
+    """Runtime clock when the caller submitted it (the start of its queue time)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,6 +233,7 @@ class Admitted:
     request: GenerationRequest
     grant: Grant
     events: EventSender
+    arrived_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -383,6 +386,7 @@ class Track:
     request: GenerationRequest
     cached_tokens: int
     events: EventSender
+    arrived_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -405,6 +409,8 @@ class Drop:
     epoch: int
     reason: FinishReason
     message: str = ""
+    scheduled_ns: int | None = None
+    """Runtime clock when its first frame was submitted (``None``: it never ran)."""
 
 
 PublisherInbox = Track | PublishFrame | Drop

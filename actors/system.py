@@ -220,7 +220,7 @@ class Runtime:
                     try:
                         self._admission.send_nowait(Admit(
                             request_id=request_id, request=request, events=events_send,
-                            decision=decision_send,
+                            decision=decision_send, arrived_ns=self._parts.clock_ns(),
                         ))
                         submitted = True
                     except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -249,6 +249,7 @@ class Runtime:
             kv_pages_used=by_requests, kv_pages_cached=cached_only,
             kv_pages_total=self._book.pages.total,
             prefix_cache_hit_tokens=counters.prefix_hit_tokens,
+            prefix_cache_query_tokens=counters.prefix_query_tokens,
             prompt_tokens_total=counters.prompt_tokens,
             generation_tokens_total=counters.generation_tokens,
             executions_by_kind=tuple(sorted(sched.executions.items())),
