@@ -110,41 +110,36 @@ class RuntimeCollector(Collector):
         for graph, value in stats.executions_by_graph:
             graphs.add_metric([graph], value)
         yield graphs
-        yield GaugeMetricFamily("flare_requests_running", "Requests resident in the scheduler.",
-                                value=stats.requests_running)
-        yield GaugeMetricFamily("flare_requests_waiting", "Requests waiting for admission.",
-                                value=stats.requests_waiting)
-        yield GaugeMetricFamily("flare_kv_pages_used", "KV cache pages in use by requests.",
-                                value=stats.kv_pages_used)
-        yield GaugeMetricFamily("flare_kv_pages_cached",
-                                "KV cache pages held by the prefix cache alone (evictable).",
-                                value=stats.kv_pages_cached)
-        yield GaugeMetricFamily("flare_kv_pages_total", "KV cache pages in the pool.",
-                                value=stats.kv_pages_total)
-        yield GaugeMetricFamily(
-            "flare_kv_cache_usage_perc",
-            "Fraction of KV cache pages in use by requests (0..1; cached-only pages are free).",
-            value=stats.kv_pages_used / stats.kv_pages_total if stats.kv_pages_total else 0.0)
-        yield CounterMetricFamily("flare_prefix_cache_hit_tokens",
-                                  "Prompt tokens served from the prefix cache.",
-                                  value=stats.prefix_cache_hit_tokens)
-        yield CounterMetricFamily("flare_prefix_cache_queries",
-                                  "Prompt tokens looked up in the prefix cache.",
-                                  value=stats.prefix_cache_query_tokens)
-        yield CounterMetricFamily("flare_prefix_cache_hits",
-                                  "Prompt tokens the prefix cache lookups found.",
-                                  value=stats.prefix_cache_hit_tokens)
-        yield CounterMetricFamily(
-            "flare_num_preemptions",
-            "Resident requests preempted (always 0: a request becomes resident only with "
-            "pages for its worst case, so flare never preempts).",
-            value=stats.preemptions)
-        yield CounterMetricFamily("flare_scheduler_prompt_tokens",
-                                  "Prompt tokens processed by the runtime.",
-                                  value=stats.prompt_tokens_total)
-        yield CounterMetricFamily("flare_scheduler_generation_tokens",
-                                  "Output tokens committed by the runtime.",
-                                  value=stats.generation_tokens_total)
+        usage = stats.kv_pages_used / stats.kv_pages_total if stats.kv_pages_total else 0.0
+        for name, text, value in (
+                ("flare_requests_running", "Requests resident in the scheduler.",
+                 stats.requests_running),
+                ("flare_requests_waiting", "Requests waiting for admission.",
+                 stats.requests_waiting),
+                ("flare_kv_pages_used", "KV cache pages in use by requests.",
+                 stats.kv_pages_used),
+                ("flare_kv_pages_cached",
+                 "KV cache pages held by the prefix cache alone (evictable).",
+                 stats.kv_pages_cached),
+                ("flare_kv_pages_total", "KV cache pages in the pool.", stats.kv_pages_total),
+                ("flare_kv_cache_usage_perc", "Fraction of KV cache pages in use by requests "
+                 "(0..1; cached-only pages are free).", usage)):
+            yield GaugeMetricFamily(name, text, value=value)
+        for name, text, value in (
+                ("flare_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+                 stats.prefix_cache_hit_tokens),
+                ("flare_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                 stats.prefix_cache_query_tokens),
+                ("flare_prefix_cache_hits", "Prompt tokens the prefix cache lookups found.",
+                 stats.prefix_cache_hit_tokens),
+                ("flare_num_preemptions", "Resident requests preempted (always 0: a request "
+                 "becomes resident only with pages for its worst case, so flare never "
+                 "preempts).", stats.preemptions),
+                ("flare_scheduler_prompt_tokens", "Prompt tokens processed by the runtime.",
+                 stats.prompt_tokens_total),
+                ("flare_scheduler_generation_tokens", "Output tokens committed by the runtime.",
+                 stats.generation_tokens_total)):
+            yield CounterMetricFamily(name, text, value=value)
         if stats.speculative_source:
             yield from _speculative_metrics(stats)
 
