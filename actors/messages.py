@@ -70,7 +70,7 @@ class Admit:
     request: GenerationRequest
     events: EventSender
     decision: trio.MemorySendChannel[AdmissionError | None]
-    arrived_ns: int = 0
+    arrived_ns: int | None = None
     """Runtime clock when the caller submitted it (the start of its queue time)."""
 
 
@@ -233,7 +233,7 @@ class Admitted:
     request: GenerationRequest
     grant: Grant
     events: EventSender
-    arrived_ns: int = 0
+    arrived_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -386,7 +386,7 @@ class Track:
     request: GenerationRequest
     cached_tokens: int
     events: EventSender
-    arrived_ns: int = 0
+    arrived_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -62,7 +62,7 @@ class _Stream:
     events: EventSender
     output: OutputStream
     host_finished: FinishReason | None = None
-    arrived_ns: int = 0
+    arrived_ns: int | None = None
     first_token_ns: int | None = None
     last_token_ns: int | None = None
 
@@ -90,7 +90,7 @@ def _finish(stream: _Stream, reason: FinishReason, message: str = "",
     stream.events.close()
 
 
-def phase_times(arrived_ns: int, scheduled_ns: int | None, first_token_ns: int | None,
+def phase_times(arrived_ns: int | None, scheduled_ns: int | None, first_token_ns: int | None,
                 last_token_ns: int | None) -> dict[str, float | None]:
     """``Finished``'s ``queued_s``, ``prefill_s`` and ``decode_s`` from the runtime-clock
     instants: submitted, first frame submitted, first and last output token published."""
