@@ -8,7 +8,14 @@ import importlib.metadata
 import pathlib
 import re
 
+import openai  # noqa: F401
 import pytest
+
+import ops.testing  # noqa: F401
+from actors import system  # noqa: F401
+
+# The inner run is in process and pytester drops the modules it imported when it ends;
+# torch, the runtime and openai are imported here first, so they stay loaded.
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SECTION = "## Testing your application against flare"
