@@ -247,6 +247,7 @@ async def run(
                             await to_planner.send(Admitted(
                                 request_id=admit.request_id, request=admit.request,
                                 grant=grant, events=admit.events,
+                                arrived_ns=admit.arrived_ns,
                             ))
                         elif grant is not None:
                             await to_allocator.send(Release(handle=grant.handle))

@@ -70,6 +70,8 @@ class Admit:
     request: GenerationRequest
     events: EventSender
     decision: trio.MemorySendChannel[AdmissionError | None]
+    arrived_ns: int | None = None
+    """Runtime clock when the caller submitted it (the start of its queue time)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,6 +237,7 @@ class Admitted:
     request: GenerationRequest
     grant: Grant
     events: EventSender
+    arrived_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -387,6 +390,7 @@ class Track:
     request: GenerationRequest
     cached_tokens: int
     events: EventSender
+    arrived_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -409,6 +413,8 @@ class Drop:
     epoch: int
     reason: FinishReason
     message: str = ""
+    scheduled_ns: int | None = None
+    """Runtime clock when its first frame was submitted (``None``: it never ran)."""
 
 
 PublisherInbox = Track | PublishFrame | Drop

@@ -111,6 +111,8 @@ class _Resident:
     """Its ``Drop`` (the client's ``Finished``) went out before its release."""
     counterfactuals: CopyCounterfactuals | None = None
     """Its counterfactual copy rounds (adaptive copy speculation only)."""
+    scheduled_ns: int | None = None
+    """When its first frame was submitted (its queue time ends; ``Drop`` carries it)."""
 
 
 class Planner:
@@ -217,9 +219,12 @@ class Planner:
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle
         self.counters.prefix_hit_tokens += grant.cached_tokens
+        # Scored prompts skip the cache lookup (admission), so they query nothing.
+        self.counters.prefix_query_tokens += 0 if request.prompt_logprobs else len(
+            request.prompt_token_ids)
         await self._to_publisher.send(Track(
             request_id=msg.request_id, handle=handle, epoch=epoch, request=request,
-            cached_tokens=grant.cached_tokens, events=msg.events,
+            cached_tokens=grant.cached_tokens, events=msg.events, arrived_ns=msg.arrived_ns,
         ))
 
     async def _cancel(self, request_id: RequestId, message: str = "") -> None:
@@ -230,7 +235,8 @@ class Planner:
         resident.cancelled = True
         self.scheduler.cancel(handle)
         await self._to_publisher.send(Drop(handle=handle, epoch=resident.source.epoch,
-                                           reason="cancelled", message=message))
+                                           reason="cancelled", message=message,
+                                           scheduled_ns=resident.scheduled_ns))
 
     def _complete_in_scheduler(self, frame: ValidatedFrame) -> list[GeneratedToken]:
         """``complete`` with what a speculative frame's lanes report (QUEUE-3, QUEUE-4,
@@ -370,7 +376,8 @@ class Planner:
                                                     kv_tokens=len(written)))
             resident.finish_sent = True
             self._drops.append(Drop(handle=token.handle, epoch=source.epoch,
-                                    reason=resident.host_finish))
+                                    reason=resident.host_finish,
+                                    scheduled_ns=resident.scheduled_ns))
 
     async def _release_finished(self) -> None:
         for handle in self.scheduler.take_released():
@@ -386,7 +393,8 @@ class Planner:
             ))
             if resident.host_finish is not None and not resident.finish_sent:
                 self._drops.append(Drop(handle=handle, epoch=source.epoch,
-                                        reason=resident.host_finish))
+                                        reason=resident.host_finish,
+                                        scheduled_ns=resident.scheduled_ns))
 
     async def _send_drops(self) -> None:
         """End finished streams; called after the frame's tokens went to the publisher
@@ -414,7 +422,7 @@ class Planner:
 
     async def _plan_and_submit(self) -> None:
         while True:
-            self._now()
+            now = self._now()
             if not self._window_open():
                 return
             plan = self.scheduler.plan()
@@ -438,6 +446,10 @@ class Planner:
                 return
             self._next_fence += 1
             mark_submitted(plan, sources)
+            for lane in plan.lanes:
+                resident = self._residents[lane.handle]
+                if resident.scheduled_ns is None:
+                    resident.scheduled_ns = now
             log_trace(trace)
             await self._to_dispatcher.send(FrameOrder(fence=fence, plan=plan, frame=frame,
                                                       lanes=contexts))

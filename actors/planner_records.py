@@ -37,6 +37,8 @@ class PlannerCounters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
+    """Prompt tokens of admitted requests that looked their prompt up in the cache."""
     frames: int = 0
     speculative_frames: int = 0
     """Complete speculative programs run and validated."""

@@ -88,6 +88,13 @@ class Finished:
     completion_tokens: int
     cached_prompt_tokens: int = 0
     message: str = ""
+    queued_s: float | None = None
+    """Submission to the first frame that served it (its queue time); ``None`` if no
+    frame ever did. Runtime clock, like the two below (``docs/logging.md``, metrics)."""
+    prefill_s: float | None = None
+    """First frame to the first output token; ``None`` without output."""
+    decode_s: float | None = None
+    """First to last output token; ``None`` without output."""
 
 
 StreamEvent = PromptScores | TokenDelta | Finished
@@ -128,6 +135,12 @@ class RuntimeStatistics:
     """Drafts those rounds offered."""
     counterfactual_accepted_tokens: int = 0
     """Drafts of those rounds that equalled the tokens the target then produced."""
+    prefix_cache_query_tokens: int = 0
+    """Prompt tokens looked up in the prefix cache (every admitted prompt but scored
+    ones); ``prefix_cache_hit_tokens`` of them were found."""
+    preemptions: int = 0
+    """Resident requests sent back to the queue. Always 0: a request becomes resident
+    only with pages for its worst case, so nothing is ever preempted (OPEN-3)."""
 
 
 class TextCodec(Protocol):

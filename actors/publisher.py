@@ -62,6 +62,9 @@ class _Stream:
     events: EventSender
     output: OutputStream
     host_finished: FinishReason | None = None
+    arrived_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
 
 
 def _send(stream: _Stream, event: StreamEvent) -> None:
@@ -75,13 +78,28 @@ def _send(stream: _Stream, event: StreamEvent) -> None:
             log.error("client stream full; event dropped", request_id=stream.request_id)
 
 
-def _finish(stream: _Stream, reason: FinishReason, message: str = "") -> None:
+def _finish(stream: _Stream, reason: FinishReason, message: str = "",
+            scheduled_ns: int | None = None) -> None:
     _send(stream, Finished(
         reason=reason, prompt_tokens=len(stream.request.prompt_token_ids),
         completion_tokens=stream.output.completion_tokens,
         cached_prompt_tokens=stream.cached_tokens, message=message,
+        **phase_times(stream.arrived_ns, scheduled_ns, stream.first_token_ns,
+                      stream.last_token_ns),
     ))
     stream.events.close()
+
+
+def phase_times(arrived_ns: int | None, scheduled_ns: int | None, first_token_ns: int | None,
+                last_token_ns: int | None) -> dict[str, float | None]:
+    """``Finished``'s ``queued_s``, ``prefill_s`` and ``decode_s`` from the runtime-clock
+    instants: submitted, first frame submitted, first and last output token published."""
+    def span(start: int | None, end: int | None) -> float | None:
+        return None if start is None or end is None else max(0, end - start) / 1e9
+
+    first = first_token_ns if scheduled_ns is not None else None
+    return {"queued_s": span(arrived_ns, scheduled_ns), "prefill_s": span(scheduled_ns, first),
+            "decode_s": span(first, last_token_ns)}
 
 
 def prompt_scores(request: GenerationRequest, chunk_logprobs: Sequence[float]) -> PromptScores:
@@ -104,7 +122,7 @@ class PublisherState:
     def track(self, msg: Track) -> None:
         self._streams[msg.handle] = _Stream(
             request_id=msg.request_id, epoch=msg.epoch, request=msg.request,
-            cached_tokens=msg.cached_tokens, events=msg.events,
+            cached_tokens=msg.cached_tokens, events=msg.events, arrived_ns=msg.arrived_ns,
             output=OutputStream(decode=self._decode, max_tokens=msg.request.max_tokens,
                                 eos_token_ids=self._eos, stop=msg.request.stop,
                                 ignore_eos=msg.request.ignore_eos),
@@ -134,6 +152,10 @@ class PublisherState:
                 del self._streams[token.handle]
                 _finish(stream, "error", "generation failed")
                 continue
+            if token.token_ids:
+                stream.last_token_ns = self._clock_ns()
+                if stream.first_token_ns is None:
+                    stream.first_token_ns = stream.last_token_ns
             step = stream.output.push(token.token_ids, logprobs)
             if step.delta is not None:
                 _send(stream, step.delta)
@@ -154,7 +176,7 @@ class PublisherState:
         if stream is None:
             return
         del self._streams[msg.handle]
-        _finish(stream, stream.host_finished or msg.reason, msg.message)
+        _finish(stream, stream.host_finished or msg.reason, msg.message, msg.scheduled_ns)
 
     def close_all(self, message: str) -> None:
         for stream in self._streams.values():

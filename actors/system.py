@@ -46,6 +46,7 @@ from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.context_sizing import serving_context
 from actors.errors import AdmissionError, RuntimeShutDown
+from actors.log_defaults import quiet_unless_configured
 from actors.messages import (
     AdmissionInbox,
     Admit,
@@ -222,7 +223,7 @@ class Runtime:
                     try:
                         self._admission.send_nowait(Admit(
                             request_id=request_id, request=request, events=events_send,
-                            decision=decision_send,
+                            decision=decision_send, arrived_ns=self._parts.clock_ns(),
                         ))
                         submitted = True
                     except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -251,6 +252,7 @@ class Runtime:
             kv_pages_used=by_requests, kv_pages_cached=cached_only,
             kv_pages_total=self._book.pages.total,
             prefix_cache_hit_tokens=counters.prefix_hit_tokens,
+            prefix_cache_query_tokens=counters.prefix_query_tokens,
             prompt_tokens_total=counters.prompt_tokens,
             generation_tokens_total=counters.generation_tokens,
             executions_by_kind=tuple(sorted(sched.executions.items())),
@@ -354,7 +356,9 @@ async def open_runtime_with(parts: RuntimeParts, *,
 @contextlib.asynccontextmanager
 async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     """Load the model of ``config``, prepare its catalog on the configured backend
-    (CPU by default), and run the actors until the block exits."""
+    (CPU by default), and run the actors until the block exits. Logs stay quiet
+    (warnings and up) unless the application configured logging (``log_defaults``)."""
+    quiet_unless_configured()
     config.validate()
     backend = open_backend(config.backend)
     try:

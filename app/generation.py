@@ -130,6 +130,7 @@ class RequestObserver:
         self.metrics.requests_finished.labels(event.reason).inc()
         self.metrics.prompt_tokens.inc(event.prompt_tokens)
         self.metrics.generation_tokens.inc(event.completion_tokens)
+        self.metrics.observe_finished(event)
         fields = {"finish_reason": event.reason, "prompt_tokens": event.prompt_tokens,
                   "completion_tokens": event.completion_tokens,
                   "cached_prompt_tokens": event.cached_prompt_tokens,

@@ -1,5 +1,9 @@
-"""Prometheus metrics for ``GET /metrics``: runtime counters read at scrape time plus
-request figures the HTTP layer measures itself.
+"""Prometheus metrics for ``GET /metrics``, named ``flare_*`` after vLLM's conventions:
+runtime figures read at scrape time plus request figures the HTTP layer measures
+itself. Every ``flare_*`` series carries ``model_name`` (the served name); the
+process's own ``process_*`` series come from ``prometheus_client``'s
+``ProcessCollector``; no ``_created`` series are exposed. The reference, with what
+each series means and where its data comes from, is ``docs/logging.md`` (*Metrics*).
 
 Runtime side (a custom collector calling ``Runtime.statistics()`` once per scrape; seed:
 Funded acceptance learning, last paragraph, counts executions by kind):
@@ -7,7 +11,10 @@ Funded acceptance learning, last paragraph, counts executions by kind):
 ``flare_scheduler_graph_executions_total{graph}``, ``flare_requests_running``,
 ``flare_requests_waiting``, ``flare_kv_pages_used`` (in use by requests),
 ``flare_kv_pages_cached`` (held by the prefix cache alone), ``flare_kv_pages_total``,
-``flare_prefix_cache_hit_tokens_total``, ``flare_scheduler_prompt_tokens_total``,
+``flare_kv_cache_usage_perc`` (used / total, 0..1), ``flare_prefix_cache_queries_total``
+and ``flare_prefix_cache_hits_total`` (tokens; ``flare_prefix_cache_hit_tokens_total`` is
+the older name of the hits), ``flare_num_preemptions_total`` (always 0: flare never
+preempts), ``flare_scheduler_prompt_tokens_total``,
 ``flare_scheduler_generation_tokens_total``; with speculation on, by proposal source
 ``{source}``: ``flare_speculative_programs_total``, ``flare_speculative_drafted_tokens_total``,
 ``flare_speculative_accepted_tokens_total``,
@@ -17,10 +24,13 @@ rounds' ``flare_speculative_counterfactual_{rounds,drafted_tokens,accepted_token
 draft's depth-one proposals for greedy requests).
 
 HTTP side: ``flare_prompt_tokens_total``, ``flare_generation_tokens_total``,
-``flare_requests_finished_total{reason}``, ``flare_http_errors_total{status}`` and the
+``flare_requests_finished_total{reason}``, ``flare_http_errors_total{status}``, the
 histograms ``flare_time_to_first_token_seconds``, ``flare_inter_token_latency_seconds``,
-``flare_e2e_request_latency_seconds``. These are client-facing times measured where the
-HTTP layer receives events; they are not device execution times (VER-34).
+``flare_e2e_request_latency_seconds`` (client-facing times measured where the HTTP layer
+receives events; they are not device execution times, VER-34), and per finished request
+``flare_request_{queue,prefill,decode,inference}_time_seconds`` (the runtime clock's
+phases that ``Finished`` reports), ``flare_request_prompt_tokens`` and
+``flare_request_generation_tokens``.
 
 Each app owns its own ``CollectorRegistry`` so several servers can live in one process.
 """
@@ -28,20 +38,44 @@ Each app owns its own ``CollectorRegistry`` so several servers can live in one p
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from actors import RuntimeStatistics
+from actors import Finished, RuntimeStatistics
 
 log = structlog.get_logger("flare.app.metrics")
 
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                     10.0, 30.0, 60.0)
-E2E_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-                 600.0)
+TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                  10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+"""Time to first token: milliseconds when idle, many minutes behind a long queue."""
+INTER_TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                         0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+REQUEST_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+                     120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0)
+"""Whole requests and their phases (e2e, queue, prefill, decode): up to half an hour."""
+
+
+def length_buckets(max_tokens: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to and including ``max_tokens`` (vLLM's 1-2-5 series
+    bounded by the context length)."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale >= max_tokens:
+                return (*buckets, max(1, max_tokens))
+            buckets.append(step * scale)
+        scale *= 10
 
 
 class RuntimeCollector(Collector):
@@ -76,26 +110,36 @@ class RuntimeCollector(Collector):
         for graph, value in stats.executions_by_graph:
             graphs.add_metric([graph], value)
         yield graphs
-        yield GaugeMetricFamily("flare_requests_running", "Requests resident in the scheduler.",
-                                value=stats.requests_running)
-        yield GaugeMetricFamily("flare_requests_waiting", "Requests waiting for admission.",
-                                value=stats.requests_waiting)
-        yield GaugeMetricFamily("flare_kv_pages_used", "KV cache pages in use by requests.",
-                                value=stats.kv_pages_used)
-        yield GaugeMetricFamily("flare_kv_pages_cached",
-                                "KV cache pages held by the prefix cache alone (evictable).",
-                                value=stats.kv_pages_cached)
-        yield GaugeMetricFamily("flare_kv_pages_total", "KV cache pages in the pool.",
-                                value=stats.kv_pages_total)
-        yield CounterMetricFamily("flare_prefix_cache_hit_tokens",
-                                  "Prompt tokens served from the prefix cache.",
-                                  value=stats.prefix_cache_hit_tokens)
-        yield CounterMetricFamily("flare_scheduler_prompt_tokens",
-                                  "Prompt tokens processed by the runtime.",
-                                  value=stats.prompt_tokens_total)
-        yield CounterMetricFamily("flare_scheduler_generation_tokens",
-                                  "Output tokens committed by the runtime.",
-                                  value=stats.generation_tokens_total)
+        usage = stats.kv_pages_used / stats.kv_pages_total if stats.kv_pages_total else 0.0
+        for name, text, value in (
+                ("flare_requests_running", "Requests resident in the scheduler.",
+                 stats.requests_running),
+                ("flare_requests_waiting", "Requests waiting for admission.",
+                 stats.requests_waiting),
+                ("flare_kv_pages_used", "KV cache pages in use by requests.",
+                 stats.kv_pages_used),
+                ("flare_kv_pages_cached",
+                 "KV cache pages held by the prefix cache alone (evictable).",
+                 stats.kv_pages_cached),
+                ("flare_kv_pages_total", "KV cache pages in the pool.", stats.kv_pages_total),
+                ("flare_kv_cache_usage_perc", "Fraction of KV cache pages in use by requests "
+                 "(0..1; cached-only pages are free).", usage)):
+            yield GaugeMetricFamily(name, text, value=value)
+        for name, text, value in (
+                ("flare_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+                 stats.prefix_cache_hit_tokens),
+                ("flare_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                 stats.prefix_cache_query_tokens),
+                ("flare_prefix_cache_hits", "Prompt tokens the prefix cache lookups found.",
+                 stats.prefix_cache_hit_tokens),
+                ("flare_num_preemptions", "Resident requests preempted (always 0: a request "
+                 "becomes resident only with pages for its worst case, so flare never "
+                 "preempts).", stats.preemptions),
+                ("flare_scheduler_prompt_tokens", "Prompt tokens processed by the runtime.",
+                 stats.prompt_tokens_total),
+                ("flare_scheduler_generation_tokens", "Output tokens committed by the runtime.",
+                 stats.generation_tokens_total)):
+            yield CounterMetricFamily(name, text, value=value)
         if stats.speculative_source:
             yield from _speculative_metrics(stats)
 
@@ -132,12 +176,38 @@ def _speculative_metrics(stats: RuntimeStatistics) -> Iterator[Metric]:
     yield family
 
 
-class AppMetrics:
-    """The HTTP layer's own measurements, registered with the runtime collector."""
+class _Exposition(Collector):
+    """What ``/metrics`` renders: the registry's families with ``model_name`` on every
+    ``flare_*`` series (the constant label the Python client has no option for) and
+    without the ``_created`` samples of counters and histograms (vLLM drops them too:
+    one more series per family that dashboards never use)."""
 
-    def __init__(self, statistics: Callable[[], RuntimeStatistics]) -> None:
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self._registry = registry
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if not s.name.endswith("_created")]
+            if family.name.startswith("flare_"):
+                samples = [s._replace(labels={"model_name": self._model_name, **s.labels})
+                           for s in samples]
+            family.samples = samples
+            yield family
+
+
+class AppMetrics:
+    """The HTTP layer's own measurements, registered with the runtime collector and
+    the process collector; ``model_name`` labels every flare series, ``max_model_len``
+    bounds the token-count buckets."""
+
+    def __init__(self, statistics: Callable[[], RuntimeStatistics], *,
+                 model_name: str = "", max_model_len: int = 1 << 20) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(RuntimeCollector(statistics))
+        ProcessCollector(registry=self.registry)
+        self._exposition = CollectorRegistry(auto_describe=False)
+        self._exposition.register(_Exposition(self.registry, model_name))
         self.prompt_tokens = Counter("flare_prompt_tokens", "Prompt tokens of finished requests.",
                                      registry=self.registry)
         self.generation_tokens = Counter("flare_generation_tokens",
@@ -151,15 +221,46 @@ class AppMetrics:
         self.time_to_first_token = Histogram(
             "flare_time_to_first_token_seconds",
             "From request arrival to the first visible output at the HTTP layer.",
-            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+            buckets=TTFT_BUCKETS_S, registry=self.registry)
         self.inter_token_latency = Histogram(
             "flare_inter_token_latency_seconds",
             "Gap between output deltas divided evenly over the delta's tokens.",
-            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+            buckets=INTER_TOKEN_BUCKETS_S, registry=self.registry)
         self.e2e_latency = Histogram(
             "flare_e2e_request_latency_seconds",
             "From request arrival to its last event.",
-            buckets=E2E_BUCKETS_S, registry=self.registry)
+            buckets=REQUEST_BUCKETS_S, registry=self.registry)
+        phase = partial(Histogram, buckets=REQUEST_BUCKETS_S, registry=self.registry)
+        self.queue_time = phase(
+            "flare_request_queue_time_seconds",
+            "From submission to the runtime to the first frame that served the request.")
+        self.prefill_time = phase(
+            "flare_request_prefill_time_seconds",
+            "From the request's first frame to its first output token.")
+        self.decode_time = phase(
+            "flare_request_decode_time_seconds",
+            "From the request's first output token to its last.")
+        self.inference_time = phase(
+            "flare_request_inference_time_seconds",
+            "From the request's first frame to its last output token (prefill + decode).")
+        lengths = partial(Histogram, buckets=length_buckets(max_model_len),
+                          registry=self.registry)
+        self.request_prompt_tokens = lengths(
+            "flare_request_prompt_tokens", "Prompt length of finished requests, in tokens.")
+        self.request_generation_tokens = lengths(
+            "flare_request_generation_tokens", "Output length of finished requests, in tokens.")
+
+    def observe_finished(self, event: Finished) -> None:
+        """The per-request histograms of one request the runtime finished."""
+        self.request_prompt_tokens.observe(event.prompt_tokens)
+        self.request_generation_tokens.observe(event.completion_tokens)
+        for histogram, value in ((self.queue_time, event.queued_s),
+                                 (self.prefill_time, event.prefill_s),
+                                 (self.decode_time, event.decode_s)):
+            if value is not None:
+                histogram.observe(value)
+        if event.prefill_s is not None and event.decode_s is not None:
+            self.inference_time.observe(event.prefill_s + event.decode_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._exposition)

@@ -121,7 +121,8 @@ class FlareService:
                                          origin="--chat-template")
         else:
             self.template = ChatTemplate(self.codec.chat_template, self.codec.special_tokens)
-        self.metrics = AppMetrics(runtime.statistics)
+        self.metrics = AppMetrics(runtime.statistics, model_name=self.model_name,
+                                  max_model_len=runtime.max_context)
         self.inflight = Inflight()
         self.draining = False
         self.nursery: trio.Nursery | None = None

@@ -1,4 +1,6 @@
-"""Shared test configuration: the ``cuda`` marker skips cleanly without a device."""
+"""Shared test configuration: the ``cuda`` marker skips cleanly without a device, and
+flare's own pytest plugin (``ops.pytest_plugin``) is loaded where flare is not installed
+with its entry point (a checkout on ``PYTHONPATH``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,16 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+pytest_plugins = ("pytester",)  # runs the README's example as a user's test suite
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    manager = config.pluginmanager
+    if not manager.has_plugin("flare") and not manager.is_blocked("flare"):
+        import ops.pytest_plugin
+
+        manager.register(ops.pytest_plugin, "flare")
 
 
 def _cuda_available() -> bool:

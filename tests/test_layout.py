@@ -205,15 +205,18 @@ def test_arrows_no_import_cycles() -> None:
 
 def _arrows_entry_points() -> set[str]:
     """Modules that run without a production importer: package faces, the console
-    scripts of ``pyproject.toml`` and the commands ``ops.cli`` imports by name."""
+    scripts and other entry points of ``pyproject.toml`` (the ``pytest11`` plugin,
+    which pytest loads) and the commands ``ops.cli`` imports by name."""
     import tomllib
 
     from ops.cli import COMMANDS
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     scripts = {target.split(":")[0] for target in project.get("scripts", {}).values()}
+    plugins = {target.split(":")[0] for group in project.get("entry-points", {}).values()
+               for target in group.values()}
     faces = {m for m, path in MODULES.items() if path.name == "__init__.py"}
-    return faces | scripts | {module for _, module, _ in COMMANDS}
+    return faces | scripts | plugins | {module for _, module, _ in COMMANDS}
 
 
 def test_arrows_every_production_module_has_a_production_importer() -> None:

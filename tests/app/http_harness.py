@@ -1,31 +1,18 @@
-"""Start an app on an ephemeral loopback port inside the test's own nursery."""
+"""Start an app on an ephemeral loopback port inside the test's own nursery
+(``ops.testing.serve_app``, the helper behind the shipped ``flare_server`` fixture)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 
 import httpx
 import trio
 
-from actors.public import Runtime
-from app import AppSettings, ConnectionSettings, ServerHandle, create_app, serve_http
+from app import ServerHandle
+from ops.testing import serve_app as running_server
 
-
-@asynccontextmanager
-async def running_server(runtime: Runtime, settings: AppSettings | None = None,
-                         connections: ConnectionSettings | None = None
-                         ) -> AsyncIterator[ServerHandle]:
-    app = create_app(runtime, settings)
-    async with trio.open_nursery() as nursery:
-        handle: ServerHandle = await nursery.start(partial(serve_http, app, host="127.0.0.1",
-                                                           port=0, connections=connections))
-        try:
-            yield handle
-        finally:
-            await handle.shutdown(grace_s=0)
-            nursery.cancel_scope.cancel()
+__all__ = ["SseReader", "client_for", "raw_post", "receive_until", "running_server"]
 
 
 @asynccontextmanager

@@ -49,7 +49,7 @@ async def test_a_post_not_declared_json_is_415(codec: TinyCodec,
             assert ok.status_code == 200, ok.text
             metrics = (await client.get("/metrics")).text
     assert len(rt.requests) == 1
-    assert 'flare_http_errors_total{status="415"} 2.0' in metrics
+    assert 'flare_http_errors_total{model_name="flare-test",status="415"} 2.0' in metrics
 
 
 async def test_no_cors_headers_by_default(codec: TinyCodec) -> None:

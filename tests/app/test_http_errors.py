@@ -209,7 +209,7 @@ async def test_full_queue_is_429_with_retry_after(codec: TinyCodec) -> None:
             rt.queue_full = False
             await assert_still_serves(client)
             metrics = (await client.get("/metrics")).text
-    assert 'flare_http_errors_total{status="429"} 2.0' in metrics
+    assert 'flare_http_errors_total{model_name="flare-test",status="429"} 2.0' in metrics
 
 
 async def test_runtime_refusal_is_400(codec: TinyCodec) -> None:

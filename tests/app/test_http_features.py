@@ -119,6 +119,14 @@ async def test_models_health_and_request_id_header(codec: TinyCodec) -> None:
     assert response.headers["X-Request-Id"] == response.json()["id"]
 
 
+MODEL = (("model_name", "flare-test"),)
+"""The label every flare series carries: the served model name."""
+
+
+def labels(**extra: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({**dict(MODEL), **extra}.items()))
+
+
 def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     samples = {}
     for family in text_string_to_metric_families(text):
@@ -141,19 +149,19 @@ async def test_metrics_expose_runtime_and_http_figures(codec: TinyCodec) -> None
     assert response.headers["content-type"].startswith("text/plain")
     s = metric_samples(response.text)
     prompt_tokens = 2 * len(codec.encode("Hello")) + len(rt.requests[2].prompt_token_ids)
-    assert s[("flare_scheduler_executions_total", (("kind", "decode"),))] == 11
-    assert s[("flare_scheduler_execution_nanoseconds_total", (("kind", "prefill"),))] == 15000
-    assert s[("flare_scheduler_graph_executions_total", (("graph", "decode_b1"),))] == 11
-    assert s[("flare_kv_pages_total", ())] == 64
-    assert s[("flare_requests_running", ())] == 0
-    assert s[("flare_prefix_cache_hit_tokens_total", ())] == 5
-    assert s[("flare_prompt_tokens_total", ())] == prompt_tokens
-    assert s[("flare_generation_tokens_total", ())] == 11
-    assert s[("flare_requests_finished_total", (("reason", "length"),))] == 3
-    assert s[("flare_time_to_first_token_seconds_count", ())] == 3
-    assert s[("flare_e2e_request_latency_seconds_count", ())] == 3
+    assert s[("flare_scheduler_executions_total", labels(kind="decode"))] == 11
+    assert s[("flare_scheduler_execution_nanoseconds_total", labels(kind="prefill"))] == 15000
+    assert s[("flare_scheduler_graph_executions_total", labels(graph="decode_b1"))] == 11
+    assert s[("flare_kv_pages_total", MODEL)] == 64
+    assert s[("flare_requests_running", MODEL)] == 0
+    assert s[("flare_prefix_cache_hit_tokens_total", MODEL)] == 5
+    assert s[("flare_prompt_tokens_total", MODEL)] == prompt_tokens
+    assert s[("flare_generation_tokens_total", MODEL)] == 11
+    assert s[("flare_requests_finished_total", labels(reason="length"))] == 3
+    assert s[("flare_time_to_first_token_seconds_count", MODEL)] == 3
+    assert s[("flare_e2e_request_latency_seconds_count", MODEL)] == 3
     # one observation per token after each request's first: (4-1) + (4-1) + (3-1)
-    assert s[("flare_inter_token_latency_seconds_count", ())] == 8
+    assert s[("flare_inter_token_latency_seconds_count", MODEL)] == 8
 
 
 async def test_lifecycle_log_events(codec: TinyCodec) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 
 import openai
 import pytest
@@ -18,7 +17,8 @@ from scheduler_client import OpenRuntime
 
 from actors.config import RuntimeConfig
 from actors.public import Runtime
-from app import AppSettings, ServerHandle, create_app, serve_http
+from app import ServerHandle
+from ops.testing import serve_app
 
 pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "system", "content": "You write Python."},
@@ -28,13 +28,8 @@ MESSAGES = [{"role": "system", "content": "You write Python."},
 @asynccontextmanager
 async def served(open_runtime: OpenRuntime) -> AsyncIterator[tuple[ServerHandle, Runtime]]:
     config = RuntimeConfig(max_batch=4, prefill_capacities=(64, 256))
-    async with open_runtime(config) as runtime, trio.open_nursery() as nursery:
-        server: ServerHandle = await nursery.start(partial(
-            serve_http, create_app(runtime, AppSettings()), host="127.0.0.1", port=0))
-        try:
-            yield server, runtime
-        finally:
-            await server.shutdown(grace_s=0)
+    async with open_runtime(config) as runtime, serve_app(runtime) as server:
+        yield server, runtime
 
 
 async def test_openai_client_completions_and_chat(real_open_runtime: OpenRuntime) -> None:

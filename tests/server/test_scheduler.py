@@ -40,7 +40,8 @@ from scheduler_client import (
 
 from actors.config import DEFAULT_DRAFT_DIR, RuntimeConfig
 from actors.public import Runtime
-from app import AppSettings, ServerHandle, create_app, serve_http
+from app import ServerHandle
+from ops.testing import serve_app
 
 pytestmark = pytest.mark.slow
 
@@ -88,16 +89,9 @@ async def scheduler_server(open_runtime: OpenRuntime, mode: str) -> AsyncIterato
         draft_model_dir=DEFAULT_DRAFT_DIR if mode != "off" else None,
         backend=os.environ.get("FLARE_SCHEDULER_TEST_BACKEND", "cpu"))  # type: ignore[arg-type]
     config.validate()
-    async with open_runtime(config) as runtime:
-        app = create_app(runtime, AppSettings())
-        async with trio.open_nursery() as nursery:
-            server: ServerHandle = await nursery.start(partial(serve_http, app,
-                                                               host="127.0.0.1", port=0))
-            try:
-                async with httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client:
-                    yield Target(client=client, server=server, runtime=runtime)
-            finally:
-                await server.shutdown(grace_s=0)
+    async with open_runtime(config) as runtime, serve_app(runtime) as server, \
+            httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client:
+        yield Target(client=client, server=server, runtime=runtime)
 
 
 async def run_all(*calls: Callable[[], Any]) -> list[StreamResult]:
