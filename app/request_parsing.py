@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from actors import SamplingParams
+from actors import TOP_LOGPROBS, SamplingParams
 from app.errors import bad_request, model_not_found
 
 MAX_STOP_STRINGS = 4
@@ -46,6 +46,8 @@ class CompletionParams:
     prompt: str | tuple[int, ...]
     echo: bool
     logprobs: bool
+    top_logprobs: int = 0
+    """``logprobs: k``: the k most likely alternatives per token (0: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +62,7 @@ class ChatParams:
     common: CommonParams
     messages: tuple[ChatMessage, ...]
     logprobs: bool
+    top_logprobs: int = 0
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -283,15 +286,13 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
                           param="prompt")
     if isinstance(prompt, tuple) and any(t < 0 for t in prompt):
         raise bad_request("Token ids in 'prompt' must be non-negative.", param="prompt")
-    logprobs = fields.integer("logprobs", lo=0, hi=20)
-    if logprobs is not None and logprobs > 0:
-        raise bad_request("Only logprobs=0 is supported (the sampled tokens' logprobs); top "
-                          "alternatives are not available.", param="logprobs")
+    logprobs = fields.integer("logprobs", lo=0, hi=TOP_LOGPROBS)
     echo = fields.boolean("echo", False)
     if common.max_tokens == 0 and not echo:
         raise bad_request("'max_tokens' must be at least 1 (0 is allowed only with echo).",
                           param="max_tokens")
-    return CompletionParams(common=common, prompt=prompt, echo=echo, logprobs=logprobs is not None)
+    return CompletionParams(common=common, prompt=prompt, echo=echo,
+                            logprobs=logprobs is not None, top_logprobs=logprobs or 0)
 
 
 def _message_content(value: Any, index: int) -> str:
@@ -330,12 +331,12 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
     messages = _messages(body.get("messages"))
-    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
-    if top_logprobs:
-        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
-                          param="top_logprobs")
-    return ChatParams(common=common, messages=messages,
-                      logprobs=fields.boolean("logprobs", False))
+    top_logprobs = fields.integer("top_logprobs", lo=0, hi=TOP_LOGPROBS)
+    logprobs = fields.boolean("logprobs", False)
+    if top_logprobs and not logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+    return ChatParams(common=common, messages=messages, logprobs=logprobs,
+                      top_logprobs=top_logprobs or 0)
 
 
 def _messages(raw: Any) -> tuple[ChatMessage, ...]:

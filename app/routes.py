@@ -20,13 +20,12 @@ from quart import Quart, Response, request
 from actors import Finished, PromptScores, TokenDelta
 from app.errors import ApiError, internal_error, model_not_found, shutting_down
 from app.generation import EventStream
+from app.logprobs_format import CompletionLogprobs, chat_logprob_entries
 from app.openai_format import (
     SSE_DONE,
-    CompletionLogprobs,
     ResponseHead,
     chat_body,
     chat_chunk,
-    chat_logprob_entries,
     completion_body,
     completion_chunk,
     sse_event,
@@ -158,7 +157,8 @@ def register_routes(app: Quart, service: FlareService) -> None:
         params, prepared = await service.prepare(prepare, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="completions",
                                      stream=params.common.stream)
-        logprobs = CompletionLogprobs(service.codec) if params.logprobs else None
+        logprobs = (CompletionLogprobs(service.codec, top=params.top_logprobs)
+                    if params.logprobs else None)
         if params.common.stream:
             return _sse(_completion_events(service, prepared, stream, echo=params.echo,
                                            logprobs=logprobs,
@@ -168,11 +168,11 @@ def register_routes(app: Quart, service: FlareService) -> None:
         try:
             async for event in stream:
                 if isinstance(event, PromptScores) and logprobs is not None:
-                    logprobs.add(event.token_ids, event.logprobs)
+                    logprobs.add(event.token_ids, event.logprobs, event.top_logprobs)
                 elif isinstance(event, TokenDelta):
                     text.append(event.text)
                     if logprobs is not None:
-                        logprobs.add(event.token_ids, event.logprobs)
+                        logprobs.add(event.token_ids, event.logprobs, event.top_logprobs)
         finally:
             stream.close()
         finished = stream.finished
@@ -208,7 +208,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
                     text.append(event.text)
                     if entries is not None:
                         entries.extend(chat_logprob_entries(service.codec, event.token_ids,
-                                                            event.logprobs))
+                                                            event.logprobs, event.top_logprobs))
         finally:
             stream.close()
         finished = stream.finished
@@ -249,11 +249,13 @@ async def _completion_events(service: FlareService, prepared: PreparedRequest,
                 if echo and logprobs is not None:
                     yield sse_event(completion_chunk(
                         head, text=prepared.prompt_text,
-                        logprobs=logprobs.add(event.token_ids, event.logprobs)))
+                        logprobs=logprobs.add(event.token_ids, event.logprobs,
+                                              event.top_logprobs)))
             elif isinstance(event, TokenDelta) and (
                     event.text or (logprobs is not None and event.token_ids)):
                 chunk_logprobs = (None if logprobs is None
-                                  else logprobs.add(event.token_ids, event.logprobs))
+                                  else logprobs.add(event.token_ids, event.logprobs,
+                                                    event.top_logprobs))
                 yield sse_event(completion_chunk(head, text=event.text,
                                                  logprobs=chunk_logprobs))
         finished = stream.finished
@@ -274,8 +276,8 @@ async def _chat_events(service: FlareService, prepared: PreparedRequest, stream:
         yield sse_event(chat_chunk(head, delta={"role": "assistant", "content": ""}))
         async for event in stream:
             if isinstance(event, TokenDelta) and (event.text or (logprobs and event.token_ids)):
-                entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
-                           if logprobs else None)
+                entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs,
+                                                event.top_logprobs) if logprobs else None)
                 yield sse_event(chat_chunk(head, delta={"content": event.text},
                                            logprobs=entries))
         finished = stream.finished
