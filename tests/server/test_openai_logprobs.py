@@ -14,9 +14,6 @@ default model, checked against transformers' log-softmax of the same checkpoint.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import httpx
@@ -24,28 +21,15 @@ import openai
 import pytest
 import trio
 from scheduler_client import OpenRuntime
+from test_openai_real_runtime import served
 
-from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
-from actors.public import Runtime
-from app import AppSettings, ServerHandle, create_app, serve_http
+from actors.config import DEFAULT_MODEL_DIR
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-4
 CONTEXT = "def add(a, b):\n    return"
 CONTINUATION = " a + b\n"
 MESSAGES = [{"role": "user", "content": "Write a function that adds two numbers."}]
-
-
-@asynccontextmanager
-async def served(open_runtime: OpenRuntime) -> AsyncIterator[tuple[ServerHandle, Runtime]]:
-    config = RuntimeConfig(max_batch=4, prefill_capacities=(64, 256))
-    async with open_runtime(config) as runtime, trio.open_nursery() as nursery:
-        server: ServerHandle = await nursery.start(partial(
-            serve_http, create_app(runtime, AppSettings()), host="127.0.0.1", port=0))
-        try:
-            yield server, runtime
-        finally:
-            await server.shutdown(grace_s=0)
 
 
 @functools.cache
