@@ -5,6 +5,10 @@ sequence position, vocabulary index) computed with torch int64 ops, turned into 
 noise (Gumbel-max sampling), so the same seed gives the same tokens whatever else is
 in the batch, and sampling is capturable: no global generator, no host sync, no
 data-dependent shapes. Greedy rows (temperature 0) take the argmax.
+
+Also owns the one distribution reported logprobs come from (``reported_log_probs``: the
+raw model distribution, whatever the sampling filters) and the fixed-width top
+alternatives every program reports (``top_alternatives``).
 """
 
 from __future__ import annotations
