@@ -17,6 +17,8 @@ from actors.errors import (
     RuntimeShutDown,
 )
 from actors.public import (
+    TOP_LOGPROBS,
+    Alternatives,
     Finished,
     FinishReason,
     GenerationRequest,
@@ -32,7 +34,9 @@ from actors.public import (
 )
 
 __all__ = [
+    "TOP_LOGPROBS",
     "AdmissionError",
+    "Alternatives",
     "ContextTooLong",
     "FinishReason",
     "Finished",

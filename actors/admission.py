@@ -50,7 +50,8 @@ from actors.messages import (
     RequestId,
     Withdraw,
 )
-from actors.public import Finished, GenerationRequest
+from actors.public import TOP_LOGPROBS, Finished, GenerationRequest
+from actors.reported_logprobs import scheduled_output_tokens
 from policy import fits_context
 
 MAX_STOP_STRINGS = 16
@@ -84,11 +85,15 @@ def check_request(request: GenerationRequest, limits: AdmissionLimits) -> Admiss
     prompt = request.prompt_token_ids
     if not prompt:
         return InvalidRequest("the prompt is empty")
-    if request.max_tokens < 1:
-        return InvalidRequest(f"max_tokens must be at least 1, got {request.max_tokens}")
+    if request.max_tokens < (0 if request.prompt_logprobs else 1):
+        return InvalidRequest(f"max_tokens must be at least 1 (0 only when scoring the "
+                              f"prompt), got {request.max_tokens}")
+    if not 0 <= request.top_logprobs <= TOP_LOGPROBS:
+        return InvalidRequest(f"top_logprobs must lie in 0..{TOP_LOGPROBS}, "
+                              f"got {request.top_logprobs}")
     if any(not 0 <= t < limits.vocab_size for t in prompt):
         return InvalidRequest(f"prompt token ids must lie in 0..{limits.vocab_size - 1}")
-    if not fits_context(prompt_len=len(prompt), max_tokens=request.max_tokens,
+    if not fits_context(prompt_len=len(prompt), max_tokens=scheduled_output_tokens(request),
                         limit=limits.max_context):
         return ContextTooLong(
             f"prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
@@ -138,7 +143,8 @@ class AdmissionState:
         self.head_withdrawn = False
         return Acquire(
             request_id=head.request_id, prompt_token_ids=head.request.prompt_token_ids,
-            max_tokens=head.request.max_tokens, message_ends=head.request.message_ends,
+            max_tokens=scheduled_output_tokens(head.request),
+            message_ends=head.request.message_ends,
             use_prefix_cache=self.limits.prefix_caching and not head.request.prompt_logprobs,
             reply=reply, prompt_group=head.request.prefill_group,
         )

@@ -54,6 +54,7 @@ from actors.messages import (
     ValidatorInbox,
 )
 from gpu import (
+    Alternatives,
     LaneSample,
     SpeculativeLane,
     SpeculativeMixedResult,
@@ -74,6 +75,9 @@ class FrameCheck:
     failures: tuple[LaneFailure, ...]
     logprobs: tuple[tuple[float, ...], ...]
     prompt_logprobs: tuple[float, ...] | None
+    top_logprobs: tuple[tuple[Alternatives, ...], ...] = ()
+    """Per lane, per token of ``logprobs``: the program's top alternatives."""
+    prompt_top_logprobs: tuple[Alternatives, ...] | None = None
     rounds: SpeculativeRounds | None = None
     draft_proposals: tuple[tuple[RequestHandle, int], ...] = ()
     """Valid lanes whose width-one step reported the learned draft's greedy proposal."""
@@ -90,6 +94,7 @@ def _failed(lanes: tuple[Lane, ...], message: str) -> FrameCheck:
                        for lane in lanes),
         logprobs=tuple(() for _ in lanes),
         prompt_logprobs=None,
+        top_logprobs=tuple(() for _ in lanes),
     )
 
 
@@ -101,6 +106,7 @@ class _LaneRecords:
     records: list[CompletionRecord] = field(default_factory=list)
     failures: list[LaneFailure] = field(default_factory=list)
     logprobs: list[tuple[float, ...]] = field(default_factory=list)
+    top_logprobs: list[tuple[Alternatives, ...]] = field(default_factory=list)
     rounds: list[RoundLane] = field(default_factory=list)
     proposals: list[tuple[RequestHandle, int]] = field(default_factory=list)
     acceptances: list[tuple[RequestHandle, float]] = field(default_factory=list)
@@ -111,6 +117,7 @@ class _LaneRecords:
         self.failures.append(LaneFailure(handle=lane.handle, epoch=lane.epoch,
                                          message=f"malformed completion: {problem}"))
         self.logprobs.append(())
+        self.top_logprobs.append(())
 
     def sampled(self, lane: Lane, context: LaneContext, sample: LaneSample | None,
                 problem: str | None = None) -> None:
@@ -128,6 +135,7 @@ class _LaneRecords:
             terminated=any(t in context.eos_token_ids for t in tokens),
         ))
         self.logprobs.append((sample.logprob,) if sample is not None else ())
+        self.top_logprobs.append((sample.top_logprobs,) if sample is not None else ())
         if sample is not None and 0 <= sample.draft_proposal < self.vocab_size:
             self.proposals.append((lane.handle, sample.draft_proposal))
         if sample is not None and 0.0 <= sample.draft_acceptance <= 1.0:  # NaN fails
@@ -150,6 +158,7 @@ class _LaneRecords:
                                              token_ids=spec.tokens[:count],
                                              terminated=stop is not None))
         self.logprobs.append(spec.logprobs[:count])
+        self.top_logprobs.append(spec.top_logprobs[:count])
         beyond = spec.beyond if 0.0 <= spec.beyond <= 1.0 else -1.0  # NaN: none
         # within rounding of [0, 1] (checked): clamped so the estimates see probabilities
         survival = tuple(min(max(v, 0.0), 1.0) for v in spec.survival)
@@ -162,6 +171,7 @@ class _LaneRecords:
             self.acceptances.append((lane.handle, spec.draft_acceptance))
 
     def check(self, *, prompt_logprobs: tuple[float, ...] | None = None,
+              prompt_top_logprobs: tuple[Alternatives, ...] | None = None,
               confidence: np.ndarray | None = None) -> FrameCheck:
         """The frame's check; ``confidence`` (the round's sidecar) marks a frame with
         speculative rounds."""
@@ -173,6 +183,8 @@ class _LaneRecords:
                 lanes=tuple(self.rounds))
         return FrameCheck(records=tuple(self.records), failures=tuple(self.failures),
                           logprobs=tuple(self.logprobs), prompt_logprobs=prompt_logprobs,
+                          top_logprobs=tuple(self.top_logprobs),
+                          prompt_top_logprobs=prompt_top_logprobs,
                           rounds=rounds, draft_proposals=tuple(self.proposals),
                           draft_acceptances=tuple(self.acceptances))
 
@@ -224,9 +236,10 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
         return _failed(lanes, f"malformed outputs: {exc}")
     samples: tuple[LaneSample, ...] = ()
     prompt_logprobs: tuple[float, ...] | None = None
+    prompt_top: tuple[Alternatives, ...] | None = None
     if isinstance(result, StepResult):
         samples = result.samples
-        prompt_logprobs = result.prompt_logprobs
+        prompt_logprobs, prompt_top = result.prompt_logprobs, result.prompt_top_logprobs
     sampling = [i for i, ctx in enumerate(order.lanes) if ctx.samples]
     if len(samples) != len(sampling):
         # Which sample belongs to which lane is unknowable: fail the whole frame.
@@ -239,7 +252,7 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
         math.isfinite(v) for v in prompt_logprobs[:-1]
     ):
         return _failed(lanes, "non-finite prompt log-probabilities")
-    return out.check(prompt_logprobs=prompt_logprobs)
+    return out.check(prompt_logprobs=prompt_logprobs, prompt_top_logprobs=prompt_top)
 
 
 def _lane_problem(spec: SpeculativeLane, context: LaneContext, ceiling: int,
@@ -365,7 +378,8 @@ async def run(
             await to_planner.send(ValidatedFrame(
                 fence=order.fence, plan=order.plan, records=check.records,
                 failures=check.failures, timing=timing, logprobs=check.logprobs,
-                prompt_logprobs=check.prompt_logprobs,
+                prompt_logprobs=check.prompt_logprobs, top_logprobs=check.top_logprobs,
+                prompt_top_logprobs=check.prompt_top_logprobs,
                 fault=str(outcome.fault) if outcome.fault is not None else None,
                 launched_ns=outcome.launched_ns,
                 observed_ns=outcome.launched_ns + outcome.wall_ns,

@@ -24,7 +24,7 @@ import trio
 
 from actors.errors import AdmissionError
 from actors.public import FinishReason, GenerationRequest, StreamEvent
-from gpu import Completion, Frame, ProgramFault
+from gpu import Alternatives, Completion, Frame, ProgramFault
 from policy import (
     CompletionRecord,
     ExecutionTiming,
@@ -273,6 +273,10 @@ class ValidatedFrame:
     timing: ExecutionTiming
     logprobs: tuple[tuple[float, ...], ...]
     prompt_logprobs: tuple[float, ...] | None
+    top_logprobs: tuple[tuple[Alternatives, ...], ...] = ()
+    """Per lane, per token of ``logprobs``: the top alternatives (``TOP_LOGPROBS``)."""
+    prompt_top_logprobs: tuple[Alternatives, ...] | None = None
+    """Scored prefill: per chunk token, the alternatives for the next prompt token."""
     fault: str | None = None
     """The program fault that failed the whole frame, if any."""
     launched_ns: int = 0
@@ -394,15 +398,29 @@ class Track:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PromptScoreRecord:
+    """A scored prompt, complete: ``logprobs[i]`` scores prompt token ``i + 1`` and
+    ``top_logprobs[i]`` holds its first k alternatives (empty when none were asked)."""
+
+    handle: RequestHandle
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[Alternatives, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PublishFrame:
     """Committed output of one frame (``Scheduler.complete``'s tokens), with the
-    per-token logprobs and any failure messages, in one message per fence."""
+    per-token logprobs (with the top alternatives each request asked for) and any
+    failure messages, in one message per fence."""
 
     fence: Fence
     tokens: tuple[GeneratedToken, ...]
     logprobs: tuple[tuple[float, ...], ...]
     errors: tuple[LaneFailure, ...]
-    prompt_scores: tuple[tuple[RequestHandle, tuple[float | None, ...]], ...] = ()
+    prompt_scores: tuple[PromptScoreRecord, ...] = ()
+    top_logprobs: tuple[tuple[Alternatives, ...], ...] = ()
+    """Per entry of ``tokens``, per token: its first k alternatives (k the request's
+    ``top_logprobs``; empty when it asked for none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import trio
@@ -65,6 +65,7 @@ from actors.messages import (
     LaneExtent,
     PagePlan,
     PlannerInbox,
+    PromptScoreRecord,
     Published,
     PublisherInbox,
     PublishFrame,
@@ -76,7 +77,8 @@ from actors.messages import (
     ValidatedFrame,
 )
 from actors.planner_records import FRAME_LOG_LENGTH, FrameRecord, PlannerCounters, log_trace
-from actors.public import FinishReason
+from actors.public import Alternatives, FinishReason
+from actors.reported_logprobs import kept_alternatives, scheduled_output_tokens, token_logprobs
 from gpu import SamplingParams
 from policy import (
     FRAME_SLOTS,
@@ -101,6 +103,7 @@ class _Resident:
     kv_done: int
     """KV positions written by validated, applied frames (what may be published)."""
     scores: list[float]
+    score_tops: list[Alternatives] = field(default_factory=list)
     host_finish: FinishReason | None = None
     """How the output ended (scheduler finish or host stop); ``Drop`` carries it."""
     cancelled: bool = False
@@ -200,7 +203,8 @@ class Planner:
     async def _admit(self, msg: Admitted) -> None:
         request, grant = msg.request, msg.grant
         handle = self.scheduler.admit(
-            prompt_len=len(request.prompt_token_ids), max_output_tokens=request.max_tokens,
+            prompt_len=len(request.prompt_token_ids),
+            max_output_tokens=scheduled_output_tokens(request),
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle,
@@ -264,7 +268,7 @@ class Planner:
             if resident is not None and resident.source.epoch == failure.epoch:
                 resident.failed = True
                 log.warning("lane failed", handle=failure.handle, reason=failure.message)
-        logprobs = self._logprobs_for(frame, tokens)
+        logprobs, top_logprobs = token_logprobs(frame, tokens, self._top_logprobs_of)
         scores = self._prompt_scores(frame)
         for token in tokens:
             resident = self._residents.get(token.handle)
@@ -285,7 +289,7 @@ class Planner:
             self._awaiting_handles = tuple(t.handle for t in tokens if t.token_ids)
             publication = PublishFrame(
                 fence=frame.fence, tokens=tuple(tokens), logprobs=logprobs,
-                errors=frame.failures, prompt_scores=scores,
+                errors=frame.failures, prompt_scores=scores, top_logprobs=top_logprobs,
             )
             if not self.scheduler.in_flight():
                 # The device is idle (the window drained, QUEUE-12): plan and launch
@@ -313,15 +317,11 @@ class Planner:
             elif lane.role is LaneRole.TERMINAL:
                 resident.snapshot_done = True
 
-    def _logprobs_for(self, frame: ValidatedFrame,
-                      tokens: Sequence[GeneratedToken]) -> tuple[tuple[float, ...], ...]:
-        by_handle = {lane.handle: lp for lane, lp in
-                     zip(frame.plan.lanes, frame.logprobs, strict=True)}
-        return tuple(by_handle.get(t.handle, ()) for t in tokens)
+    def _top_logprobs_of(self, handle: RequestHandle) -> int:
+        resident = self._residents.get(handle)
+        return resident.source.request.top_logprobs if resident is not None else 0
 
-    def _prompt_scores(
-        self, frame: ValidatedFrame
-    ) -> tuple[tuple[RequestHandle, tuple[float | None, ...]], ...]:
+    def _prompt_scores(self, frame: ValidatedFrame) -> tuple[PromptScoreRecord, ...]:
         if frame.prompt_logprobs is None:
             return ()
         out = []
@@ -330,8 +330,12 @@ class Planner:
             if resident is None or lane.role is not LaneRole.PROMPT or not record.ok:
                 continue
             resident.scores.extend(frame.prompt_logprobs[:lane.prompt_tokens])
+            resident.score_tops.extend(kept_alternatives(
+                (frame.prompt_top_logprobs or ())[:lane.prompt_tokens],
+                resident.source.request.top_logprobs))
             if lane.prompt_start + lane.prompt_tokens == len(resident.source.prompt):
-                out.append((lane.handle, tuple(resident.scores)))
+                out.append(PromptScoreRecord(handle=lane.handle, logprobs=tuple(resident.scores),
+                                             top_logprobs=tuple(resident.score_tops)))
         return tuple(out)
 
     async def _published(self, msg: Published) -> None:

@@ -20,6 +20,12 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# The most alternatives a request may ask for per token.
+from gpu import TOP_LOGPROBS as TOP_LOGPROBS
+
+# The alternatives at one place: (token id, logprob) pairs, best first.
+from gpu import Alternatives as Alternatives
+
 # Per-request sampling: one value from the request to the device row.
 from gpu import SamplingParams as SamplingParams
 
@@ -35,7 +41,12 @@ class GenerationRequest:
     ``message_ends``: token offsets where completed chat messages end, in order
     (checkpoint anchors, QUEUE-16..19 / OPEN-23); empty for plain completions.
     ``system_end``: token offset where the system prompt ends, if any (OPEN-36).
-    ``prompt_logprobs``: also return the prompt tokens' logprobs (scored prefill).
+    ``prompt_logprobs``: also return the prompt tokens' logprobs (scored prefill);
+    with it, ``max_tokens`` may be 0: the prompt is scored and nothing is generated.
+    ``logprobs``: report each generated token's logprob; ``top_logprobs`` (0 to
+    ``TOP_LOGPROBS``): also its (and each scored prompt token's) most likely
+    alternatives. Every logprob is the model's raw log-softmax (temperature 1, before
+    top-k/top-p filtering).
     ``client``: a tag for fairness accounting and logs.
     ``prefill_group``: requests submitted with the same non-empty group and the same
     prompt share one prefill (the ``n`` choices of one API request): while the first
@@ -53,6 +64,7 @@ class GenerationRequest:
     system_end: int | None = None
     prompt_logprobs: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0
     client: str = ""
     request_id: str = ""
     prefill_group: str = ""
@@ -60,10 +72,13 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PromptScores:
-    """Logprobs of the prompt tokens (the first is ``None``: nothing predicts it)."""
+    """Logprobs of the prompt tokens (the first is ``None``: nothing predicts it) and,
+    when the request asked for ``top_logprobs``, each token's alternatives (the first
+    empty); ``top_logprobs`` is empty otherwise."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[float | None, ...]
+    top_logprobs: tuple[Alternatives, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +89,9 @@ class TokenDelta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
+    top_logprobs: tuple[Alternatives, ...] = ()
+    """Per token of ``token_ids``, its first ``top_logprobs`` alternatives (empty when
+    the request asked for none)."""
 
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]

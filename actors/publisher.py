@@ -40,7 +40,14 @@ from actors.messages import (
     RequestId,
     Track,
 )
-from actors.public import Finished, FinishReason, GenerationRequest, PromptScores, StreamEvent
+from actors.public import (
+    Alternatives,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    PromptScores,
+    StreamEvent,
+)
 from actors.text_stream import Decode, OutputStream
 from policy import FinishKind
 
@@ -102,11 +109,14 @@ def phase_times(arrived_ns: int | None, scheduled_ns: int | None, first_token_ns
             "decode_s": span(first, last_token_ns)}
 
 
-def prompt_scores(request: GenerationRequest, chunk_logprobs: Sequence[float]) -> PromptScores:
-    """``chunk_logprobs[i]`` scores prompt token ``i + 1``; nothing predicts token 0."""
+def prompt_scores(request: GenerationRequest, chunk_logprobs: Sequence[float],
+                  chunk_top: Sequence[Alternatives] = ()) -> PromptScores:
+    """``chunk_logprobs[i]`` (``chunk_top[i]``) scores prompt token ``i + 1``; nothing
+    predicts token 0."""
     n = len(request.prompt_token_ids)
     values: tuple[float | None, ...] = (None, *(float(v) for v in chunk_logprobs[: n - 1]))
-    return PromptScores(token_ids=request.prompt_token_ids, logprobs=values)
+    top: tuple[Alternatives, ...] = ((), *chunk_top[: n - 1]) if chunk_top else ()
+    return PromptScores(token_ids=request.prompt_token_ids, logprobs=values, top_logprobs=top)
 
 
 class PublisherState:
@@ -135,16 +145,18 @@ class PublisherState:
     def publish(self, msg: PublishFrame) -> Published:
         visible: list[tuple[RequestHandle, int]] = []
         finished: list[HostFinish] = []
-        for handle, scores in msg.prompt_scores:
-            stream = self._streams.get(handle)
+        for scored in msg.prompt_scores:
+            stream = self._streams.get(scored.handle)
             if stream is not None:
-                _send(stream, prompt_scores(stream.request, [v or 0.0 for v in scores]))
+                _send(stream, prompt_scores(stream.request, [v or 0.0 for v in scored.logprobs],
+                                            scored.top_logprobs))
         for failure in msg.errors:
             stream = self._stream(failure.handle, failure.epoch)
             if stream is not None:
                 del self._streams[failure.handle]
                 _finish(stream, "error", failure.message)
-        for token, logprobs in zip(msg.tokens, msg.logprobs, strict=True):
+        tops = msg.top_logprobs or tuple(() for _ in msg.tokens)
+        for token, logprobs, top in zip(msg.tokens, msg.logprobs, tops, strict=True):
             stream = self._stream(token.handle, token.epoch)
             if stream is None:
                 continue
@@ -156,7 +168,7 @@ class PublisherState:
                 stream.last_token_ns = self._clock_ns()
                 if stream.first_token_ns is None:
                     stream.first_token_ns = stream.last_token_ns
-            step = stream.output.push(token.token_ids, logprobs)
+            step = stream.output.push(token.token_ids, logprobs, top)
             if step.delta is not None:
                 _send(stream, step.delta)
                 visible.append((token.handle, self._clock_ns()))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from actors.public import FinishReason, TokenDelta
+from actors.public import Alternatives, FinishReason, TokenDelta
 
 REPLACEMENT_CHARACTER = "\ufffd"
 
@@ -164,6 +164,7 @@ class OutputStream:
         self._eos = frozenset(() if ignore_eos else eos_token_ids)
         self._pending_ids: list[int] = []
         self._pending_logprobs: list[float] = []
+        self._pending_top: list[Alternatives] = []
         self.completion_tokens = 0
         self.finish_reason: FinishReason | None = None
 
@@ -171,10 +172,16 @@ class OutputStream:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def push(self, token_ids: Sequence[int], logprobs: Sequence[float] = ()) -> StreamStep:
-        """Consume one fence's tokens for this request (in order)."""
+    def push(self, token_ids: Sequence[int], logprobs: Sequence[float] = (),
+             top_logprobs: Sequence[Alternatives] = ()) -> StreamStep:
+        """Consume one fence's tokens for this request (in order), with their logprobs
+        and alternatives where reported. With ``max_tokens`` 0 (a scored prompt) the
+        token that follows the prompt is discarded: nothing is generated."""
         if self.finish_reason is not None:
             return StreamStep(delta=None, finish=None)
+        if self._max_tokens == 0:
+            self.finish_reason = "length"
+            return StreamStep(delta=None, finish="length")
         visible_ids: list[int] = []
         finish: FinishReason | None = None
         for index, token in enumerate(token_ids):
@@ -185,6 +192,8 @@ class OutputStream:
             visible_ids.append(token)
             if index < len(logprobs):
                 self._pending_logprobs.append(float(logprobs[index]))
+            if index < len(top_logprobs):
+                self._pending_top.append(top_logprobs[index])
             if self.completion_tokens >= self._max_tokens:
                 finish = "length"
                 break
@@ -208,7 +217,9 @@ class OutputStream:
             text=text,
             token_ids=tuple(self._pending_ids),
             logprobs=tuple(self._pending_logprobs),
+            top_logprobs=tuple(self._pending_top),
         )
         self._pending_ids.clear()
         self._pending_logprobs.clear()
+        self._pending_top.clear()
         return delta

@@ -9,11 +9,10 @@ has started is sent as one ``data: {"error": {...}}`` event before ``[DONE]`` (t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from actors import Finished, TextCodec
+from actors import Finished
 
 OPENAI_FINISH_REASONS = {"stop": "stop", "length": "length"}
 
@@ -61,49 +60,6 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 def finish_reason(finished: Finished) -> str:
     return OPENAI_FINISH_REASONS.get(finished.reason, finished.reason)
-
-
-@dataclass(slots=True)
-class CompletionLogprobs:
-    """The legacy completions ``logprobs`` object, built incrementally.
-
-    ``text_offset`` counts characters from the start of the returned text (which
-    includes the prompt under ``echo``).
-    """
-
-    codec: TextCodec
-    next_offset: int = 0
-    tokens: list[str] = field(default_factory=list)
-    token_logprobs: list[float | None] = field(default_factory=list)
-    text_offset: list[int] = field(default_factory=list)
-
-    def add(self, token_ids: Sequence[int], logprobs: Sequence[float | None]) -> dict[str, Any]:
-        """Append tokens; return the ``logprobs`` object for just these tokens."""
-        chunk_tokens = [self.codec.decode([t]) for t in token_ids]
-        chunk_offsets = []
-        for text in chunk_tokens:
-            chunk_offsets.append(self.next_offset)
-            self.next_offset += len(text)
-        chunk_logprobs = list(logprobs) + [None] * (len(chunk_tokens) - len(logprobs))
-        self.tokens.extend(chunk_tokens)
-        self.token_logprobs.extend(chunk_logprobs)
-        self.text_offset.extend(chunk_offsets)
-        return {"tokens": chunk_tokens, "token_logprobs": chunk_logprobs,
-                "top_logprobs": None, "text_offset": chunk_offsets}
-
-    def body(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
-                "top_logprobs": None, "text_offset": self.text_offset}
-
-
-def chat_logprob_entries(codec: TextCodec, token_ids: Sequence[int],
-                         logprobs: Sequence[float]) -> list[dict[str, Any]]:
-    entries = []
-    for token_id, logprob in zip(token_ids, logprobs, strict=False):
-        text = codec.decode([token_id])
-        entries.append({"token": text, "logprob": logprob,
-                        "bytes": list(text.encode("utf-8")), "top_logprobs": []})
-    return entries
 
 
 def completion_choice(index: int, *, text: str, logprobs: dict[str, Any] | None,

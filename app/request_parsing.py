@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from actors import SamplingParams
+from actors import TOP_LOGPROBS, SamplingParams
 from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
 
@@ -59,6 +59,8 @@ class CompletionParams:
     @property
     def prompts(self) -> tuple[Prompt, ...]:
         return self.batch or (self.prompt,)
+    top_logprobs: int = 0
+    """``logprobs: k``: the k most likely alternatives per token (0: none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +75,7 @@ class ChatParams:
     common: CommonParams
     messages: tuple[ChatMessage, ...]
     logprobs: bool
+    top_logprobs: int = 0
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -280,16 +283,13 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
     if len(batch) * common.n > MAX_CHOICES:
         raise bad_request(f"{len(batch)} prompts times n={common.n} ask for more than "
                           f"{MAX_CHOICES} choices.", param="n")
-    logprobs = fields.integer("logprobs", lo=0, hi=20)
-    if logprobs is not None and logprobs > 0:
-        raise bad_request("Only logprobs=0 is supported (the sampled tokens' logprobs); top "
-                          "alternatives are not available.", param="logprobs")
+    logprobs = fields.integer("logprobs", lo=0, hi=TOP_LOGPROBS)
     echo = fields.boolean("echo", False)
     if common.max_tokens == 0 and not echo:
         raise bad_request("'max_tokens' must be at least 1 (0 is allowed only with echo).",
                           param="max_tokens")
     return CompletionParams(common=common, prompt=batch[0], batch=batch, echo=echo,
-                            logprobs=logprobs is not None)
+                            logprobs=logprobs is not None, top_logprobs=logprobs or 0)
 
 
 def _message_content(value: Any, index: int) -> str:
@@ -328,12 +328,12 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
     messages = _messages(body.get("messages"))
-    top_logprobs = fields.integer("top_logprobs", lo=0, hi=20)
-    if top_logprobs:
-        raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
-                          param="top_logprobs")
-    return ChatParams(common=common, messages=messages,
-                      logprobs=fields.boolean("logprobs", False))
+    top_logprobs = fields.integer("top_logprobs", lo=0, hi=TOP_LOGPROBS)
+    logprobs = fields.boolean("logprobs", False)
+    if top_logprobs and not logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+    return ChatParams(common=common, messages=messages, logprobs=logprobs,
+                      top_logprobs=top_logprobs or 0)
 
 
 def _messages(raw: Any) -> tuple[ChatMessage, ...]:

@@ -31,14 +31,13 @@ from app.field_table import (
     TOKENIZE_FIELDS,
     checked_parse,
 )
+from app.logprobs_format import CompletionLogprobs, chat_logprob_entries
 from app.openai_format import (
     SSE_DONE,
-    CompletionLogprobs,
     ResponseHead,
     chat_body,
     chat_choice,
     chat_chunk,
-    chat_logprob_entries,
     completion_body,
     completion_choice,
     completion_chunk,
@@ -210,8 +209,8 @@ def register_routes(app: Quart, service: FlareService) -> None:
 
 def _completion_logprobs(service: FlareService, choices: Choices, params: CompletionParams
                          ) -> dict[int, CompletionLogprobs | None]:
-    return {c.index: CompletionLogprobs(service.codec) if params.logprobs else None
-            for c in choices.choices}
+    return {c.index: (CompletionLogprobs(service.codec, top=params.top_logprobs)
+                      if params.logprobs else None) for c in choices.choices}
 
 
 async def _collect(choices: Choices, take: Callable[[Choice, StreamEvent], None]) -> None:
@@ -235,11 +234,11 @@ async def _completion_result(service: FlareService, choices: Choices,
     def take(choice: Choice, event: StreamEvent) -> None:
         choice_logprobs = logprobs[choice.index]
         if isinstance(event, PromptScores) and choice_logprobs is not None:
-            choice_logprobs.add(event.token_ids, event.logprobs)
+            choice_logprobs.add(event.token_ids, event.logprobs, event.top_logprobs)
         elif isinstance(event, TokenDelta):
             texts[choice.index].append(event.text)
             if choice_logprobs is not None:
-                choice_logprobs.add(event.token_ids, event.logprobs)
+                choice_logprobs.add(event.token_ids, event.logprobs, event.top_logprobs)
 
     await _collect(choices, take)
     return completion_body(_head(service, choices), usage=choices.usage(), choices=[
@@ -259,7 +258,7 @@ async def _chat_result(service: FlareService, choices: Choices,
             texts[choice.index].append(event.text)
             if params.logprobs:
                 entries[choice.index].extend(chat_logprob_entries(
-                    service.codec, event.token_ids, event.logprobs))
+                    service.codec, event.token_ids, event.logprobs, event.top_logprobs))
 
     await _collect(choices, take)
     return chat_body(_head(service, choices), usage=choices.usage(), choices=[
@@ -326,13 +325,15 @@ def _completion_events(service: FlareService, choices: Choices,
                 return None
             return completion_chunk(
                 head, index=choice.index, text=choice.prepared.prompt_text,
-                logprobs=choice_logprobs.add(event.token_ids, event.logprobs))
+                logprobs=choice_logprobs.add(event.token_ids, event.logprobs,
+                                             event.top_logprobs))
         if isinstance(event, TokenDelta) and (
                 event.text or (choice_logprobs is not None and event.token_ids)):
             return completion_chunk(
                 head, index=choice.index, text=event.text,
                 logprobs=(None if choice_logprobs is None
-                          else choice_logprobs.add(event.token_ids, event.logprobs)))
+                          else choice_logprobs.add(event.token_ids, event.logprobs,
+                                                   event.top_logprobs)))
         return None
 
     return _sse_choices(
@@ -352,7 +353,8 @@ def _chat_events(service: FlareService, choices: Choices,
         if not isinstance(event, TokenDelta) or not (
                 event.text or (params.logprobs and event.token_ids)):
             return None
-        entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs)
+        entries = (chat_logprob_entries(service.codec, event.token_ids, event.logprobs,
+                                        event.top_logprobs)
                    if params.logprobs else None)
         return chat_chunk(head, index=choice.index, delta={"content": event.text},
                           logprobs=entries)

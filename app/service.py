@@ -207,9 +207,12 @@ class FlareService:
         max_tokens = params.common.max_tokens
         if max_tokens is None:
             max_tokens = self.settings.default_completion_max_tokens
+        # echo with max_tokens 0 scores the prompt (the scored prefill) and generates nothing
         request = self._request(params.common, prompt_ids, max_tokens, prefix="cmpl",
-                                prompt_logprobs=params.echo and params.logprobs,
-                                logprobs=params.logprobs, request_id=request_id)
+                                prompt_logprobs=params.echo and (params.logprobs
+                                                                 or max_tokens == 0),
+                                logprobs=params.logprobs, request_id=request_id,
+                                top_logprobs=params.top_logprobs)
         return PreparedRequest(request=request, prompt_text=prompt_text, arrived=arrived,
                                created=int(time.time()))
 
@@ -257,7 +260,8 @@ class FlareService:
                 raise self._too_long(len(chat.token_ids), 1)
         request = self._request(params.common, chat.token_ids, max_tokens, prefix="chatcmpl",
                                 message_ends=chat.message_ends, system_end=chat.system_end,
-                                logprobs=params.logprobs, request_id=request_id)
+                                logprobs=params.logprobs, request_id=request_id,
+                                top_logprobs=params.top_logprobs)
         return PreparedRequest(request=request, prompt_text="", arrived=arrived,
                                created=int(time.time()))
 
@@ -272,12 +276,12 @@ class FlareService:
     def _request(self, common: CommonParams, prompt_ids: tuple[int, ...], max_tokens: int, *,
                  prefix: str, message_ends: tuple[int, ...] = (), system_end: int | None = None,
                  prompt_logprobs: bool = False, logprobs: bool = False,
-                 request_id: str | None = None) -> GenerationRequest:
+                 request_id: str | None = None, top_logprobs: int = 0) -> GenerationRequest:
         """``request_id``: the client's ``X-Request-Id``; the id is ``<prefix>-<it>``
         (``<prefix>-<random hex>`` without one)."""
         if not prompt_ids:
             raise bad_request("The prompt is empty (it encodes to no tokens).", param="prompt")
-        if not fits_context(prompt_len=len(prompt_ids), max_tokens=max_tokens,
+        if not fits_context(prompt_len=len(prompt_ids), max_tokens=max(max_tokens, 1),
                             limit=self.runtime.max_context):
             raise self._too_long(len(prompt_ids), max_tokens,
                                  param="prompt" if prefix == "cmpl" else "messages")
@@ -291,6 +295,7 @@ class FlareService:
             system_end=system_end,
             prompt_logprobs=prompt_logprobs,
             logprobs=logprobs,
+            top_logprobs=top_logprobs,
             client=common.user,
             request_id=f"{prefix}-{request_id or uuid.uuid4().hex}",
         )

@@ -32,9 +32,13 @@ FRAME_KEY = "frame"
 RESULT_KEY = "result"
 """Key of the result value in the mapping ``read_outputs`` returns."""
 
-TOP_LOGPROBS = 5
-"""Alternatives reported per sampled token and per scored prompt token (the most
-OpenAI ``logprobs`` allows on completions)."""
+TOP_LOGPROBS = 20
+"""Alternatives every program computes per sampled token and per scored prompt token
+(the most OpenAI ``logprobs`` / ``top_logprobs`` allow); the host keeps the first k a
+request asked for."""
+
+Alternatives = tuple[tuple[int, float], ...]
+"""The most likely tokens at one place, best first: ``(token id, logprob)`` pairs."""
 
 NO_PROMPT_ROW = -1
 """``prefill_row`` value meaning a mixed frame has no prompt row (MIX-9)."""
@@ -211,14 +215,15 @@ Frame = PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaneSample:
     """What one lane sampled: the token, its log-probability under the model's
-    (temperature-1, unfiltered) distribution, whether every logit was finite, and the
-    ``TOP_LOGPROBS`` most likely tokens with their log-probabilities (best first)."""
+    (temperature-1, unfiltered) distribution (``gpu.sampling.reported_log_probs``),
+    whether every logit was finite, and the ``TOP_LOGPROBS`` most likely tokens with
+    their log-probabilities (best first)."""
 
     row: int
     token: int
     logprob: float
     finite: bool
-    top_logprobs: tuple[tuple[int, float], ...] = ()
+    top_logprobs: Alternatives = ()
     draft_proposal: int = -1
     """The learned draft's greedy proposal for this token (its argmax where the lane's
     pending token was fed to it), when a width-one step kept the draft context
@@ -244,7 +249,7 @@ class StepResult:
 
     samples: tuple[LaneSample, ...]
     prompt_logprobs: tuple[float, ...] | None = None
-    prompt_top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    prompt_top_logprobs: tuple[Alternatives, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

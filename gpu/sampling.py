@@ -5,9 +5,15 @@ sequence position, vocabulary index) computed with torch int64 ops, turned into 
 noise (Gumbel-max sampling), so the same seed gives the same tokens whatever else is
 in the batch, and sampling is capturable: no global generator, no host sync, no
 data-dependent shapes. Greedy rows (temperature 0) take the argmax.
+
+Also owns the one distribution reported logprobs come from (``reported_log_probs``: the
+raw model distribution, whatever the sampling filters) and the fixed-width top
+alternatives every program reports (``top_alternatives``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -48,6 +54,22 @@ def clean_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(logits, nan=-1e30, posinf=1e30, neginf=-1e30)
 
 
+def reported_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """The distribution every reported logprob comes from, float32 ``[..., V]``: the
+    model's raw log-softmax (temperature 1, before top-k/top-p filtering), with
+    non-finite logits cleaned (``clean_logits``). This is vLLM's default
+    ``logprobs_mode`` (``raw_logprobs``) and what OpenAI reports; sampled tokens,
+    their top alternatives, speculative rounds and scored prompts all use it."""
+    return torch.log_softmax(clean_logits(logits.float()), dim=-1)
+
+
+def top_alternatives(log_probs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``width`` most likely tokens of each row of ``log_probs [..., V]``, best first:
+    ``(ids int64 [..., width], logprobs float32 [..., width])``."""
+    top_lp, top_id = log_probs.topk(width, dim=-1)
+    return top_id, top_lp
+
+
 def scale_by_temperature(safe: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """``safe [N, V]`` divided by each row's temperature; greedy rows (temperature 0)
     are left unscaled."""
@@ -72,6 +94,17 @@ def top_k_top_p_keep(scaled: torch.Tensor, *, top_k: torch.Tensor, top_p: torch.
     return torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
 
 
+class Sampled(NamedTuple):
+    """What ``sample`` returns, one entry per row: the token, its logprob and the
+    ``top_width`` most likely alternatives, all under ``reported_log_probs``."""
+
+    token: torch.Tensor  # int64 [N]
+    logprob: torch.Tensor  # float32 [N]
+    finite: torch.Tensor  # bool [N]: every logit of the row was finite
+    top_ids: torch.Tensor  # int64 [N, top_width]
+    top_logprobs: torch.Tensor  # float32 [N, top_width]
+
+
 def sample(
     logits: torch.Tensor,
     *,
@@ -81,22 +114,25 @@ def sample(
     seed: torch.Tensor,
     position: torch.Tensor,
     greedy_only: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    top_width: int = 0,
+) -> Sampled:
     """Sample one token per row of ``logits [N, V]``.
 
-    Returns ``(token int64 [N], logprob float32 [N], finite bool [N])``; the logprob is
-    under the unfiltered temperature-1 distribution (what OpenAI ``logprobs`` report).
-    ``greedy_only`` (a host-known promise that every row has temperature 0, made by
-    eager programs) skips the stochastic pipeline; the result is the same.
+    The logprob and the ``top_width`` alternatives are under ``reported_log_probs``
+    (the unfiltered temperature-1 distribution). ``greedy_only`` (a host-known promise
+    that every row has temperature 0, made by eager programs) skips the stochastic
+    pipeline; the result is the same.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     finite = torch.isfinite(logits).all(dim=-1)
     safe = clean_logits(logits)
-    log_probs = torch.log_softmax(safe, dim=-1)
+    log_probs = reported_log_probs(logits)
+    top_ids, top_logprobs = top_alternatives(log_probs, top_width)
     greedy_token = safe.argmax(dim=-1)
     if greedy_only:
-        return greedy_token, log_probs.gather(1, greedy_token[:, None]).squeeze(1), finite
+        logprob = log_probs.gather(1, greedy_token[:, None]).squeeze(1)
+        return Sampled(greedy_token, logprob, finite, top_ids, top_logprobs)
 
     greedy = temperature <= 0.0
     scaled = scale_by_temperature(safe, temperature)
@@ -109,4 +145,4 @@ def sample(
 
     token = torch.where(greedy, greedy_token, sampled_token)
     logprob = log_probs.gather(1, token[:, None]).squeeze(1)
-    return token, logprob, finite
+    return Sampled(token, logprob, finite, top_ids, top_logprobs)

@@ -22,6 +22,8 @@ the caller's buffers, so the forward is capturable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -32,7 +34,7 @@ from gpu.model.config import ModelConfig
 from gpu.model.kv_cache import PagedKVCache
 from gpu.model.rope import rope_tables
 
-_ACTIVATIONS = {
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": F.gelu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),

@@ -40,6 +40,7 @@ import torch
 from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.programs.execution import context_buckets
 from gpu.programs.speculative_binding import LEARNED, SpeculativeBinding
+from gpu.sampling import top_alternatives
 from gpu.speculative import (
     PAD_TOKEN,
     PackedLayout,
@@ -282,7 +283,7 @@ class SpeculativeProgram(SpeculativeBinding):
         # non-finite logits reports finite=False; its cleaned values are never used)
         log_probs = target_log_probs(lane_logits)
         self.out_logprobs.copy_(pick_logprobs(log_probs, result.tokens))
-        top_lp, top_id = log_probs.topk(self.out_top_token.shape[2], dim=-1)
+        top_id, top_lp = top_alternatives(log_probs, self.out_top_token.shape[2])
         self.out_top_token.copy_(top_id)
         self.out_top_logprob.copy_(top_lp)
         self.out_finite.copy_(finite & in_context)

@@ -72,6 +72,9 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         self.out_prompt_token = torch.zeros(1, dtype=torch.int64, device=dev)
         self.out_prompt_logprob = torch.zeros(1, dtype=torch.float32, device=dev)
         self.out_prompt_finite = torch.zeros(1, dtype=torch.bool, device=dev)
+        top = self.out_top_token.shape[2]
+        self.out_prompt_top_token = torch.zeros((1, top), dtype=torch.int64, device=dev)
+        self.out_prompt_top_logprob = torch.zeros((1, top), dtype=torch.float32, device=dev)
         self._prompt_hidden: torch.Tensor | None = None
         self._mixed_frame: SpeculativeMixedFrame | None = None
 
@@ -201,12 +204,15 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         last = (self.prompt_valid.sum() - 1).clamp(min=0).view(1)  # stays on the device
         logits = self._decoder.logits(self._prompt_hidden.index_select(0, last))
         row = self.prompt_row
-        token, logprob, finite = sample(
+        token, logprob, finite, top_id, top_lp = sample(
             logits, temperature=st.temperature[row], top_p=st.top_p[row], top_k=st.top_k[row],
-            seed=st.seed[row], position=self.prompt_end_position)
+            seed=st.seed[row], position=self.prompt_end_position,
+            top_width=self.out_prompt_top_token.shape[1])
         self.out_prompt_token.copy_(token)
         self.out_prompt_logprob.copy_(logprob)
         self.out_prompt_finite.copy_(finite)
+        self.out_prompt_top_token.copy_(top_id)
+        self.out_prompt_top_logprob.copy_(top_lp)
         ends = self.prompt_ends
         st.pending_token.index_copy_(0, row, torch.where(ends, token, st.pending_token[row]))
         st.position.index_copy_(0, row, self.prompt_end_position)
@@ -228,6 +234,9 @@ class SpeculativeMixedProgram(SpeculativeProgram):
             prompt_sample = LaneSample(
                 row=prompt_row, token=int(self.out_prompt_token.cpu()[0]),
                 logprob=float(self.out_prompt_logprob.cpu()[0]),
-                finite=bool(self.out_prompt_finite.cpu()[0]))
+                finite=bool(self.out_prompt_finite.cpu()[0]),
+                top_logprobs=tuple(zip(self.out_prompt_top_token.cpu()[0].tolist(),
+                                       self.out_prompt_top_logprob.cpu()[0].tolist(),
+                                       strict=True)))
         return {RESULT_KEY: SpeculativeMixedResult(speculative=speculative,
                                                    prompt_sample=prompt_sample)}

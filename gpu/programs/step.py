@@ -42,7 +42,7 @@ from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
-from gpu.sampling import sample
+from gpu.sampling import reported_log_probs, sample, top_alternatives
 from policy.descriptors import GraphKind, GraphShape
 
 _STEP_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.MIXED)
@@ -261,30 +261,27 @@ class StepProgram:
 
         if self.scored:
             all_logits = self._decoder.logits(hidden)
-            log_probs = torch.log_softmax(all_logits, dim=-1)
+            log_probs = reported_log_probs(all_logits)
             scored = log_probs.gather(1, b.next_token.clamp(min=0)[:, None]).squeeze(1)
             b.out_prompt_logprobs.copy_(
                 torch.where(b.next_token >= 0, scored, torch.full_like(scored, float("nan")))
             )
-            top_lp, top_id = log_probs.topk(b.out_prompt_top_token.shape[1], dim=-1)
+            top_id, top_lp = top_alternatives(log_probs, b.out_prompt_top_token.shape[1])
             b.out_prompt_top_token.copy_(top_id)
             b.out_prompt_top_logprob.copy_(top_lp)
             lane_logits = all_logits[b.sample_index]
         else:
             lane_logits = self._decoder.logits(hidden[b.sample_index])
         self.lane_logits = lane_logits
-        token, logprob, finite = sample(
+        token, logprob, finite, top_id, top_lp = sample(
             lane_logits,
             temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
             seed=st.seed[rows], position=pos[b.sample_index] + 1,
-            greedy_only=not self.any_sampled,
+            greedy_only=not self.any_sampled, top_width=b.out_top_token.shape[1],
         )
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)
         b.out_finite.copy_(finite & in_context[b.sample_index])
-        top_lp, top_id = torch.log_softmax(lane_logits, dim=-1).topk(
-            b.out_top_token.shape[1], dim=-1
-        )
         b.out_top_token.copy_(top_id)
         b.out_top_logprob.copy_(top_lp)
         new_pending = torch.where(b.commits_token, token, st.pending_token[rows])

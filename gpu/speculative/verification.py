@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from gpu.sampling import clean_logits
+from gpu.sampling import reported_log_probs
 from gpu.speculative.randomness import acceptance_uniforms, gumbel_noise
 
 PAD_TOKEN = -1
@@ -236,9 +236,9 @@ def speculative_survival(
 
 
 def target_log_probs(target_logits: torch.Tensor) -> torch.Tensor:
-    """The unfiltered temperature-1 log-probabilities ``float32 [..., V]`` that reported
-    logprobs use (non-finite logits cleaned by ``gpu.sampling.clean_logits``, as the sampler cleans them)."""
-    return torch.log_softmax(clean_logits(target_logits.float()), dim=-1)
+    """The log-probabilities ``float32 [..., V]`` that reported logprobs use: the
+    sampler's ``gpu.sampling.reported_log_probs`` of the target's logits."""
+    return reported_log_probs(target_logits)
 
 
 def pick_logprobs(log_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

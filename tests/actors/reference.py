@@ -31,3 +31,15 @@ def hf_prompt_logprobs(model_dir: Path, prompt: list[int]) -> list[float]:
         logits = model(torch.tensor([prompt])).logits[0]
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     return [float(logprobs[i - 1, prompt[i]]) for i in range(1, len(prompt))]
+
+
+def hf_log_softmax(model_dir: Path, tokens: list[int]) -> list[list[float]]:
+    """transformers' log-softmax of the next-token logits at every place of ``tokens``
+    (row ``i`` predicts ``tokens[i + 1]``)."""
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0]
+    return [[float(v) for v in row] for row in torch.log_softmax(logits.float(), dim=-1)]

@@ -34,7 +34,7 @@ from actors.public import GenerationRequest
 from gpu.backends.cpu import CpuBackend
 from gpu.backends.protocol import Completion
 from gpu.engine import ModelEngine, load_speculative_engine
-from gpu.frames import FRAME_KEY, GREEDY, RESULT_KEY, MixedFrame
+from gpu.frames import FRAME_KEY, GREEDY, RESULT_KEY, TOP_LOGPROBS, MixedFrame
 from gpu.program import PreparedProgram
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
@@ -149,6 +149,7 @@ def test_ver_28_packed_plans_run_and_validate_to_the_target_greedy_output(
         request=GenerationRequest(prompt_token_ids=p, max_tokens=8), cached_tokens=0,
         cached_pages=(), sampling=GREEDY, eos_token_ids=()) for h, p in prompts.items()}
     pages_of = {0: [PageId(0), PageId(1)], 1: [PageId(2)]}  # two pages hold 32 positions
+    checks = []
 
     def run(lanes: tuple[Lane, ...], fence: int) -> list[tuple[int, ...]]:
         plan = _plan(lanes)
@@ -165,6 +166,7 @@ def test_ver_28_packed_plans_run_and_validate_to_the_target_greedy_output(
         check = check_frame(order, FrameOutcome(order=order, completion=completion,
                                                 fault=None, wall_ns=1), vocab_size=VOCAB)
         assert check.failures == () and check.rounds is not None
+        checks.append(check)
         for lane, record in zip(lanes, check.records, strict=True):
             settle_decodes(lane, sources[lane.handle], len(record.token_ids))
             assert record.prompt_tokens == lane.prompt_tokens
@@ -172,6 +174,10 @@ def test_ver_28_packed_plans_run_and_validate_to_the_target_greedy_output(
 
     assert run((_prompt(0, 0, 12, 20),), 1) == [()]  # MIX-19: a prompt-only population
     assert run((_prompt(0, 12, 8, 20),), 2) == [(expected[0][0],)]
+    # the prompt lane's first token reports its alternatives like any sample: greedy leads
+    (first_top,) = checks[-1].top_logprobs[0]
+    assert len(first_top) == TOP_LOGPROBS and first_top[0][0] == expected[0][0]
+    assert first_top[0][1] == checks[-1].logprobs[0][0]
     # request 1's whole prompt beside request 0 at full width: 2 drafts, all accepted
     assert run((_prompt(1, 0, 10, 10), _decode(0, 3)), 3) == [
         (expected[1][0],), tuple(expected[0][1:4])]

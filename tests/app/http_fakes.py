@@ -178,6 +178,15 @@ class FakeRuntime:
         self._credits -= 1
 
 
+FAKE_ALTERNATIVE_IDS = (10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+                        28, 29)
+"""The fake's alternatives at every place, best first (logprobs -0.1, -0.2, ...)."""
+
+
+def fake_alternatives(k: int) -> tuple[tuple[int, float], ...]:
+    return tuple((t, -0.1 * (i + 1)) for i, t in enumerate(FAKE_ALTERNATIVE_IDS[:k]))
+
+
 class _ScriptedStream:
     def __init__(self, runtime: FakeRuntime, request: GenerationRequest) -> None:
         self.rt = runtime
@@ -189,8 +198,10 @@ class _ScriptedStream:
         self.pending: list[StreamEvent] = []
         if request.prompt_logprobs:
             ids = request.prompt_token_ids
+            top = fake_alternatives(request.top_logprobs)
             self.pending.append(PromptScores(
-                token_ids=ids, logprobs=(None, *(-1.0 - i / 100 for i in range(1, len(ids))))))
+                token_ids=ids, logprobs=(None, *(-1.0 - i / 100 for i in range(1, len(ids)))),
+                top_logprobs=((), *(top for _ in ids[1:])) if top else ()))
 
     def __aiter__(self) -> _ScriptedStream:
         return self
@@ -236,4 +247,6 @@ class _ScriptedStream:
                 return TokenDelta(text=visible, token_ids=(token,))
         self.text = new_text
         logprobs = (-0.25,) if req.logprobs else ()
-        return TokenDelta(text=piece, token_ids=(token,), logprobs=logprobs)
+        top = fake_alternatives(req.top_logprobs)
+        return TokenDelta(text=piece, token_ids=(token,), logprobs=logprobs,
+                          top_logprobs=(top,) if top else ())

@@ -17,7 +17,15 @@ import torch
 from model_fixtures import EOS_ID, MODEL_KINDS, SCORED_64, HFReference, build_engine, prompt_of
 
 from gpu.engine import ModelEngine
-from gpu.frames import PageAppend, PrefillFrame, RowInit, StepResult, as_inputs, result_of
+from gpu.frames import (
+    TOP_LOGPROBS,
+    PageAppend,
+    PrefillFrame,
+    RowInit,
+    StepResult,
+    as_inputs,
+    result_of,
+)
 from gpu.model.config import (
     ModelLoadError,
     UnsupportedModelError,
@@ -169,12 +177,12 @@ def test_prefill_logprobs_match_transformers(
     assert sample.logprob == pytest.approx(float(reference[-1].max()), abs=LOGPROB_TOLERANCE)
     assert sample.finite
     # top alternatives: best first, the sampled greedy token leads (TOP_LOGPROBS of them)
-    best = reference[-1].topk(5)
+    best = reference[-1].topk(TOP_LOGPROBS)
     assert [t for t, _ in sample.top_logprobs] == best.indices.tolist()
     assert [lp for _, lp in sample.top_logprobs] == pytest.approx(best.values.tolist(), abs=1e-4)
     assert final.prompt_top_logprobs is not None
     first_top = final.prompt_top_logprobs[0]
-    assert [t for t, _ in first_top] == reference[64].topk(5).indices.tolist()
+    assert [t for t, _ in first_top] == reference[64].topk(TOP_LOGPROBS).indices.tolist()
 
 
 def test_sharded_checkpoint_loads_like_the_single_file(

@@ -21,12 +21,11 @@ from gpu.sampling import counter_uniform, sample
 def _sample(logits: torch.Tensor, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
             seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     n = seeds.shape[0]
-    token, _, _ = sample(
+    return sample(
         logits.expand(n, -1), temperature=torch.full((n,), temperature),
         top_p=torch.full((n,), top_p), top_k=torch.full((n,), top_k, dtype=torch.int64),
         seed=seeds, position=positions,
-    )
-    return token
+    ).token
 
 
 def test_counter_uniform_is_a_pure_function_in_the_open_interval() -> None:
@@ -71,7 +70,7 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
 
 def test_greedy_rows_take_the_argmax_and_report_raw_logprobs() -> None:
     logits = torch.tensor([[0.0, 4.0, 1.0], [float("nan"), 0.0, 1.0]])
-    token, logprob, finite = sample(
+    token, logprob, finite, _, _ = sample(
         logits, temperature=torch.zeros(2), top_p=torch.ones(2),
         top_k=torch.zeros(2, dtype=torch.int64), seed=torch.zeros(2, dtype=torch.int64),
         position=torch.zeros(2, dtype=torch.int64),

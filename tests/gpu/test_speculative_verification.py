@@ -268,8 +268,8 @@ def test_a_lane_without_drafts_samples_what_ordinary_decoding_samples() -> None:
     top_p = torch.where(torch.rand(n, generator=gen) < 0.5, 0.8, 1.0)
     top_k = torch.where(torch.rand(n, generator=gen) < 0.5, 10, 0).to(torch.int64)
     seeds, positions = torch.arange(n) * 31, torch.arange(n) % 17 + 1
-    ordinary, _, _ = sample(logits, temperature=temperature, top_p=top_p, top_k=top_k,
-                            seed=seeds, position=positions)
+    ordinary = sample(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                      seed=seeds, position=positions).token
     probs = filtered_probs(logits, temperature=temperature, top_p=top_p, top_k=top_k)
     result = verify_drafts(
         draft_tokens=torch.zeros(n, 0, dtype=torch.int64), draft_probs=None,
@@ -378,10 +378,10 @@ def test_emitted_logprobs_match_the_ordinary_samplers_report() -> None:
     logits = torch.randn(3, 2, 7, generator=gen)
     tokens = torch.tensor([[4, PAD_TOKEN], [0, 6], [PAD_TOKEN, PAD_TOKEN]])
     got = emitted_logprobs(logits, tokens)
-    _, ordinary, _ = sample(logits[1], temperature=torch.zeros(2), top_p=torch.ones(2),
-                            top_k=torch.zeros(2, dtype=torch.int64),
-                            seed=torch.zeros(2, dtype=torch.int64),
-                            position=torch.zeros(2, dtype=torch.int64))
+    ordinary = sample(logits[1], temperature=torch.zeros(2), top_p=torch.ones(2),
+                      top_k=torch.zeros(2, dtype=torch.int64),
+                      seed=torch.zeros(2, dtype=torch.int64),
+                      position=torch.zeros(2, dtype=torch.int64)).logprob
     greedy = logits[1].argmax(dim=-1)
     assert torch.allclose(got[1], torch.log_softmax(logits[1], -1).gather(1, tokens[1][:, None])
                           .squeeze(1))
