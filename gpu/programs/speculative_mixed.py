@@ -203,7 +203,9 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         row = self.prompt_row
         token, logprob, finite = sample(
             logits, temperature=st.temperature[row], top_p=st.top_p[row], top_k=st.top_k[row],
-            seed=st.seed[row], position=self.prompt_end_position)
+            seed=st.seed[row], position=self.prompt_end_position,
+            processing=st.processing(row))
+        st.record_outputs(row, token[:, None], self.prompt_ends.view(1, 1))
         self.out_prompt_token.copy_(token)
         self.out_prompt_logprob.copy_(logprob)
         self.out_prompt_finite.copy_(finite)

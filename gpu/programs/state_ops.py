@@ -21,7 +21,7 @@ import torch
 from gpu.frames import RESULT_KEY, FrameError, StateOpFrame, StateOpResult, frame_of
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.workspace import Workspace
-from gpu.request_state import RequestState, StateError
+from gpu.request_state import NEUTRAL_PROCESSING, RequestState, StateError
 from policy.descriptors import GraphKind, GraphShape, StateOp
 
 
@@ -153,6 +153,11 @@ class StateOpProgram:
         copied["block_table"] = tables
         for name, value in self.sampling_values.items():
             copied[name] = torch.where(self.override, value, copied[name])
+        for name in st.processing_fields():  # a replaced sampling has no processing
+            value = copied[name]
+            override = self.override.view(-1, *([1] * (value.dim() - 1)))
+            copied[name] = torch.where(override, torch.full_like(value, NEUTRAL_PROCESSING.get(
+                name, 0)), value)
         for name, tensor in st.fields().items():
             tensor.index_copy_(0, dst, copied[name])
 
