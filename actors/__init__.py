@@ -17,6 +17,7 @@ from actors.errors import (
     RuntimeShutDown,
 )
 from actors.public import (
+    MAX_LOGIT_BIAS_ENTRIES,
     Finished,
     FinishReason,
     GenerationRequest,
@@ -32,6 +33,7 @@ from actors.public import (
 )
 
 __all__ = [
+    "MAX_LOGIT_BIAS_ENTRIES",
     "AdmissionError",
     "ContextTooLong",
     "FinishReason",

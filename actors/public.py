@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 # Per-request sampling: one value from the request to the device row.
+from gpu import MAX_LOGIT_BIAS_ENTRIES as MAX_LOGIT_BIAS_ENTRIES
 from gpu import SamplingParams as SamplingParams
 
 # The context rule admission applies, for callers that check a request before submitting.

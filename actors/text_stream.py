@@ -142,7 +142,8 @@ class StreamStep:
 
 
 class OutputStream:
-    """One request's output: detokenisation, stop strings, EOS and ``max_tokens``.
+    """One request's output: detokenisation, stop strings, EOS (and the request's
+    ``stop_token_ids``) and ``max_tokens``.
 
     Token accounting: ``completion_tokens`` counts every generated token, an EOS
     included. The EOS token's text is never shown and its id is not part of a delta;
@@ -157,11 +158,13 @@ class OutputStream:
         eos_token_ids: Sequence[int],
         stop: Sequence[str],
         ignore_eos: bool,
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         self._detokenizer = IncrementalDetokenizer(decode)
         self._stops = StopStringBuffer(stop)
         self._max_tokens = max_tokens
-        self._eos = frozenset(() if ignore_eos else eos_token_ids)
+        # stop_token_ids end the output like EOS (even with ignore_eos, as in vLLM)
+        self._eos = frozenset((*(() if ignore_eos else eos_token_ids), *stop_token_ids))
         self._pending_ids: list[int] = []
         self._pending_logprobs: list[float] = []
         self.completion_tokens = 0

@@ -3,7 +3,7 @@
 Everything a client can get wrong about the *shape* of a request is decided here and
 raised as a 400 ``ApiError`` naming the parameter; nothing malformed reaches the
 runtime. Unknown fields are ignored (clients send extensions freely); fields we know
-but cannot honour (``n > 1``, penalties, ``logit_bias``, tools...) are refused clearly
+but cannot honour (``n > 1``, tools...) are refused clearly
 rather than silently dropped.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from actors import SamplingParams
 from app.errors import bad_request, model_not_found
+from app.sampling_fields import parse_sampling_fields
 
 MAX_STOP_STRINGS = 4
 # Each message adds template work (anchors render prefixes); this bounds a single request's
@@ -188,12 +189,6 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
     model = fields.string("model")
     fields.refuse_unless("n", 1, "this server returns exactly one choice (n=1).", integer=True)
     fields.refuse_unless("best_of", 1, "only best_of=1 is served.", integer=True)
-    fields.refuse_unless("presence_penalty", 0, "penalties are not implemented.", integer=False)
-    fields.refuse_unless("frequency_penalty", 0, "penalties are not implemented.",
-                         integer=False)
-    logit_bias = fields.body.get("logit_bias")
-    if logit_bias:
-        raise bad_request("'logit_bias' is not supported.", param="logit_bias")
     max_tokens = None
     for name in max_tokens_names:
         value = fields.integer(name, lo=0, hi=2**31 - 1)
@@ -226,6 +221,7 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
             top_p=top_p,
             top_k=max(0, top_k or 0),  # OpenAI-style -1 and 0 both mean "no top-k"
             seed=seed,
+            **parse_sampling_fields(fields.body),
         ),
         stop=_stop_strings(fields.body.get("stop")),
         stream=stream,
