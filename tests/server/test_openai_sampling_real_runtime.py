@@ -5,7 +5,6 @@ way it should, streaming and not. Reference token ids come from the runtime itse
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import openai
