@@ -162,9 +162,13 @@ def chi_square(counts: np.ndarray, law: np.ndarray) -> tuple[float, float]:
     return statistic, critical
 
 
+EVERY_ROUND_KIND = pytest.mark.parametrize(
+    ("shape", "source"), [(HOST, LEARNED), (DEVICE, LEARNED), (HOST, COPY)],
+    ids=["query_length", "prefix_limit", "copy"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("shape", "source"), [(HOST, LEARNED), (DEVICE, LEARNED), (HOST, COPY)],
-                         ids=["query_length", "prefix_limit", "copy"])
+@EVERY_ROUND_KIND
 def test_sampled_output_follows_the_target_law(
     small_pair: tuple[Path, Path], laws: tuple[np.ndarray, np.ndarray], shape: GraphShape,
     source: str,
@@ -187,8 +191,7 @@ PROCESSING = SamplingParams(frequency_penalty=1.2, presence_penalty=0.6, min_p=0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("shape", "source"), [(HOST, LEARNED), (DEVICE, LEARNED), (HOST, COPY)],
-                         ids=["query_length", "prefix_limit", "copy"])
+@EVERY_ROUND_KIND
 def test_sampled_output_with_processing_follows_the_processed_law(
     small_pair: tuple[Path, Path], laws: tuple[np.ndarray, np.ndarray], shape: GraphShape,
     source: str,
