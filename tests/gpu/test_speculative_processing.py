@@ -107,3 +107,36 @@ def test_greedy_speculation_with_processing_equals_no_speculation(
     assert got == expected
     if source == "self":
         assert accepted > 0  # drafts accepted: rows past the first are verified too
+
+
+MIXED_WIDE = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=4,
+                        proposal_depth=3, prefill_capacity=64, packed_capacity=64 + 4,
+                        speculation_enabled=True)
+
+
+def test_speculative_mixed_frames_process_the_prompt_lane_and_decode_lanes(
+        pair: tuple[Path, Path]) -> None:
+    """A prompt ending inside a wide speculative mixed frame samples its first token
+    with processing and counts it; both requests then keep the output they have
+    without speculation."""
+    plain = without_speculation(pair[0], SamplingParams(temperature=0.0, seed=1))
+    sampling = SamplingParams(temperature=0.0, seed=1, frequency_penalty=0.3,
+                              presence_penalty=0.3, logit_bias=((plain[1][0], -100.0),))
+    expected = without_speculation(pair[0], sampling)
+    assert expected[1][0] != plain[1][0]
+    engine = load(pair[0])
+    attach_speculation(engine, (WIDE, MIXED_WIDE), source=LEARNED, draft_model_dir=pair[0])
+    driver = SpeculativeDriver(engine)
+    outputs = {0: [driver.prefill(PREFILL_64, 0, PROMPTS[0], chunk=64, sampling=sampling)]}
+    result = driver.speculate_mixed(MIXED_WIDE, [0, 1], [3, 0], prefill_row=1,
+                                    prompt=PROMPTS[1], prompt_ends=True, sampling=sampling)
+    assert result.prompt_sample is not None
+    outputs[1] = [result.prompt_sample.token]
+    outputs[0].extend(result.speculative.lanes[0].tokens)
+    while min(len(o) for o in outputs.values()) < GENERATE:
+        result = driver.speculate_mixed(MIXED_WIDE, [0, 1], [4, 4])
+        for lane in result.speculative.lanes:
+            outputs[lane.row].extend(lane.tokens)
+    assert [outputs[row][:GENERATE] for row in (0, 1)] == expected
+    state = engine.parts.state
+    assert [int(state.generated[row]) for row in (0, 1)] == [len(outputs[0]), len(outputs[1])]
