@@ -63,8 +63,25 @@ async def test_each_sampling_field_changes_the_output(real_open_runtime: OpenRun
                 finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
                 return text, str(finish), chunks[-1].usage.completion_tokens
 
-            def run() -> dict[str, Any]:
-                forced = plain[0] if plain[0] != plain[1] else plain[1]
+            def chat(stream: bool = False, **fields: Any) -> tuple[str, str, int]:
+                args = {"model": model, "max_tokens": 8, "messages": [
+                    {"role": "user", "content": "def add(a, b):"}], **fields}
+                if not stream:
+                    out = client.chat.completions.create(**args)
+                    choice = out.choices[0]
+                    return (choice.message.content or "", str(choice.finish_reason),
+                            out.usage.completion_tokens)
+                with client.chat.completions.create(
+                        **args, stream=True, stream_options={"include_usage": True}) as s:
+                    chunks = list(s)
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+                return text, str(finish), chunks[-1].usage.completion_tokens
+
+            # a token greedy decoding never picks here, forced while sampling
+            forced = next(t for t in range(100, codec.vocab_size) if t not in plain)
+
+            def run() -> dict[str, tuple[str, str, int]]:
                 return {
                     "plain": complete(ignore_eos=True),
                     "forced": complete(logit_bias={str(forced): 100}, ignore_eos=True,
@@ -81,9 +98,12 @@ async def test_each_sampling_field_changes_the_output(real_open_runtime: OpenRun
                                                   min_tokens=5),
                     "min_p": complete(temperature=2.0, seed=11, min_p=1.0, ignore_eos=True),
                     "hot": complete(temperature=2.0, seed=11, ignore_eos=True),
-                }, forced
+                    "chat_forced": chat(logit_bias={str(forced): 100}, seed=2),
+                    "chat_min_tokens_stream": chat(True, logit_bias={str(eos): 100},
+                                                   extra_body={"min_tokens": 3}),
+                }
 
-            (out, forced) = await trio.to_thread.run_sync(run)
+            out = await trio.to_thread.run_sync(run)
             client.close()
     text, finish, _ = out["plain"]
     assert text == codec.decode(plain) and finish == "length"
@@ -105,5 +125,8 @@ async def test_each_sampling_field_changes_the_output(real_open_runtime: OpenRun
         min_text, min_finish, tokens = out[name]
         assert (min_finish, tokens) == ("stop", 6), name
         assert min_text == out["min_tokens"][0]
+    # chat: the same fields, streaming and not
+    assert out["chat_forced"] == (codec.decode([forced] * 8), "length", 8)
+    assert out["chat_min_tokens_stream"][1:] == ("stop", 4)
     # min_p 1 keeps only the most likely token: hot sampling becomes greedy
     assert out["min_p"][0] == text and out["hot"][0] != text
