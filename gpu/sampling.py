@@ -64,13 +64,15 @@ softmax gives it exactly zero mass)."""
 @dataclass(frozen=True, slots=True)
 class RowProcessing:
     """The logit-processing state of ``N`` sampled rows (``RequestState.processing``):
-    parameters ``[N]``, dense per-token state ``[N, V]``."""
+    parameters ``[N]``, per-token state ``[N, V]``, the sparse logit bias ``[N, K]``."""
 
     presence: torch.Tensor
     frequency: torch.Tensor
     repetition: torch.Tensor
     min_p: torch.Tensor
-    bias: torch.Tensor
+    bias_ids: torch.Tensor
+    """``[N, K]`` token ids of the logit bias (padding: id 0 with bias 0)."""
+    bias_values: torch.Tensor
     counts: torch.Tensor
     """Output-token counts (float32)."""
     prompt_seen: torch.Tensor
@@ -90,7 +92,7 @@ def process_logits(safe: torch.Tensor, processing: RowProcessing) -> torch.Tenso
     p = processing
     counts = p.counts
     present = counts > 0
-    out = safe + p.bias
+    out = safe.scatter_add(1, p.bias_ids, p.bias_values)
     repetition = p.repetition[:, None]
     penalised = torch.where(out > 0, out / repetition, out * repetition)
     out = torch.where(p.prompt_seen | present, penalised, out)
@@ -121,7 +123,8 @@ def processing_after_drafts(processing: RowProcessing, drafts: torch.Tensor) -> 
     step = torch.arange(width, device=drafts.device)[None, :]
     return RowProcessing(
         presence=per_row(p.presence), frequency=per_row(p.frequency),
-        repetition=per_row(p.repetition), min_p=per_row(p.min_p), bias=per_row(p.bias),
+        repetition=per_row(p.repetition), min_p=per_row(p.min_p),
+        bias_ids=per_row(p.bias_ids), bias_values=per_row(p.bias_values),
         counts=counts.reshape(batch * width, vocab), prompt_seen=per_row(p.prompt_seen),
         end_tokens=per_row(p.end_tokens),
         generated=(p.generated[:, None] + step).reshape(-1), min_tokens=per_row(p.min_tokens),
