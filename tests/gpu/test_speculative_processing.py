@@ -18,6 +18,7 @@ from speculative_driver import SpeculativeDriver
 from gpu.engine import ModelEngine
 from gpu.frames import SamplingParams
 from gpu.programs.driver import ReferenceDriver
+from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation
 from gpu.programs.speculative_binding import COPY, LEARNED
 from policy.descriptors import GraphKind, GraphShape, TargetBinding
@@ -49,10 +50,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return build_draft_pair(tmp_path_factory.mktemp("spec_processing"))
 
 
-def load(model: Path) -> ModelEngine:
+def load(model: Path, execution: ExecutionOptions | None = None) -> ModelEngine:
     return ModelEngine.load(model, device="cpu", dtype=None,
                             catalog=(PREFILL_64, DECODE[1], DECODE[2], SNAPSHOT),
-                            page_size=16, num_pages=64, state_rows=4, require_tokenizer=False)
+                            page_size=16, num_pages=64, state_rows=4, require_tokenizer=False,
+                            execution=execution)
 
 
 def prefill_all(driver: ReferenceDriver, sampling: SamplingParams) -> list[list[int]]:
@@ -70,9 +72,10 @@ def without_speculation(target: Path, sampling: SamplingParams) -> list[list[int
     return outputs
 
 
-def with_speculation(target: Path, draft: Path | None, source: str,
-                     sampling: SamplingParams) -> tuple[list[list[int]], int]:
-    engine = load(target)
+def with_speculation(target: Path, draft: Path | None, source: str, sampling: SamplingParams,
+                     execution: ExecutionOptions | None = None
+                     ) -> tuple[list[list[int]], int]:
+    engine = load(target, execution)
     attach_speculation(engine, (WIDE, ONE, DEVICE), source=source, draft_model_dir=draft)
     driver = SpeculativeDriver(engine)
     outputs = prefill_all(driver, sampling)
@@ -107,6 +110,20 @@ def test_greedy_speculation_with_processing_equals_no_speculation(
     assert got == expected
     if source == "self":
         assert accepted > 0  # drafts accepted: rows past the first are verified too
+
+
+def test_static_execution_processes_every_round(pair: tuple[Path, Path]) -> None:
+    """Under static options (what a captured graph runs: no host-known shortcuts) every
+    round applies processing, with every parameter at once and sampled rows too."""
+    for sampling in (
+            SamplingParams(temperature=0.0, seed=1, repetition_penalty=1.2,
+                           frequency_penalty=0.2, presence_penalty=0.2,
+                           logit_bias=((31, 1.0),), min_tokens=3),
+            SamplingParams(temperature=0.0, seed=1)):
+        expected = without_speculation(pair[0], sampling)
+        got, accepted = with_speculation(pair[0], pair[0], LEARNED, sampling,
+                                         ExecutionOptions.static())
+        assert got == expected and accepted > 0
 
 
 MIXED_WIDE = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=4,
