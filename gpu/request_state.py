@@ -15,13 +15,13 @@ a program's ``bind``, in stream order. On the CPU the tensors are host memory, s
 ``bind`` reads positions and temperatures without any tensor round trip.
 
 Logit processing (``gpu.sampling.process_logits``) has its own per-row state: the
-request's penalty and filter parameters, its logit bias (sparse: up to
-``MAX_LOGIT_BIAS_ENTRIES`` (token id, bias) pairs per row, padded with id 0 and bias 0;
+request's penalty and filter parameters; its logit bias, sparse (up to
+``MAX_LOGIT_BIAS_ENTRIES`` (token id, bias) pairs per row, padded with id 0 and bias 0:
 at a 152k vocabulary a dense ``[rows+1, V]`` bias was 4x slower to apply on the CPU and
-150 MiB for 256 rows), the ids
-that end it (masked under ``min_tokens``), the prompt tokens (for the repetition
-penalty), and what programs update as they sample, inside the program (so a decode
-frame queued behind another still sees every token before it): per-token output counts
+150 MiB for 256 rows); masks ``[rows+1, V]`` of the ids that end the request (forbidden
+under ``min_tokens``) and of the prompt tokens (for the repetition penalty); and what
+programs update as they sample, inside the program, so that a decode frame queued
+behind another still sees every token before it: per-token output counts
 ``[rows+1, V]`` and the generated-token count (``record_outputs``). ``processes`` is the
 host-known flag that a row has any of it on; eager programs skip the processing when no
 lane has (the result is the same: every neutral parameter leaves the logits unchanged).
@@ -266,7 +266,7 @@ def _apply_on_host(host: dict[str, np.ndarray], update: StateUpdate, sink_page: 
         host["seed"][r] = s.row_seed
         host["block_table"][r] = sink_page
         for name, value in _processing_values(update).items():
-            if isinstance(value, tuple):  # a dense row: reset, then set the named ids
+            if isinstance(value, tuple):  # a row: reset, then set the named columns
                 ids, values = value
                 host[name][r] = 0
                 host[name][r, list(ids)] = values
