@@ -17,6 +17,7 @@ from actors.errors import (
     RuntimeShutDown,
 )
 from actors.public import (
+    MAX_LOGIT_BIAS_ENTRIES,
     TOP_LOGPROBS,
     Alternatives,
     Finished,
@@ -34,6 +35,7 @@ from actors.public import (
 )
 
 __all__ = [
+    "MAX_LOGIT_BIAS_ENTRIES",
     "TOP_LOGPROBS",
     "AdmissionError",
     "Alternatives",

@@ -99,9 +99,13 @@ def check_request(request: GenerationRequest, limits: AdmissionLimits) -> Admiss
             f"prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
             f"the model's context of {limits.max_context} tokens"
         )
-    sampling_problem = request.sampling.problem()
+    sampling_problem = (request.sampling.problem()
+                        or request.sampling.token_problem(limits.vocab_size))
     if sampling_problem is not None:
         return InvalidRequest(sampling_problem)
+    if request.sampling.min_tokens > request.max_tokens:
+        return InvalidRequest(f"min_tokens ({request.sampling.min_tokens}) exceeds max_tokens "
+                              f"({request.max_tokens})")
     if len(request.stop) > MAX_STOP_STRINGS:
         return InvalidRequest(f"at most {MAX_STOP_STRINGS} stop strings")
     if any(not 0 < e <= len(prompt) for e in request.message_ends):

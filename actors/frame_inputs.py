@@ -92,6 +92,26 @@ class LaneSource:
         return self.request.prompt_token_ids
 
 
+def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
+                     ) -> tuple[int, ...]:
+    """Every token id that ends ``request``: the model's EOS ids (unless it ignores
+    EOS), then its ``stop_token_ids``; each ends it like EOS (finish reason ``stop``)."""
+    eos = () if request.ignore_eos else tuple(eos_token_ids)
+    return tuple(dict.fromkeys((*eos, *request.sampling.stop_token_ids)))
+
+
+def row_init(source: LaneSource, *, row: int, position: int) -> RowInit:
+    """A new state row for ``source``'s request: what the row's logit processing needs
+    beyond the sampling (the prompt for ``repetition_penalty``, the ending ids for
+    ``min_tokens``) travels only when that processing is on."""
+    sampling = source.sampling
+    return RowInit(
+        row=row, position=position, sampling=sampling,
+        prompt_tokens=source.prompt if sampling.repetition_penalty != 1.0 else (),
+        end_token_ids=source.eos_token_ids if sampling.min_tokens > 0 else (),
+    )
+
+
 def kv_extent(lane: Lane, source: LaneSource) -> int:
     """KV positions the request holds once this lane has run."""
     if lane.role is LaneRole.PROMPT:
@@ -109,8 +129,7 @@ def _updates(
     for lane in lanes:
         source = sources[lane.handle]
         if not source.initialised:
-            updates.append(RowInit(row=source.row, position=source.cached_tokens,
-                                   sampling=source.sampling))
+            updates.append(row_init(source, row=source.row, position=source.cached_tokens))
             if source.cached_pages:
                 updates.append(PageAppend(row=source.row, first_block=0,
                                           page_ids=tuple(source.cached_pages)))
@@ -140,8 +159,7 @@ def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSou
             raise PackingError(f"{plan.shape.label()}: lane {lane.handle} is not a "
                                "reserved terminal snapshot")
         snap = by_handle[lane.handle]
-        updates.append(RowInit(row=snap.row, position=snap.kv_tokens,
-                               sampling=sources[lane.handle].sampling))
+        updates.append(row_init(sources[lane.handle], row=snap.row, position=snap.kv_tokens))
         if snap.page_ids:
             updates.append(PageAppend(row=snap.row, first_block=0,
                                       page_ids=tuple(snap.page_ids)))

@@ -35,7 +35,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import structlog
 import trio
@@ -48,6 +48,7 @@ from actors.acceptance_observations import (
 from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
+    ending_token_ids,
     kv_extent,
     mark_submitted,
     pack_frame,
@@ -79,7 +80,6 @@ from actors.messages import (
 from actors.planner_records import FRAME_LOG_LENGTH, FrameRecord, PlannerCounters, log_trace
 from actors.public import Alternatives, FinishReason
 from actors.reported_logprobs import kept_alternatives, scheduled_output_tokens, token_logprobs
-from gpu import SamplingParams
 from policy import (
     FRAME_SLOTS,
     CommitRejected,
@@ -215,9 +215,8 @@ class Planner:
         source = LaneSource(
             handle=handle, epoch=epoch, row=grant.row, request=request,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
-            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                    seed=s.seed if s.seed is not None else secrets.randbits(63)),
-            eos_token_ids=() if request.ignore_eos else self._eos,
+            sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
+            eos_token_ids=ending_token_ids(request, self._eos),
         )
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])

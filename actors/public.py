@@ -20,13 +20,14 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+# Per-request sampling: one value from the request to the device row.
+from gpu import MAX_LOGIT_BIAS_ENTRIES as MAX_LOGIT_BIAS_ENTRIES
+
 # The most alternatives a request may ask for per token.
 from gpu import TOP_LOGPROBS as TOP_LOGPROBS
 
 # The alternatives at one place: (token id, logprob) pairs, best first.
 from gpu import Alternatives as Alternatives
-
-# Per-request sampling: one value from the request to the device row.
 from gpu import SamplingParams as SamplingParams
 
 # The context rule admission applies, for callers that check a request before submitting.

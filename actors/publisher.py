@@ -135,7 +135,9 @@ class PublisherState:
             cached_tokens=msg.cached_tokens, events=msg.events, arrived_ns=msg.arrived_ns,
             output=OutputStream(decode=self._decode, max_tokens=msg.request.max_tokens,
                                 eos_token_ids=self._eos, stop=msg.request.stop,
-                                ignore_eos=msg.request.ignore_eos),
+                                ignore_eos=msg.request.ignore_eos,
+                                stop_token_ids=msg.request.sampling.stop_token_ids,
+                                min_tokens=msg.request.sampling.min_tokens),
         )
 
     def _stream(self, handle: RequestHandle, epoch: int) -> _Stream | None:

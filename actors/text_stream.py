@@ -95,17 +95,19 @@ class StopStringBuffer:
     def held_back(self) -> str:
         return self._pending
 
-    def push(self, text: str) -> tuple[str, bool]:
+    def push(self, text: str, *, matching: bool = True) -> tuple[str, bool]:
         """Add ``text``; return ``(visible, stopped)``.
 
         ``visible`` never contains a stop string nor a suffix that could still grow
         into one. When ``stopped``, ``visible`` is the text before the earliest match
-        and everything after it is discarded.
+        and everything after it is discarded. With ``matching`` False (text of tokens
+        before ``min_tokens``) nothing stops; only a suffix that could still grow into
+        a stop is held back.
         """
         if not self._stops:
             return text, False
         pending = self._pending + text
-        match = self._earliest_match(pending)
+        match = self._earliest_match(pending) if matching else None
         if match is not None:
             self._pending = ""
             return pending[:match], True
@@ -142,7 +144,8 @@ class StreamStep:
 
 
 class OutputStream:
-    """One request's output: detokenisation, stop strings, EOS and ``max_tokens``.
+    """One request's output: detokenisation, stop strings, EOS (and the request's
+    ``stop_token_ids``) and ``max_tokens``.
 
     Token accounting: ``completion_tokens`` counts every generated token, an EOS
     included. The EOS token's text is never shown and its id is not part of a delta;
@@ -157,11 +160,17 @@ class OutputStream:
         eos_token_ids: Sequence[int],
         stop: Sequence[str],
         ignore_eos: bool,
+        stop_token_ids: Sequence[int] = (),
+        min_tokens: int = 0,
     ) -> None:
         self._detokenizer = IncrementalDetokenizer(decode)
         self._stops = StopStringBuffer(stop)
         self._max_tokens = max_tokens
-        self._eos = frozenset(() if ignore_eos else eos_token_ids)
+        # stop_token_ids end the output like EOS (even with ignore_eos, as in vLLM)
+        self._eos = frozenset((*(() if ignore_eos else eos_token_ids), *stop_token_ids))
+        # stop strings count from the min_tokens-th token on, as in vLLM (the device
+        # already keeps EOS and stop_token_ids out before it)
+        self._min_tokens = min_tokens
         self._pending_ids: list[int] = []
         self._pending_logprobs: list[float] = []
         self._pending_top: list[Alternatives] = []
@@ -184,6 +193,8 @@ class OutputStream:
             return StreamStep(delta=None, finish="length")
         visible_ids: list[int] = []
         finish: FinishReason | None = None
+        # visible tokens numbered below min_tokens: their text cannot stop the output
+        unmatched = max(0, self._min_tokens - 1 - self.completion_tokens)
         for index, token in enumerate(token_ids):
             self.completion_tokens += 1
             if token in self._eos:
@@ -198,7 +209,13 @@ class OutputStream:
                 finish = "length"
                 break
         self._pending_ids.extend(visible_ids)
-        text, stopped = self._stops.push(self._detokenizer.push(visible_ids))
+        text = ""
+        if unmatched:
+            text, _ = self._stops.push(self._detokenizer.push(visible_ids[:unmatched]),
+                                       matching=False)
+            visible_ids = visible_ids[unmatched:]
+        tail, stopped = self._stops.push(self._detokenizer.push(visible_ids))
+        text += tail
         if stopped:
             finish = "stop"
         elif finish is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from actors import TOP_LOGPROBS, SamplingParams
 from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
+from app.sampling_fields import parse_sampling_fields
 
 MAX_STOP_STRINGS = 4
 # Each message adds template work (anchors render prefixes); this bounds a single request's
@@ -208,12 +209,6 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
         raise bad_request(f"'best_of'={best_of} is not supported: only best_of equal to n "
                           f"(here {n}) is served (every generated choice is returned).",
                           param="best_of")
-    fields.refuse_unless("presence_penalty", 0, "penalties are not implemented.", integer=False)
-    fields.refuse_unless("frequency_penalty", 0, "penalties are not implemented.",
-                         integer=False)
-    logit_bias = fields.body.get("logit_bias")
-    if logit_bias:
-        raise bad_request("'logit_bias' is not supported.", param="logit_bias")
     max_tokens = None
     for name in max_tokens_names:
         value = fields.integer(name, lo=0, hi=2**31 - 1)
@@ -251,6 +246,7 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
             top_p=top_p,
             top_k=max(0, top_k or 0),  # OpenAI-style -1 and 0 both mean "no top-k"
             seed=seed,
+            **parse_sampling_fields(fields.body),
         ),
         stop=_stop_strings(fields.body.get("stop")),
         stream=stream,

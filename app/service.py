@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import trio
 
-from actors import GenerationRequest, Runtime, context_room, fits_context
+from actors import GenerationRequest, Runtime, SamplingParams, context_room, fits_context
 from app.chat_template import ChatTemplate, tokenize_chat
 from app.errors import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -223,6 +223,15 @@ class FlareService:
             raise bad_request(f"Token id {bad} in '{param}' is outside the vocabulary "
                               f"(size {vocab}).", param=param)
 
+    def _check_sampling(self, sampling: SamplingParams, max_tokens: int) -> None:
+        """What parsing cannot check: token ids inside the vocabulary, ``min_tokens`` at
+        most the resolved ``max_tokens``."""
+        self.check_vocabulary(tuple(t for t, _ in sampling.logit_bias), param="logit_bias")
+        self.check_vocabulary(sampling.stop_token_ids, param="stop_token_ids")
+        if sampling.min_tokens > max_tokens:
+            raise bad_request(f"'min_tokens' ({sampling.min_tokens}) must not exceed "
+                              f"max_tokens ({max_tokens}).", param="min_tokens")
+
     def tokenize(self, params: TokenizeParams) -> tuple[int, ...]:
         """The token ids of a prompt, or of a conversation rendered by the chat template."""
         check_model(params.model, self.model_names)
@@ -285,6 +294,7 @@ class FlareService:
                             limit=self.runtime.max_context):
             raise self._too_long(len(prompt_ids), max_tokens,
                                  param="prompt" if prefix == "cmpl" else "messages")
+        self._check_sampling(common.sampling, max_tokens)
         return GenerationRequest(
             prompt_token_ids=prompt_ids,
             max_tokens=max_tokens,

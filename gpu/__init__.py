@@ -36,6 +36,7 @@ from gpu.catalog import (
 from gpu.frames import (
     FRAME_KEY,
     GREEDY,
+    MAX_LOGIT_BIAS_ENTRIES,
     NO_PROMPT_ROW,
     TOP_LOGPROBS,
     Alternatives,
@@ -71,6 +72,7 @@ from gpu.programs.speculative_frames import (
 __all__ = [
     "FRAME_KEY",
     "GREEDY",
+    "MAX_LOGIT_BIAS_ENTRIES",
     "NO_PROMPT_ROW",
     "TOP_LOGPROBS",
     "Alternatives",

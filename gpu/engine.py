@@ -139,7 +139,8 @@ class ModelEngine:
         if execution.capture_forward:
             decoder.enable_capture()
         cache = PagedKVCache(config, geometry, device=device, dtype=serving_dtype)
-        state = RequestState(state_rows, geometry, device=device)
+        state = RequestState(state_rows, geometry, vocab_size=config.vocab_size,
+                             device=device)
         shapes = list(dict.fromkeys(catalog))
         max_tokens = max([s.max_packed_extent for s in shapes if s.kind is not GraphKind.STATE],
                          default=1)

@@ -53,6 +53,10 @@ class FrameError(ValueError):
 # ---------------------------------------------------------------- state updates
 
 
+MAX_LOGIT_BIAS_ENTRIES = 300
+"""Most ``logit_bias`` entries one request may carry (OpenAI's own limit)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
     """Per-request sampling, as a request asks for it and as a state row runs it.
@@ -62,12 +66,32 @@ class SamplingParams:
     batch; a request without one (None) gets one drawn at admission, so a state row is
     always initialised with a seed. Values are checked where they enter: admission
     refuses what ``problem`` names, and a row refuses unseeded or invalid parameters
-    (``check_row``)."""
+    (``check_row``).
+
+    Logit processing (``gpu.sampling.process_logits``, applied before the greedy
+    argmax and before temperature, as vLLM does), all off at their defaults:
+    ``presence_penalty`` / ``frequency_penalty`` subtract ``p * [count > 0]`` /
+    ``f * count`` from each token's logit, counting the request's *output* tokens;
+    ``repetition_penalty`` divides positive (multiplies negative) logits of every token
+    seen in the prompt or the output; ``logit_bias`` adds ``(token id, bias)``;
+    ``min_tokens`` forbids the tokens that would end the request (EOS and
+    ``stop_token_ids``) until that many tokens were generated. ``min_p`` keeps tokens
+    whose temperature-scaled probability is at least ``min_p`` times the most likely
+    one's (a filter next to top-k and top-p). ``stop_token_ids`` end the request like
+    EOS (finish reason ``stop``, the token is not part of the text). Token ids are
+    checked against the vocabulary where it is known (admission)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
 
     def problem(self) -> str | None:
         """The first reason these parameters can never be run, or None."""
@@ -79,7 +103,51 @@ class SamplingParams:
             return f"top_k must be >= 0, got {self.top_k}"
         if self.seed is not None and not 0 <= self.seed < 2**63:
             return "seed must lie in 0..2**63-1"
+        return self._processing_problem()
+
+    def _processing_problem(self) -> str | None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:  # NaN fails too
+                return f"{name} must lie in [-2, 2], got {value}"
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            return f"repetition_penalty must be finite and > 0, got {self.repetition_penalty}"
+        if not 0.0 <= self.min_p <= 1.0:
+            return f"min_p must lie in [0, 1], got {self.min_p}"
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            return f"logit_bias holds at most {MAX_LOGIT_BIAS_ENTRIES} entries"
+        ids = [token for token, _ in self.logit_bias]
+        if len(set(ids)) != len(ids):
+            return "logit_bias names a token id twice"
+        for token, bias in self.logit_bias:
+            if token < 0:
+                return f"logit_bias token ids must be >= 0, got {token}"
+            if not -100.0 <= bias <= 100.0:
+                return f"logit_bias values must lie in [-100, 100], got {bias}"
+        if self.min_tokens < 0:
+            return f"min_tokens must be >= 0, got {self.min_tokens}"
+        if any(t < 0 for t in self.stop_token_ids):
+            return "stop_token_ids must be >= 0"
         return None
+
+    def token_problem(self, vocab_size: int) -> str | None:
+        """The first token id (``logit_bias``, ``stop_token_ids``) outside a vocabulary of
+        ``vocab_size``, named with its field, or None."""
+        bad = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
+        if bad is not None:
+            return f"logit_bias token id {bad} is outside the vocabulary (size {vocab_size})"
+        bad = next((t for t in self.stop_token_ids if t >= vocab_size), None)
+        if bad is not None:
+            return f"stop_token_ids id {bad} is outside the vocabulary (size {vocab_size})"
+        return None
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logit processing or the min-p filter is on (False at defaults:
+        the programs then skip it, and the result is the same)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0 or self.min_p != 0.0
+                or bool(self.logit_bias) or self.min_tokens > 0)
 
     def check_row(self) -> None:
         """Raise ``ValueError`` unless a state row can run these parameters."""
@@ -110,6 +178,13 @@ class RowInit:
     position: int = 0
     pending_token: int = 0
     sampling: SamplingParams = GREEDY
+    prompt_tokens: tuple[int, ...] = ()
+    """The request's prompt tokens, for ``repetition_penalty`` (which penalises tokens
+    seen in the prompt, cached prefix included); only needed when it is on."""
+    end_token_ids: tuple[int, ...] = ()
+    """Every token id that ends the request (EOS unless ignored, ``stop_token_ids``),
+    forbidden while fewer than ``sampling.min_tokens`` tokens were generated; only
+    needed when ``min_tokens`` is on."""
 
     def __post_init__(self) -> None:
         self.sampling.check_row()
@@ -194,6 +269,10 @@ class RowCopy:
     def __post_init__(self) -> None:
         if self.sampling is not None:
             self.sampling.check_row()
+            if self.sampling.processes_logits:
+                # the copied row's penalty state belongs to the source's request
+                raise ValueError("a row copy cannot replace sampling with logit processing "
+                                 "(initialise the row instead)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""Sampling: greedy, temperature, top-k, top-p, with counter-based randomness.
+"""Sampling: logit processing, greedy, temperature, top-k, top-p, min-p, with
+counter-based randomness.
 
 Owns token selection from logits. Randomness is a pure integer hash of (request seed,
 sequence position, vocabulary index) computed with torch int64 ops, turned into Gumbel
@@ -9,10 +10,16 @@ data-dependent shapes. Greedy rows (temperature 0) take the argmax.
 Also owns the one distribution reported logprobs come from (``reported_log_probs``: the
 raw model distribution, whatever the sampling filters) and the fixed-width top
 alternatives every program reports (``top_alternatives``).
+
+Logit processing (``process_logits``: logit bias, repetition / frequency / presence
+penalties, the ``min_tokens`` mask) runs first, on the cleaned logits, so it changes the
+greedy argmax too (as in vLLM); ``min_p`` is a filter beside top-k and top-p. The
+reported logprob stays that of the model's own distribution.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -70,6 +77,89 @@ def top_alternatives(log_probs: torch.Tensor, width: int) -> tuple[torch.Tensor,
     return top_id, top_lp
 
 
+_FORBIDDEN = -1e30
+"""The logit of a token ``min_tokens`` forbids (finite, like ``clean_logits``' floor:
+softmax gives it exactly zero mass)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowProcessing:
+    """The logit-processing state of ``N`` sampled rows (``RequestState.processing``):
+    parameters ``[N]``, per-token state ``[N, V]``, the sparse logit bias ``[N, K]``."""
+
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    repetition: torch.Tensor
+    min_p: torch.Tensor
+    bias_ids: torch.Tensor
+    """``[N, K]`` token ids of the logit bias (padding: id 0 with bias 0)."""
+    bias_values: torch.Tensor
+    counts: torch.Tensor
+    """Output-token counts (float32)."""
+    prompt_seen: torch.Tensor
+    end_tokens: torch.Tensor
+    """Tokens that end the request, forbidden while ``generated < min_tokens``."""
+    generated: torch.Tensor
+    min_tokens: torch.Tensor
+
+
+def process_logits(safe: torch.Tensor, processing: RowProcessing) -> torch.Tensor:
+    """``safe [N, V]`` (cleaned logits) with each row's processing applied, in vLLM's
+    order: add the logit bias; divide positive (multiply negative) logits of tokens
+    seen in the prompt or the output by the repetition penalty; subtract
+    ``frequency * count + presence * [count > 0]`` over output counts; forbid the
+    ending tokens while fewer than ``min_tokens`` were generated. Every parameter at
+    its neutral value leaves a row unchanged, bit for bit."""
+    p = processing
+    counts = p.counts
+    present = counts > 0
+    out = safe.scatter_add(1, p.bias_ids, p.bias_values)
+    repetition = p.repetition[:, None]
+    penalised = torch.where(out > 0, out / repetition, out * repetition)
+    out = torch.where(p.prompt_seen | present, penalised, out)
+    out = out - p.frequency[:, None] * counts - p.presence[:, None] * present.to(out.dtype)
+    early = (p.generated < p.min_tokens)[:, None]
+    return out.masked_fill(early & p.end_tokens, _FORBIDDEN)
+
+
+def processing_after_drafts(processing: RowProcessing, drafts: torch.Tensor) -> RowProcessing:
+    """The processing state for each target row of a speculative round, ``B * W`` rows
+    (lane-major): row ``i`` of a lane sees the lane's state as it would be after its
+    drafts ``0..i-1`` were emitted (``drafts int64 [B, W-1]``; negative: absent), so
+    verifying row ``i`` uses the distribution the ordinary sampler would use there."""
+    batch, depth = drafts.shape
+    width = depth + 1
+    p = processing
+    vocab = p.counts.shape[-1]
+    emitted = torch.zeros((batch, width, vocab), dtype=p.counts.dtype, device=p.counts.device)
+    if depth:
+        emitted[:, 1:].scatter_add_(2, drafts.clamp(min=0)[..., None],
+                                    (drafts >= 0).to(emitted.dtype)[..., None])
+    counts = p.counts[:, None] + emitted.cumsum(dim=1)
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return values[:, None].expand(batch, width, *values.shape[1:]).reshape(
+            batch * width, *values.shape[1:])
+
+    step = torch.arange(width, device=drafts.device)[None, :]
+    return RowProcessing(
+        presence=per_row(p.presence), frequency=per_row(p.frequency),
+        repetition=per_row(p.repetition), min_p=per_row(p.min_p),
+        bias_ids=per_row(p.bias_ids), bias_values=per_row(p.bias_values),
+        counts=counts.reshape(batch * width, vocab), prompt_seen=per_row(p.prompt_seen),
+        end_tokens=per_row(p.end_tokens),
+        generated=(p.generated[:, None] + step).reshape(-1), min_tokens=per_row(p.min_tokens),
+    )
+
+
+def min_p_keep(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Which tokens of ``scaled [N, V]`` pass each row's min-p filter, bool ``[N, V]``:
+    probability at least ``min_p`` times the row's most likely token's (0 keeps all;
+    the most likely token is always kept)."""
+    probs = torch.softmax(scaled, dim=-1)
+    return probs >= min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+
+
 def scale_by_temperature(safe: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """``safe [N, V]`` divided by each row's temperature; greedy rows (temperature 0)
     are left unscaled."""
@@ -115,13 +205,16 @@ def sample(
     position: torch.Tensor,
     greedy_only: bool = False,
     top_width: int = 0,
+    processing: RowProcessing | None = None,
 ) -> Sampled:
     """Sample one token per row of ``logits [N, V]``.
 
     The logprob and the ``top_width`` alternatives are under ``reported_log_probs``
-    (the unfiltered temperature-1 distribution). ``greedy_only`` (a host-known promise
-    that every row has temperature 0, made by eager programs) skips the stochastic
-    pipeline; the result is the same.
+    (the unprocessed, unfiltered temperature-1 distribution). ``greedy_only`` (a
+    host-known promise that every row has temperature 0, made by eager programs) skips
+    the stochastic pipeline; the result is the same. ``processing`` (None: every row's
+    is off) is applied first, greedy rows included (``process_logits``), and adds the
+    min-p filter.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
@@ -129,6 +222,8 @@ def sample(
     safe = clean_logits(logits)
     log_probs = reported_log_probs(logits)
     top_ids, top_logprobs = top_alternatives(log_probs, top_width)
+    if processing is not None:
+        safe = process_logits(safe, processing)
     greedy_token = safe.argmax(dim=-1)
     if greedy_only:
         logprob = log_probs.gather(1, greedy_token[:, None]).squeeze(1)
@@ -137,6 +232,8 @@ def sample(
     greedy = temperature <= 0.0
     scaled = scale_by_temperature(safe, temperature)
     keep = top_k_top_p_keep(scaled, top_k=top_k, top_p=top_p)
+    if processing is not None:
+        keep &= min_p_keep(scaled, processing.min_p)
 
     uniform = counter_uniform(seed, position, vocab)
     gumbel = -torch.log(-torch.log(uniform))

@@ -63,10 +63,14 @@ class ReferenceDriver:
         assert isinstance(result, StepResult)
         return result
 
-    def init_row(self, row: int, sampling: SamplingParams = GREEDY) -> RowInit:
+    def init_row(self, row: int, sampling: SamplingParams = GREEDY, *,
+                 prompt: Sequence[int] = (), end_token_ids: Sequence[int] = ()) -> RowInit:
+        """A fresh row; ``prompt`` and ``end_token_ids`` are what ``RowInit`` carries
+        for the repetition penalty and ``min_tokens``."""
         self.release(row)
         self.rows[row] = RowMirror()
-        return RowInit(row=row, sampling=sampling)
+        return RowInit(row=row, sampling=sampling, prompt_tokens=tuple(prompt),
+                       end_token_ids=tuple(end_token_ids))
 
     def release(self, row: int) -> None:
         mirror = self.rows.pop(row, None)
@@ -92,9 +96,11 @@ class ReferenceDriver:
         *,
         chunk: int,
         sampling: SamplingParams = GREEDY,
+        end_token_ids: Sequence[int] = (),
     ) -> int:
         """Run the whole prompt in chunks of ``chunk`` tokens; return the first output token."""
-        updates: tuple[StateUpdate, ...] = (self.init_row(row, sampling),)
+        updates: tuple[StateUpdate, ...] = (
+            self.init_row(row, sampling, prompt=prompt, end_token_ids=end_token_ids),)
         token = -1
         for start in range(0, len(prompt), chunk):
             piece = tuple(prompt[start:start + chunk])

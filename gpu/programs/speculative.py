@@ -40,7 +40,12 @@ import torch
 from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.programs.execution import context_buckets
 from gpu.programs.speculative_binding import LEARNED, SpeculativeBinding
-from gpu.sampling import top_alternatives
+from gpu.sampling import (
+    clean_logits,
+    process_logits,
+    processing_after_drafts,
+    top_alternatives,
+)
 from gpu.speculative import (
     PAD_TOKEN,
     PackedLayout,
@@ -250,8 +255,15 @@ class SpeculativeProgram(SpeculativeBinding):
         logits = self._decoder.logits(hidden)
         lane_logits = logits.view(b, w, -1) if self.rectangular else \
             unpack_lane_rows(logits, layout, w)  # [B, W, V]
+        # the ordinary sampler's logit processing, row i after the lane's drafts 0..i-1
+        target_logits, min_p = lane_logits, None
+        if self.any_processing:
+            processing = processing_after_drafts(st.processing(rows), drafts)
+            target_logits = process_logits(
+                clean_logits(lane_logits.float()).reshape(b * w, -1), processing).view(b, w, -1)
+            min_p = st.min_p[rows]
         if self.any_sampled:
-            target_probs = filtered_probs_by_lane(lane_logits, **params)
+            target_probs = filtered_probs_by_lane(target_logits, **params, min_p=min_p)
             result = verify_drafts(draft_tokens=drafts, draft_probs=draft_probs,
                                    target_probs=target_probs, lengths=lengths, seed=seed,
                                    position=n + 1)
@@ -264,7 +276,7 @@ class SpeculativeProgram(SpeculativeBinding):
                 self._report_beyond(acceptance_probability(target_probs[:, d], q),
                                     lengths, active)
         else:  # every lane greedy: the same verification from argmax tokens
-            target_tokens = greedy_tokens(lane_logits)
+            target_tokens = greedy_tokens(target_logits)
             result = verify_greedy(draft_tokens=drafts, target_tokens=target_tokens,
                                    lengths=lengths, vocab_size=lane_logits.shape[-1])
             if self._beyond_logits is not None:
@@ -298,6 +310,8 @@ class SpeculativeProgram(SpeculativeBinding):
                   result.tokens.reshape(-1), emits.reshape(-1))
         st.pending_token.index_copy_(0, rows, torch.where(active, result.next_token, pending))
         st.position.index_copy_(0, rows, n + result.emitted)
+        if self.any_processing:
+            st.record_outputs(rows, result.tokens, emits & active[:, None])
         if self.catches_up:  # the draft KV is current through the accepted drafts now
             st.draft_position.index_copy_(
                 0, rows, torch.where(active, n + result.emitted, st.draft_position[rows]))

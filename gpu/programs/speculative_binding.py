@@ -119,6 +119,8 @@ class SpeculativeBinding:
         self.any_sampled = True
         """False when every active lane is greedy and the shortcut is enabled: the round
         then verifies from argmax tokens (``verify_greedy``), the same result."""
+        self.any_processing = True
+        """False when no active lane has logit processing on (greedy shortcut only)."""
         self.caches_last_draft = True
         """False when no lane's limit reaches W: no lane can accept all D drafts, so the
         learned draft's last step (caching the last draft's KV) would write only the
@@ -257,6 +259,7 @@ class SpeculativeBinding:
                            else _gather_to_host(st.temperature, active)).tolist()
             # filtered_probs' greedy test is ``temperature <= 0``; NaN counts as sampled
             self.any_sampled = any(not t <= 0.0 for t in temperature)
+            self.any_processing = st.any_processing(active)
 
     def _window_for(self, lags: np.ndarray) -> int:
         """The catch-up window for lanes lagging ``lags`` positions: the power of two

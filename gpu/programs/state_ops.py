@@ -21,7 +21,7 @@ import torch
 from gpu.frames import RESULT_KEY, FrameError, StateOpFrame, StateOpResult, frame_of
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.workspace import Workspace
-from gpu.request_state import RequestState, StateError
+from gpu.request_state import NEUTRAL_PROCESSING, RequestState, StateError
 from policy.descriptors import GraphKind, GraphShape, StateOp
 
 
@@ -51,6 +51,7 @@ class StateOpProgram:
             "seed": workspace.copy_seed[:lanes],
         }
         self._lanes = 0
+        self._copies_processing = True
 
     @property
     def shape(self) -> GraphShape:
@@ -123,6 +124,10 @@ class StateOpProgram:
                             (self.page_src, psrc), (self.page_dst, pdst)):
             buf.copy_(torch.tensor(values, dtype=torch.int64))
         self._lanes = lanes
+        # On the CPU, rows with no logit processing skip copying its state (their own is
+        # neutral whatever it holds; ``gpu.request_state``); on a device, always copied.
+        self._copies_processing = (self._state.host_views is None
+                                   or self._state.any_processing([*src, *dst]))
 
     def execute(self) -> None:
         if self.op in (StateOp.SNAPSHOT, StateOp.RESTORE):
@@ -143,7 +148,11 @@ class StateOpProgram:
         self._cache.copy_pages(
             torch.where(has_partial, src_page, sink_t), torch.where(has_partial, dpage, sink_t)
         )
-        copied = {name: t[src] for name, t in st.fields().items()}
+        fields = st.fields()
+        if not self._copies_processing:
+            for name in st.processing_fields():
+                del fields[name]
+        copied = {name: t[src] for name, t in fields.items()}
         block_index = torch.arange(geo.blocks_per_row, device=pos.device)[None, :]
         full_blocks = torch.div(pos, ps, rounding_mode="floor")[:, None]
         tables = torch.where(block_index < full_blocks, src_tables, sink)
@@ -153,7 +162,12 @@ class StateOpProgram:
         copied["block_table"] = tables
         for name, value in self.sampling_values.items():
             copied[name] = torch.where(self.override, value, copied[name])
-        for name, tensor in st.fields().items():
+        for name in st.processing_fields() if self._copies_processing else ():
+            value = copied[name]  # a replaced sampling has no processing
+            override = self.override.view(-1, *([1] * (value.dim() - 1)))
+            copied[name] = torch.where(override, torch.full_like(value, NEUTRAL_PROCESSING.get(
+                name, 0)), value)
+        for name, tensor in fields.items():
             tensor.index_copy_(0, dst, copied[name])
 
     def read_outputs(self) -> dict[str, Any]:

@@ -109,6 +109,8 @@ class StepProgram:
         """Blocks of the prompt lane's table that mixed prompt attention gathers."""
         self.any_sampled = True
         """False when every active lane is greedy and the shortcut is enabled."""
+        self.any_processing = True
+        """False when no active lane has logit processing on (eager options only)."""
         self.lane_logits: torch.Tensor | None = None
         """The last execution's target logits ``[sampled lanes, V]`` in sample order,
         for a wrapper that compares them with a draft's (``gpu.draft_state``)."""
@@ -226,6 +228,7 @@ class StepProgram:
                            else _gather_to_host(st.temperature, rows)).tolist()
             # sample()'s greedy test is ``temperature <= 0``; NaN counts as sampled
             self.any_sampled = any(not t <= 0.0 for t in temperature)
+            self.any_processing = st.any_processing(rows)
 
     # --------------------------------------------------------------- execute
 
@@ -278,7 +281,10 @@ class StepProgram:
             temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
             seed=st.seed[rows], position=pos[b.sample_index] + 1,
             greedy_only=not self.any_sampled, top_width=b.out_top_token.shape[1],
+            processing=st.processing(rows) if self.any_processing else None,
         )
+        if self.any_processing:
+            st.record_outputs(rows, token[:, None], b.commits_token[:, None])
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)
         b.out_finite.copy_(finite & in_context[b.sample_index])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu.sampling import clean_logits, scale_by_temperature, top_k_top_p_keep
+from gpu.sampling import clean_logits, min_p_keep, scale_by_temperature, top_k_top_p_keep
 
 
 def filtered_probs(
@@ -26,13 +26,17 @@ def filtered_probs(
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     top_k: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Probabilities ``float32 [N, V]`` of the distribution ``sample`` draws from for
-    each row of ``logits [N, V]`` (parameters ``[N]``)."""
+    each row of ``logits [N, V]`` (parameters ``[N]``; ``min_p`` None: off). Logit
+    processing, when on, is the caller's (``gpu.sampling.process_logits`` first)."""
     safe = clean_logits(logits.float())
     greedy = temperature <= 0.0
     scaled = scale_by_temperature(safe, temperature)
     keep = top_k_top_p_keep(scaled, top_k=top_k, top_p=top_p)
+    if min_p is not None:
+        keep &= min_p_keep(scaled, min_p)
     sampled = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
     one_hot = torch.zeros_like(sampled).scatter(1, safe.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, sampled)
@@ -52,6 +56,7 @@ def filtered_probs_by_lane(
     temperature: torch.Tensor,
     top_p: torch.Tensor,
     top_k: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``filtered_probs`` for ``logits [B, W, V]`` with per-lane parameters ``[B]``."""
     batch, width, vocab = logits.shape
@@ -62,6 +67,7 @@ def filtered_probs_by_lane(
     probs = filtered_probs(
         logits.reshape(batch * width, vocab), temperature=per_row(temperature),
         top_p=per_row(top_p), top_k=per_row(top_k),
+        min_p=None if min_p is None else per_row(min_p),
     )
     return probs.reshape(batch, width, vocab)
 

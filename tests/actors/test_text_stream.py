@@ -128,3 +128,33 @@ def test_stream_is_chunking_invariant(chunk: int) -> None:
             break
     assert "".join(out) == "naïve café — résumé "
     assert stream.finish_reason == "stop"
+
+
+def test_stop_token_ids_end_the_output_like_eos() -> None:
+    """A request's ``stop_token_ids`` finish it with "stop", the token neither shown nor
+    in the delta's ids but counted; they stop it even with ``ignore_eos``."""
+    stop = byte_ids("!")[0]
+    for ignore_eos in (False, True):
+        stream = make_stream(stop_token_ids=(stop,), ignore_eos=ignore_eos)
+        step = stream.push([*byte_ids("hey"), stop, *byte_ids("more")])
+        assert step.finish == "stop" and step.delta is not None
+        assert (step.delta.text, step.delta.token_ids) == ("hey", tuple(byte_ids("hey")))
+        assert stream.completion_tokens == 4
+    ignored = make_stream(ignore_eos=True)
+    assert ignored.push([*byte_ids("a"), EOS, *byte_ids("b")]).finish is None
+
+
+def test_stop_strings_count_from_the_min_tokens_th_token() -> None:
+    """As in vLLM, a stop string in the text of tokens before ``min_tokens`` does not
+    end the output; one completed from the ``min_tokens``-th token on does, even when
+    it began earlier, and within one fence the boundary falls between its tokens."""
+    stream = make_stream(stop=("ab",), min_tokens=4)
+    step = stream.push(byte_ids("abxa"))  # "ab" ends at token 2: ignored
+    assert step.finish is None and step.delta is not None
+    assert step.delta.text == "abx"  # the last "a" may still become "ab"
+    step = stream.push(byte_ids("bz"))  # "ab" spanning tokens 4 and 5: stops
+    assert step.finish == "stop" and (step.delta is None or step.delta.text == "")
+    whole = make_stream(stop=("ab",), min_tokens=4)
+    one = whole.push(byte_ids("abxaby"))
+    assert one.finish == "stop" and one.delta is not None and one.delta.text == "abx"
+    assert make_stream(stop=("ab",)).push(byte_ids("abx")).finish == "stop"

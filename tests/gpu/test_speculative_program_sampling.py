@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from logit_reference import reference_logits
 
 from gpu.engine import ModelEngine
 from gpu.frames import FRAME_KEY, PageAppend, RowInit, SamplingParams
@@ -73,8 +75,10 @@ def laws(small_pair: tuple[Path, Path]) -> tuple[np.ndarray, np.ndarray]:
     return exact_law(small_pair[0]), exact_law(small_pair[1])
 
 
-def exact_law(model_dir: Path) -> np.ndarray:
-    """P(t1, t2, t3 | prompt, pending) under ``model_dir`` at temperature 1."""
+def exact_law(model_dir: Path, processing: SamplingParams | None = None) -> np.ndarray:
+    """P(t1, t2, t3 | prompt, pending) under ``model_dir`` at temperature 1, with
+    ``processing``'s penalties, bias and min-p filter when given (the reference's, over
+    the outputs before each token)."""
     import transformers as tf
 
     model = tf.LlamaForCausalLM.from_pretrained(model_dir).eval()
@@ -82,15 +86,29 @@ def exact_law(model_dir: Path) -> np.ndarray:
     with torch.no_grad():
         for prefix in itertools.product(range(VOCAB), repeat=NEW - 1):
             ids = torch.tensor([[*PROMPT, PENDING, *prefix]])
-            probs = torch.softmax(model(ids).logits[0].double(), dim=-1)
+            logits = model(ids).logits[0].double()
+            probs = torch.softmax(logits, dim=-1)
+            if processing is not None:
+                probs = torch.stack([_processed_probs(logits[k - NEW], processing,
+                                                      list(prefix[:k]))
+                                     for k in range(NEW)])
             for t3 in range(VOCAB):
                 law[(*prefix, t3)] = (probs[-3, prefix[0]] * probs[-2, prefix[1]]
                                       * probs[-1, t3]).item()
     return law
 
 
-def sample_counts(target: Path, draft: Path, shape: GraphShape, source: str
-                  ) -> tuple[np.ndarray, int]:
+def _processed_probs(logits: torch.Tensor, s: SamplingParams, outputs: list[int]
+                     ) -> torch.Tensor:
+    processed = torch.tensor(reference_logits(logits.tolist(), s, prompt=[], outputs=outputs,
+                                              ends=set()), dtype=torch.float64)
+    probs = torch.softmax(processed, dim=-1)
+    probs = torch.where(probs >= s.min_p * probs.max(), probs, 0.0)
+    return probs / probs.sum()
+
+
+def sample_counts(target: Path, draft: Path, shape: GraphShape, source: str,
+                  processing: SamplingParams | None = None) -> tuple[np.ndarray, int]:
     """Counts of the first three new tokens over ``REQUESTS`` requests, and the drafts
     accepted on the way."""
     engine = ModelEngine.load(target, device="cpu", dtype=None, catalog=(PREFILL,),
@@ -110,7 +128,8 @@ def sample_counts(target: Path, draft: Path, shape: GraphShape, source: str
     for batch in range(REQUESTS // LANES):
         updates: tuple[RowInit | PageAppend, ...] = ()
         for row in rows:
-            sampling = SamplingParams(temperature=1.0, seed=10_000 + batch * LANES + row)
+            sampling = replace(processing or SamplingParams(), temperature=1.0,
+                               seed=10_000 + batch * LANES + row)
             updates += (RowInit(row=row, position=PAGE, pending_token=PENDING, sampling=sampling),
                         PageAppend(row=row, first_block=0, page_ids=(shared, own[row])))
         produced: list[list[int]] = [[] for _ in rows]
@@ -143,9 +162,13 @@ def chi_square(counts: np.ndarray, law: np.ndarray) -> tuple[float, float]:
     return statistic, critical
 
 
+EVERY_ROUND_KIND = pytest.mark.parametrize(
+    ("shape", "source"), [(HOST, LEARNED), (DEVICE, LEARNED), (HOST, COPY)],
+    ids=["query_length", "prefix_limit", "copy"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("shape", "source"), [(HOST, LEARNED), (DEVICE, LEARNED), (HOST, COPY)],
-                         ids=["query_length", "prefix_limit", "copy"])
+@EVERY_ROUND_KIND
 def test_sampled_output_follows_the_target_law(
     small_pair: tuple[Path, Path], laws: tuple[np.ndarray, np.ndarray], shape: GraphShape,
     source: str,
@@ -161,3 +184,26 @@ def test_sampled_output_follows_the_target_law(
     print(f"chi-square {statistic:.1f} (critical {critical:.1f}), against the draft "
           f"{against_draft:.1f}")
     assert against_draft > 3 * critical, (against_draft, critical)
+
+
+PROCESSING = SamplingParams(frequency_penalty=1.2, presence_penalty=0.6, min_p=0.15,
+                            logit_bias=((0, 0.8), (3, -0.5)))
+
+
+@pytest.mark.slow
+@EVERY_ROUND_KIND
+def test_sampled_output_with_processing_follows_the_processed_law(
+    small_pair: tuple[Path, Path], laws: tuple[np.ndarray, np.ndarray], shape: GraphShape,
+    source: str,
+) -> None:
+    """Penalties, logit bias and min-p: each target row of a round is processed as after
+    the drafts before it, so sampled output follows the processed target law (and not
+    the unprocessed one)."""
+    target, draft = small_pair
+    processed_law = exact_law(target, PROCESSING)
+    counts, accepted = sample_counts(target, draft, shape, source, PROCESSING)
+    assert accepted > REQUESTS // 20  # penalties make copies of the history rarer
+    statistic, critical = chi_square(counts, processed_law)
+    assert statistic < critical, (statistic, critical)
+    unprocessed, _ = chi_square(counts, laws[0])
+    assert unprocessed > 3 * critical, (unprocessed, critical)
