@@ -92,27 +92,40 @@ def _token_bytes(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:
     return pieces
 
 
+Matcher = tuple[Callable[[], object], Callable[[int], object]]
+"""A fresh matcher as (compute the next mask, consume a token: falsy when refused)."""
+
+
+def _stepper(compile_matcher: Callable[[], Matcher]) -> Stepper:
+    """Time ``compile_matcher`` and each mask of a pass over the document's tokens."""
+    def step(tokens: list[int]) -> tuple[float, list[float]]:
+        start = time.perf_counter()
+        compute_mask, consume = compile_matcher()
+        compiled = time.perf_counter() - start
+        times = []
+        for token in tokens:
+            t0 = time.perf_counter()
+            compute_mask()
+            times.append(time.perf_counter() - t0)
+            if consume(token) is False:
+                raise RuntimeError(f"the matcher refused token {token}")
+        return compiled, times
+    return step
+
+
 def _llguidance(tokenizer: Tokenizer, vocab_size: int, eos: int) -> Stepper:
     import llguidance
 
     lltok = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=eos)
+    mask = np.empty((vocab_size + 31) // 32, dtype=np.int32)
 
-    def step(tokens: list[int]) -> tuple[float, list[float]]:
-        start = time.perf_counter()
+    def compile_matcher() -> Matcher:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             SCHEMA, defaults={"whitespace_flexible": False})  # type: ignore[arg-type]
         matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
-        compiled = time.perf_counter() - start
-        mask = np.empty((vocab_size + 31) // 32, dtype=np.int32)
-        times = []
-        for token in tokens:
-            t0 = time.perf_counter()
-            matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-            times.append(time.perf_counter() - t0)
-            if not matcher.consume_token(token):
-                raise RuntimeError(f"llguidance refused token {token}: {matcher.get_error()}")
-        return compiled, times
-    return step
+        return (lambda: matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes),
+                matcher.consume_token)
+    return _stepper(compile_matcher)
 
 
 def _xgrammar(tokenizer: Tokenizer, vocab_size: int, eos: int) -> Stepper:
@@ -120,24 +133,14 @@ def _xgrammar(tokenizer: Tokenizer, vocab_size: int, eos: int) -> Stepper:
 
     info = xgr.TokenizerInfo(_token_bytes(tokenizer, vocab_size), xgr.VocabType.RAW,
                              vocab_size=vocab_size, stop_token_ids=[eos])
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
 
-    def step(tokens: list[int]) -> tuple[float, list[float]]:
-        start = time.perf_counter()
+    def compile_matcher() -> Matcher:
         compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-        compiled_grammar = compiler.compile_json_schema(
-            json.dumps(SCHEMA), any_whitespace=False, separators=(",", ":"))
-        matcher = xgr.GrammarMatcher(compiled_grammar)
-        compiled = time.perf_counter() - start
-        bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        times = []
-        for token in tokens:
-            t0 = time.perf_counter()
-            matcher.fill_next_token_bitmask(bitmask)
-            times.append(time.perf_counter() - t0)
-            if not matcher.accept_token(token):
-                raise RuntimeError(f"xgrammar refused token {token}")
-        return compiled, times
-    return step
+        matcher = xgr.GrammarMatcher(compiler.compile_json_schema(
+            json.dumps(SCHEMA), any_whitespace=False, separators=(",", ":")))
+        return lambda: matcher.fill_next_token_bitmask(bitmask), matcher.accept_token
+    return _stepper(compile_matcher)
 
 
 def _outlines_core(tokenizer: Tokenizer, vocab_size: int, eos: int) -> Stepper:
@@ -148,21 +151,14 @@ def _outlines_core(tokenizer: Tokenizer, vocab_size: int, eos: int) -> Stepper:
         if piece and index != eos:
             mapping.setdefault(piece, []).append(index)
     vocabulary = outlines_core.Vocabulary(eos, mapping)
+    mask = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
 
-    def step(tokens: list[int]) -> tuple[float, list[float]]:
-        start = time.perf_counter()
+    def compile_matcher() -> Matcher:
         regex = outlines_core.json_schema.build_regex_from_schema(json.dumps(SCHEMA), "")
         guide = outlines_core.Guide(outlines_core.Index(regex, vocabulary))
-        compiled = time.perf_counter() - start
-        mask = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
-        times = []
-        for token in tokens:
-            t0 = time.perf_counter()
-            guide.write_mask_into(mask.ctypes.data, mask.size, 4)
-            times.append(time.perf_counter() - t0)
-            guide.advance(token, return_tokens=False)
-        return compiled, times
-    return step
+        return (lambda: guide.write_mask_into(mask.ctypes.data, mask.size, 4),
+                lambda token: guide.advance(token, return_tokens=False))  # raises if refused
+    return _stepper(compile_matcher)
 
 
 LIBRARIES: dict[str, Callable[[Tokenizer, int, int], Stepper]] = {
