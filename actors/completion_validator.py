@@ -25,6 +25,9 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
   a speculative round's do;
 - a malformed lane fails only its own request (``ok=False`` with a message); a
   program fault fails every lane of its frame with the fault's message;
+- a grammar-constrained lane (structured output) advances its matcher with each valid
+  token; a token the grammar refuses fails the lane, and a token that completes the
+  grammar terminates the request like an EOS (``actors.grammar``);
 - it then retires the fence at the checkpoint-allocator *before* handing the
   validated frame to the planner, so anything the planner releases in response sees
   the fence as retired (PRE-53).
@@ -184,8 +187,9 @@ def _grammar_problem(context: LaneContext, tokens: tuple[int, ...]) -> str | Non
     """Advance the lane's grammar past ``tokens`` (valid samples, in order): the first
     one it refuses is a problem (the program ran without the lane's mask)."""
     grammar = context.grammar
-    for token in tokens if grammar is not None else ():
-        assert grammar is not None
+    if grammar is None:
+        return None
+    for token in tokens:
         if not grammar.accept(token):
             return f"token {token} is outside the request's grammar ({grammar.error})"
     return None
