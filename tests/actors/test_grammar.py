@@ -99,3 +99,21 @@ def test_admission_refuses_grammars_that_cannot_run(vocabulary: GrammarVocabular
     for refusing in (dataclasses.replace(limits, grammar=None),
                      dataclasses.replace(limits, structured_output="speculates")):
         assert isinstance(check_request(good_request, refusing), InvalidRequest)
+
+
+def test_lark_grammars_embed_json_schemas_and_gbnf_is_read(
+    tokenizer: Tokenizer, vocabulary: GrammarVocabulary,
+) -> None:
+    """A ``grammar`` spec is llguidance's Lark: it may embed a JSON schema (``%json``),
+    the shape a tool call takes; GBNF is read as well."""
+    lark = ('start: "<call>" args "</call>"\n'
+            'args: %json {"type": "object", "properties": {"n": {"type": "integer"}}, '
+            '"required": ["n"], "additionalProperties": false}\n')
+    matcher = vocabulary.matcher(GrammarSpec("grammar", lark))
+    for token in tokenizer.encode('<call>{"n":42}</call>', add_special_tokens=False):
+        assert matcher.accept(token)
+    assert matcher.complete
+    refused = vocabulary.matcher(GrammarSpec("grammar", lark))
+    assert not all(refused.accept(t) for t in
+                   tokenizer.encode('<call>{"m":1}</call>', add_special_tokens=False))
+    assert grammar_problem(GrammarSpec("grammar", 'root ::= "a" | "b"')) is None
