@@ -141,12 +141,17 @@ def _token_masks(lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSour
                  ) -> tuple[tuple[int, bytes], ...]:
     """``(row, allowed-token bitmask)`` for every constrained lane that samples: what
     its matcher allows after every validated token (completion feedback, QUEUE-13)."""
-    masks = []
+    rows: list[int] = []
+    grammars: list[RequestGrammar] = []
     for lane in lanes:
         source = sources[lane.handle]
         if source.grammar is not None and _context(lane, source).samples:
-            masks.append((source.row, source.grammar.mask()))
-    return tuple(masks)
+            rows.append(source.row)
+            grammars.append(source.grammar)
+    if not grammars:
+        return ()
+    masks = grammars[0].vocabulary.masks(grammars)
+    return tuple(zip(rows, masks, strict=True))
 
 
 def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource],

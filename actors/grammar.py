@@ -101,6 +101,23 @@ class GrammarVocabulary:
         self._tokenizer = llguidance.LLTokenizer(
             tokenizer_json, n_vocab=vocab_size,
             eos_token=list(self.eos_token_ids) or None)
+        self._executor: llguidance.LLExecutor | None = None
+        """Threads for a frame's masks (``masks``), started with the first batch."""
+
+    def masks(self, grammars: Sequence[RequestGrammar]) -> list[bytes]:
+        """The next-token masks of several matchers (one frame's constrained lanes),
+        computed in parallel by llguidance's executor threads, without the GIL."""
+        if len(grammars) < 2:
+            return [g.mask() for g in grammars]
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        out = np.empty((len(grammars), self.words), dtype=np.int32)
+        self._executor.unsafe_compute_mask_ptr(
+            [(g._matcher, i) for i, g in enumerate(grammars)], out.ctypes.data,
+            self.words * 4, len(grammars))
+        for g in grammars:
+            g.check()
+        return [row.tobytes() for row in out]
 
     def problem(self, spec: GrammarSpec) -> str | None:
         """Why ``spec`` cannot constrain a request on this vocabulary, or None."""
@@ -130,9 +147,13 @@ class RequestGrammar:
         """The bitmask of the tokens allowed next (``words`` little-endian int32)."""
         out = np.empty(self._vocabulary.words, dtype=np.int32)
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self.check()
+        return out.tobytes()
+
+    def check(self) -> None:
+        """Raise ``GrammarError`` if the matcher is in error (its mask is meaningless)."""
         if self._matcher.is_error():
             raise GrammarError(_first_line(self._matcher.get_error()))
-        return out.tobytes()
 
     def accept(self, token: int) -> bool:
         """Advance past a validated token; False when the grammar refuses it (the
@@ -140,6 +161,10 @@ class RequestGrammar:
         if token in self._vocabulary.eos_token_ids and self._matcher.is_accepting():
             return True
         return bool(self._matcher.consume_token(token))
+
+    @property
+    def vocabulary(self) -> GrammarVocabulary:
+        return self._vocabulary
 
     @property
     def complete(self) -> bool:

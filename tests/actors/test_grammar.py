@@ -117,3 +117,17 @@ def test_lark_grammars_embed_json_schemas_and_gbnf_is_read(
     assert not all(refused.accept(t) for t in
                    tokenizer.encode('<call>{"m":1}</call>', add_special_tokens=False))
     assert grammar_problem(GrammarSpec("grammar", 'root ::= "a" | "b"')) is None
+
+
+def test_a_frames_masks_computed_together_equal_each_matchers_own(
+    tokenizer: Tokenizer, vocabulary: GrammarVocabulary,
+) -> None:
+    """``masks`` (one frame's constrained lanes, on llguidance's executor threads) gives
+    each matcher exactly the mask it computes alone, in order."""
+    specs = [GrammarSpec("json_object"), GrammarSpec("regex", "[0-9]{2,4}"),
+             GrammarSpec("choice", '["alpha", "beta"]')]
+    grammars = [vocabulary.matcher(spec) for spec in specs]
+    grammars[0].accept(tokenizer.encode("{", add_special_tokens=False)[0])
+    together = vocabulary.masks(grammars)
+    assert together == [g.mask() for g in grammars]
+    assert len(set(together)) == len(specs)
