@@ -80,12 +80,24 @@ def grammar_problem(spec: GrammarSpec) -> str | None:
     return _first_line(problem) if problem else None
 
 
+def load_vocabulary(tokenizer_json: str, *, vocab_size: int, eos_token_ids: Sequence[int]
+                    ) -> tuple[GrammarVocabulary | None, str]:
+    """The runtime's grammar vocabulary, or None and why structured output is then
+    unavailable (the server still serves everything else)."""
+    try:
+        return GrammarVocabulary(tokenizer_json, vocab_size=vocab_size,
+                                 eos_token_ids=eos_token_ids), ""
+    except GrammarError as exc:
+        return None, f"structured output is not available: {exc}"
+
+
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else message
 
 
 class GrammarVocabulary:
-    """The served vocabulary as llguidance sees it (built once per runtime).
+    """The served vocabulary as llguidance sees it (built once per runtime; raises
+    ``GrammarError`` for a tokenizer llguidance cannot read).
 
     ``tokenizer_json``: the checkpoint's ``tokenizer.json`` text; ``vocab_size``: the
     model's logit width (masks have one bit per logit); ``eos_token_ids``: the tokens
@@ -98,9 +110,12 @@ class GrammarVocabulary:
         self.words = (vocab_size + 31) // 32
         """32-bit words per mask."""
         self.eos_token_ids = tuple(eos_token_ids)
-        self._tokenizer = llguidance.LLTokenizer(
-            tokenizer_json, n_vocab=vocab_size,
-            eos_token=list(self.eos_token_ids) or None)
+        try:
+            self._tokenizer = llguidance.LLTokenizer(
+                tokenizer_json, n_vocab=vocab_size,
+                eos_token=list(self.eos_token_ids) or None)
+        except ValueError as exc:  # e.g. a tokenizer without a byte-level decoder
+            raise GrammarError(f"the tokenizer is not one llguidance reads: {exc}") from exc
         self._executor: llguidance.LLExecutor | None = None
         """Threads for a frame's masks (``masks``), started with the first batch."""
 

@@ -45,7 +45,7 @@ from actors.checkpoint_allocator import AllocatorState
 from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
-from actors.grammar import GrammarVocabulary
+from actors.grammar import GrammarVocabulary, load_vocabulary
 from actors.messages import (
     AdmissionInbox,
     Admit,
@@ -374,6 +374,11 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         raise
     tokenizer = engine.tokenizer
     geometry = engine.geometry
+    grammar, grammar_missing = load_vocabulary(
+        tokenizer.to_json(), vocab_size=engine.config.vocab_size,
+        eos_token_ids=tokenizer.eos_token_ids)
+    if grammar is None:
+        log.warning("structured output unavailable", reason=grammar_missing)
     parts = RuntimeParts(
         backend=backend, programs=engine.programs, codec=TokenizerCodec(tokenizer),
         model_name=config.model_dir.name, vocab_size=engine.config.vocab_size,
@@ -390,8 +395,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
         measured_costs=measured,
-        grammar=GrammarVocabulary(tokenizer.to_json(), vocab_size=engine.config.vocab_size,
-                                  eos_token_ids=tokenizer.eos_token_ids),
+        grammar=grammar,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)

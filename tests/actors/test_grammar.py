@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from actors.admission import AdmissionLimits, check_request
 from actors.completion_validator import check_frame
 from actors.config import DEFAULT_MODEL_DIR
 from actors.errors import InvalidRequest
-from actors.grammar import GrammarError, GrammarVocabulary, grammar_problem
+from actors.grammar import GrammarError, GrammarVocabulary, grammar_problem, load_vocabulary
 from actors.public import GenerationRequest, GrammarSpec
 from gpu.model.tokenizer import Tokenizer
 
@@ -131,3 +132,15 @@ def test_a_frames_masks_computed_together_equal_each_matchers_own(
     together = vocabulary.masks(grammars)
     assert together == [g.mask() for g in grammars]
     assert len(set(together)) == len(specs)
+
+
+def test_a_tokenizer_llguidance_cannot_read_leaves_structured_output_off(
+    tiny_llama: Path,
+) -> None:
+    """A checkpoint whose tokenizer llguidance cannot read (the tiny test Llama's word
+    level one) still serves: there is no grammar vocabulary, with the reason, and
+    admission then refuses constrained requests (``InvalidRequest``)."""
+    tokenizer = Tokenizer.load(tiny_llama)
+    vocabulary, reason = load_vocabulary(tokenizer.to_json(), vocab_size=tokenizer.vocab_size,
+                                         eos_token_ids=tokenizer.eos_token_ids)
+    assert vocabulary is None and "structured output is not available" in reason
