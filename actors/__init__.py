@@ -16,6 +16,7 @@ from actors.errors import (
     QueueFull,
     RuntimeShutDown,
 )
+from actors.grammar import grammar_problem
 from actors.public import (
     MAX_LOGIT_BIAS_ENTRIES,
     TOP_LOGPROBS,
@@ -23,6 +24,8 @@ from actors.public import (
     Finished,
     FinishReason,
     GenerationRequest,
+    GrammarKind,
+    GrammarSpec,
     PromptScores,
     Runtime,
     RuntimeStatistics,
@@ -45,6 +48,8 @@ __all__ = [
     "FlareRuntimeError",
     "GenerationFailed",
     "GenerationRequest",
+    "GrammarKind",
+    "GrammarSpec",
     "InvalidRequest",
     "PromptScores",
     "QueueFull",
@@ -57,4 +62,5 @@ __all__ = [
     "TokenDelta",
     "context_room",
     "fits_context",
+    "grammar_problem",
 ]

@@ -25,6 +25,9 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
   a speculative round's do;
 - a malformed lane fails only its own request (``ok=False`` with a message); a
   program fault fails every lane of its frame with the fault's message;
+- a grammar-constrained lane (structured output) advances its matcher with each valid
+  token; a token the grammar refuses fails the lane, and a token that completes the
+  grammar terminates the request like an EOS (``actors.grammar``);
 - it then retires the fence at the checkpoint-allocator *before* handing the
   validated frame to the planner, so anything the planner releases in response sees
   the fence as retired (PRE-53).
@@ -125,14 +128,16 @@ class _LaneRecords:
         ceiling of at least one for a sample) and recorded, or failed alone with its
         first problem (``problem``: the caller's own finding)."""
         problem = _sampled_problem(lane, context, sample, self.vocab_size) or problem
+        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
+        problem = problem or _grammar_problem(context, tokens)
         if problem is not None:
             self.fail(lane, problem)
             return
-        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
         self.records.append(CompletionRecord(
             handle=lane.handle, epoch=lane.epoch, token_ids=tokens,
             prompt_tokens=lane.prompt_tokens if lane.role is LaneRole.PROMPT else 0,
-            terminated=any(t in context.eos_token_ids for t in tokens),
+            terminated=any(t in context.eos_token_ids for t in tokens)
+            or _grammar_complete(context, tokens),
         ))
         self.logprobs.append((sample.logprob,) if sample is not None else ())
         self.top_logprobs.append((sample.top_logprobs,) if sample is not None else ())
@@ -148,12 +153,13 @@ class _LaneRecords:
         own finding)."""
         problem = _identity_problem(lane, context) or _lane_problem(
             spec, context, lane.token_ceiling, self.vocab_size) or problem
-        if problem is not None:
-            self.fail(lane, problem)
-            return
         stop = next((i for i, t in enumerate(spec.tokens) if t in context.eos_token_ids),
                     None)
         count = len(spec.tokens) if stop is None else stop + 1
+        problem = problem or _grammar_problem(context, spec.tokens[:count])
+        if problem is not None:
+            self.fail(lane, problem)
+            return
         self.records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
                                              token_ids=spec.tokens[:count],
                                              terminated=stop is not None))
@@ -187,6 +193,23 @@ class _LaneRecords:
                           prompt_top_logprobs=prompt_top_logprobs,
                           rounds=rounds, draft_proposals=tuple(self.proposals),
                           draft_acceptances=tuple(self.acceptances))
+
+
+def _grammar_problem(context: LaneContext, tokens: tuple[int, ...]) -> str | None:
+    """Advance the lane's grammar past ``tokens`` (valid samples, in order): the first
+    one it refuses is a problem (the program ran without the lane's mask)."""
+    grammar = context.grammar
+    if grammar is None:
+        return None
+    for token in tokens:
+        if not grammar.accept(token):
+            return f"token {token} is outside the request's grammar ({grammar.error})"
+    return None
+
+
+def _grammar_complete(context: LaneContext, tokens: tuple[int, ...]) -> bool:
+    """The lane's grammar is complete after ``tokens``: its request ends (``stop``)."""
+    return bool(tokens) and context.grammar is not None and context.grammar.complete
 
 
 def _identity_problem(lane: Lane, context: LaneContext) -> str | None:

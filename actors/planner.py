@@ -32,10 +32,9 @@ completion (``actors.acceptance_observations``).
 
 from __future__ import annotations
 
-import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import structlog
 import trio
@@ -48,12 +47,13 @@ from actors.acceptance_observations import (
 from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
-    ending_token_ids,
+    admitted_source,
     kv_extent,
     mark_submitted,
     pack_frame,
     settle_decodes,
 )
+from actors.grammar import GrammarVocabulary, request_matcher
 from actors.messages import (
     AdmissionClosed,
     Admitted,
@@ -132,15 +132,19 @@ class Planner:
         clock_ns: Callable[[], int],
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
+        grammar: GrammarVocabulary | None = None,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
-        of width-one steps into the scheduler (``actors.acceptance_observations``)."""
+        of width-one steps into the scheduler (``actors.acceptance_observations``).
+        ``grammar``: the vocabulary constrained requests' matchers run on (admission
+        refuses them without one)."""
         self.scheduler = scheduler
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
         self._eos = tuple(eos_token_ids)
+        self._grammar = grammar
         self._clock_ns = clock_ns
         self._residents: dict[RequestHandle, _Resident] = {}
         self._by_request: dict[RequestId, RequestHandle] = {}
@@ -207,17 +211,14 @@ class Planner:
             max_output_tokens=scheduled_output_tokens(request),
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
-            handle=grant.handle,
+            handle=grant.handle, grammar_constrained=request.grammar is not None,
         )
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
-        s = request.sampling
-        source = LaneSource(
-            handle=handle, epoch=epoch, row=grant.row, request=request,
+        source = admitted_source(
+            request, handle=handle, epoch=epoch, row=grant.row,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
-            sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
-            eos_token_ids=ending_token_ids(request, self._eos),
-        )
+            eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar))
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle

@@ -34,6 +34,26 @@ from gpu import SamplingParams as SamplingParams
 from policy import context_room as context_room
 from policy import fits_context as fits_context
 
+GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+"""What a ``GrammarSpec.source`` is (see ``GrammarSpec``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A structured-output constraint on a request's generated tokens.
+
+    ``source`` by ``kind``: ``json_object`` any JSON object (``source`` is ignored, "" by
+    convention); ``json_schema`` a JSON Schema as JSON text; ``regex`` a regular
+    expression the whole output must match; ``choice`` a JSON list of strings, one of
+    which the output must equal; ``grammar`` a Lark grammar (llguidance's dialect, which
+    also reads GBNF) whose ``start`` rule the output must match. ``actors.grammar_problem``
+    says whether a spec compiles; the runtime refuses one that does not
+    (``InvalidRequest``).
+    """
+
+    kind: GrammarKind
+    source: str = ""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationRequest:
@@ -54,6 +74,9 @@ class GenerationRequest:
     one admitted prefills the prompt, the others wait in admission, then start from
     its prompt pages through the prefix cache (each is still its own request to the
     scheduler, with its own row, sampling and stream).
+    ``grammar``: constrain the output to a grammar (structured output): every sampled
+    token is one the grammar allows, end-of-sequence only where it may end, and the
+    request finishes (``stop``) when the grammar is complete.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -69,6 +92,7 @@ class GenerationRequest:
     client: str = ""
     request_id: str = ""
     prefill_group: str = ""
+    grammar: GrammarSpec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,7 @@ from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.context_sizing import serving_context
 from actors.errors import AdmissionError, RuntimeShutDown
+from actors.grammar import GrammarVocabulary, load_vocabulary
 from actors.log_defaults import quiet_unless_configured
 from actors.messages import (
     AdmissionInbox,
@@ -66,6 +67,7 @@ from actors.policy_setup import (
     learned_counterfactuals,
     make_scheduler,
     seed_estimates,
+    structured_output_problem,
 )
 from actors.public import (
     Finished,
@@ -155,6 +157,9 @@ class RuntimeParts:
     measured_costs: Mapping[GraphShape, int] = field(default_factory=dict)
     """Durations (ns) measured before serving (``actors.calibration``), seeded into the
     scheduler's estimates so that terminal captures have a known cost (QUEUE-22)."""
+    grammar: GrammarVocabulary | None = None
+    """The vocabulary grammar-constrained requests run on (structured output); None
+    refuses them."""
 
 
 class _EventStream:
@@ -311,7 +316,8 @@ async def open_runtime_with(parts: RuntimeParts, *,
                                 page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
-        prefix_caching=parts.prefix_caching))
+        prefix_caching=parts.prefix_caching,
+        grammar=parts.grammar, structured_output=structured_output_problem(parts)))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())
     planner = Planner(
@@ -321,6 +327,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
+        grammar=parts.grammar,
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -375,6 +382,11 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         raise
     tokenizer = engine.tokenizer
     geometry = engine.geometry
+    grammar, grammar_missing = load_vocabulary(
+        tokenizer.to_json(), vocab_size=engine.config.vocab_size,
+        eos_token_ids=tokenizer.eos_token_ids)
+    if grammar is None:
+        log.warning("structured output unavailable", reason=grammar_missing)
     parts = RuntimeParts(
         backend=backend, programs=engine.programs, codec=TokenizerCodec(tokenizer),
         model_name=config.model_dir.name, vocab_size=engine.config.vocab_size,
@@ -392,6 +404,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
         measured_costs=measured,
+        grammar=grammar,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
              dtype=str(engine.dtype).removeprefix("torch."),

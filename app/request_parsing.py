@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from actors import TOP_LOGPROBS, SamplingParams
+from actors import TOP_LOGPROBS, GrammarSpec, SamplingParams
 from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
 from app.sampling_fields import parse_sampling_fields
+from app.structured_fields import structured_output_of
 
 MAX_STOP_STRINGS = 4
 # Each message adds template work (anchors render prefixes); this bounds a single request's
@@ -45,6 +46,7 @@ class CommonParams:
     continuous_usage: bool = False
     """``stream_options.continuous_usage_stats``: every chunk carries the usage so far."""
     n: int = 1
+    grammar: GrammarSpec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,6 +257,7 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
         ignore_eos=fields.boolean("ignore_eos", False),
         user=user,
         n=n,
+        grammar=structured_output_of(fields.body),
     )
 
 
@@ -316,10 +319,6 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     fields = _Fields(body)
     if body.get("tools") or body.get("functions"):
         raise bad_request("Tool and function calling are not supported.", param="tools")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request("Only response_format {\"type\": \"text\"} is supported.",
-                          param="response_format")
     common = _common(fields, max_tokens_names=("max_tokens", "max_completion_tokens"))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")

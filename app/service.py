@@ -308,6 +308,7 @@ class FlareService:
             top_logprobs=top_logprobs,
             client=common.user,
             request_id=f"{prefix}-{request_id or uuid.uuid4().hex}",
+            grammar=common.grammar,
         )
 
     # -- shutdown -----------------------------------------------------------------------

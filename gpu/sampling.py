@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 
+from gpu.grammar_mask import mask_disallowed
+
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31 keep every product of a 32-bit value inside int64.
 _MUL_A = 0x7FEB352D
@@ -206,21 +208,24 @@ def sample(
     greedy_only: bool = False,
     top_width: int = 0,
     processing: RowProcessing | None = None,
+    token_mask: torch.Tensor | None = None,
 ) -> Sampled:
     """Sample one token per row of ``logits [N, V]``.
 
-    The logprob and the ``top_width`` alternatives are under ``reported_log_probs``
-    (the unprocessed, unfiltered temperature-1 distribution). ``greedy_only`` (a
-    host-known promise that every row has temperature 0, made by eager programs) skips
-    the stochastic pipeline; the result is the same. ``processing`` (None: every row's
-    is off) is applied first, greedy rows included (``process_logits``), and adds the
-    min-p filter.
+    ``token_mask`` (int32 words ``[N, ceil(V/32)]``, ``gpu.grammar_mask``) removes the
+    tokens a row's grammar disallows before anything else. The logprob and the
+    ``top_width`` alternatives are under ``reported_log_probs`` of what remains: the
+    model's temperature-1 distribution, unprocessed and unfiltered (renormalised over
+    the grammar's tokens for a constrained row). ``greedy_only`` (a host-known promise
+    that every row has temperature 0, made by eager programs) skips the stochastic
+    pipeline; the result is the same. ``processing`` (None: every row's is off) is
+    applied next, greedy rows included (``process_logits``), and adds the min-p filter.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     finite = torch.isfinite(logits).all(dim=-1)
-    safe = clean_logits(logits)
-    log_probs = reported_log_probs(logits)
+    safe = mask_disallowed(clean_logits(logits), token_mask)
+    log_probs = reported_log_probs(safe)
     top_ids, top_logprobs = top_alternatives(log_probs, top_width)
     if processing is not None:
         safe = process_logits(safe, processing)

@@ -33,6 +33,10 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "flare against another OpenAI-compatible server: tokens/s, TTFT and ITL, pair by pair"),
     (("bench", "chaos"), "ops.bench_chaos",
      "hostile clients against a live server: 5xx, hangs, leaks, probe-stream gaps"),
+    (("bench", "grammar"), "ops.bench_grammar",
+     "structured-output libraries: JSON-schema mask time per token on the served vocabulary"),
+    (("bench", "structured"), "ops.bench_structured",
+     "output tokens/s with and without a JSON schema at 1 and 8 streams"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
