@@ -47,7 +47,7 @@ def test_sampling_never_picks_a_masked_token(temperature: float) -> None:
                   top_k=torch.zeros(n, dtype=torch.int64),
                   seed=torch.arange(n, dtype=torch.int64),
                   position=torch.full((n,), 7, dtype=torch.int64))
-    token, logprob, finite = sample(logits, token_mask=mask, **common)
+    token, logprob, finite, *_ = sample(logits, token_mask=mask, **common)
     assert set(token[:-1].tolist()) <= allowed
     assert finite.all()
     index = torch.tensor(sorted(allowed))
@@ -55,7 +55,7 @@ def test_sampling_never_picks_a_masked_token(temperature: float) -> None:
     position = [sorted(allowed).index(t) for t in token[:-1].tolist()]
     expected = renormalised[torch.arange(n - 1), torch.tensor(position)]
     assert torch.allclose(logprob[:-1], expected, atol=1e-5)
-    free_token, free_logprob, _ = sample(logits, **common)
+    free_token, free_logprob, *_ = sample(logits, **common)
     assert token[-1] == free_token[-1] and logprob[-1] == free_logprob[-1]
 
 
