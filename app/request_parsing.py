@@ -3,7 +3,7 @@
 Everything a client can get wrong about the *shape* of a request is decided here and
 raised as a 400 ``ApiError`` naming the parameter; nothing malformed reaches the
 runtime. Unknown fields are ignored (clients send extensions freely); fields we know
-but cannot honour (``n > 1``, penalties, ``logit_bias``, tools...) are refused clearly
+but cannot honour (``n > 1``, penalties, ``logit_bias``...) are refused clearly
 rather than silently dropped.
 """
 
@@ -16,6 +16,12 @@ from typing import Any
 
 from actors import SamplingParams
 from app.errors import bad_request, model_not_found
+from app.tool_fields import (
+    ToolCallRecord,
+    ToolRequest,
+    parse_message_tool_fields,
+    parse_tool_request,
+)
 
 MAX_STOP_STRINGS = 4
 # Each message adds template work (anchors render prefixes); this bounds a single request's
@@ -53,6 +59,8 @@ class ChatMessage:
     role: str
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +68,7 @@ class ChatParams:
     common: CommonParams
     messages: tuple[ChatMessage, ...]
     logprobs: bool
+    tools: ToolRequest | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -320,8 +329,7 @@ def _message_content(value: Any, index: int) -> str:
 def parse_chat(body: dict[str, Any]) -> ChatParams:
     """``POST /v1/chat/completions``."""
     fields = _Fields(body)
-    if body.get("tools") or body.get("functions"):
-        raise bad_request("Tool and function calling are not supported.", param="tools")
+    tools = parse_tool_request(body)
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad_request("Only response_format {\"type\": \"text\"} is supported.",
@@ -335,7 +343,7 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
         raise bad_request("Only top_logprobs=0 is supported; top alternatives are not available.",
                           param="top_logprobs")
     return ChatParams(common=common, messages=messages,
-                      logprobs=fields.boolean("logprobs", False))
+                      logprobs=fields.boolean("logprobs", False), tools=tools)
 
 
 def _messages(raw: Any) -> tuple[ChatMessage, ...]:
@@ -355,8 +363,9 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
         name = item.get("name")
         if name is not None and not isinstance(name, str):
             raise bad_request(f"messages[{i}].name must be a string.", param="messages")
+        tool_calls, tool_call_id = parse_message_tool_fields(item, i)
         messages.append(ChatMessage(role=role, content=_message_content(item.get("content"), i),
-                                    name=name))
+                                    name=name, tool_calls=tool_calls, tool_call_id=tool_call_id))
     return tuple(messages)
 
 

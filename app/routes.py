@@ -43,6 +43,7 @@ from app.request_parsing import (
     parse_tokenize,
 )
 from app.service import FlareService, PreparedRequest
+from app.tool_calls import apply_to_body, tool_call_events
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -197,9 +198,10 @@ def register_routes(app: Quart, service: FlareService) -> None:
         params, prepared = await service.prepare(prepare_chat, body=raw, client=_client())
         stream = await service.start(prepared, endpoint="chat", stream=params.common.stream)
         if params.common.stream:
-            return _sse(_chat_events(service, prepared, stream, logprobs=params.logprobs,
-                                     include_usage=params.common.include_usage),
-                        _echoed_id(incoming, prepared))
+            return _sse(tool_call_events(_chat_events(
+                service, prepared, stream, logprobs=params.logprobs,
+                include_usage=params.common.include_usage), params.tools),
+                _echoed_id(incoming, prepared))
         text: list[str] = []
         entries: list[dict[str, Any]] | None = [] if params.logprobs else None
         try:
@@ -214,9 +216,10 @@ def register_routes(app: Quart, service: FlareService) -> None:
         finished = stream.finished
         if finished is None or finished.reason not in ("stop", "length"):
             raise _failure_error(stream)
-        return _json(chat_body(
+        return _json(apply_to_body(chat_body(
             _head(service, prepared), text="".join(text), logprobs=entries,
-            finished=finished), headers={"X-Request-Id": _echoed_id(incoming, prepared)})
+            finished=finished), params.tools),
+            headers={"X-Request-Id": _echoed_id(incoming, prepared)})
 
 
 def _finish_events(finished: Finished | None, stream: EventStream, last_chunk: dict[str, Any],

@@ -235,7 +235,8 @@ class FlareService:
                      request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_name)
         chat = tokenize_chat(self.template, self.codec, params.messages,
-                             max_chars=self.max_text_chars)
+                             max_chars=self.max_text_chars,
+                             tools=params.tools.offered if params.tools else ())
         max_tokens = params.common.max_tokens
         if max_tokens is None:
             max_tokens = context_room(prompt_len=len(chat.token_ids),
