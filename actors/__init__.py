@@ -16,10 +16,13 @@ from actors.errors import (
     QueueFull,
     RuntimeShutDown,
 )
+from actors.grammar import grammar_problem
 from actors.public import (
     Finished,
     FinishReason,
     GenerationRequest,
+    GrammarKind,
+    GrammarSpec,
     PromptScores,
     Runtime,
     RuntimeStatistics,
@@ -39,6 +42,8 @@ __all__ = [
     "FlareRuntimeError",
     "GenerationFailed",
     "GenerationRequest",
+    "GrammarKind",
+    "GrammarSpec",
     "InvalidRequest",
     "PromptScores",
     "QueueFull",
@@ -51,4 +56,5 @@ __all__ = [
     "TokenDelta",
     "context_room",
     "fits_context",
+    "grammar_problem",
 ]

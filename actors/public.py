@@ -27,6 +27,26 @@ from gpu import SamplingParams as SamplingParams
 from policy import context_room as context_room
 from policy import fits_context as fits_context
 
+GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+"""What a ``GrammarSpec.source`` is (see ``GrammarSpec``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """A structured-output constraint on a request's generated tokens.
+
+    ``source`` by ``kind``: ``json_object`` any JSON object (``source`` is ignored, "" by
+    convention); ``json_schema`` a JSON Schema as JSON text; ``regex`` a regular
+    expression the whole output must match; ``choice`` a JSON list of strings, one of
+    which the output must equal; ``grammar`` a Lark grammar (llguidance's dialect, which
+    also reads GBNF) whose ``start`` rule the output must match. ``actors.grammar_problem``
+    says whether a spec compiles; the runtime refuses one that does not
+    (``InvalidRequest``).
+    """
+
+    kind: GrammarKind
+    source: str = ""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationRequest:
@@ -37,6 +57,9 @@ class GenerationRequest:
     ``system_end``: token offset where the system prompt ends, if any (OPEN-36).
     ``prompt_logprobs``: also return the prompt tokens' logprobs (scored prefill).
     ``client``: a tag for fairness accounting and logs.
+    ``grammar``: constrain the output to a grammar (structured output): every sampled
+    token is one the grammar allows, end-of-sequence only where it may end, and the
+    request finishes (``stop``) when the grammar is complete.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -50,6 +73,7 @@ class GenerationRequest:
     logprobs: bool = False
     client: str = ""
     request_id: str = ""
+    grammar: GrammarSpec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

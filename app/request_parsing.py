@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from actors import SamplingParams
+from actors import GrammarSpec, SamplingParams
 from app.errors import bad_request, model_not_found
+from app.structured_fields import structured_output_of
 from app.tool_fields import (
     ToolCallRecord,
     ToolRequest,
     parse_message_tool_fields,
     parse_tool_request,
+    tool_grammar,
 )
 
 MAX_STOP_STRINGS = 4
@@ -44,6 +46,7 @@ class CommonParams:
     include_usage: bool
     ignore_eos: bool
     user: str
+    grammar: GrammarSpec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,6 +244,7 @@ def _common(fields: _Fields, *, max_tokens_names: tuple[str, ...]) -> CommonPara
         include_usage=include_usage,
         ignore_eos=fields.boolean("ignore_eos", False),
         user=user,
+        grammar=structured_output_of(fields.body),
     )
 
 
@@ -330,11 +334,8 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     """``POST /v1/chat/completions``."""
     fields = _Fields(body)
     tools = parse_tool_request(body)
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request("Only response_format {\"type\": \"text\"} is supported.",
-                          param="response_format")
     common = _common(fields, max_tokens_names=("max_tokens", "max_completion_tokens"))
+    common = replace(common, grammar=tool_grammar(tools, common.grammar))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
     messages = _messages(body.get("messages"))

@@ -281,6 +281,7 @@ class FlareService:
             logprobs=logprobs,
             client=common.user,
             request_id=f"{prefix}-{request_id or uuid.uuid4().hex}",
+            grammar=common.grammar,
         )
 
     # -- shutdown -----------------------------------------------------------------------

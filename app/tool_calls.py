@@ -35,25 +35,6 @@ TOOL_CALL_CLOSE = "</tool_call>"
 SSE_PREFIX = b"data: "
 
 
-def constraint_schema(request: ToolRequest) -> dict[str, Any] | None:
-    """The JSON schema the output must follow, or ``None`` when it is free (``auto``)."""
-    if request.mode == "named":
-        assert request.function is not None
-        return request.tool(request.function).parameters
-    if request.mode != "required":
-        return None
-    calls = [{"type": "object",
-              "properties": {"name": {"type": "string", "enum": [t.name]},
-                             "arguments": t.parameters},
-              "required": ["name", "arguments"], "additionalProperties": False}
-             for t in request.tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
-    if not request.parallel:
-        schema["maxItems"] = 1
-    return schema
-
-
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from actors import GrammarSpec, grammar_problem
 from app.errors import bad_request
 
 ToolMode = Literal["none", "auto", "required", "named"]
@@ -87,6 +88,45 @@ def parse_tool_request(body: dict[str, Any]) -> ToolRequest | None:
     mode, function = _choice(raw_choice, tools)
     return ToolRequest(tools=tools, mode=mode, function=function,
                        parallel=True if raw_parallel is None else raw_parallel)
+
+
+def constraint_schema(request: ToolRequest) -> dict[str, Any] | None:
+    """The JSON schema the output must follow, or ``None`` when it is free (``auto``)."""
+    if request.mode == "named":
+        assert request.function is not None
+        return request.tool(request.function).parameters
+    if request.mode != "required":
+        return None
+    calls = [{"type": "object",
+              "properties": {"name": {"type": "string", "enum": [t.name]},
+                             "arguments": t.parameters},
+              "required": ["name", "arguments"], "additionalProperties": False}
+             for t in request.tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    if not request.parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def tool_grammar(request: ToolRequest | None, grammar: GrammarSpec | None
+                 ) -> GrammarSpec | None:
+    """The request's output constraint: ``grammar`` (from ``response_format`` or a guided
+    field), or tool calls when ``tool_choice`` is ``required`` or names a function (a 400
+    if both constrain it, or if the tools' schemas do not compile)."""
+    schema = None if request is None else constraint_schema(request)
+    if schema is None:
+        return grammar
+    if grammar is not None:
+        raise bad_request("'tool_choice' \"required\" or a named function constrains the "
+                          "output to tool calls; it cannot be combined with "
+                          "'response_format' or a guided_* field.", param="tool_choice")
+    spec = GrammarSpec("json_schema", json.dumps(schema))
+    problem = grammar_problem(spec)
+    if problem is not None:
+        raise bad_request(f"The tools' parameter schemas do not compile: {problem}",
+                          param="tools")
+    return spec
 
 
 def _tools(raw: Any) -> tuple[FunctionTool, ...]:

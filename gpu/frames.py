@@ -142,6 +142,9 @@ class PrefillFrame:
     ends_prompt: bool
     following_token: int = -1
     updates: tuple[StateUpdate, ...] = ()
+    token_masks: tuple[tuple[int, bytes], ...] = ()
+    """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
+    (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +157,9 @@ class DecodeFrame:
 
     rows: tuple[int, ...]
     updates: tuple[StateUpdate, ...] = ()
+    token_masks: tuple[tuple[int, bytes], ...] = ()
+    """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
+    (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +178,9 @@ class MixedFrame:
     prompt_start: int = 0
     prompt_ends: bool = False
     updates: tuple[StateUpdate, ...] = ()
+    token_masks: tuple[tuple[int, bytes], ...] = ()
+    """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
+    (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

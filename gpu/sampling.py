@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from gpu.grammar_mask import mask_disallowed
+
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31 keep every product of a 32-bit value inside int64.
 _MUL_A = 0x7FEB352D
@@ -81,6 +83,7 @@ def sample(
     seed: torch.Tensor,
     position: torch.Tensor,
     greedy_only: bool = False,
+    token_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits [N, V]``.
 
@@ -88,11 +91,14 @@ def sample(
     under the unfiltered temperature-1 distribution (what OpenAI ``logprobs`` report).
     ``greedy_only`` (a host-known promise that every row has temperature 0, made by
     eager programs) skips the stochastic pipeline; the result is the same.
+    ``token_mask`` (int32 words ``[N, ceil(V/32)]``, ``gpu.grammar_mask``) removes the
+    tokens a row's grammar disallows before anything else: they get ``-inf``, so the
+    logprob is then under the grammar-renormalised temperature-1 distribution.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     finite = torch.isfinite(logits).all(dim=-1)
-    safe = clean_logits(logits)
+    safe = mask_disallowed(clean_logits(logits), token_mask)
     log_probs = torch.log_softmax(safe, dim=-1)
     greedy_token = safe.argmax(dim=-1)
     if greedy_only:

@@ -35,6 +35,7 @@ from gpu.frames import (
     StepResult,
     frame_of,
 )
+from gpu.grammar_mask import TokenMasks
 from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
@@ -56,6 +57,8 @@ class StagedFrame:
     pack: HostPack
     updates: tuple[StateUpdate, ...]
     block: np.ndarray
+    token_masks: np.ndarray | None = None
+    """The frame's grammar masks (``TokenMasks.stage``), None when unconstrained."""
 
 
 class StepProgram:
@@ -101,6 +104,10 @@ class StepProgram:
                               if self.buffers.out_token.device.type == "cpu" else None)
         """Views of the output buffers read without a copy per call (CPU only)."""
         self.execution = execution or ExecutionOptions.static()
+        self._token_masks = TokenMasks(
+            lanes, decoder.config.vocab_size, device=self.buffers.out_token.device,
+            always_apply=not self.execution.host_bounds)
+        """Grammar masks of the bound frame's lanes (structured output)."""
         geo = cache.geometry
         # host-known bounds chosen in bind (static options: the full row, always sample)
         self.context_blocks = geo.blocks_per_row
@@ -136,7 +143,9 @@ class StepProgram:
         self._state.validate_updates(frame.updates)
         block = self._workspace.host_block()
         pack, updates = self.pack(inputs, out=block)
-        return StagedFrame(program=self, pack=pack, updates=updates, block=block)
+        masks = self._token_masks.stage(pack.rows, getattr(frame, "token_masks", ()))
+        return StagedFrame(program=self, pack=pack, updates=updates, block=block,
+                           token_masks=masks)
 
     def pack(
         self, inputs: Mapping[str, Any], *, out: np.ndarray | None = None
@@ -187,6 +196,7 @@ class StepProgram:
                              f"bound to {self._shape.label()}")
         self._state.apply_updates(staged.updates)
         self._workspace.upload(staged.block)
+        self._token_masks.upload(staged.token_masks)
         self._choose_bounds(staged.pack)
         self._bound = staged.pack
 
@@ -277,7 +287,7 @@ class StepProgram:
             lane_logits,
             temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
             seed=st.seed[rows], position=pos[b.sample_index] + 1,
-            greedy_only=not self.any_sampled,
+            greedy_only=not self.any_sampled, token_mask=self._token_masks.current,
         )
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)
