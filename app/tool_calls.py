@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,16 +271,16 @@ class ToolCallStream:
     """Rewrites ``chat.completion.chunk`` bodies: content becomes tool-call deltas."""
 
     request: ToolRequest
-    _parsers: dict[int, Parser] = field(default_factory=dict)
+    _parsers: dict[int, Parser | None] = field(default_factory=dict)
 
     def rewrite(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if not chunk.get("choices"):
             return [chunk]  # usage
         out: list[dict[str, Any]] = []
         for choice in chunk["choices"]:
-            parser = self._parsers.get(choice["index"])
-            if parser is None:
-                parser = self._parsers[choice["index"]] = parser_for(self.request)
+            if choice["index"] not in self._parsers:
+                self._parsers[choice["index"]] = parser_for(self.request)
+            parser = self._parsers[choice["index"]]
             if parser is None:
                 out.append({**chunk, "choices": [choice]})
                 continue
@@ -315,7 +314,7 @@ async def tool_call_events(events: AsyncIterator[bytes], request: ToolRequest | 
     """A chat SSE body with ``ToolCallStream`` applied to each chunk; error events and
     ``[DONE]`` pass through. Closing it closes ``events``."""
     stream = ToolCallStream(request) if request is not None else None
-    async with aclosing(events):
+    try:
         async for event in events:
             payload = (json.loads(event[len(SSE_PREFIX):])
                        if stream is not None and event.startswith(SSE_PREFIX + b"{") else None)
@@ -324,3 +323,6 @@ async def tool_call_events(events: AsyncIterator[bytes], request: ToolRequest | 
                 continue
             for chunk in stream.rewrite(payload):
                 yield sse_event(chunk)
+    finally:
+        if isinstance(events, AsyncGenerator):
+            await events.aclose()  # its own cleanup (ending the generation) runs now
