@@ -31,6 +31,7 @@ from actors.errors import (
     QueueFull,
     RuntimeShutDown,
 )
+from actors.grammar import GrammarVocabulary
 from actors.messages import (
     Acquire,
     AdmissionClosed,
@@ -63,6 +64,10 @@ class AdmissionLimits:
     max_context: int
     vocab_size: int
     max_queue: int
+    grammar: GrammarVocabulary | None = None
+    """The vocabulary grammar-constrained requests run on (None: they are refused)."""
+    structured_output: str = ""
+    """Why grammar-constrained requests cannot run here ("" when they can)."""
 
 
 def _end(msg: Admit, message: str) -> None:
@@ -99,6 +104,12 @@ def check_request(request: GenerationRequest, limits: AdmissionLimits) -> Admiss
         return InvalidRequest("message_ends must lie within the prompt")
     if request.system_end is not None and not 0 < request.system_end <= len(prompt):
         return InvalidRequest("system_end must lie within the prompt")
+    if request.grammar is not None:
+        problem = limits.structured_output or (
+            limits.grammar.problem(request.grammar) if limits.grammar is not None
+            else "structured output is not available on this runtime")
+        if problem:
+            return InvalidRequest(f"grammar: {problem}")
     return None
 
 

@@ -118,14 +118,16 @@ class _LaneRecords:
         ceiling of at least one for a sample) and recorded, or failed alone with its
         first problem (``problem``: the caller's own finding)."""
         problem = _sampled_problem(lane, context, sample, self.vocab_size) or problem
+        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
+        problem = problem or _grammar_problem(context, tokens)
         if problem is not None:
             self.fail(lane, problem)
             return
-        tokens: tuple[int, ...] = (sample.token,) if sample is not None else ()
         self.records.append(CompletionRecord(
             handle=lane.handle, epoch=lane.epoch, token_ids=tokens,
             prompt_tokens=lane.prompt_tokens if lane.role is LaneRole.PROMPT else 0,
-            terminated=any(t in context.eos_token_ids for t in tokens),
+            terminated=any(t in context.eos_token_ids for t in tokens)
+            or _grammar_complete(context, tokens),
         ))
         self.logprobs.append((sample.logprob,) if sample is not None else ())
         if sample is not None and 0 <= sample.draft_proposal < self.vocab_size:
@@ -140,12 +142,13 @@ class _LaneRecords:
         own finding)."""
         problem = _identity_problem(lane, context) or _lane_problem(
             spec, context, lane.token_ceiling, self.vocab_size) or problem
-        if problem is not None:
-            self.fail(lane, problem)
-            return
         stop = next((i for i, t in enumerate(spec.tokens) if t in context.eos_token_ids),
                     None)
         count = len(spec.tokens) if stop is None else stop + 1
+        problem = problem or _grammar_problem(context, spec.tokens[:count])
+        if problem is not None:
+            self.fail(lane, problem)
+            return
         self.records.append(CompletionRecord(handle=lane.handle, epoch=lane.epoch,
                                              token_ids=spec.tokens[:count],
                                              terminated=stop is not None))
@@ -175,6 +178,22 @@ class _LaneRecords:
                           logprobs=tuple(self.logprobs), prompt_logprobs=prompt_logprobs,
                           rounds=rounds, draft_proposals=tuple(self.proposals),
                           draft_acceptances=tuple(self.acceptances))
+
+
+def _grammar_problem(context: LaneContext, tokens: tuple[int, ...]) -> str | None:
+    """Advance the lane's grammar past ``tokens`` (valid samples, in order): the first
+    one it refuses is a problem (the program ran without the lane's mask)."""
+    grammar = context.grammar
+    for token in tokens if grammar is not None else ():
+        assert grammar is not None
+        if not grammar.accept(token):
+            return f"token {token} is outside the request's grammar ({grammar.error})"
+    return None
+
+
+def _grammar_complete(context: LaneContext, tokens: tuple[int, ...]) -> bool:
+    """The lane's grammar is complete after ``tokens``: its request ends (``stop``)."""
+    return bool(tokens) and context.grammar is not None and context.grammar.complete
 
 
 def _identity_problem(lane: Lane, context: LaneContext) -> str | None:

@@ -27,6 +27,10 @@ Owns three rules:
   ``token_ceiling`` as exact host query lengths, reserved and settled like a
   speculative round's. Ordinary mixed plans stay ``MixedFrame``.
 - **Lane order is plan order.** Rows, samples and records line up lane by lane.
+- **Grammar masks** (structured output): every constrained lane that samples carries
+  the bitmask its matcher allows next; the scheduler committed the plan only into an
+  empty window (QUEUE-13), so the matcher has seen every token before this one.
+  Speculative frames carry none: constrained requests never speculate (SEL-13).
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
   scratch row and its partial last page into the snapshot destination (without an
@@ -44,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from actors.grammar import RequestGrammar
 from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
 from actors.public import GenerationRequest
 from gpu import (
@@ -86,6 +91,8 @@ class LaneSource:
     initialised: bool = False
     decodes_submitted: int = 0
     output_ids: list[int] = field(default_factory=list)
+    grammar: RequestGrammar | None = None
+    """The request's grammar matcher (structured output), None when unconstrained."""
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -127,7 +134,19 @@ def _context(lane: Lane, source: LaneSource) -> LaneContext:
     else:
         samples = lane.role is LaneRole.DECODE
     return LaneContext(handle=lane.handle, epoch=lane.epoch, row=source.row, samples=samples,
-                       eos_token_ids=source.eos_token_ids)
+                       eos_token_ids=source.eos_token_ids, grammar=source.grammar)
+
+
+def _token_masks(lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSource]
+                 ) -> tuple[tuple[int, bytes], ...]:
+    """``(row, allowed-token bitmask)`` for every constrained lane that samples: what
+    its matcher allows after every validated token (completion feedback, QUEUE-13)."""
+    masks = []
+    for lane in lanes:
+        source = sources[lane.handle]
+        if source.grammar is not None and _context(lane, source).samples:
+            masks.append((source.row, source.grammar.mask()))
+    return tuple(masks)
 
 
 def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource],
@@ -186,7 +205,8 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
                            "speculation_enabled mixed program, and it needs them)")
     if not speculative:
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
-                          prompt_start=prompt_start, prompt_ends=ends, updates=updates)
+                          prompt_start=prompt_start, prompt_ends=ends, updates=updates,
+                          token_masks=_token_masks(lanes, sources))
     assert mixed is not None
     if mixed.prefill_row != prompt_row:
         raise PackingError(f"{plan.shape.label()}: the plan's prefill_row "
@@ -232,11 +252,11 @@ def pack_frame(
             row=source.row, tokens=source.prompt[lane.prompt_start:end],
             start_position=lane.prompt_start, ends_prompt=end == len(source.prompt),
             following_token=source.prompt[end] if end < len(source.prompt) else -1,
-            updates=updates,
+            updates=updates, token_masks=_token_masks(lanes, sources),
         )
     elif kind is GraphKind.DECODE:
         frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
-                            updates=updates)
+                            updates=updates, token_masks=_token_masks(lanes, sources))
     elif kind is GraphKind.MIXED:
         frame = _mixed_frame(plan, sources, updates)
     else:

@@ -102,6 +102,14 @@ class GrammarVocabulary:
             tokenizer_json, n_vocab=vocab_size,
             eos_token=list(self.eos_token_ids) or None)
 
+    def problem(self, spec: GrammarSpec) -> str | None:
+        """Why ``spec`` cannot constrain a request on this vocabulary, or None."""
+        try:
+            self.matcher(spec)
+        except GrammarError as exc:
+            return str(exc)
+        return None
+
     def matcher(self, spec: GrammarSpec) -> RequestGrammar:
         """A fresh matcher for one request (raises ``GrammarError``)."""
         matcher = llguidance.LLMatcher(self._tokenizer, compile_grammar(spec), log_level=0)

@@ -35,6 +35,7 @@ from policy import (
 )
 
 if TYPE_CHECKING:
+    from actors.grammar import RequestGrammar
     from gpu import SpeculativeFrame, SpeculativeMixedFrame
 
 __all__ = [
@@ -335,13 +336,19 @@ PlannerInbox = Admitted | Cancel | AdmissionClosed | ValidatedFrame | Published
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaneContext:
     """What the validator needs to check one lane: the row it ran on, whether it must
-    sample, and the tokens that terminate it (empty with ``ignore_eos``)."""
+    sample, the tokens that terminate it (empty with ``ignore_eos``) and its grammar."""
 
     handle: RequestHandle
     epoch: int
     row: StateRow
     samples: bool
     eos_token_ids: tuple[int, ...]
+    grammar: RequestGrammar | None = None
+    """The request's grammar matcher (structured output), the one mutable object a
+    message refers to: the validator advances it with every valid token, fails a token
+    it refuses and ends the request when the grammar is complete. It is safe because a
+    constrained request has at most one frame in flight (QUEUE-13) and the planner
+    reads it only to build that request's next frame (``actors.grammar``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

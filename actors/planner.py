@@ -53,6 +53,7 @@ from actors.frame_inputs import (
     pack_frame,
     settle_decodes,
 )
+from actors.grammar import GrammarError, GrammarVocabulary, RequestGrammar
 from actors.messages import (
     AdmissionClosed,
     Admitted,
@@ -76,7 +77,7 @@ from actors.messages import (
     ValidatedFrame,
 )
 from actors.planner_records import FRAME_LOG_LENGTH, FrameRecord, PlannerCounters, log_trace
-from actors.public import FinishReason
+from actors.public import FinishReason, GenerationRequest
 from gpu import SamplingParams
 from policy import (
     FRAME_SLOTS,
@@ -127,15 +128,19 @@ class Planner:
         clock_ns: Callable[[], int],
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
+        grammar: GrammarVocabulary | None = None,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
-        of width-one steps into the scheduler (``actors.acceptance_observations``)."""
+        of width-one steps into the scheduler (``actors.acceptance_observations``).
+        ``grammar``: the vocabulary constrained requests' matchers run on (admission
+        refuses them without one)."""
         self.scheduler = scheduler
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
         self._eos = tuple(eos_token_ids)
+        self._grammar = grammar
         self._clock_ns = clock_ns
         self._residents: dict[RequestHandle, _Resident] = {}
         self._by_request: dict[RequestId, RequestHandle] = {}
@@ -201,7 +206,7 @@ class Planner:
             prompt_len=len(request.prompt_token_ids), max_output_tokens=request.max_tokens,
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
-            handle=grant.handle,
+            handle=grant.handle, grammar_constrained=request.grammar is not None,
         )
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
@@ -212,6 +217,7 @@ class Planner:
             sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                     seed=s.seed if s.seed is not None else secrets.randbits(63)),
             eos_token_ids=() if request.ignore_eos else self._eos,
+            grammar=self._matcher(request),
         )
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
@@ -221,6 +227,15 @@ class Planner:
             request_id=msg.request_id, handle=handle, epoch=epoch, request=request,
             cached_tokens=grant.cached_tokens, events=msg.events,
         ))
+
+    def _matcher(self, request: GenerationRequest) -> RequestGrammar | None:
+        """A fresh grammar matcher for a constrained request (admission checked that
+        its grammar compiles and that this runtime has a vocabulary for it)."""
+        if request.grammar is None:
+            return None
+        if self._grammar is None:
+            raise GrammarError("this runtime has no grammar vocabulary")
+        return self._grammar.matcher(request.grammar)
 
     async def _cancel(self, request_id: RequestId, message: str = "") -> None:
         handle = self._by_request.get(request_id)

@@ -70,3 +70,13 @@ def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, in
     estimates = scheduler.estimates
     for shape, duration_ns in measured.items():
         estimates.observe(shape, duration_ns, max(now_ns, 0))
+
+
+def structured_output_problem(parts: RuntimeParts) -> str:
+    """Why grammar-constrained requests cannot run under the configured policy ("" when
+    they can): a ``fixed-spec-K`` baseline puts every decode on speculative rows, and
+    constrained requests never speculate (SEL-13, ``policy.grammar_feedback``)."""
+    if parts.scheduler_policy.startswith("fixed-spec-"):
+        return (f"structured output is not available under --scheduler-policy "
+                f"{parts.scheduler_policy} (it speculates every decode)")
+    return ""

@@ -45,6 +45,7 @@ from actors.checkpoint_allocator import AllocatorState
 from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
 from actors.errors import AdmissionError, RuntimeShutDown
+from actors.grammar import GrammarVocabulary
 from actors.messages import (
     AdmissionInbox,
     Admit,
@@ -64,6 +65,7 @@ from actors.policy_setup import (
     learned_counterfactuals,
     make_scheduler,
     seed_estimates,
+    structured_output_problem,
 )
 from actors.public import (
     Finished,
@@ -151,6 +153,9 @@ class RuntimeParts:
     measured_costs: Mapping[GraphShape, int] = field(default_factory=dict)
     """Durations (ns) measured before serving (``actors.calibration``), seeded into the
     scheduler's estimates so that terminal captures have a known cost (QUEUE-22)."""
+    grammar: GrammarVocabulary | None = None
+    """The vocabulary grammar-constrained requests run on (structured output); None
+    refuses them."""
 
 
 class _EventStream:
@@ -305,7 +310,8 @@ async def open_runtime_with(parts: RuntimeParts, *,
     max_context = context_limit(max_context=parts.max_context, num_pages=parts.num_pages,
                                 page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
-        max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue))
+        max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
+        grammar=parts.grammar, structured_output=structured_output_problem(parts)))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())
     planner = Planner(
@@ -315,6 +321,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
+        grammar=parts.grammar,
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -383,6 +390,8 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
         measured_costs=measured,
+        grammar=GrammarVocabulary(tokenizer.to_json(), vocab_size=engine.config.vocab_size,
+                                  eos_token_ids=tokenizer.eos_token_ids),
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)

@@ -77,6 +77,9 @@ class RequestRecord:
     prerequisite completion pops the next stage."""
     restored: bool = False
     """The restore stage has run (later stages of the chain remain)."""
+    grammar_constrained: bool = False
+    """Its output follows a grammar: plans need completion feedback and it never
+    speculates (QUEUE-13, SEL-13; ``policy.grammar_feedback``)."""
     ends_at: tuple[int, int, int] = field(default=(-1, 0, 0), repr=False, compare=False)
     """``(cursor, logical end, next endpoint)`` as last computed by ``prompt_ends``."""
 

@@ -148,6 +148,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what grammar libraries read)."""
+        return str(self._backend.to_str())
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (with the post-processor's special tokens by default).
 

@@ -39,6 +39,7 @@ from policy.credit_ledgers import episode_charge_ns
 from policy.descriptors import ExecutionTiming, GraphShape
 from policy.duration_estimates import DurationEstimates
 from policy.frame_queue import FrameQueue, QueuedFrame
+from policy.grammar_feedback import with_grammar_feedback
 from policy.lifecycle import (
     apply_progress,
     check_admission,
@@ -225,11 +226,11 @@ class BaselinePolicy(abc.ABC):
 
     def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
               message_ends: Sequence[int] = (), system_end: int | None = None,
-              scored_prompt: bool = False, handle: RequestHandle | None = None
-              ) -> RequestHandle:
+              scored_prompt: bool = False, handle: RequestHandle | None = None,
+              grammar_constrained: bool = False) -> RequestHandle:
         """Make a request resident (same contract as ``Scheduler.admit``; message ends
         are checked and scored prompts accepted, then both ignored: baselines run
-        ordinary prefill)."""
+        ordinary prefill; a constrained request's plans need completion feedback)."""
         check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                         cached_prefix_len=cached_prefix_len, message_ends=message_ends,
                         system_end=system_end)
@@ -240,7 +241,7 @@ class BaselinePolicy(abc.ABC):
             prompt_len=prompt_len, cached_prefix_len=cached_prefix_len,
             max_output_tokens=max_output_tokens, system_end=system_end,
             history=new_history(_UNPRICED), prompt_cursor=cached_prefix_len,
-            last_visible_ns=self._now_ns,
+            last_visible_ns=self._now_ns, grammar_constrained=grammar_constrained,
         )
         self._on_admitted(req)
         self._residency.add(req)
@@ -330,13 +331,13 @@ class BaselinePolicy(abc.ABC):
             return None
         estimate = self._estimates.estimate_ns(step.shape)
         tokens = sum(lane.prompt_tokens + lane.token_ceiling for lane in step.lanes)
-        return ScheduledPlan(
+        return with_grammar_feedback(ScheduledPlan(
             step=step, estimated_duration_ns=estimate, scaled_score=float(tokens),
             scale_exponent=0, duration_known=estimate > 0, stale=False,
             reason=SelectionReason.ORDINARY,
             requires_empty_window=not step.shape.is_generation,
             planned_at_ns=self._now_ns, start_ns=self._now_ns, useful_value=float(tokens),
-        )
+        ), self._requests)
 
     def blocking_reason(self, plan: ScheduledPlan) -> str | None:
         """Why ``plan`` cannot enter the two-slot window now (QUEUE-10..12)."""

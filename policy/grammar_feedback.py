@@ -1,0 +1,67 @@
+"""The scheduler's grammar rules (QUEUE-13, QUEUE-14, SEL-13; OPEN-22 as decided in
+docs/design/requirements.md).
+
+A grammar-constrained request's next allowed tokens depend on the token it sampled
+last, which only the host's matcher can turn into a mask; so:
+
+- a plan whose lanes include a constrained request requires completion feedback: it is
+  committed only into an empty window and nothing queues behind it (QUEUE-13). The
+  flag comes from the chosen plan's own lanes (QUEUE-14), so a plan without
+  constrained lanes keeps both frame slots;
+- constrained requests do not speculate (SEL-13: conditional acceptance respects the
+  grammar; the complete speculative programs carry no mask). A speculative winner
+  with a constrained lane gives way to the ordinary plan of the same decision.
+
+Pure: values in, decisions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from policy.descriptors import GraphKind
+from policy.requests import RequestRecord
+from policy.types import DecodeMode, RequestHandle, ScheduledPlan
+
+
+def _constrained(plan: ScheduledPlan, records: Mapping[RequestHandle, RequestRecord]) -> bool:
+    for lane in plan.lanes:
+        record = records.get(lane.handle)
+        if record is not None and record.grammar_constrained:
+            return True
+    return False
+
+
+def with_grammar_feedback(plan: ScheduledPlan | None,
+                          records: Mapping[RequestHandle, RequestRecord]
+                          ) -> ScheduledPlan | None:
+    """``plan``, marked as requiring completion feedback when a lane is constrained."""
+    if plan is None or plan.requires_empty_window or not _constrained(plan, records):
+        return plan
+    return replace(plan, requires_empty_window=True)
+
+
+def speculates(plan: ScheduledPlan) -> bool:
+    """Whether ``plan`` runs speculative decode rows (a complete speculative round, or
+    a mixed step in speculative decode mode)."""
+    if plan.shape.kind is GraphKind.SPECULATIVE:
+        return True
+    mixed = plan.step.mixed
+    return mixed is not None and mixed.decode_mode is DecodeMode.SPECULATIVE
+
+
+def speculates_constrained(plan: ScheduledPlan | None,
+                           records: Mapping[RequestHandle, RequestRecord]) -> bool:
+    """Whether ``plan`` would put a constrained request on a speculative row."""
+    return plan is not None and speculates(plan) and _constrained(plan, records)
+
+
+def grammar_plan(ordinary: ScheduledPlan | None, chosen: ScheduledPlan | None,
+                 records: Mapping[RequestHandle, RequestRecord]) -> ScheduledPlan | None:
+    """The plan to return once speculation chose ``chosen`` over the decision's
+    ``ordinary`` plan: the ordinary one when ``chosen`` would speculate a constrained
+    request, either way marked for completion feedback where a lane is constrained."""
+    if speculates_constrained(chosen, records):
+        chosen = ordinary
+    return with_grammar_feedback(chosen, records)

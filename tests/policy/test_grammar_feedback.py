@@ -1,0 +1,73 @@
+"""The scheduler's grammar rules (``policy.grammar_feedback``; OPEN-22 as decided in
+docs/design/requirements.md): a grammar-constrained request's plans require completion
+feedback, and it never runs on speculative rows."""
+
+from __future__ import annotations
+
+from test_speculative_window import DECODE4, PREFILL64, decoders, measured, submit
+
+from policy.baselines.factory import make_policy
+from policy.descriptors import GraphKind
+from policy.rounds import SpeculationMode
+from policy.scheduler import Scheduler
+from policy.types import Phase
+
+MS = 1_000_000
+
+
+def _constrain(s: Scheduler, means: tuple[float, ...], *, constrained: int, n: int = 4) -> None:
+    for i, h in enumerate(decoders(s, means=means, n=n)):
+        s.request(h).grammar_constrained = i < constrained
+
+
+def test_queue_13_14_a_constrained_lane_makes_the_plan_wait_for_feedback() -> None:
+    """Covers QUEUE-13, QUEUE-14: the same decode winner queues a second decode behind
+    it when no lane is constrained, and requires an empty window (nothing queued behind
+    it) when one of its lanes is."""
+    free = measured()
+    _constrain(free, (0.02, 0.01, 0.0), constrained=0)
+    first = submit(free, 1)
+    assert not first.requires_empty_window and free.window_open()
+
+    s = measured()
+    _constrain(s, (0.02, 0.01, 0.0), constrained=1)
+    plan = submit(s, 1)
+    assert plan.shape == DECODE4 and plan.requires_empty_window
+    assert not s.window_open()
+    again = s.plan()
+    assert again is not None and not s.window_ready(again)
+
+
+def test_sel_13_constrained_requests_do_not_speculate() -> None:
+    """Covers SEL-13, QUEUE-13: with acceptance high enough that adaptive speculation
+    picks a speculative round, a decision whose requests are constrained runs the
+    ordinary decode of the same decision instead, waiting for feedback."""
+    free = measured(SpeculationMode.ADAPTIVE)
+    _constrain(free, (0.95, 0.9, 0.85), constrained=0)
+    chosen = free.plan()
+    assert chosen is not None and chosen.shape.kind is GraphKind.SPECULATIVE
+
+    s = measured(SpeculationMode.ADAPTIVE)
+    _constrain(s, (0.95, 0.9, 0.85), constrained=4)
+    plan = s.plan()
+    assert plan is not None and plan.shape.kind is GraphKind.DECODE
+    assert plan.requires_empty_window
+
+
+def test_queue_13_baselines_apply_the_feedback_rule() -> None:
+    """Covers QUEUE-13: a baseline's decode over a constrained request also requires
+    completion feedback; without the constraint it may queue."""
+    for constrained, expected in ((False, False), (True, True)):
+        policy = make_policy("fcfs", catalog=(DECODE4, PREFILL64))
+        policy.advance_to(1_000 * MS)
+        for shape in (DECODE4, PREFILL64):
+            policy.estimates.observe(shape, 10 * MS, policy.now_ns)
+        h = policy.admit(prompt_len=8, max_output_tokens=50,
+                         grammar_constrained=constrained)
+        record = policy.request(h)
+        record.phase = Phase.DECODE
+        record.prompt_cursor = 8
+        record.output_committed = 1
+        plan = policy.plan()
+        assert plan is not None and plan.shape.kind is GraphKind.DECODE
+        assert plan.requires_empty_window is expected
