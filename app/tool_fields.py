@@ -212,7 +212,7 @@ def _choice(raw: Any, tools: tuple[FunctionTool, ...]) -> tuple[ToolMode, str | 
     if raw is None:
         return ("auto" if tools else "none"), None
     if raw in ("none", "auto"):
-        return raw, None
+        return ("auto" if raw == "auto" and tools else "none"), None  # no tools: nothing to call
     if raw == "required":
         if not tools:
             raise bad_request("'tool_choice' \"required\" needs at least one tool in 'tools'.",

@@ -105,6 +105,21 @@ def constraint(rt: FakeRuntime) -> dict[str, Any]:
     return schema
 
 
+Calls = list[tuple[str, str, str]] | None
+
+
+async def answer(rt: FakeRuntime, stream: bool, **kwargs: Any) -> tuple[str | None, Calls, str]:
+    """``(content, [(id, name, arguments)] or None, finish_reason)``, streamed or not."""
+    if stream:
+        content, raw, finish = await call(rt, streamed(**kwargs))
+        return content, [(c["id"], c["name"], c["arguments"]) for c in raw] or None, finish
+    result = await call(rt, create(**kwargs))
+    message = result.choices[0].message
+    calls = None if message.tool_calls is None else [
+        (c.id, c.function.name, c.function.arguments) for c in message.tool_calls]
+    return message.content, calls, result.choices[0].finish_reason
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_required_answers_calls_valid_for_their_schemas(codec: TinyCodec,
                                                               stream: bool) -> None:
@@ -112,15 +127,8 @@ async def test_required_answers_calls_valid_for_their_schemas(codec: TinyCodec,
     reply = ('[{"name":"get_weather","arguments":{"city":"Paris","days":2}},'
              '{"name":"get_time","arguments":{}}]')
     rt = runtime(codec, reply=reply)
-    if stream:
-        content, raw, finish = await call(rt, streamed(tools=TOOLS, tool_choice="required"))
-        calls = [(c["id"], c["name"], c["arguments"]) for c in raw]
-    else:
-        result = await call(rt, create(tools=TOOLS, tool_choice="required"))
-        message, finish = result.choices[0].message, result.choices[0].finish_reason
-        content = message.content
-        calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
-    assert finish == "tool_calls" and content is None
+    content, calls, finish = await answer(rt, stream, tools=TOOLS, tool_choice="required")
+    assert finish == "tool_calls" and content is None and calls is not None
     assert_valid_calls(calls, ["get_weather", "get_time"])
     jsonschema.validate(json.loads(reply), constraint(rt))  # the reply meets the constraint
     assert '"name": "get_weather"' in prompt_text(codec, rt)  # the tools were offered
@@ -131,15 +139,8 @@ async def test_named_choice_streams_the_arguments(codec: TinyCodec, stream: bool
     codec = tool_codec(codec)
     reply = '{"city":"Paris"}'
     rt = runtime(codec, reply=reply)
-    if stream:
-        content, raw, finish = await call(rt, streamed(tools=TOOLS, tool_choice=NAMED))
-        calls = [(c["id"], c["name"], c["arguments"]) for c in raw]
-    else:
-        result = await call(rt, create(tools=TOOLS, tool_choice=NAMED))
-        message, finish = result.choices[0].message, result.choices[0].finish_reason
-        content = message.content
-        calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
-    assert finish == "tool_calls" and content is None
+    content, calls, finish = await answer(rt, stream, tools=TOOLS, tool_choice=NAMED)
+    assert finish == "tool_calls" and content is None and calls is not None
     assert_valid_calls(calls, ["get_weather"])
     assert calls[0][2] == reply
     assert constraint(rt) == WEATHER_PARAMETERS
@@ -151,15 +152,8 @@ async def test_auto_parses_a_call_in_the_output(codec: TinyCodec, stream: bool) 
     reply = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
              '\n</tool_call>')
     rt = runtime(codec, reply=reply)
-    if stream:
-        content, raw, finish = await call(rt, streamed(tools=TOOLS))
-        calls = [(c["id"], c["name"], c["arguments"]) for c in raw]
-    else:
-        result = await call(rt, create(tools=TOOLS, tool_choice="auto"))
-        message, finish = result.choices[0].message, result.choices[0].finish_reason
-        content = message.content
-        calls = [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
-    assert (content, finish) == ("Checking.", "tool_calls")
+    content, calls, finish = await answer(rt, stream, tools=TOOLS, tool_choice="auto")
+    assert (content, finish) == ("Checking.", "tool_calls") and calls is not None
     assert_valid_calls(calls, ["get_weather"])
     assert rt.requests[-1].grammar is None  # auto does not constrain the output
     assert "<tools>" in prompt_text(codec, rt)
@@ -168,15 +162,7 @@ async def test_auto_parses_a_call_in_the_output(codec: TinyCodec, stream: bool) 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_auto_without_a_call_is_plain_content(codec: TinyCodec, stream: bool) -> None:
     rt = runtime(tool_codec(codec), reply="It is sunny <b>today</b>.")
-    if stream:
-        content, calls, finish = await call(rt, streamed(tools=TOOLS))
-        assert calls == []
-    else:
-        result = await call(rt, create(tools=TOOLS))
-        message, finish = result.choices[0].message, result.choices[0].finish_reason
-        content = message.content
-        assert message.tool_calls is None
-    assert (content, finish) == ("It is sunny <b>today</b>.", "stop")
+    assert await answer(rt, stream, tools=TOOLS) == ("It is sunny <b>today</b>.", None, "stop")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -184,15 +170,7 @@ async def test_none_offers_no_tools_and_parses_nothing(codec: TinyCodec, stream:
     codec = tool_codec(codec)
     reply = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     rt = runtime(codec, reply=reply)
-    if stream:
-        content, calls, finish = await call(rt, streamed(tools=TOOLS, tool_choice="none"))
-        assert calls == []
-    else:
-        result = await call(rt, create(tools=TOOLS, tool_choice="none"))
-        message, finish = result.choices[0].message, result.choices[0].finish_reason
-        content = message.content
-        assert message.tool_calls is None
-    assert (content, finish) == (reply, "stop")
+    assert await answer(rt, stream, tools=TOOLS, tool_choice="none") == (reply, None, "stop")
     assert "<tools>" not in prompt_text(codec, rt) and rt.requests[-1].grammar is None
 
 

@@ -209,3 +209,8 @@ def test_named_constraint_is_the_parameters_schema() -> None:
     assert constraint_schema(request) == WEATHER["function"]["parameters"]  # type: ignore[index]
     assert constraint_schema(tool_request("auto")) is None
     assert constraint_schema(tool_request("none")) is None
+
+
+def test_auto_without_tools_parses_nothing() -> None:
+    request = parse_tool_request({"tool_choice": "auto"})
+    assert request is not None and request.mode == "none" and parser_for(request) is None
