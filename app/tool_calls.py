@@ -80,9 +80,9 @@ def _decoded_call(text: str) -> tuple[str, str] | None:
 def _held_suffix(text: str, marker: str) -> int:
     """How many trailing characters of ``text`` could still start ``marker`` (with the
     whitespace before them)."""
-    held = next((n for n in range(min(len(marker) - 1, len(text)), 0, -1)
-                 if marker.startswith(text[-n:])), 0)
-    return held + len(text[:len(text) - held]) - len(text[:len(text) - held].rstrip())
+    partial = next((n for n in range(min(len(marker) - 1, len(text)), 0, -1)
+                    if marker.startswith(text[-n:])), 0)
+    return len(text) - len(text[:len(text) - partial].rstrip())
 
 
 class HermesParser:
@@ -94,6 +94,7 @@ class HermesParser:
         self._buffer = ""
         self._inside = False
         self._after_call = False
+        self._blank = ""  # the whitespace before the open block, content if it is no call
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -108,6 +109,7 @@ class HermesParser:
                 pieces += self._block(before)
             else:
                 pieces += self._content(before.rstrip())
+                self._blank = before[len(before.rstrip()):]
             self._inside = not self._inside
         if not self._inside:
             keep = _held_suffix(self._buffer, TOOL_CALL_OPEN)
@@ -132,7 +134,7 @@ class HermesParser:
         if call is None:
             self._after_call = False
             tail = TOOL_CALL_CLOSE if closed else ""
-            return [Content(f"{TOOL_CALL_OPEN}{text}{tail}")]
+            return [Content(f"{self._blank}{TOOL_CALL_OPEN}{text}{tail}")]
         self._after_call = True
         if self.calls and not self.parallel:
             return []  # parallel_tool_calls false: only the first call is returned

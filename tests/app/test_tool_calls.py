@@ -96,9 +96,10 @@ def test_hermes_holds_back_what_could_start_a_call() -> None:
     assert parser.finish() == [Content("\n\n")]
 
 
-def test_hermes_malformed_block_stays_content() -> None:
-    text = "<tool_call>\nnot json\n</tool_call> after"
-    calls, content = calls_and_content(whole(HermesParser(parallel=True), text))
+@pytest.mark.parametrize("feed", [whole, char_by_char], ids=["whole", "streamed"])
+def test_hermes_malformed_block_stays_content(feed: Any) -> None:
+    text = "See:\n <tool_call>\nnot json\n</tool_call> after"
+    calls, content = calls_and_content(feed(HermesParser(parallel=True), text))
     assert calls == [] and content == text
 
 
