@@ -378,6 +378,7 @@ class TokenizeParams:
     prompt: str | None
     messages: tuple[ChatMessage, ...] | None
     add_generation_prompt: bool
+    tools: ToolRequest | None = None
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeParams:
@@ -388,7 +389,8 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeParams:
             raise bad_request("Send either 'prompt' or 'messages', not both.", param="prompt")
         return TokenizeParams(model=model, prompt=None, messages=_messages(body["messages"]),
                               add_generation_prompt=fields.boolean("add_generation_prompt",
-                                                                   True))
+                                                                   True),
+                              tools=parse_tool_request(body))
     prompt = fields.string("prompt")
     if prompt is None:
         raise bad_request("'prompt' (a string) or 'messages' is required.", param="prompt")

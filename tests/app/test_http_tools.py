@@ -17,7 +17,7 @@ import openai
 import pytest
 import trio
 from http_fakes import FakeRuntime, TinyCodec
-from http_harness import running_server
+from http_harness import client_for, running_server
 
 T = TypeVar("T")
 EMBEDDED_TEMPLATE = json.loads(
@@ -196,6 +196,20 @@ async def test_history_with_calls_and_results_renders_through_the_template(
                            "<|assistant|>\n")
     # The message ends anchor the history, tool turns included.
     assert len(rt.requests[-1].message_ends) == len(messages)
+
+
+async def test_tokenize_counts_the_prompt_chat_sends(codec: TinyCodec) -> None:
+    """``/tokenize`` with ``tools`` renders the prompt a chat request with them gets."""
+    rt = runtime(tool_codec(codec))
+    result = await call(rt, create(tools=TOOLS))
+    with trio.fail_after(20):
+        async with running_server(rt) as server, client_for(server) as client:
+            response = await client.post("/tokenize", json={"messages": MESSAGES,
+                                                            "tools": TOOLS})
+            plain = await client.post("/tokenize", json={"messages": MESSAGES})
+    assert result.usage is not None
+    assert response.json()["tokens"] == list(rt.requests[-1].prompt_token_ids)
+    assert response.json()["count"] == result.usage.prompt_tokens > plain.json()["count"]
 
 
 BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "strng"}}}
