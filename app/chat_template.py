@@ -15,6 +15,7 @@ tokens by itself; templates place ``bos_token`` explicitly.
 from __future__ import annotations
 
 import datetime
+import json
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,6 +83,37 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: plain ``json.dumps`` (jinja's own escapes ``<`` and ``>``
+    and sorts keys), so tool definitions render as they do for ``apply_chat_template``."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    """A message in the shape transformers gives templates: a call's ``arguments`` is the
+    decoded object when it is JSON (templates write it with ``tojson``), else the text."""
+    item: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.name is not None:
+        item["name"] = m.name
+    if m.tool_calls:
+        item["tool_calls"] = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": _decoded(call.arguments)}}
+            for call in m.tool_calls]
+    if m.tool_call_id is not None:
+        item["tool_call_id"] = m.tool_call_id
+    return item
+
+
+def _decoded(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
 class ChatTemplate:
     """One compiled template; ``render`` is synchronous and side-effect free."""
 
@@ -92,6 +124,7 @@ class ChatTemplate:
         )
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         self.source = source if source is not None else FALLBACK_CHAT_TEMPLATE
         self.uses_fallback = source is None
         try:
@@ -100,15 +133,14 @@ class ChatTemplate:
             raise ChatTemplateError(f"{origin} does not compile: {exc}") from exc
         self._special_tokens = dict(special_tokens)
 
-    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool) -> str:
-        payload: list[dict[str, Any]] = []
-        for m in messages:
-            item: dict[str, Any] = {"role": m.role, "content": m.content}
-            if m.name is not None:
-                item["name"] = m.name
-            payload.append(item)
-        variables = {**self._special_tokens, "messages": payload,
+    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool,
+               tools: Sequence[dict[str, Any]] = ()) -> str:
+        """``tools``: the offered tool definitions (OpenAI's shape), passed to the template
+        as ``tools`` when there are any, as ``apply_chat_template`` does."""
+        variables = {**self._special_tokens, "messages": [_template_message(m) for m in messages],
                      "add_generation_prompt": add_generation_prompt}
+        if tools:
+            variables["tools"] = list(tools)
         try:
             return self._template.render(**variables)
         except jinja2.TemplateError as exc:
@@ -120,7 +152,8 @@ class ChatTemplate:
 
 
 def _message_boundaries(template: ChatTemplate, messages: Sequence[ChatMessage],
-                        full_text: str) -> list[tuple[int, int]]:
+                        full_text: str, tools: Sequence[dict[str, Any]]
+                        ) -> list[tuple[int, int]]:
     """(message index, character offset) where each message's rendering ends, when the
     rendering of the conversation up to it is a prefix of the full rendering."""
     boundaries: list[tuple[int, int]] = []
@@ -130,7 +163,7 @@ def _message_boundaries(template: ChatTemplate, messages: Sequence[ChatMessage],
     for k in range(len(messages)):
         if k != leading_system - 1 and k < recent:
             continue
-        prefix = template.render(messages[: k + 1], add_generation_prompt=False)
+        prefix = template.render(messages[: k + 1], add_generation_prompt=False, tools=tools)
         if len(prefix) > last and full_text.startswith(prefix):
             boundaries.append((k, len(prefix)))
             last = len(prefix)
@@ -145,17 +178,19 @@ def _leading_system_count(messages: Sequence[ChatMessage]) -> int:
 
 
 def tokenize_chat(template: ChatTemplate, codec: TextCodec, messages: Sequence[ChatMessage],
-                  *, max_chars: int | None = None) -> TokenizedChat:
-    """Render with a generation prompt, tokenize segment by segment, and locate anchors.
+                  *, max_chars: int | None = None,
+                  tools: Sequence[dict[str, Any]] = ()) -> TokenizedChat:
+    """Render with a generation prompt (and the offered ``tools``), tokenize segment by
+    segment, and locate anchors.
 
     A rendering longer than ``max_chars`` characters (text that cannot fit the context)
     is refused before any anchor is rendered or any text encoded."""
-    full_text = template.render(messages, add_generation_prompt=True)
+    full_text = template.render(messages, add_generation_prompt=True, tools=tools)
     if max_chars is not None and len(full_text) > max_chars:
         raise context_too_long(
             f"The rendered conversation has {len(full_text)} characters; this model's "
             f"context holds at most {max_chars} characters of text.")
-    boundaries = _message_boundaries(template, messages, full_text)
+    boundaries = _message_boundaries(template, messages, full_text, tools)
     token_ids: list[int] = []
     message_ends: list[int] = []
     system_end: int | None = None

@@ -114,6 +114,7 @@ CHAT_FIELDS: dict[str, FieldRule] = {
 
 TOKENIZE_FIELDS: dict[str, FieldRule] = {
     "model": _s(), "prompt": _s(), "messages": _s(), "add_generation_prompt": _s(),
+    "tools": _s(), "tool_choice": _s(), "parallel_tool_calls": _s(),
     "add_special_tokens": _refused("the prompt is tokenized as sent.", True),
     "return_token_strs": _refused("token strings are not returned.", False),
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from actors import TOP_LOGPROBS, GrammarSpec, SamplingParams
@@ -18,6 +18,13 @@ from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
 from app.sampling_fields import parse_sampling_fields
 from app.structured_fields import structured_output_of
+from app.tool_fields import (
+    ToolCallRecord,
+    ToolRequest,
+    parse_message_tool_fields,
+    parse_tool_request,
+    tool_grammar,
+)
 
 MAX_STOP_STRINGS = 4
 # Each message adds template work (anchors render prefixes); this bounds a single request's
@@ -71,6 +78,8 @@ class ChatMessage:
     role: str
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +88,7 @@ class ChatParams:
     messages: tuple[ChatMessage, ...]
     logprobs: bool
     top_logprobs: int = 0
+    tools: ToolRequest | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -317,9 +327,9 @@ def _message_content(value: Any, index: int) -> str:
 def parse_chat(body: dict[str, Any]) -> ChatParams:
     """``POST /v1/chat/completions``."""
     fields = _Fields(body)
-    if body.get("tools") or body.get("functions"):
-        raise bad_request("Tool and function calling are not supported.", param="tools")
+    tools = parse_tool_request(body)
     common = _common(fields, max_tokens_names=("max_tokens", "max_completion_tokens"))
+    common = replace(common, grammar=tool_grammar(tools, common.grammar))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
     messages = _messages(body.get("messages"))
@@ -328,7 +338,7 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     if top_logprobs and not logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
     return ChatParams(common=common, messages=messages, logprobs=logprobs,
-                      top_logprobs=top_logprobs or 0)
+                      top_logprobs=top_logprobs or 0, tools=tools)
 
 
 def _messages(raw: Any) -> tuple[ChatMessage, ...]:
@@ -348,8 +358,9 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
         name = item.get("name")
         if name is not None and not isinstance(name, str):
             raise bad_request(f"messages[{i}].name must be a string.", param="messages")
+        tool_calls, tool_call_id = parse_message_tool_fields(item, i)
         messages.append(ChatMessage(role=role, content=_message_content(item.get("content"), i),
-                                    name=name))
+                                    name=name, tool_calls=tool_calls, tool_call_id=tool_call_id))
     return tuple(messages)
 
 
@@ -361,6 +372,7 @@ class TokenizeParams:
     prompt: str | None
     messages: tuple[ChatMessage, ...] | None
     add_generation_prompt: bool
+    tools: ToolRequest | None = None
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeParams:
@@ -371,7 +383,8 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeParams:
             raise bad_request("Send either 'prompt' or 'messages', not both.", param="prompt")
         return TokenizeParams(model=model, prompt=None, messages=_messages(body["messages"]),
                               add_generation_prompt=fields.boolean("add_generation_prompt",
-                                                                   True))
+                                                                   True),
+                              tools=parse_tool_request(body))
     prompt = fields.string("prompt")
     if prompt is None:
         raise bad_request("'prompt' (a string) or 'messages' is required.", param="prompt")

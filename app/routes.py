@@ -58,6 +58,7 @@ from app.request_parsing import (
     parse_tokenize,
 )
 from app.service import FlareService, PreparedRequest
+from app.tool_calls import apply_to_body, tool_call_events
 
 log = structlog.get_logger("flare.app.requests")
 
@@ -203,8 +204,10 @@ def register_routes(app: Quart, service: FlareService) -> None:
         choices = await start_choices(service, [prepared], params.common.n, endpoint="chat",
                                       stream=params.common.stream)
         if params.common.stream:
-            return _sse(_chat_events(service, choices, params), headers)
-        return _json(await _chat_result(service, choices, params), headers=headers)
+            return _sse(tool_call_events(_chat_events(service, choices, params), params.tools),
+                        headers)
+        return _json(apply_to_body(await _chat_result(service, choices, params), params.tools),
+                     headers=headers)
 
 
 def _completion_logprobs(service: FlareService, choices: Choices, params: CompletionParams

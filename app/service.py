@@ -236,14 +236,16 @@ class FlareService:
         """The token ids of a prompt, or of a conversation rendered by the chat template."""
         check_model(params.model, self.model_names)
         limit = self.max_text_chars
+        tools = params.tools.offered if params.tools else ()
         if params.messages is None:
             assert params.prompt is not None
             text = params.prompt
         elif params.add_generation_prompt:
             return tokenize_chat(self.template, self.codec, params.messages,
-                                 max_chars=limit).token_ids
+                                 max_chars=limit, tools=tools).token_ids
         else:
-            text = self.template.render(params.messages, add_generation_prompt=False)
+            text = self.template.render(params.messages, add_generation_prompt=False,
+                                        tools=tools)
         if limit is not None and len(text) > limit:
             raise context_too_long(
                 f"The text has {len(text)} characters; this model's context of "
@@ -260,7 +262,8 @@ class FlareService:
                      request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_names)
         chat = tokenize_chat(self.template, self.codec, params.messages,
-                             max_chars=self.max_text_chars)
+                             max_chars=self.max_text_chars,
+                             tools=params.tools.offered if params.tools else ())
         max_tokens = params.common.max_tokens
         if max_tokens is None:
             max_tokens = context_room(prompt_len=len(chat.token_ids),
