@@ -44,7 +44,7 @@ from actors.catalog_setup import program_batch, served_shapes, snapshot_lanes, s
 from actors.checkpoint_allocator import AllocatorState
 from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
-from actors.context_sizing import serving_context
+from actors.context_sizing import DeviceMemory, serving_context
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.grammar import GrammarVocabulary, load_vocabulary
 from actors.log_defaults import quiet_unless_configured
@@ -84,12 +84,14 @@ from actors.resource_book import ResourceBook
 from gpu import (
     Backend,
     CatalogFlags,
+    ModelConfig,
     PreparedProgram,
     build_catalog,
+    device_memory,
     load_model_config,
     open_backend,
 )
-from gpu.engine import ExecutionOptions, ModelEngine
+from gpu.engine import ExecutionOptions, ModelEngine, resolve_dtype
 from policy import (
     FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
     SEED_POLICIES,
@@ -413,9 +415,30 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         yield runtime
 
 
+def _device_memory(config: RuntimeConfig, device: str, model: ModelConfig
+                   ) -> DeviceMemory | None:
+    """What sizing the KV pool from ``--gpu-memory-utilization`` needs, read from the
+    device before anything is loaded; None without the flag or on a CPU."""
+    if config.gpu_memory_utilization is None:
+        return None
+    probed = device_memory(device)
+    if probed is None:
+        return None
+    models = [model]
+    if config.speculation != "off" and config.draft_source == "draft" and \
+            config.draft_model_dir is not None:
+        models.append(load_model_config(config.draft_model_dir))
+    itemsize = resolve_dtype(device, config.dtype, model.torch_dtype).itemsize
+    return DeviceMemory(
+        free_bytes=probed[0], total_bytes=probed[1],
+        weight_bytes=sum(m.parameter_count() for m in models) * itemsize,
+        page_bytes=sum(m.kv_bytes_per_token(itemsize) for m in models) * config.page_size)
+
+
 def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
     model = load_model_config(config.model_dir)
-    sizing = serving_context(config, model_max_context=model.max_context)
+    sizing = serving_context(config, model_max_context=model.max_context,
+                             memory=_device_memory(config, device, model))
     max_context = sizing.max_context
     speculative = config.speculation != "off"
     catalog = build_catalog(CatalogFlags(

@@ -24,6 +24,7 @@ from gpu.backends import (
     ProgramFault,
     open_backend,
 )
+from gpu.backends.cuda_probe import device_memory
 from gpu.catalog import (
     Catalog,
     CatalogError,
@@ -110,6 +111,7 @@ __all__ = [
     "Tokenizer",
     "as_inputs",
     "build_catalog",
+    "device_memory",
     "fixed_width_shapes",
     "load_model_config",
     "open_backend",

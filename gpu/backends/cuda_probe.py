@@ -70,3 +70,14 @@ def probe_cuda() -> DeviceProbe:
     if not torch.cuda.is_available():
         return DeviceProbe(tuple(names), f"torch {torch.__version__} was built without CUDA")
     return DeviceProbe(tuple(names))
+
+
+def device_memory(device: str) -> tuple[int, int] | None:
+    """``(free, total)`` bytes of a CUDA ``device`` as the driver reports them now, or
+    None for a device without its own memory (the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(total)

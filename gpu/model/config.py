@@ -90,6 +90,20 @@ class ModelConfig:
         that (``RopeScaling.context_limit``)."""
         return self.rope.context_limit(self.max_position_embeddings)
 
+    def parameter_count(self) -> int:
+        """Weights the decoder holds: embeddings (and an untied output head), each
+        layer's attention and gated MLP projections, and the norms (biases left out:
+        they are a rounding error)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, \
+            self.num_kv_heads * self.head_dim
+        layer = h * q * 2 + h * kv * 2 + 3 * h * self.intermediate_size + 4 * h
+        heads = 1 if self.tie_word_embeddings else 2
+        return heads * self.vocab_size * h + self.num_layers * layer + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV cache bytes one token position takes across every layer."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
     def window(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window (None: full attention)."""
         return self.layer_windows[layer] if self.layer_windows else None

@@ -20,8 +20,8 @@ from http_harness import client_for, running_server
 
 from actors.admission import AdmissionLimits, AdmissionState
 from actors.catalog_setup import program_batch, state_rows_for
-from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
-from actors.context_sizing import serving_context, size_context
+from actors.config import DEFAULT_MODEL_DIR, ConfigError, RuntimeConfig
+from actors.context_sizing import DeviceMemory, pages_for_memory, serving_context, size_context
 from actors.messages import Admit, RequestId
 from actors.public import GenerationRequest, SamplingParams
 from actors.system import open_runtime
@@ -150,15 +150,57 @@ def test_values_served_as_asked_warn_nothing() -> None:
     assert _adjusted(RuntimeConfig(), 2048) == []
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"], ids=["cpu-backend", "cuda-backend"])
-def test_gpu_memory_utilization_is_accepted_and_logged_as_ignored(backend: str) -> None:
-    config = RuntimeConfig(backend=backend, gpu_memory_utilization=0.9)  # type: ignore[arg-type]
-    [event] = _adjusted(config, 2048)
+def _adjusted_with(config: RuntimeConfig, memory: DeviceMemory | None
+                   ) -> list[dict[str, object]]:
+    with structlog.testing.capture_logs() as logs:
+        serving_context(config, model_max_context=2048, memory=memory)
+    return [{k: v for k, v in e.items() if k != "log_level"} for e in logs]
+
+
+GIB = 2**30
+DEVICE = DeviceMemory(free_bytes=70 * GIB, total_bytes=80 * GIB, weight_bytes=16 * GIB,
+                      page_bytes=2 * 2**20)
+"""An 80 GiB device with 10 GiB used by others, 16 GiB of weights, 2 MiB KV pages."""
+
+
+def test_gpu_memory_utilization_without_device_memory_is_logged_as_ignored() -> None:
+    config = RuntimeConfig(gpu_memory_utilization=0.9)
+    [event] = _adjusted_with(config, None)
     assert (event["event"], event["flag"], event["value"]) == (
         "config.ignored", "--gpu-memory-utilization", 0.9)
-    assert f"the {backend} backend" in str(event["reason"])
+    assert "no device memory" in str(event["reason"])
     assert size_context(config, model_max_context=2048) == size_context(
-        RuntimeConfig(backend=backend), model_max_context=2048)  # type: ignore[arg-type]
+        RuntimeConfig(), model_max_context=2048)
+
+
+def test_gpu_memory_utilization_sizes_the_pool_from_the_device_share() -> None:
+    """The share of the device, less others' use, the weights and the reserve (5 % of
+    the device, at least 512 MiB), in whole pages."""
+    config = RuntimeConfig(gpu_memory_utilization=0.9)
+    sizing = size_context(config, model_max_context=2048, memory=DEVICE)
+    budget = int(0.9 * 80 * GIB) - 10 * GIB - 16 * GIB - 4 * GIB
+    assert sizing.num_pages == budget // DEVICE.page_bytes == pages_for_memory(0.9, DEVICE)
+    smaller = size_context(RuntimeConfig(gpu_memory_utilization=0.5), model_max_context=2048,
+                           memory=DEVICE)
+    assert smaller.num_pages == (40 * GIB - 30 * GIB) // DEVICE.page_bytes
+    [event] = _adjusted_with(config, DEVICE)
+    assert (event["event"], event["pages"]) == ("config.kv_pool", sizing.num_pages)
+
+
+def test_kv_pages_win_over_the_memory_share() -> None:
+    config = RuntimeConfig(gpu_memory_utilization=0.9, kv_pages=200)
+    assert size_context(config, model_max_context=2048, memory=DEVICE).num_pages == 200
+    [event] = _adjusted_with(config, DEVICE)
+    assert event["event"] == "config.ignored" and "--kv-pages" in str(event["reason"])
+
+
+def test_a_share_too_small_for_one_context_is_a_config_error() -> None:
+    tight = DeviceMemory(free_bytes=80 * GIB, total_bytes=80 * GIB, weight_bytes=35 * GIB,
+                         page_bytes=64 * 2**20)
+    with pytest.raises(ConfigError, match=r"--gpu-memory-utilization 0\.5 leaves room for "
+                                          r"\d+ KV pages, fewer than one 2048-token context"):
+        size_context(RuntimeConfig(gpu_memory_utilization=0.5), model_max_context=2048,
+                     memory=tight)
 
 
 async def test_every_served_name_is_accepted_and_listed(codec: TinyCodec) -> None:
