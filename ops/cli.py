@@ -124,15 +124,9 @@ def _backend_unavailable(exc: BaseException) -> BaseException | None:
     """The ``gpu.backends.BackendUnavailable`` behind ``exc``, also inside the exception
     groups trio's nurseries raise; None when there is none."""
     from gpu.backends import BackendUnavailable
+    from ops.failure_line import found_in
 
-    if isinstance(exc, BackendUnavailable):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _backend_unavailable(inner)
-            if found is not None:
-                return found
-    return None
+    return found_in(exc, (BackendUnavailable,))
 
 
 if __name__ == "__main__":

@@ -35,3 +35,17 @@ def write_failure(message: str, *, prog: str, json_format: bool, event: str, log
                            logger=logger) + "\n")
     out.flush()
     return EXIT_STATUS
+
+
+def found_in(exc: BaseException, kinds: tuple[type[BaseException], ...]
+             ) -> BaseException | None:
+    """``exc`` if it is one of ``kinds``, else the first such exception inside the
+    exception groups trio's nurseries raise; None when there is none."""
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = found_in(inner, kinds)
+            if found is not None:
+                return found
+    return None

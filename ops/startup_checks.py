@@ -22,7 +22,7 @@ from app.chat_template import ChatTemplateError
 from gpu import BackendUnavailable, ModelConfig, ModelLoadError, load_model_config
 from gpu.backends.cuda_probe import probe_cuda
 from gpu.model.config import UnsupportedModelError
-from ops.failure_line import write_failure
+from ops.failure_line import found_in, write_failure
 
 STARTUP_FAILURES: tuple[type[BaseException], ...] = (
     ConfigError, ChatTemplateError, ModelLoadError, UnsupportedModelError,
@@ -68,14 +68,7 @@ def check_backend(name: str) -> None:
 
 def startup_cause(exc: BaseException) -> BaseException | None:
     """The start-up failure behind ``exc`` (also inside exception groups), if any."""
-    if isinstance(exc, (*STARTUP_FAILURES, StartupError)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = startup_cause(inner)
-            if found is not None:
-                return found
-    return None
+    return found_in(exc, (*STARTUP_FAILURES, StartupError))
 
 
 def report_failure(message: str, *, log_format: str, stream: TextIO | None = None) -> int:

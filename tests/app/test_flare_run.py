@@ -32,19 +32,6 @@ def model_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path / "model"
 
 
-@pytest.fixture
-def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
-    """A stand-in ``open_runtime`` that records whether anything was loaded."""
-    calls: list[RuntimeConfig] = []
-
-    def record(config: RuntimeConfig) -> object:
-        calls.append(config)
-        raise AssertionError("nothing may load when a flag is invalid")
-
-    monkeypatch.setattr("ops.run_command.open_runtime", record)
-    return calls
-
-
 @pytest.mark.parametrize(("flags", "message"), [
     (["--max-batch", "0"], "--max-batch (--max-num-seqs) must be 1..64, got 0"),
     (["--max-batch", "128"], "--max-batch (--max-num-seqs) must be 1..64, got 128"),
@@ -70,32 +57,32 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
      "runs with the seed's scheduler only"),
 ])
 def test_pol_19_invalid_values_stop_before_loading(
-        flags: list[str], message: str, model_dir: pathlib.Path, opened: list[RuntimeConfig],
-        capsys: pytest.CaptureFixture[str]) -> None:
+        flags: list[str], message: str, model_dir: pathlib.Path,
+        runtime_opened: list[RuntimeConfig], capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["run", "--model", str(model_dir), *flags])
     assert code == 2
     assert message in capsys.readouterr().err
-    assert opened == []
+    assert runtime_opened == []
 
 
-def test_missing_model_directory_is_named(opened: list[RuntimeConfig],
+def test_missing_model_directory_is_named(runtime_opened: list[RuntimeConfig],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "--model", "/no/such/model"]) == 2
     assert "--model: no such directory: /no/such/model" in capsys.readouterr().err
-    assert opened == []
+    assert runtime_opened == []
 
 
 @pytest.mark.parametrize("flags", [["--log-format", "xml"], ["--port", "70000"],
                                    ["--backend", "tpu"], ["--prefill-capacity", "a,b"],
                                    ["--scheduler-policy", "lottery"], ["--max-batch", "two"]])
 def test_unparseable_flags_exit_with_usage_error(
-        flags: list[str], model_dir: pathlib.Path, opened: list[RuntimeConfig],
+        flags: list[str], model_dir: pathlib.Path, runtime_opened: list[RuntimeConfig],
         capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["run", "--model", str(model_dir), *flags])
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
-    assert opened == []
+    assert runtime_opened == []
 
 
 def test_run_configures_logging_then_serves_the_runtime(

@@ -24,19 +24,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def prepared(monkeypatch: pytest.MonkeyPatch) -> list[RuntimeConfig]:
-    """A stand-in ``open_runtime`` recording whether preparation started."""
-    calls: list[RuntimeConfig] = []
-
-    def record(config: RuntimeConfig) -> object:
-        calls.append(config)
-        raise AssertionError("preparation must not start after a start-up failure")
-
-    monkeypatch.setattr("ops.run_command.open_runtime", record)
-    return calls
-
-
-@pytest.fixture
 def models(tmp_path: pathlib.Path) -> pathlib.Path:
     """Broken copies of the embedded model: one per start-up failure."""
     unsupported = tmp_path / "unsupported"
@@ -95,7 +82,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list
 @pytest.mark.parametrize(("flags", "message"), BATTERY)
 def test_each_start_up_failure_is_one_line_and_status_2(
         flags: list[str], message: str, log_format: str, models: pathlib.Path,
-        prepared: list[RuntimeConfig], capsys: pytest.CaptureFixture[str]) -> None:
+        runtime_opened: list[RuntimeConfig], capsys: pytest.CaptureFixture[str]) -> None:
     argv = [f.format(tmp=models) for f in flags] + ["--log-format", log_format]
     status, lines = _run(argv, capsys)
     assert status == 2
@@ -109,7 +96,7 @@ def test_each_start_up_failure_is_one_line_and_status_2(
     else:
         assert lines[0].startswith("flare run: error: ")
         assert expected in lines[0]
-    assert prepared == []
+    assert runtime_opened == []
 
 
 @pytest.mark.parametrize("log_format", ["console", "json"])
@@ -120,7 +107,7 @@ def test_each_start_up_failure_is_one_line_and_status_2(
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_a_bad_flag_value_is_one_line_and_status_2(
-        flags: list[str], message: str, log_format: str, prepared: list[RuntimeConfig],
+        flags: list[str], message: str, log_format: str, runtime_opened: list[RuntimeConfig],
         capsys: pytest.CaptureFixture[str]) -> None:
     status, lines = _run([*flags, "--log-format", log_format], capsys)
     assert status == 2
@@ -128,17 +115,17 @@ def test_a_bad_flag_value_is_one_line_and_status_2(
     text = json.loads(lines[0])["error"] if log_format == "json" else lines[0]
     assert message in text
     assert "--help lists the flags" in text
-    assert prepared == []
+    assert runtime_opened == []
 
 
 def test_a_port_in_use_is_found_before_preparation(
-        busy_port: int, prepared: list[RuntimeConfig],
+        busy_port: int, runtime_opened: list[RuntimeConfig],
         capsys: pytest.CaptureFixture[str]) -> None:
     status, lines = _run(["--port", str(busy_port)], capsys)
     assert status == 2
     assert lines == [f"flare run: error: --port {busy_port}: cannot listen on "
                      f"127.0.0.1:{busy_port}: Address already in use"]
-    assert prepared == []
+    assert runtime_opened == []
 
 
 def test_a_failure_inside_preparation_is_one_line_too(
