@@ -31,6 +31,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "chaos"), "ops.bench_chaos",
      "hostile clients against a live server: 5xx, hangs, leaks, probe-stream gaps"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
+    (("sim-capacity",), "ops.sim_capacity", "simulated capacity at an SLO of every scheduling configuration"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
 

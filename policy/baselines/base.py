@@ -164,6 +164,7 @@ class BaselinePolicy(abc.ABC):
         self._last_step_had_prompt = False
         self._menu = ShapeMenu.build(())
         self._planning_view: _View | None = None
+        self._running_cap: int | None = None
         self.set_catalog(catalog)
 
     # ---- configuration ---------------------------------------------------------------
@@ -192,8 +193,23 @@ class BaselinePolicy(abc.ABC):
     @property
     def running_limit(self) -> int:
         """Requests that may hold a running slot (prefilling or decoding) at once: the
-        largest decode batch, like ``max_num_seqs`` in conventional servers."""
+        cap of ``limit_running`` when one is set, else the policy's own limit (the
+        largest decode batch, like ``max_num_seqs`` in conventional servers)."""
+        if self._running_cap is not None:
+            return self._running_cap
+        return self._own_running_limit()
+
+    def _own_running_limit(self) -> int:
+        """The running limit without a cap (subclass hook)."""
         return self._menu.max_decode_batch
+
+    def limit_running(self, limit: int) -> None:
+        """Hold at most ``limit`` requests running at once, whatever the catalog (the
+        same limit a comparison gives every policy; above the largest decode batch the
+        extra running requests take turns in the policy's decode order)."""
+        if limit < 1:
+            raise PolicyError(f"running limit must be positive, got {limit}")
+        self._running_cap = limit
 
     def configure_policy(self, config: PolicyConfig) -> None:
         """Replace the preferences before the first admission (baselines only use the
