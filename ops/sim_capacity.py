@@ -19,17 +19,19 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-QUICK_COUNT = 30
+QUICK_COUNT = 12
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ops.sim.capacity import CAPACITY_SCENARIOS, DEFAULT_CONFIGURATIONS
+    from ops.sim.capacity import CAPACITY_SCENARIOS, CONFIGURATIONS, DEFAULT_CONFIGURATIONS
     from ops.sim_command import add_cost_arguments
 
     labels = tuple(c.label for c in DEFAULT_CONFIGURATIONS)
     sel = parser.add_argument_group("what to compare")
-    sel.add_argument("--configuration", nargs="+", choices=labels, default=None,
-                     dest="configurations", help=f"default: {' '.join(labels)}")
+    sel.add_argument("--configuration", nargs="+", choices=tuple(c.label for c in CONFIGURATIONS),
+                     default=None, dest="configurations",
+                     help=f"default: {' '.join(labels)} (balanced-adapt-*: the seed preset "
+                          "with another adaptation time, opt-in)")
     sel.add_argument("--scenario", nargs="+", choices=tuple(CAPACITY_SCENARIOS),
                      default=None, dest="scenarios",
                      help=f"default: {' '.join(CAPACITY_SCENARIOS)}")
@@ -85,11 +87,12 @@ def main(args: argparse.Namespace) -> int:
     from gpu.catalog import CatalogError
     from ops.sim.capacity import CAPACITY_SCENARIOS as SUITE
     from ops.sim.capacity import (
+        CONFIGURATIONS,
         DEFAULT_CONFIGURATIONS,
-        SEED_LABELS,
         SearchSettings,
         Setup,
         SloTargets,
+        is_baseline,
     )
     from ops.sim.capacity_report import capacity_table, write_report
     from ops.sim.catalogs import build_catalogs
@@ -108,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
     if args.count < 1 or args.jobs < 1:
         return fail("--num-requests and --jobs must be positive")
     chosen = args.configurations or [c.label for c in DEFAULT_CONFIGURATIONS]
-    configs = [c for c in DEFAULT_CONFIGURATIONS if c.label in chosen]
+    configs = [c for c in CONFIGURATIONS if c.label in chosen]
     scenarios = list(args.scenarios or SUITE)
     try:
         catalogs = build_catalogs(max_batch=args.max_batch,
@@ -133,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
         pareto_rates = {}
         for s in scenarios:
             baseline = [r["capacity_rps"] for r in results
-                        if r["scenario"] == s and r["configuration"] not in SEED_LABELS]
+                        if r["scenario"] == s and is_baseline(r["configuration"])]
             pareto_rates[s] = args.pareto_rate or max(baseline, default=0.0) \
                 or args.start_rate
         pareto = list(pool.map(_rate_task, [(c, s, pareto_rates[s], setup)

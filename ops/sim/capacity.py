@@ -31,6 +31,9 @@ from ops.sim.engine import SimOptions, simulate
 from ops.sim.runs import per_client_latency
 from ops.sim.workloads import SCENARIOS, WorkloadSpec, build_workload
 from policy.baselines import BaselinePolicy, make_policy
+from policy.config import policy_preset
+from policy.descriptors import GraphShape
+from policy.protocol import SchedulingPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,15 @@ class Configuration:
     label: str
     policy: str
     token_budget: int = 512
+    preferences: tuple[tuple[str, float], ...] = ()
+    """``PolicyConfig`` fields replaced in the seed preset ``policy`` (a variant the
+    comparison measures; empty: the preset as it is)."""
+
+    def make(self, catalog: Sequence[GraphShape]) -> SchedulingPolicy:
+        config = (replace(policy_preset(self.policy), **dict(self.preferences))
+                  if self.preferences else None)
+        return make_policy(self.policy, config, catalog=catalog,
+                           token_budget=self.token_budget)
 
 
 SARATHI_BUDGETS = (256, 512, 1024, 2048)
@@ -52,6 +64,13 @@ DEFAULT_CONFIGURATIONS = (
 )
 SEED_LABELS = ("balanced", "throughput")
 """The seed's presets; every other configuration is a baseline."""
+VARIANT_CONFIGURATIONS = (
+    Configuration("balanced-adapt-5ms", "balanced", preferences=(("adaptation_ms", 5.0),)),
+    Configuration("balanced-adapt-20ms", "balanced", preferences=(("adaptation_ms", 20.0),)),
+)
+"""Opt-in measurements of the seed preset with one preference changed (not run by
+default, never counted as the seed or as a baseline)."""
+CONFIGURATIONS = DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS
 
 CAPACITY_SCENARIOS: dict[str, str] = {
     "sharegpt": "poisson",
@@ -129,7 +148,7 @@ def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
     """One run of ``config`` on ``spec`` at ``rate`` requests per second: its metrics."""
     requests = build_workload(replace(spec, rate=rate, count=setup.count))
     catalog = setup.catalogs.for_policy(config.policy)
-    planner = make_policy(config.policy, catalog=catalog, token_budget=config.token_budget)
+    planner = config.make(catalog)
     if isinstance(planner, BaselinePolicy):
         planner.limit_running(setup.options.max_resident)
     result = simulate(planner, requests, setup.costs, setup.options)
@@ -228,11 +247,15 @@ def capacity_of(config: Configuration, scenario_name: str, setup: Setup,
             "simulation_cpu_s": sum(m["simulation_cpu_s"] for m in runs.values())}
 
 
+def is_baseline(label: str) -> bool:
+    """Whether ``label`` names a baseline configuration (not a seed preset or variant)."""
+    return label not in SEED_LABELS and all(v.label != label for v in VARIANT_CONFIGURATIONS)
+
+
 def ratio_to_best_baseline(capacities: Mapping[str, float], label: str) -> float | None:
     """``label``'s capacity over the best baseline's (None when no baseline served any
     rate, or ``label`` is missing)."""
-    best = max((c for name, c in capacities.items() if name not in SEED_LABELS),
-               default=0.0)
+    best = max((c for name, c in capacities.items() if is_baseline(name)), default=0.0)
     if label not in capacities or best <= 0:
         return None
     return capacities[label] / best

@@ -16,7 +16,12 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ops.sim.capacity import SEED_LABELS, ratio_to_best_baseline
+from ops.sim.capacity import (
+    SEED_LABELS,
+    VARIANT_CONFIGURATIONS,
+    is_baseline,
+    ratio_to_best_baseline,
+)
 
 
 def capacity_table(results: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
@@ -28,7 +33,8 @@ def capacity_table(results: Sequence[Mapping[str, Any]], scenarios: Sequence[str
     for label in configurations:
         cells = [f"{cap[(label, s)]:.2f}" if (label, s) in cap else "-" for s in scenarios]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    for seed in (s for s in SEED_LABELS if s in configurations):
+    variants = tuple(v.label for v in VARIANT_CONFIGURATIONS)
+    for seed in (s for s in (*SEED_LABELS, *variants) if s in configurations):
         cells = []
         for s in scenarios:
             ratio = ratio_to_best_baseline(
@@ -64,7 +70,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
         mine = [p for p in points if p["scenario"] == scenario
                 and p["ttft_p99_s"] is not None and p["tpot_p99_s"] is not None]
         for p in mine:
-            seed = p["configuration"] in SEED_LABELS
+            seed = not is_baseline(p["configuration"])
             ax.scatter(p["tpot_p99_s"] * 1e3, p["ttft_p99_s"] * 1e3,
                        marker="*" if seed else "o", s=140 if seed else 50,
                        color="tab:red" if seed else "tab:blue")

@@ -11,6 +11,7 @@ synthetic (VER-36).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 
@@ -151,7 +152,7 @@ def test_command_writes_table_json_and_plot(tmp_path: pathlib.Path,
     out = tmp_path / "cap"
     code = run(["--quick", "--scenario", "sharegpt", "tenants", "--configuration",
                 "balanced", "fcfs", "sarathi-256", "--cost-model", "roofline-llama3-8b-h100",
-                "--max-batch", "4", "--prefill-capacity", "64", "256",
+                "--max-batch", "8", "--prefill-capacity", "64", "256",
                 "--start-rate", "4", "--rate-max", "8", "--output-dir", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
@@ -160,12 +161,13 @@ def test_command_writes_table_json_and_plot(tmp_path: pathlib.Path,
     assert table.splitlines()[0] == "| configuration | sharegpt | tenants |"
     assert "| balanced / best baseline |" in table and "sarathi-256" in table
     data = json.loads((out / "capacity.json").read_text())
-    assert data["settings"]["synthetic"] is True and data["settings"]["max_running"] == 4
+    assert data["settings"]["synthetic"] is True and data["settings"]["max_running"] == 8
     assert len(data["results"]) == 6 and len(data["pareto"]) == 6
     tenants = next(r for r in data["results"] if r["scenario"] == "tenants")
     at = tenants["at_capacity"]
-    assert set(at["per_client"]) == {"a", "b", "c", "d"}
-    assert set(at["attainment_by_client"]) == {"a", "b", "c", "d"}
+    clients = set(at["per_client"])  # 12 requests may leave a light tenant out
+    assert len(clients) >= 2 and clients <= {"a", "b", "c", "d"}
+    assert set(at["attainment_by_client"]) == clients
     assert "1-128" in at["ttft_by_prompt_tokens"] and at["itl_max_s"] is not None
     assert all(p["rate"] > 0 for p in tenants["probes"])
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
@@ -179,3 +181,20 @@ def test_command_reports_bad_inputs(capsys: pytest.CaptureFixture[str],
                 "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--ttft" in err and "--max-running" in err and "not both" in err
+
+
+def test_variants_change_one_preference_and_are_never_baselines() -> None:
+    from ops.sim.capacity import VARIANT_CONFIGURATIONS, is_baseline
+    from policy.config import policy_preset
+
+    catalog = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                             draft_depth=0).ordinary
+    variant = next(v for v in VARIANT_CONFIGURATIONS if v.label == "balanced-adapt-5ms")
+    planner = variant.make(catalog)
+    assert planner.config.adaptation_ms == 5.0
+    assert planner.config == dataclasses.replace(policy_preset("balanced"), adaptation_ms=5.0)
+    assert Configuration("balanced", "balanced").make(catalog).config == policy_preset("balanced")
+    assert not is_baseline("balanced-adapt-5ms") and not is_baseline("balanced")
+    assert is_baseline("sarathi-256") and is_baseline("vtc")
+    assert ratio_to_best_baseline({"balanced-adapt-5ms": 9.0, "fcfs": 3.0},
+                                  "balanced-adapt-5ms") == pytest.approx(3.0)
