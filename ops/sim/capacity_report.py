@@ -55,7 +55,7 @@ def pareto_points(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def plot_pareto(points: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
                 path: pathlib.Path, *, title: str) -> None:
     """One panel per scenario: TTFT p99 against TPOT p99, one labelled point per
-    configuration (log axes; lower-left is better on both)."""
+    configuration (lower-left is better on both)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,9 +80,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
         ax.set_title(f"{scenario} at {rate:.2f} req/s", fontsize=9)
         ax.set_xlabel("TPOT p99 (ms)")
         ax.set_ylabel("TTFT p99 (ms)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
