@@ -192,21 +192,17 @@ class BaselinePolicy(abc.ABC):
 
     @property
     def running_limit(self) -> int:
-        """Requests that may hold a running slot (prefilling or decoding) at once: the
-        cap of ``limit_running`` when one is set, else the policy's own limit (the
-        largest decode batch, like ``max_num_seqs`` in conventional servers)."""
-        if self._running_cap is not None:
-            return self._running_cap
-        return self._own_running_limit()
+        """Requests that may hold a running slot (prefilling or decoding) at once:
+        ``limit_running``'s cap, else the largest decode batch (like ``max_num_seqs``)."""
+        cap = self._running_cap
+        return self._own_running_limit() if cap is None else cap
 
-    def _own_running_limit(self) -> int:
-        """The running limit without a cap (subclass hook)."""
+    def _own_running_limit(self) -> int:  # subclass hook: the limit without a cap
         return self._menu.max_decode_batch
 
     def limit_running(self, limit: int) -> None:
-        """Hold at most ``limit`` requests running at once, whatever the catalog (the
-        same limit a comparison gives every policy; above the largest decode batch the
-        extra running requests take turns in the policy's decode order)."""
+        """Run at most ``limit`` requests at once, whatever the catalog (above the
+        largest decode batch they take turns in the policy's decode order)."""
         if limit < 1:
             raise PolicyError(f"running limit must be positive, got {limit}")
         self._running_cap = limit
