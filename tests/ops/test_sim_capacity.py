@@ -198,3 +198,20 @@ def test_variants_change_one_preference_and_are_never_baselines() -> None:
     assert is_baseline("sarathi-256") and is_baseline("vtc")
     assert ratio_to_best_baseline({"balanced-adapt-5ms": 9.0, "fcfs": 3.0},
                                   "balanced-adapt-5ms") == pytest.approx(3.0)
+
+
+def test_the_suite_names_existing_scenarios() -> None:
+    from ops.sim.capacity import CAPACITY_SCENARIOS
+    from ops.sim.workloads import LONG_CLIENT, SCENARIOS
+
+    assert set(CAPACITY_SCENARIOS) == {"sharegpt", "bursty", "long-prompts", "tenants",
+                                       "long-outputs"}
+    assert set(CAPACITY_SCENARIOS.values()) <= set(SCENARIOS)
+    tenants = SCENARIOS[CAPACITY_SCENARIOS["tenants"]]
+    assert len({c.weight for c in tenants.clients}) > 1 and len(tenants.clients) >= 3
+    long_out = build_workload(dataclasses.replace(
+        SCENARIOS[CAPACITY_SCENARIOS["long-outputs"]], count=40))
+    assert min(r.output_tokens for r in long_out) >= 256
+    long_prompts = build_workload(dataclasses.replace(
+        SCENARIOS[CAPACITY_SCENARIOS["long-prompts"]], count=40, rate=4.0))
+    assert any(r.client == LONG_CLIENT and r.prompt_tokens == 8192 for r in long_prompts)
