@@ -40,7 +40,8 @@ def capacity_table(results: Sequence[Mapping[str, Any]], scenarios: Sequence[str
             ratio = ratio_to_best_baseline(
                 {label: c for (label, sc), c in cap.items() if sc == s}, seed)
             cells.append("-" if ratio is None else f"{ratio:.2f}x")
-        lines.append(f"| {seed} / best baseline | " + " | ".join(cells) + " |")
+        if any(c != "-" for c in cells):  # no row when no baseline ran
+            lines.append(f"| {seed} / best baseline | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -215,3 +215,14 @@ def test_the_suite_names_existing_scenarios() -> None:
     long_prompts = build_workload(dataclasses.replace(
         SCENARIOS[CAPACITY_SCENARIOS["long-prompts"]], count=40, rate=4.0))
     assert any(r.client == LONG_CLIENT and r.prompt_tokens == 8192 for r in long_prompts)
+
+
+def test_table_ratios_only_against_a_baseline_that_ran() -> None:
+    from ops.sim.capacity_report import capacity_table
+
+    results = [{"configuration": "balanced", "scenario": "s", "capacity_rps": 3.0},
+               {"configuration": "fcfs", "scenario": "s", "capacity_rps": 2.0}]
+    table = capacity_table(results, ["s"], ["balanced", "fcfs"])
+    assert "| balanced | 3.00 |" in table and "| balanced / best baseline | 1.50x |" in table
+    alone = capacity_table(results[:1], ["s"], ["balanced"])
+    assert "best baseline" not in alone
