@@ -38,6 +38,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "structured"), "ops.bench_structured",
      "output tokens/s with and without a JSON schema at 1 and 8 streams"),
     (("sim",), "ops.sim_command", "simulate scheduling policies on a cost table (no model or device)"),
+    (("sim-capacity",), "ops.sim_capacity", "simulated capacity at an SLO of every scheduling configuration"),
     (("train-default",), "ops.train_default", "train the embedded default model pair"),
 )
 

@@ -72,8 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--seed", type=int, default=0)
 
     dev = parser.add_argument_group("simulated server")
-    dev.add_argument("--costs", type=pathlib.Path, default=None,
-                     help="flare bench programs --json file (default: synthetic costs)")
+    add_cost_arguments(dev)
     dev.add_argument("--noise", type=float, default=0.0,
                      help="log-normal sigma of multiplicative duration noise")
     dev.add_argument("--max-batch", type=int, default=16)
@@ -84,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                      help="proposal depth D of the speculative load the speculative policies "
                           "run on (widths 1..D+1, as flare run --draft-depth)")
-    dev.add_argument("--max-resident", type=int, default=64)
+    dev.add_argument("--max-running", "--max-resident", type=int, default=None,
+                     dest="max_running",
+                     help="requests resident and running at once, the same limit for every "
+                          "policy (default: --max-batch)")
     dev.add_argument("--max-queue", type=int, default=None,
                      help="refuse arrivals when this many wait (default: unbounded)")
     dev.add_argument("--dispatch-us", type=float, default=50.0,
@@ -102,6 +104,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     met.add_argument("--qoe-reading-speed", type=float, default=10.0)
     met.add_argument("--output-dir", type=pathlib.Path, default=pathlib.Path("sim-results"))
     met.add_argument("--no-plots", action="store_true")
+
+
+def add_cost_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--costs`` and ``--cost-model`` (shared with ``flare sim capacity``)."""
+    from ops.sim.roofline import COST_MODELS
+
+    group.add_argument("--costs", type=pathlib.Path, default=None,
+                       help="flare bench programs --json file (replaces --cost-model)")
+    group.add_argument("--cost-model", choices=COST_MODELS, default=None,
+                       help="named cost model (default: linear, the synthetic a + b * size "
+                            "model; roofline-*: docs/simulator.md, Roofline)")
+
+
+def cost_table(args: argparse.Namespace, catalog: Any) -> Any:
+    """The cost table ``--costs`` or ``--cost-model`` names (``CostTableError``)."""
+    from ops.sim.costs import CostTableError, load_bench_programs
+    from ops.sim.roofline import named_cost_table
+
+    if args.costs is not None:
+        if args.cost_model is not None:
+            raise CostTableError("pass --costs or --cost-model, not both")
+        return load_bench_programs(args.costs, catalog)
+    return named_cost_table(args.cost_model or "linear", catalog)
+
+
+def max_running(args: argparse.Namespace) -> int:
+    """``--max-running``, defaulting to the largest decode batch (``ValueError``)."""
+    limit = args.max_batch if args.max_running is None else args.max_running
+    if limit < 1:
+        raise ValueError("--max-running must be positive")
+    return int(limit)
 
 
 def _workload(args: argparse.Namespace) -> Any:
@@ -129,7 +162,7 @@ def _workload(args: argparse.Namespace) -> Any:
 def main(args: argparse.Namespace) -> int:
     from gpu.catalog import CatalogError
     from ops.sim.catalogs import build_catalogs
-    from ops.sim.costs import CostTableError, SyntheticCosts, load_bench_programs
+    from ops.sim.costs import CostTableError
     from ops.sim.engine import SimOptions, SimulationError
     from ops.sim.runs import run_policies, write_outputs
     from ops.sim.workloads import build_workload
@@ -145,15 +178,15 @@ def main(args: argparse.Namespace) -> int:
             max_batch=args.max_batch, prefill_capacities=args.prefill_capacities,
             mixed_prefill=args.mixed_prefill, draft_depth=args.draft_depth)
         catalog = catalogs.union(policies)
-        costs = (load_bench_programs(args.costs, catalog) if args.costs is not None
-                 else SyntheticCosts().table(catalog))
+        costs = cost_table(args, catalog)
         spec = _workload(args)
         requests = build_workload(spec)
+        running = max_running(args)
     except (CatalogError, CostTableError, ValueError, OSError) as exc:
         return fail(str(exc))
     if not math.isfinite(args.noise) or args.noise < 0:
         return fail("--noise must be a finite non-negative number")
-    options = SimOptions(max_resident=args.max_resident, max_queue=args.max_queue,
+    options = SimOptions(max_resident=running, max_queue=args.max_queue,
                          dispatch_ns=round(args.dispatch_us * 1000),
                          output_limit=args.max_tokens, noise=args.noise,
                          warm_estimates=not args.cold_estimates, seed=args.seed,
@@ -164,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
     config = {"scenario": args.scenario, "max_batch": args.max_batch,
               "prefill_capacities": list(args.prefill_capacities),
               "mixed_prefill": args.mixed_prefill, "token_budget": args.token_budget,
-              "draft_depth": args.draft_depth, "cost_source": costs.source}
+              "draft_depth": args.draft_depth, "max_running": running,
+              "cost_source": costs.source}
     try:
         runs = run_policies(policies, requests=requests, catalogs=catalogs, costs=costs,
                             options=options, metrics=metrics, token_budget=args.token_budget,
@@ -174,7 +208,8 @@ def main(args: argparse.Namespace) -> int:
         return fail(str(exc))
     write_outputs(args.output_dir, runs, workload=spec, options=options, costs=costs,
                   config=config, plots=not args.no_plots)
-    label = "synthetic costs" if costs.source == "synthetic" else f"costs from {costs.source}"
+    label = (f"synthetic costs ({costs.source})" if costs.synthetic
+             else f"costs from {costs.source}")
     print(f"flare sim: scenario {args.scenario}, {len(requests)} requests, {label}")
     from ops.loadgen.report import summary_table
     print(summary_table([r.run for r in runs]))

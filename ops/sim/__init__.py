@@ -1,8 +1,10 @@
 """``flare sim``: a discrete-event simulator that drives the real policy code.
 
-``costs`` holds cost tables (synthetic or from ``flare bench programs --json``),
+``costs`` holds cost tables (the linear synthetic model or ``flare bench programs
+--json``), ``roofline`` the roofline model of a named model and accelerator,
 ``workloads`` the simulated traffic, ``engine`` the event loop, ``runs`` the
-multi-policy driver that writes JSON and plots with the load benchmark's metrics.
+multi-policy driver that writes JSON and plots with the load benchmark's metrics, and
+``capacity``/``capacity_report`` the capacity-at-an-SLO search of ``flare sim-capacity``.
 """
 
 from ops.sim.costs import CostTable, CostTableError, SyntheticCosts, load_bench_programs

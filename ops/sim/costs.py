@@ -1,7 +1,8 @@
 """Cost tables for ``flare sim``: how long each prepared shape runs.
 
 A ``CostTable`` maps every shape of the simulated catalog to a mean duration in ns and
-draws each execution's duration, optionally with multiplicative noise. Two sources:
+draws each execution's duration, optionally with multiplicative noise. Three sources
+(the roofline models live in ``ops.sim.roofline``):
 
 * ``SyntheticCosts`` (default): a parametric model ``T = a + b * size`` per program
   kind, where ``size`` is the work the fixed shape always pays for (its capacity,
@@ -83,6 +84,8 @@ class CostTable:
 
     mean_ns: Mapping[GraphShape, int]
     source: str
+    synthetic: bool = True
+    """A model's figures (linear or roofline), not a measured table (VER-36)."""
 
     def duration_ns(self, shape: GraphShape, rng: np.random.Generator, noise: float) -> int:
         """One execution's duration: the mean, times mean-one log-normal noise."""
@@ -99,10 +102,11 @@ class CostTable:
         if extra_ns == 0:
             return self
         return CostTable({s: n + extra_ns for s, n in self.mean_ns.items()},
-                         source=f"{self.source} + {extra_ns / NS_PER_MS:g} ms per frame")
+                         source=f"{self.source} + {extra_ns / NS_PER_MS:g} ms per frame",
+                         synthetic=self.synthetic)
 
     def to_json(self) -> dict[str, object]:
-        return {"source": self.source,
+        return {"source": self.source, "synthetic": self.synthetic,
                 "mean_ms": {s.label(): n / NS_PER_MS for s, n in self.mean_ns.items()}}
 
 
@@ -128,4 +132,4 @@ def load_bench_programs(path: pathlib.Path, catalog: Iterable[GraphShape]) -> Co
             f"{path} has no timing for {len(missing)} catalog shapes (first: "
             f"{', '.join(missing[:4])}); pass the catalog flags the benchmark used")
     return CostTable({s: round(by_label[s.label()] * NS_PER_MS) for s in shapes},
-                     source=str(path))
+                     source=str(path), synthetic=False)

@@ -34,7 +34,7 @@ from ops.sim.catalogs import Catalogs
 from ops.sim.costs import CostTable
 from ops.sim.engine import SimOptions, SimResult, simulate
 from ops.sim.workloads import WorkloadSpec
-from policy.baselines import make_policy
+from policy.baselines import BaselinePolicy, make_policy
 
 SIM_FILE_VERSION = 1
 
@@ -69,6 +69,10 @@ def run_policies(
         started, cpu_started = time.perf_counter(), time.process_time()
         planner = make_policy(name, catalog=catalogs.for_policy(name),
                               token_budget=token_budget)
+        if isinstance(planner, BaselinePolicy):
+            # the simulator admits at most max_resident requests for every policy; a
+            # baseline's own running limit could otherwise differ from it
+            planner.limit_running(options.max_resident)
         result = simulate(planner, requests, costs, options)
         summary = summarize(result.records, duration_s=result.makespan_s,
                             planned=len(requests), options=metrics)
@@ -117,7 +121,7 @@ def write_outputs(out_dir: pathlib.Path, runs: Sequence[PolicyRun], *, workload:
         written.append(path)
     combined = {
         "version": SIM_FILE_VERSION,
-        "synthetic": costs.source == "synthetic",
+        "synthetic": costs.synthetic,
         "config": config,
         "workload": workload.to_json(),
         "options": options.to_json(),

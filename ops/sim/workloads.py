@@ -36,6 +36,9 @@ ACCEPTANCE_STREAM = 0xACCE
 """Mixed into the seed of the acceptance-spread generator (independent of lengths)."""
 CHAT_LENGTHS = LengthSpec(kind="sharegpt", prompt_max=1024, output_max=512)
 """The synthetic ShareGPT-like mix, prompts up to 1024 and answers up to 512 tokens."""
+LONG_OUTPUT_LENGTHS = LengthSpec(kind="uniform", prompt_min=32, prompt_max=512,
+                                 output_min=256, output_max=1024)
+"""Long answers: uniform prompts of 32..512 and answers of 256..1024 tokens."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +155,14 @@ SCENARIOS: dict[str, WorkloadSpec] = {
                                       ClientSpec(name="light", weight=1.0))),
     # Plain Poisson chat traffic.
     "poisson": WorkloadSpec(count=400, rate=4.0, lengths=CHAT_LENGTHS),
+    # Four tenants with unequal demand (4:2:1:1 of the requests).
+    "tenants": WorkloadSpec(count=400, rate=4.0, lengths=CHAT_LENGTHS,
+                            clients=(ClientSpec(name="a", weight=4.0),
+                                     ClientSpec(name="b", weight=2.0),
+                                     ClientSpec(name="c", weight=1.0),
+                                     ClientSpec(name="d", weight=1.0))),
+    # Long answers: prompts of 32..512 tokens, answers of 256..1024, uniform.
+    "long-outputs": WorkloadSpec(count=400, rate=2.0, lengths=LONG_OUTPUT_LENGTHS),
     # Speculation that pays for some requests and not others: a client whose text the
     # draft predicts well (code, 0.85 per draft) and one it does not (chat, 0.3),
     # equal demand, each request's rate spread by +-0.1.

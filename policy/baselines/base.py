@@ -165,6 +165,7 @@ class BaselinePolicy(abc.ABC):
         self._last_step_had_prompt = False
         self._menu = ShapeMenu.build(())
         self._planning_view: _View | None = None
+        self._running_cap: int | None = None
         self.set_catalog(catalog)
 
     # ---- configuration ---------------------------------------------------------------
@@ -192,9 +193,20 @@ class BaselinePolicy(abc.ABC):
 
     @property
     def running_limit(self) -> int:
-        """Requests that may hold a running slot (prefilling or decoding) at once: the
-        largest decode batch, like ``max_num_seqs`` in conventional servers."""
+        """Requests that may hold a running slot (prefilling or decoding) at once:
+        ``limit_running``'s cap, else the largest decode batch (like ``max_num_seqs``)."""
+        cap = self._running_cap
+        return self._own_running_limit() if cap is None else cap
+
+    def _own_running_limit(self) -> int:  # subclass hook: the limit without a cap
         return self._menu.max_decode_batch
+
+    def limit_running(self, limit: int) -> None:
+        """Run at most ``limit`` requests at once, whatever the catalog (above the
+        largest decode batch they take turns in the policy's decode order)."""
+        if limit < 1:
+            raise PolicyError(f"running limit must be positive, got {limit}")
+        self._running_cap = limit
 
     def configure_policy(self, config: PolicyConfig) -> None:
         """Replace the preferences before the first admission (baselines only use the

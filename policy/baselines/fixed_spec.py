@@ -73,11 +73,10 @@ class FixedSpecPolicy(SarathiPolicy):
         """The speculative programs rounds run on (empty: the catalog has none)."""
         return self._round_shapes
 
-    @property
-    def running_limit(self) -> int:
+    def _own_running_limit(self) -> int:
         if self._round_shapes:
             return max(s.batch_capacity for s in self._round_shapes)
-        return super().running_limit
+        return super()._own_running_limit()
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         super().set_catalog(shapes)

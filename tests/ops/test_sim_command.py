@@ -90,3 +90,23 @@ def test_sim_command_compares_speculation_and_prints_time_per_policy(
     assert run(["--num-requests", "2", "--draft-depth", "2", "--policy", "fixed-spec-3",
                 "--output-dir", str(tmp_path / "x"), "--no-plots"]) == 2
     assert "fixed-spec-3 needs" in capsys.readouterr().err
+
+
+def test_sim_command_cost_model_and_one_running_limit(tmp_path: pathlib.Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--cost-model`` picks the roofline (labelled synthetic, VER-36); the running
+    limit defaults to ``--max-batch`` and ``--max-running`` sets it for every policy."""
+    out = tmp_path / "roof"
+    assert run(["--num-requests", "4", "--max-batch", "4", "--prefill-capacity", "64", "256",
+                "--policy", "balanced", "fcfs", "--cost-model", "roofline-llama3-8b-h100",
+                "--output-dir", str(out), "--no-plots"]) == 0
+    assert "synthetic costs (roofline Llama-3-8B on H100 SXM)" in capsys.readouterr().out
+    data = json.loads((out / "sim.json").read_text())
+    assert data["synthetic"] is True and data["costs"]["source"].startswith("roofline")
+    assert data["config"]["max_running"] == 4 and data["options"]["max_resident"] == 4
+    assert run(["--num-requests", "4", "--max-batch", "4", "--prefill-capacity", "64",
+                "--policy", "fcfs", "--max-running", "2", "--output-dir", str(out),
+                "--no-plots"]) == 0
+    assert json.loads((out / "sim.json").read_text())["options"]["max_resident"] == 2
+    assert run(["--num-requests", "4", "--max-running", "0", "--output-dir", str(out)]) == 2
+    assert "--max-running" in capsys.readouterr().err

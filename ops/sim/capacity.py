@@ -1,0 +1,261 @@
+"""Capacity at an SLO: the highest arrival rate a scheduling configuration serves well.
+
+A configuration (a policy name and, for the budgeted baselines, a token budget) meets
+the SLO at a rate when, in a simulated run of the scenario at that rate, at least
+``attainment`` of every client's requests finished with TTFT <= ``ttft_s`` and TPOT <=
+``tpot_s`` (a request with one output token has no TPOT; a refused or unfinished
+request misses). Per client, so a tenant starved by a heavy one, or the long prompts
+of the ``interference`` scenario, make the run miss even when the overall fraction
+would pass; with one client it is the plain fraction.
+
+``find_capacity`` searches the rate: from ``start`` it doubles while the SLO is met (or
+halves while it is not), then bisects the bracket ``steps`` times; the capacity is the
+highest rate seen to meet it (0 when none did down to ``rate_min``). Attainment is
+assumed to fall with the rate, as it does for every policy here; a probe list in the
+output shows every rate tried. Every configuration runs the same requests at the same
+rate (the workload's seed fixes arrivals and lengths), the same running limit and the
+same cost table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ops.loadgen.metrics import distribution
+from ops.loadgen.records import RequestRecord
+from ops.sim.catalogs import Catalogs
+from ops.sim.costs import CostTable
+from ops.sim.engine import SimOptions, simulate
+from ops.sim.runs import per_client_latency
+from ops.sim.workloads import SCENARIOS, WorkloadSpec, build_workload
+from policy.baselines import BaselinePolicy, make_policy
+from policy.config import policy_preset
+from policy.descriptors import GraphShape
+from policy.protocol import SchedulingPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Configuration:
+    """One scheduling configuration of the comparison."""
+
+    label: str
+    policy: str
+    token_budget: int = 512
+    preferences: tuple[tuple[str, float], ...] = ()
+    """``PolicyConfig`` fields replaced in the seed preset ``policy`` (a variant the
+    comparison measures; empty: the preset as it is)."""
+
+    def make(self, catalog: Sequence[GraphShape]) -> SchedulingPolicy:
+        config = (replace(policy_preset(self.policy), **dict(self.preferences))
+                  if self.preferences else None)
+        return make_policy(self.policy, config, catalog=catalog,
+                           token_budget=self.token_budget)
+
+
+SARATHI_BUDGETS = (256, 512, 1024, 2048)
+DEFAULT_CONFIGURATIONS = (
+    Configuration("balanced", "balanced"),
+    Configuration("throughput", "throughput"),
+    Configuration("fcfs", "fcfs"),
+    Configuration("vtc", "vtc"),
+    *(Configuration(f"sarathi-{b}", "sarathi", b) for b in SARATHI_BUDGETS),
+)
+SEED_LABELS = ("balanced", "throughput")
+"""The seed's presets; every other configuration is a baseline."""
+VARIANT_CONFIGURATIONS = (
+    Configuration("balanced-adapt-5ms", "balanced", preferences=(("adaptation_ms", 5.0),)),
+    Configuration("balanced-adapt-20ms", "balanced", preferences=(("adaptation_ms", 20.0),)),
+)
+"""Opt-in measurements of the seed preset with one preference changed (not run by
+default, never counted as the seed or as a baseline)."""
+CONFIGURATIONS = DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS
+
+CAPACITY_SCENARIOS: dict[str, str] = {
+    "sharegpt": "poisson",
+    "bursty": "bursty",
+    "long-prompts": "interference",
+    "tenants": "tenants",
+    "long-outputs": "long-outputs",
+}
+"""The capacity suite: its name for each ``ops.sim.workloads`` scenario it sweeps."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloTargets:
+    ttft_s: float
+    tpot_s: float
+    attainment: float = 0.9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    """What every probe shares: catalogs, costs, simulator options, request count."""
+
+    catalogs: Catalogs
+    costs: CostTable
+    options: SimOptions
+    count: int
+    targets: SloTargets
+
+
+def attainment_by_client(records: Sequence[RequestRecord],
+                         targets: SloTargets) -> dict[str, float]:
+    """Per client, the fraction of its requests that met both targets."""
+    met: dict[str, list[int]] = {}
+    for r in records:
+        ttft, tpot = r.ttft_s, r.tpot_s
+        ok = (r.status == "ok" and ttft is not None and ttft <= targets.ttft_s
+              and (tpot is None or tpot <= targets.tpot_s))
+        counts = met.setdefault(r.client, [0, 0])
+        counts[0] += ok
+        counts[1] += 1
+    return {c: hit / n for c, (hit, n) in sorted(met.items())}
+
+
+PROMPT_BUCKETS = ((1, 128), (129, 512), (513, 1024), (1025, 1 << 30))
+"""Prompt-length buckets of the TTFT breakdown (inclusive bounds)."""
+
+
+def run_metrics(records: Sequence[RequestRecord], targets: SloTargets) -> dict[str, Any]:
+    """What the capacity report keeps of one run: TTFT/TPOT/ITL distributions, TTFT by
+    prompt length, the largest gap between streamed chunks, per-client latency and
+    attainment."""
+    ok = [r for r in records if r.status == "ok"]
+    gaps = [g for r in ok for g in r.chunk_gaps_s()]
+    buckets = {}
+    for lo, hi in PROMPT_BUCKETS:
+        name = f"{lo}-{hi}" if hi < 1 << 30 else f">{lo - 1}"
+        buckets[name] = distribution(t for r in ok if lo <= r.target_prompt_tokens <= hi
+                                     and (t := r.ttft_s) is not None)
+    by_client = attainment_by_client(records, targets)
+    return {
+        "requests": len(records), "ok": len(ok),
+        "attainment": min(by_client.values(), default=0.0),
+        "attainment_by_client": by_client,
+        "ttft_s": distribution(t for r in ok if (t := r.ttft_s) is not None),
+        "tpot_s": distribution(t for r in ok if (t := r.tpot_s) is not None),
+        "itl_s": distribution(gaps),
+        "itl_max_s": max(gaps, default=None),
+        "ttft_by_prompt_tokens": buckets,
+        "per_client": per_client_latency(records),
+    }
+
+
+def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
+                  setup: Setup) -> dict[str, Any]:
+    """One run of ``config`` on ``spec`` at ``rate`` requests per second: its metrics."""
+    requests = build_workload(replace(spec, rate=rate, count=setup.count))
+    catalog = setup.catalogs.for_policy(config.policy)
+    planner = config.make(catalog)
+    if isinstance(planner, BaselinePolicy):
+        planner.limit_running(setup.options.max_resident)
+    result = simulate(planner, requests, setup.costs, setup.options)
+    metrics = run_metrics(result.records, setup.targets)
+    metrics["rate"] = rate
+    metrics["simulation_cpu_s"] = result.cpu_s
+    return metrics
+
+
+@dataclass(slots=True)
+class Search:
+    """The rates tried and whether each met the SLO."""
+
+    probes: list[tuple[float, float]] = field(default_factory=list)
+    """(rate, attainment) in the order tried."""
+
+    @property
+    def capacity(self) -> float:
+        return max((r for r, _ in self.passing), default=0.0)
+
+    passing: list[tuple[float, float]] = field(default_factory=list)
+
+
+def find_capacity(attainment_at: Callable[[float], float], *, target: float = 0.9,
+                  start: float = 2.0, rate_min: float = 0.125, rate_max: float = 256.0,
+                  steps: int = 4) -> Search:
+    """The highest rate whose attainment reaches ``target`` (module docstring)."""
+    search = Search()
+
+    def ok(rate: float) -> bool:
+        a = attainment_at(rate)
+        search.probes.append((rate, a))
+        if a >= target:
+            search.passing.append((rate, a))
+            return True
+        return False
+
+    rate = start
+    if ok(rate):
+        lo, hi = rate, None
+        while hi is None:
+            if rate * 2 > rate_max:
+                return search
+            rate *= 2
+            if ok(rate):
+                lo = rate
+            else:
+                hi = rate
+    else:
+        lo, hi = None, rate
+        while lo is None:
+            if rate / 2 < rate_min:
+                return search
+            rate /= 2
+            if ok(rate):
+                lo = rate
+            else:
+                hi = rate
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return search
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSettings:
+    start: float = 2.0
+    rate_min: float = 0.125
+    rate_max: float = 256.0
+    steps: int = 4
+
+
+def capacity_of(config: Configuration, scenario_name: str, setup: Setup,
+                settings: SearchSettings) -> dict[str, Any]:
+    """Search one configuration's capacity on one scenario of the suite; the metrics of
+    the run at the capacity (or at the lowest rate tried when none met the SLO)."""
+    spec = SCENARIOS[CAPACITY_SCENARIOS[scenario_name]]
+    runs: dict[float, dict[str, Any]] = {}
+
+    def attainment_at(rate: float) -> float:
+        runs[rate] = simulate_rate(config, spec, rate, setup)
+        return float(runs[rate]["attainment"])
+
+    search = find_capacity(attainment_at, target=setup.targets.attainment,
+                           start=settings.start, rate_min=settings.rate_min,
+                           rate_max=settings.rate_max, steps=settings.steps)
+    at = search.capacity or min(runs)
+    return {"configuration": config.label, "policy": config.policy,
+            "token_budget": config.token_budget, "scenario": scenario_name,
+            "capacity_rps": search.capacity,
+            "probes": [{"rate": r, "attainment": a} for r, a in search.probes],
+            "at_capacity": runs[at],
+            "simulation_cpu_s": sum(m["simulation_cpu_s"] for m in runs.values())}
+
+
+def is_baseline(label: str) -> bool:
+    """Whether ``label`` names a baseline configuration (not a seed preset or variant)."""
+    return label not in SEED_LABELS and all(v.label != label for v in VARIANT_CONFIGURATIONS)
+
+
+def ratio_to_best_baseline(capacities: Mapping[str, float], label: str) -> float | None:
+    """``label``'s capacity over the best baseline's (None when no baseline served any
+    rate, or ``label`` is missing)."""
+    best = max((c for name, c in capacities.items() if is_baseline(name)), default=0.0)
+    if label not in capacities or best <= 0:
+        return None
+    return capacities[label] / best

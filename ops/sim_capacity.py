@@ -1,0 +1,184 @@
+"""``flare sim-capacity``: each scheduling configuration's capacity at an SLO, simulated.
+
+For every configuration (the seed's presets ``balanced``/``throughput``, ``fcfs``,
+``vtc`` and ``sarathi`` at token budgets 256/512/1024/2048) and every scenario of the
+suite (ShareGPT-like Poisson, bursty, periodic long prompts, unequal tenants, long
+outputs), searches the highest Poisson rate at which at least ``--attainment`` of every
+client's requests meet ``--ttft`` and ``--tpot`` (``ops.sim.capacity``), all with the
+same running limit and cost table. Writes ``capacity.md`` (the table),
+``capacity.json`` (every search and the metrics at each capacity) and ``pareto.png``
+(TTFT p99 against TPOT p99 of every configuration at one rate per scenario: the best
+baseline's capacity, or ``--pareto-rate``). See ``docs/simulator.md``, *Capacity*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+QUICK_COUNT = 12
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ops.sim.capacity import CAPACITY_SCENARIOS, CONFIGURATIONS, DEFAULT_CONFIGURATIONS
+    from ops.sim_command import add_cost_arguments
+
+    labels = tuple(c.label for c in DEFAULT_CONFIGURATIONS)
+    sel = parser.add_argument_group("what to compare")
+    sel.add_argument("--configuration", nargs="+", choices=tuple(c.label for c in CONFIGURATIONS),
+                     default=None, dest="configurations",
+                     help=f"default: {' '.join(labels)} (balanced-adapt-*: the seed preset "
+                          "with another adaptation time, opt-in)")
+    sel.add_argument("--scenario", nargs="+", choices=tuple(CAPACITY_SCENARIOS),
+                     default=None, dest="scenarios",
+                     help=f"default: {' '.join(CAPACITY_SCENARIOS)}")
+    slo = parser.add_argument_group("SLO and search")
+    slo.add_argument("--ttft", type=float, default=1.0, help="TTFT target (s)")
+    slo.add_argument("--tpot", type=float, default=0.05, help="TPOT target (s)")
+    slo.add_argument("--attainment", type=float, default=0.9,
+                     help="fraction of each client's requests that must meet both targets")
+    slo.add_argument("--num-requests", type=int, default=200, dest="count",
+                     help="chat requests per simulated run")
+    slo.add_argument("--start-rate", type=float, default=2.0)
+    slo.add_argument("--rate-min", type=float, default=0.125)
+    slo.add_argument("--rate-max", type=float, default=256.0)
+    slo.add_argument("--bisections", type=int, default=4)
+    slo.add_argument("--pareto-rate", type=float, default=None,
+                     help="rate of the Pareto plot's runs (default: per scenario, the best "
+                          "baseline's capacity)")
+    slo.add_argument("--seed", type=int, default=0)
+    slo.add_argument("--quick", action="store_true",
+                     help=f"{QUICK_COUNT} requests per run, one bisection (for tests)")
+    dev = parser.add_argument_group("simulated server (as flare sim)")
+    add_cost_arguments(dev)
+    dev.add_argument("--max-batch", type=int, default=16)
+    dev.add_argument("--prefill-capacity", type=int, nargs="+", default=[64, 256, 1024],
+                     dest="prefill_capacities")
+    dev.add_argument("--max-running", type=int, default=None,
+                     help="requests resident and running at once, every configuration "
+                          "(default: --max-batch)")
+    dev.add_argument("--dispatch-us", type=float, default=50.0)
+    out = parser.add_argument_group("output")
+    out.add_argument("--jobs", type=int, default=1, help="simulations run in parallel")
+    out.add_argument("--output-dir", type=pathlib.Path, default=pathlib.Path("sim-capacity"))
+    out.add_argument("--no-plots", action="store_true")
+
+
+def _capacity_task(task: tuple[Any, str, Any, Any]) -> dict[str, Any]:
+    from ops.sim.capacity import capacity_of
+
+    config, scenario, setup, settings = task
+    return capacity_of(config, scenario, setup, settings)
+
+
+def _rate_task(task: tuple[Any, str, float, Any]) -> dict[str, Any]:
+    from ops.sim.capacity import CAPACITY_SCENARIOS, simulate_rate
+    from ops.sim.workloads import SCENARIOS
+
+    config, scenario, rate, setup = task
+    run = simulate_rate(config, SCENARIOS[CAPACITY_SCENARIOS[scenario]], rate, setup)
+    return {**run, "configuration": config.label, "scenario": scenario}
+
+
+def main(args: argparse.Namespace) -> int:
+    from gpu.catalog import CatalogError
+    from ops.sim.capacity import CAPACITY_SCENARIOS as SUITE
+    from ops.sim.capacity import (
+        CONFIGURATIONS,
+        DEFAULT_CONFIGURATIONS,
+        SearchSettings,
+        Setup,
+        SloTargets,
+        is_baseline,
+    )
+    from ops.sim.capacity_report import capacity_table, write_report
+    from ops.sim.catalogs import build_catalogs
+    from ops.sim.costs import CostTableError
+    from ops.sim.engine import SimOptions
+    from ops.sim_command import cost_table, max_running
+
+    def fail(message: str) -> int:
+        print(f"flare sim-capacity: {message}", file=sys.stderr)
+        return 2
+
+    if not (args.ttft > 0 and args.tpot > 0 and 0 < args.attainment <= 1):
+        return fail("--ttft and --tpot must be positive and --attainment in (0, 1]")
+    if not (0 < args.rate_min <= args.start_rate <= args.rate_max) or args.bisections < 0:
+        return fail("want 0 < --rate-min <= --start-rate <= --rate-max, --bisections >= 0")
+    if args.count < 1 or args.jobs < 1:
+        return fail("--num-requests and --jobs must be positive")
+    chosen = args.configurations or [c.label for c in DEFAULT_CONFIGURATIONS]
+    configs = [c for c in CONFIGURATIONS if c.label in chosen]
+    scenarios = list(args.scenarios or SUITE)
+    try:
+        catalogs = build_catalogs(max_batch=args.max_batch,
+                                  prefill_capacities=args.prefill_capacities,
+                                  mixed_prefill=True, draft_depth=0)
+        costs = cost_table(args, catalogs.ordinary)
+        running = max_running(args)
+    except (CatalogError, CostTableError, ValueError, OSError) as exc:
+        return fail(str(exc))
+    count = QUICK_COUNT if args.quick else args.count
+    steps = 1 if args.quick else args.bisections
+    setup = Setup(catalogs=catalogs, costs=costs, count=count,
+                  options=SimOptions(max_resident=running, seed=args.seed,
+                                     dispatch_ns=round(args.dispatch_us * 1000)),
+                  targets=SloTargets(ttft_s=args.ttft, tpot_s=args.tpot,
+                                     attainment=args.attainment))
+    settings = SearchSettings(start=args.start_rate, rate_min=args.rate_min,
+                              rate_max=args.rate_max, steps=steps)
+    tasks = [(c, s, setup, settings) for s in scenarios for c in configs]
+    with ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else _Inline() as pool:
+        results = list(pool.map(_capacity_task, tasks))
+        pareto_rates = {}
+        for s in scenarios:
+            baseline = [r["capacity_rps"] for r in results
+                        if r["scenario"] == s and is_baseline(r["configuration"])]
+            pareto_rates[s] = args.pareto_rate or max(baseline, default=0.0) \
+                or args.start_rate
+        pareto = list(pool.map(_rate_task, [(c, s, pareto_rates[s], setup)
+                                            for s in scenarios for c in configs]))
+    report_settings = {
+        "cost_source": costs.source, "synthetic": costs.synthetic,
+        "ttft_s": args.ttft, "tpot_s": args.tpot, "attainment": args.attainment,
+        "requests_per_run": count, "max_running": running, "max_batch": args.max_batch,
+        "prefill_capacities": list(args.prefill_capacities), "seed": args.seed,
+        "search": {"start": settings.start, "rate_min": settings.rate_min,
+                   "rate_max": settings.rate_max, "bisections": settings.steps},
+        "pareto_rates": pareto_rates,
+    }
+    labels = [c.label for c in configs]
+    write_report(args.output_dir, settings=report_settings, results=results,
+                 pareto=pareto, scenarios=scenarios, configurations=labels,
+                 plot=not args.no_plots)
+    kind = "synthetic" if costs.synthetic else "measured"
+    print(f"flare sim-capacity: {costs.source} ({kind}), TTFT <= {args.ttft:g} s, "
+          f"TPOT <= {args.tpot:g} s for {args.attainment:.0%} of each client's requests, "
+          f"{count} requests per run, at most {running} running")
+    print(capacity_table(results, scenarios, labels), end="")
+    cpu = sum(r["simulation_cpu_s"] for r in results)
+    print(f"simulation CPU {cpu:.1f} s; wrote {args.output_dir}")
+    return 0
+
+
+class _Inline:
+    """``map`` in this process (``--jobs 1``), with the pool's context-manager face."""
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn: Any, items: Any) -> Any:
+        return map(fn, items)
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="flare sim-capacity",
+                                      description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

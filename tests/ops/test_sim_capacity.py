@@ -1,0 +1,228 @@
+"""Capacity at an SLO (``flare sim-capacity``) and the one running limit of a comparison.
+
+The rate search brackets and bisects a monotone attainment curve; a synthetic case
+whose capacity is computable (one 10 ms prefill per request, nearly periodic arrivals)
+comes out at that capacity; every configuration runs under the same running limit
+(the simulator's admission gate and each baseline's own running limit); attainment is
+per client; the command writes the table, the JSON and the Pareto plot, labelled
+synthetic (VER-36).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+
+import pytest
+
+from ops import sim_capacity
+from ops.loadgen.records import RequestRecord
+from ops.loadgen.workload import LengthSpec
+from ops.sim.capacity import (
+    DEFAULT_CONFIGURATIONS,
+    Configuration,
+    Setup,
+    SloTargets,
+    attainment_by_client,
+    find_capacity,
+    ratio_to_best_baseline,
+    simulate_rate,
+)
+from ops.sim.catalogs import build_catalogs
+from ops.sim.costs import CostTable
+from ops.sim.engine import SimOptions
+from ops.sim.workloads import WorkloadSpec, build_workload
+from policy.baselines import BaselinePolicy, make_policy
+from policy.descriptors import GraphKind
+from policy.types import PolicyError
+
+
+def test_search_finds_the_threshold_of_a_monotone_curve() -> None:
+    search = find_capacity(lambda r: 1.0 if r <= 5.3 else 0.5, start=2.0, steps=6)
+    assert 5.3 - 4 / 2 ** 6 <= search.capacity <= 5.3
+    rates = [r for r, _ in search.probes]
+    assert rates[:3] == [2.0, 4.0, 8.0]  # doubling until the first miss
+    down = find_capacity(lambda r: 1.0 if r <= 0.7 else 0.0, start=2.0, steps=3)
+    assert 0.5 <= down.capacity <= 0.7
+    assert find_capacity(lambda r: 0.0, start=2.0, rate_min=0.5).capacity == 0.0
+    assert find_capacity(lambda r: 1.0, start=2.0, rate_max=16.0).capacity == 16.0
+
+
+def _record(client: str, ttft: float, gaps: tuple[float, ...] = ()) -> RequestRecord:
+    times = [1.0 + ttft]
+    for g in gaps:
+        times.append(times[-1] + g)
+    return RequestRecord(index=0, client=client, scheduled_s=1.0, sent_s=1.0, status="ok",
+                         target_prompt_tokens=8, target_output_tokens=len(times),
+                         prompt_tokens=8, chunk_times_s=tuple(times),
+                         chunk_tokens=(1.0,) * len(times), finished_s=times[-1])
+
+
+def test_attainment_counts_both_targets_per_client() -> None:
+    targets = SloTargets(ttft_s=0.5, tpot_s=0.05)
+    records = [_record("a", 0.1, (0.01,)), _record("a", 0.9), _record("b", 0.1, (0.2,)),
+               _record("b", 0.2, (0.04, 0.04))]
+    assert attainment_by_client(records, targets) == {"a": 0.5, "b": 0.5}
+    assert ratio_to_best_baseline({"balanced": 3.0, "fcfs": 2.0, "sarathi-512": 2.5},
+                                  "balanced") == pytest.approx(1.2)
+    assert ratio_to_best_baseline({"balanced": 3.0, "fcfs": 0.0}, "balanced") is None
+
+
+def _flat_costs(catalog: tuple, prefill_ms: float) -> CostTable:
+    return CostTable({s: (round(prefill_ms * 1e6) if s.kind is not GraphKind.STATE else 1000)
+                      for s in catalog}, source="flat")
+
+
+def test_capacity_of_a_computable_case() -> None:
+    """One 64-token prompt and one output token per request, every program 10 ms:
+    the device serves 100 requests/s; with 60 nearly periodic arrivals and a 50 ms TTFT
+    target, 90 % of them meet it up to about 108/s and none far beyond."""
+    catalogs = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=False,
+                              draft_depth=0)
+    setup = Setup(catalogs=catalogs, costs=_flat_costs(catalogs.ordinary, 10.0), count=60,
+                  options=SimOptions(max_resident=4, dispatch_ns=0, output_limit=0),
+                  targets=SloTargets(ttft_s=0.05, tpot_s=1.0))
+    spec = WorkloadSpec(arrivals="gamma", burstiness=400.0,
+                        lengths=LengthSpec(kind="fixed", prompt_tokens=64, output_tokens=1))
+    config = Configuration("fcfs", "fcfs")
+    search = find_capacity(
+        lambda r: simulate_rate(config, spec, r, setup)["attainment"],
+        start=16.0, steps=6)
+    assert 95.0 <= search.capacity <= 112.0
+
+
+def _max_running(records: tuple[RequestRecord, ...] | list[dict], ) -> int:
+    events = []
+    for r in records:
+        events += [(r.chunk_times_s[0], 1), (r.finished_s, -1)]
+    events.sort(key=lambda e: (e[0], e[1]))
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+@pytest.mark.parametrize("config", DEFAULT_CONFIGURATIONS, ids=lambda c: c.label)
+def test_every_configuration_runs_under_the_same_running_limit(config: Configuration) -> None:
+    from ops.sim.costs import SyntheticCosts
+    from ops.sim.engine import simulate
+
+    catalogs = build_catalogs(max_batch=8, prefill_capacities=(64, 256),
+                              mixed_prefill=True, draft_depth=0)
+    requests = build_workload(WorkloadSpec(count=24, rate=200.0, lengths=LengthSpec(
+        kind="fixed", prompt_tokens=64, output_tokens=12)))
+    costs = SyntheticCosts().table(catalogs.ordinary)
+    peaks = {}
+    for limit in (3, 8):
+        planner = make_policy(config.policy, catalog=catalogs.ordinary,
+                              token_budget=config.token_budget)
+        if isinstance(planner, BaselinePolicy):
+            planner.limit_running(limit)
+            assert planner.running_limit == limit
+        result = simulate(planner, requests, costs, SimOptions(max_resident=limit))
+        peaks[limit] = _max_running([r for r in result.records if r.status == "ok"])
+    assert peaks[3] <= 3 < peaks[8] <= 8
+
+
+def test_limit_running_replaces_the_baselines_own_limit() -> None:
+    catalog = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                             draft_depth=2).speculative
+    for name in ("fcfs", "sarathi", "vtc", "fixed-spec-1"):
+        planner = make_policy(name, catalog=catalog, token_budget=256)
+        assert isinstance(planner, BaselinePolicy)
+        assert planner.running_limit == 4
+        planner.limit_running(32)
+        assert planner.running_limit == 32
+        with pytest.raises(PolicyError):
+            planner.limit_running(0)
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    sim_capacity.add_arguments(parser)
+    return sim_capacity.main(parser.parse_args(argv))
+
+
+@pytest.mark.slow
+def test_command_writes_table_json_and_plot(tmp_path: pathlib.Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    code = run(["--quick", "--scenario", "sharegpt", "tenants", "--configuration",
+                "balanced", "fcfs", "sarathi-256", "--cost-model", "roofline-llama3-8b-h100",
+                "--max-batch", "8", "--prefill-capacity", "64", "256",
+                "--start-rate", "4", "--rate-max", "8", "--output-dir", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "roofline Llama-3-8B on H100 SXM (synthetic)" in printed
+    table = (out / "capacity.md").read_text()
+    assert table.splitlines()[0] == "| configuration | sharegpt | tenants |"
+    assert "| balanced / best baseline |" in table and "sarathi-256" in table
+    data = json.loads((out / "capacity.json").read_text())
+    assert data["settings"]["synthetic"] is True and data["settings"]["max_running"] == 8
+    assert len(data["results"]) == 6 and len(data["pareto"]) == 6
+    tenants = next(r for r in data["results"] if r["scenario"] == "tenants")
+    at = tenants["at_capacity"]
+    clients = set(at["per_client"])  # 12 requests may leave a light tenant out
+    assert len(clients) >= 2 and clients <= {"a", "b", "c", "d"}
+    assert set(at["attainment_by_client"]) == clients
+    assert "1-128" in at["ttft_by_prompt_tokens"] and at["itl_max_s"] is not None
+    assert all(p["rate"] > 0 for p in tenants["probes"])
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_command_reports_bad_inputs(capsys: pytest.CaptureFixture[str],
+                                    tmp_path: pathlib.Path) -> None:
+    assert run(["--ttft", "0", "--output-dir", str(tmp_path)]) == 2
+    assert run(["--max-running", "0", "--output-dir", str(tmp_path)]) == 2
+    assert run(["--costs", str(tmp_path / "x.json"), "--cost-model", "linear",
+                "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--ttft" in err and "--max-running" in err and "not both" in err
+
+
+def test_variants_change_one_preference_and_are_never_baselines() -> None:
+    from ops.sim.capacity import VARIANT_CONFIGURATIONS, is_baseline
+    from policy.config import policy_preset
+
+    catalog = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                             draft_depth=0).ordinary
+    variant = next(v for v in VARIANT_CONFIGURATIONS if v.label == "balanced-adapt-5ms")
+    planner = variant.make(catalog)
+    assert planner.config.adaptation_ms == 5.0
+    assert planner.config == dataclasses.replace(policy_preset("balanced"), adaptation_ms=5.0)
+    assert Configuration("balanced", "balanced").make(catalog).config == policy_preset("balanced")
+    assert not is_baseline("balanced-adapt-5ms") and not is_baseline("balanced")
+    assert is_baseline("sarathi-256") and is_baseline("vtc")
+    assert ratio_to_best_baseline({"balanced-adapt-5ms": 9.0, "fcfs": 3.0},
+                                  "balanced-adapt-5ms") == pytest.approx(3.0)
+
+
+def test_the_suite_names_existing_scenarios() -> None:
+    from ops.sim.capacity import CAPACITY_SCENARIOS
+    from ops.sim.workloads import LONG_CLIENT, SCENARIOS
+
+    assert set(CAPACITY_SCENARIOS) == {"sharegpt", "bursty", "long-prompts", "tenants",
+                                       "long-outputs"}
+    assert set(CAPACITY_SCENARIOS.values()) <= set(SCENARIOS)
+    tenants = SCENARIOS[CAPACITY_SCENARIOS["tenants"]]
+    assert len({c.weight for c in tenants.clients}) > 1 and len(tenants.clients) >= 3
+    long_out = build_workload(dataclasses.replace(
+        SCENARIOS[CAPACITY_SCENARIOS["long-outputs"]], count=40))
+    assert min(r.output_tokens for r in long_out) >= 256
+    long_prompts = build_workload(dataclasses.replace(
+        SCENARIOS[CAPACITY_SCENARIOS["long-prompts"]], count=40, rate=4.0))
+    assert any(r.client == LONG_CLIENT and r.prompt_tokens == 8192 for r in long_prompts)
+
+
+def test_table_ratios_only_against_a_baseline_that_ran() -> None:
+    from ops.sim.capacity_report import capacity_table
+
+    results = [{"configuration": "balanced", "scenario": "s", "capacity_rps": 3.0},
+               {"configuration": "fcfs", "scenario": "s", "capacity_rps": 2.0}]
+    table = capacity_table(results, ["s"], ["balanced", "fcfs"])
+    assert "| balanced | 3.00 |" in table and "| balanced / best baseline | 1.50x |" in table
+    alone = capacity_table(results[:1], ["s"], ["balanced"])
+    assert "best baseline" not in alone
