@@ -173,6 +173,8 @@ class CpuBackend:
 
     name = "cpu"
     device = "cpu"
+    lost = None
+    """An in-process stream is never lost."""
 
     def __init__(self, *, num_threads: int | None = None) -> None:
         """``num_threads``: torch intra-op threads (``None``: ``default_cpu_threads()``;

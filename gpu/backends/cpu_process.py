@@ -34,6 +34,7 @@ Threads: the device process sets torch's intra-op pool (``default_cpu_threads()`
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import pickle
@@ -260,10 +261,9 @@ class DeviceProcessBackend:
                 return
             self._closed = True
             if self._conn is not None and self._lost is None:
-                try:
+                # already gone: the reader fails what was pending
+                with contextlib.suppress(OSError):
                     self._conn.send_bytes(device_worker.STOP)
-                except OSError:
-                    pass  # already gone: the reader fails what was pending
         self._stop_process(kill=False)
 
     def _stop_process(self, *, kill: bool) -> None:

@@ -17,20 +17,25 @@ process every such view dangles afterwards, and the sender must not touch the
 programs' buffers once it has sent them (``gpu.backends.cpu_process`` only keeps
 them as identities).
 
-Transport of everything else is plain pickling; this module never starts a process.
+Locks (``threading.Lock``/``RLock``, for instance a forward capture's tracing lock)
+guard state of one process: the receiver gets a fresh, unlocked one. Transport of
+everything else is plain pickling; this module never starts a process.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import threading
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import torch
-import torch.multiprocessing  # noqa: F401  (registers the shared-memory reductions)
+import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_storage, reduce_tensor
-from multiprocessing.reduction import ForkingPickler
+
+_LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
 
 def _tensor_base(array: np.ndarray) -> torch.Tensor | None:
@@ -66,6 +71,9 @@ class SharedPickler(ForkingPickler):
         if isinstance(obj, torch.UntypedStorage) and obj.device.type == "cpu":
             self._remember(obj)
             return reduce_storage(obj)
+        fresh_lock = _LOCK_TYPES.get(type(obj))
+        if fresh_lock is not None:
+            return (fresh_lock, ())
         if isinstance(obj, np.ndarray):
             base = _tensor_base(obj)
             if base is not None and base.device.type == "cpu":
