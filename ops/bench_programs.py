@@ -404,8 +404,10 @@ def main(args: argparse.Namespace) -> int:
     )
     sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
-        # cpu: --threads, else the backend's default (gpu.backends.cpu.default_cpu_threads)
-        options = {"num_threads": args.threads} if args.backend == "cpu" else {}
+        # cpu: --threads, else the backend's default (gpu.backends.cpu.default_cpu_threads);
+        # alone in this process, on a worker thread (ThreadTimed reads its thread clock)
+        options = ({"num_threads": args.threads, "device_process": False}
+                   if args.backend == "cpu" else {})
         backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:
         print(f"flare bench programs: {exc}", file=sys.stderr)

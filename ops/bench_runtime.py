@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager-forward", action="store_true",
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")
+    parser.add_argument("--no-device-process", action="store_true",
+                        help="CPU: run the programs on a worker thread of the server "
+                             "process instead of a device process (A/B)")
     parser.add_argument("--no-isolated", action="store_true",
                         help="skip timing the load's programs alone (flare bench programs) "
                              "for the in-server / isolated interval ratio")
@@ -150,6 +153,7 @@ async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: i
 async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
                            capture_forward=not args.eager_forward,
+                           device_process=not args.no_device_process,
                            max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
                            max_queue=max(args.requests, 1))
     async with open_runtime(config) as rt:
