@@ -89,6 +89,18 @@ def _context() -> Any:
     return context
 
 
+def warm_up_start() -> None:
+    """Start the forkserver (it imports torch: seconds, once per serving process) on a
+    background thread, so it overlaps loading the model; ``prepare`` waits for it."""
+    from multiprocessing import forkserver
+
+    def start() -> None:
+        _context()
+        forkserver.ensure_running()
+
+    threading.Thread(target=start, name="flare-forkserver-start", daemon=True).start()
+
+
 def _exit_text(exitcode: int | None) -> str:
     if exitcode is None:
         return "closed its pipe"
@@ -129,6 +141,7 @@ class DeviceProcessBackend:
         self._process: Any = None
         self._conn: Any = None
         self._reader: threading.Thread | None = None
+        warm_up_start()
 
     @property
     def lost(self) -> DeviceLost | None:

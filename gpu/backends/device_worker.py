@@ -17,11 +17,16 @@ Everything a program mutates in Python (bound packs, host bounds, captured graph
 lives only here. Messages are pickled values, so the transport knows nothing of what
 inputs or outputs a program takes: a program that gains an input or an output needs
 nothing from this module. Torch's intra-op threads are set here (``num_threads``).
+
+Signals: the process ignores SIGINT and SIGTERM, which a terminal or a supervisor
+sends to the whole process group; the serving process decides when it stops (it
+drains first), and if that process dies outright the pipe closes and this one exits.
 """
 
 from __future__ import annotations
 
 import pickle
+import signal
 import threading
 import traceback
 from typing import Any
@@ -77,6 +82,8 @@ class _Replies:
 
 def main(conn: Any, num_threads: int) -> None:
     """Receive the programs, then serve launches until ``STOP`` or end of pipe."""
+    for ignored in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(ignored, signal.SIG_IGN)
     if num_threads:
         torch.set_num_threads(num_threads)
     replies = _Replies(conn)
