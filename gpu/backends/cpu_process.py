@@ -232,40 +232,50 @@ class DeviceProcessBackend:
 
     def _read(self) -> None:
         """The reader thread: finish handles in launch order until the pipe closes."""
-        while True:
-            try:
-                message = pickle.loads(self._conn.recv_bytes())
-            except (EOFError, OSError):
-                break
-            received_ns = time.perf_counter_ns()
-            with self._lock:
-                handle = self._pending.popleft()
-            if handle.sequence != message[1]:
-                raise BackendError(f"completion {message[1]} arrived for launch "
-                                   f"{handle.sequence}")
-            if message[0] == "done":
-                completion: Completion = message[2]
-                timing = dataclasses.replace(
-                    completion.timing, wall_ns=max(received_ns - handle.launched_ns, 1))
-                handle.set_completion(dataclasses.replace(completion, timing=timing))
-            else:
-                _, _, shape, stage, cause = message
-                handle.set_fault(ProgramFault(shape, stage, cause))
+        broken: BaseException | None = None
+        try:
+            while self._finish_next():
+                pass
+        except Exception as exc:  # a garbled reply: nothing it says can be trusted
+            broken = exc
+            self._process.kill()
         with self._lock:
             asked_to_stop = self._closed
-        if asked_to_stop and not self._pending:
+        if asked_to_stop and not self._pending and broken is None:
             return  # close() joins the process
         # the process is exiting: wait briefly to name its status (only this thread
         # waits for it here; close() waits only after the reader has ended)
         self._process.join(EXIT_REPORT_S)
-        lost = DeviceLost(f"the cpu device process (pid {self.pid}) "
-                          f"{_exit_text(self._process.exitcode)}")
+        why = (_exit_text(self._process.exitcode) if broken is None else
+               f"sent a reply that could not be read ({type(broken).__name__}: {broken})")
+        lost = DeviceLost(f"the cpu device process (pid {self.pid}) {why}")
         with self._lock:
             self._lost = lost
             orphans = list(self._pending)
             self._pending.clear()
         for handle in orphans:
             handle.set_fault(ProgramFault(handle.shape, "device", lost))
+
+    def _finish_next(self) -> bool:
+        """Receive one reply and finish its handle; False once the pipe has closed."""
+        try:
+            message = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            return False
+        received_ns = time.perf_counter_ns()
+        with self._lock:
+            handle = self._pending.popleft()
+        if handle.sequence != message[1]:
+            raise BackendError(f"completion {message[1]} arrived for launch {handle.sequence}")
+        if message[0] == "done":
+            completion: Completion = message[2]
+            timing = dataclasses.replace(
+                completion.timing, wall_ns=max(received_ns - handle.launched_ns, 1))
+            handle.set_completion(dataclasses.replace(completion, timing=timing))
+        else:
+            _, _, shape, stage, cause = message
+            handle.set_fault(ProgramFault(shape, stage, cause))
+        return True
 
     def close(self) -> None:
         """Refuse new launches, let queued ones finish, join the device process."""
