@@ -67,10 +67,10 @@ class SharedPickler(ForkingPickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
             self._remember(obj.untyped_storage())
-            return reduce_tensor(obj)
+            return reduce_tensor(obj)  # type: ignore[no-untyped-call]
         if isinstance(obj, torch.UntypedStorage) and obj.device.type == "cpu":
             self._remember(obj)
-            return reduce_storage(obj)
+            return reduce_storage(obj)  # type: ignore[no-untyped-call]
         fresh_lock = _LOCK_TYPES.get(type(obj))
         if fresh_lock is not None:
             return (fresh_lock, ())
@@ -81,13 +81,15 @@ class SharedPickler(ForkingPickler):
         return NotImplemented
 
     def _reduce_view(self, array: np.ndarray, base: torch.Tensor) -> Any:
+        if array.size == 0:  # views nothing: an empty array is the same thing
+            return (np.empty, (array.shape, array.dtype.str))
         storage = base.untyped_storage()
         self._remember(storage)
         offset = array.__array_interface__["data"][0] - self._addresses[storage._cdata]
         if any(s < 0 for s in array.strides) or not 0 <= offset <= storage.nbytes():
             raise pickle.PicklingError("a numpy view of tensor memory with negative "
                                        "strides or outside its storage cannot be shared")
-        whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
         return (_rebuild_view, (whole, offset, array.shape, array.strides, array.dtype.str))
 
 
