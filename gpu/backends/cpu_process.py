@@ -216,8 +216,12 @@ class DeviceProcessBackend:
                 raise ProgramNotPrepared(f"{program.shape.label()} was not prepared on cpu")
             handle = LaunchHandle(program.shape, sequence=self._sequence,
                                   launched_ns=launched_ns)
-            data = pickle.dumps((index, dict(inputs), self._sequence, launched_ns),
-                                pickle.HIGHEST_PROTOCOL)
+            try:
+                data = pickle.dumps((index, dict(inputs), self._sequence, launched_ns),
+                                    pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # fails this launch only, as a bad bind would
+                raise BackendError(f"{program.shape.label()}: the inputs could not be sent "
+                                   f"to the device process: {exc}") from exc
             try:
                 self._conn.send_bytes(data)
             except OSError:

@@ -64,7 +64,9 @@ class _Replies:
         self._lock = threading.Lock()
 
     def send(self, message: tuple[Any, ...]) -> None:
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        self.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, data: bytes) -> None:
         with self._lock:
             self._conn.send_bytes(data)
 
@@ -77,7 +79,13 @@ class _Replies:
             stage = getattr(fault, "stage", "execute")
             self.send(("fault", handle.sequence, handle.shape, stage, _fault_cause(cause)))
             return
-        self.send(("done", handle.sequence, completion))
+        try:
+            data = pickle.dumps(("done", handle.sequence, completion), pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # the host still gets an answer for this launch
+            cause = RemoteFault(f"the outputs could not be sent back: {type(exc).__name__}: {exc}")
+            self.send(("fault", handle.sequence, handle.shape, "read_outputs", cause))
+            return
+        self.send_bytes(data)
 
 
 def main(conn: Any, num_threads: int) -> None:

@@ -135,3 +135,13 @@ class ViewWriter(MatmulCounter):
 
 class UnpicklableFault(RuntimeError):
     """An exception whose argument (a lock) does not pickle."""
+
+
+class UnpicklableOutput(MatmulCounter):
+    """Returns an output that cannot be pickled (a lock) when asked to."""
+
+    def read_outputs(self) -> dict[str, Any]:
+        outputs = super().read_outputs()
+        if self._fail_in == "pickle_outputs":
+            outputs["lock"] = threading.Lock()
+        return outputs

@@ -10,12 +10,12 @@ import signal
 
 import numpy as np
 import pytest
-from backend_toys import MatmulCounter, ViewWriter, decode_shape
+from backend_toys import MatmulCounter, UnpicklableOutput, ViewWriter, decode_shape
 
 from gpu.backends import open_backend
 from gpu.backends.cpu_process import DeviceLost, DeviceProcessBackend
 from gpu.backends.device_worker import RemoteFault
-from gpu.backends.protocol import LaunchHandle, ProgramFault
+from gpu.backends.protocol import BackendError, LaunchHandle, ProgramFault
 
 WAIT_S = 30.0
 
@@ -58,6 +58,26 @@ def test_unpicklable_exception_faults_only_its_launch() -> None:
         assert isinstance(fault.value.cause, RemoteFault)
         assert "UnpicklableFault" in str(fault.value.cause)
         assert _finished(good).result().outputs["buffer"] == [0, 1, 2, 0]
+    finally:
+        backend.close()
+
+
+def test_inputs_or_outputs_that_do_not_pickle_fail_only_their_launch() -> None:
+    """The transport pickles whatever a program takes and returns; what does not
+    pickle fails that launch (at ``launch`` for inputs, as its fault for outputs)
+    and the stream goes on."""
+    backend = open_backend("cpu")
+    try:
+        program = UnpicklableOutput(decode_shape(1))
+        backend.prepare([program])
+        with pytest.raises(BackendError, match="could not be sent"):
+            backend.launch(program, {"x": _x(), "hook": lambda: None})
+        bad = backend.launch(program, {"x": _x(), "fail_in": "pickle_outputs"})
+        good = backend.launch(program, {"x": _x()})
+        with pytest.raises(ProgramFault, match="outputs could not be sent back") as fault:
+            _finished(bad).result()
+        assert fault.value.stage == "read_outputs"
+        assert _finished(good).result().outputs["counter"] == 2
     finally:
         backend.close()
 
