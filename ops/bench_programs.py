@@ -126,8 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu: run the static (CUDA-style, full max-context) programs "
                              "instead of the eager ones that read only the needed context")
     parser.add_argument("--capture-forward", action="store_true",
-                        help="cpu: replay each decoder forward from a captured graph, as "
-                             "flare run does (default: the forward runs op by op)")
+                        help="cpu: replay captured decoder forwards, as flare run does")
     parser.add_argument("--json", type=pathlib.Path, default=None, dest="json_path",
                         help="also write the results as JSON here")
     spec = parser.add_argument_group("speculation")
@@ -404,10 +403,8 @@ def main(args: argparse.Namespace) -> int:
     )
     sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
-        # cpu: --threads, else the backend's default (gpu.backends.cpu.default_cpu_threads);
-        # alone in this process, on a worker thread (ThreadTimed reads its thread clock)
-        options = ({"num_threads": args.threads, "device_process": False}
-                   if args.backend == "cpu" else {})
+        # cpu: --threads, else default_cpu_threads(); on a thread here (ThreadTimed clocks)
+        options = {"num_threads": args.threads, "device_process": False} if args.backend == "cpu" else {}
         backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:
         print(f"flare bench programs: {exc}", file=sys.stderr)
