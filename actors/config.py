@@ -112,6 +112,10 @@ class RuntimeConfig:
     terminal checkpoint is a host-side page move with the same reuse, and a capture
     costs a window-draining frame per completion and delays the conversation's next
     turn until it ran (docs/runtime.md, *Checkpoints*, measured figures)."""
+    device_process: bool = True
+    """CPU backend: run the prepared programs in a device process of their own
+    (``gpu.backends.cpu_process``); False keeps them on a worker thread of the serving
+    process (``flare run --no-device-process``, A/B benchmarks)."""
     capture_forward: bool = True
     """CPU backend: replay each decoder forward shape from a graph traced on first use
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and

@@ -244,3 +244,9 @@ class Runtime(Protocol):
         ...
 
     def statistics(self) -> RuntimeStatistics: ...
+
+    @property
+    def device_fault(self) -> str | None:
+        """Why the device can no longer run programs (the CPU device process died:
+        every request then fails), or None while it serves; ``/health`` reports it."""
+        ...

@@ -276,6 +276,11 @@ class Runtime:
             counterfactual_accepted_tokens=counters.counterfactual_accepted_tokens,
         )
 
+    @property
+    def device_fault(self) -> str | None:
+        lost = self._parts.backend.lost
+        return None if lost is None else str(lost)
+
     def frame_log(self) -> tuple[FrameRecord, ...]:
         """The most recent completed frames, oldest first (benchmarks, diagnostics)."""
         return tuple(self._planner.frame_log)
@@ -369,7 +374,9 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     (warnings and up) unless the application configured logging (``log_defaults``)."""
     quiet_unless_configured()
     config.validate()
-    backend = open_backend(config.backend)
+    # cpu: the stream is a device process unless ``--no-device-process``
+    backend = open_backend(config.backend, **(
+        {"device_process": config.device_process} if config.backend == "cpu" else {}))
     try:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
         await trio.to_thread.run_sync(

@@ -125,6 +125,9 @@ def register_routes(app: Quart, service: FlareService) -> None:
     async def health() -> Response:
         if service.draining:
             return _json({"status": "draining"}, 503)
+        fault = service.runtime.device_fault
+        if fault is not None:  # the device process died: every request now fails
+            return _json({"status": "unhealthy", "error": fault}, 503)
         return _json({"status": "ok", "model": service.model_name,
                       "requests_in_flight": len(service.inflight)})
 

@@ -403,8 +403,8 @@ def main(args: argparse.Namespace) -> int:
     )
     sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
-        # cpu: --threads, else the backend's default (gpu.backends.cpu.default_cpu_threads)
-        options = {"num_threads": args.threads} if args.backend == "cpu" else {}
+        # cpu: --threads, else default_cpu_threads(); on a thread here (ThreadTimed clocks)
+        options = {"num_threads": args.threads, "device_process": False} if args.backend == "cpu" else {}
         backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:
         print(f"flare bench programs: {exc}", file=sys.stderr)

@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager-forward", action="store_true",
                         help="CPU: run the decoder forward op by op instead of replaying "
                              "captured graphs (A/B against the default)")
+    parser.add_argument("--no-device-process", action="store_true",
+                        help="CPU: run the programs on a worker thread of the server "
+                             "process instead of a device process (A/B)")
     parser.add_argument("--no-isolated", action="store_true",
                         help="skip timing the load's programs alone (flare bench programs) "
                              "for the in-server / isolated interval ratio")
@@ -126,6 +129,28 @@ def cpu_worker_ns() -> int | None:
     return total if found else None
 
 
+DEVICE_PROCESS_PREFIX = "flare-cpu-device-"
+"""Name prefix of the CPU backend's device processes (``DeviceProcessBackend``)."""
+
+
+def device_process_ns() -> int | None:
+    """Total CPU time of the live CPU device processes (None: no such process)."""
+    import multiprocessing
+    import os
+
+    total, found = 0, False
+    ticks = os.sysconf("SC_CLK_TCK")
+    for child in multiprocessing.active_children():
+        if child.name.startswith(DEVICE_PROCESS_PREFIX) and child.pid is not None:
+            try:
+                fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) * 1_000_000_000 // ticks
+            found = True
+    return total if found else None
+
+
 async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: int,
                 vocab: int) -> int:
     produced = 0
@@ -150,6 +175,7 @@ async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: i
 async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
                            capture_forward=not args.eager_forward,
+                           device_process=not args.no_device_process,
                            max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
                            max_queue=max(args.requests, 1))
     async with open_runtime(config) as rt:
@@ -160,15 +186,21 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         first_fence = len(rt.frame_log()) and rt.frame_log()[-1].fence
         start = trio.current_time()
         worker_start = cpu_worker_ns()
+        device_start, host_start = device_process_ns(), time.process_time_ns()
         tokens = await _load(rt, requests=args.requests, prompt_tokens=args.prompt_tokens,
                              max_tokens=args.max_tokens, vocab=vocab)
         worker_end = cpu_worker_ns()
+        device_end, host_end = device_process_ns(), time.process_time_ns()
         elapsed = trio.current_time() - start
         frames = [f for f in rt.frame_log() if f.fence > first_fence]
     result: dict[str, object] = dict(summarize(frames))
     result["tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
     if worker_start is not None and worker_end is not None and elapsed > 0:
         result["worker_cpu_fraction"] = (worker_end - worker_start) / 1e9 / elapsed
+    if elapsed > 0:
+        result["server_cpu_fraction"] = (host_end - host_start) / 1e9 / elapsed
+    if device_start is not None and device_end is not None and elapsed > 0:
+        result["device_process_cpu_fraction"] = (device_end - device_start) / 1e9 / elapsed
     result["graphs"] = graph_counts(frames)
     result["frame_records"] = frames
     result["mean_device_ms"] = (sum(f.device_ns for f in frames) / len(frames) / 1e6
@@ -237,6 +269,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"{row['graph']:<20} in server {row['in_server_ms']:.3f} ms over "
               f"{row['frames']} frames, alone {row['isolated_ms']:.3f} ms: "
               f"ratio {row['ratio']:.2f}")
+    print(f"server process CPU/wall {result['server_cpu_fraction']:.3f}")
+    if "device_process_cpu_fraction" in result:
+        print(f"device process CPU/wall {result['device_process_cpu_fraction']:.3f}   "
+              "(share of the wall the device process computed, bind and read included)")
     if "worker_cpu_fraction" in result:
         print(f"cpu worker CPU/wall  {result['worker_cpu_fraction']:.3f}   "
               "(share of the wall the worker computed, bind and read included)")

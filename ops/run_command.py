@@ -125,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--eager-forward", action="store_true",
                        help="CPU: run the decoder forward op by op instead of replaying "
                             "graphs captured at start-up (faster start, slower serving)")
+    model.add_argument("--no-device-process", action="store_true",
+                       help="CPU: run the prepared programs on a worker thread of the "
+                            "server process instead of a device process of their own")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -228,6 +231,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         backend=args.backend,
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
+        device_process=not args.no_device_process,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,

@@ -1,5 +1,6 @@
 """The backends that prepare, launch and time prepared programs: the protocol
-(``gpu.backends.protocol``), ``cpu``, ``cuda`` (with its device probe, ``cuda_probe``)
+(``gpu.backends.protocol``), ``cpu`` (its device process, ``cpu_process``, by default),
+``cuda`` (with its device probe, ``cuda_probe``)
 and ``fake``. ``open_backend`` opens one by name; importing this package touches no
 device.
 """
@@ -41,10 +42,19 @@ __all__ = [
 def open_backend(name: str, **options: Any) -> Backend:
     """Open a backend by name: ``cpu``, ``cuda`` or ``fake``.
 
+    ``cpu`` runs prepared programs in a device process unless
+    ``device_process=False`` (then on a worker thread of this process).
+
     Raises ``BackendUnavailable`` with a message saying why (unknown name, no CUDA
     device, cuda-python missing); never crashes at import.
     """
     if name == "cpu":
+        # the default: prepared programs run in a device process (``cpu_process``);
+        # ``device_process=False`` keeps the stream a thread of this process
+        if options.pop("device_process", True):
+            from gpu.backends.cpu_process import DeviceProcessBackend
+
+            return DeviceProcessBackend(**options)
         from gpu.backends.cpu import CpuBackend
 
         return CpuBackend(**options)

@@ -1,4 +1,9 @@
-"""The ``cpu`` backend: programs run eagerly on one FIFO worker thread per stream.
+"""The ``cpu`` backend's stream: programs run eagerly on one FIFO worker thread.
+
+``CpuBackend`` runs that thread in the calling process (``open_backend("cpu",
+device_process=False)``); by default the ``cpu`` backend runs the same stream inside a
+device process (``gpu.backends.cpu_process``, ``gpu.backends.device_worker``), which
+reuses ``CpuStream``, ``stage_launch`` and ``run_launch`` from here.
 
 A stream is one daemon worker thread reading a FIFO queue. ``launch`` only enqueues
 (the caller never waits for the program); the worker runs ``bind -> execute ->
@@ -173,6 +178,8 @@ class CpuBackend:
 
     name = "cpu"
     device = "cpu"
+    lost = None
+    """An in-process stream is never lost."""
 
     def __init__(self, *, num_threads: int | None = None) -> None:
         """``num_threads``: torch intra-op threads (``None``: ``default_cpu_threads()``;

@@ -89,6 +89,8 @@ class CudaBackend:
     """CUDA-graph replay on one dedicated stream of one device."""
 
     name = "cuda"
+    lost = None
+    """A CUDA stream in this process is never lost (a device error faults launches)."""
 
     def __init__(self, *, device_index: int = 0, use_graph_launch: bool = True) -> None:
         probe = probe_cuda()

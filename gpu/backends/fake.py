@@ -68,6 +68,8 @@ class FakeBackend:
 
     name = "fake"
     device = "cpu"
+    lost = None
+    """Never lost (a test may set it to script a lost device)."""
 
     def __init__(
         self,

@@ -186,6 +186,11 @@ class Backend(Protocol):
     """``"cpu"``, ``"cuda"`` or ``"fake"``."""
     device: str
     """The torch device string programs must allocate their buffers on."""
+    @property
+    def lost(self) -> BackendError | None:
+        """Why the stream can no longer run launches (the CPU device process died), or
+        None while it serves; health reports read it."""
+        ...
 
     def prepare(
         self, programs: Sequence[PreparedProgram], *, progress: ProgressSink | None = None

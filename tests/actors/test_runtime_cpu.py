@@ -171,12 +171,13 @@ async def test_queue_17_next_turn_keeping_the_anchor_but_not_the_answer_hits(
 async def test_forwards_are_captured_before_serving(tiny_llama: Path) -> None:
     """With forward capture (the runtime's CPU default) ``open_runtime`` launches every
     generation program once before serving, so requests of any context length trace no
-    graph mid-load (``actors.capture_warmup``); their greedy output is the reference."""
+    graph mid-load (``actors.capture_warmup``); their greedy output is the reference.
+    Graphs are counted per process, so the stream runs in this one."""
     from gpu.model import capture
 
     prompts = [prompt_of(n, seed) for seed, n in enumerate((5, 70))]
     with trio.fail_after(120):
-        async with open_runtime(config_for(tiny_llama)) as rt:
+        async with open_runtime(config_for(tiny_llama, device_process=False)) as rt:
             graphs = capture.shared_graphs()
             assert graphs > 0
             for prompt in prompts:

@@ -98,10 +98,12 @@ def target_law(pair: tuple[Path, Path]) -> np.ndarray:
     return law
 
 
-async def _first_two_tokens(pair: tuple[Path, Path]) -> tuple[np.ndarray, int, int]:
+async def _first_two_tokens(pair: tuple[Path, Path], *, device_process: bool = True
+                            ) -> tuple[np.ndarray, int, int]:
     """Counts of (first, second) output token over ``REQUESTS`` seeded requests, the
     drafts the runtime verified and the drafts it accepted."""
     config = RuntimeConfig(
+        device_process=device_process,
         model_dir=pair[0], draft_model_dir=pair[1], backend="cpu", max_batch=8,
         prefill_capacities=(64,), page_size=16, max_context=64, max_queue=CLIENTS,
         speculation="fixed", draft_source="draft", draft_depth=1)
@@ -162,7 +164,8 @@ async def test_the_runtime_test_rejects_an_always_accept_verifier(
         pair: tuple[Path, Path], target_law: np.ndarray,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A verifier that accepts every draft the target gives any mass (acceptance
-    uniforms all 0) lets the draft's law through: the same statistic rejects it."""
+    uniforms all 0) lets the draft's law through: the same statistic rejects it. The
+    patch is made in this process, so the programs run here too."""
     from gpu.speculative import verification
 
     def always_accept(seed: torch.Tensor, first_position: torch.Tensor, depth: int
@@ -171,7 +174,7 @@ async def test_the_runtime_test_rejects_an_always_accept_verifier(
 
     monkeypatch.setattr(verification, "acceptance_uniforms", always_accept)
     with trio.fail_after(120):
-        counts, drafted, accepted = await _first_two_tokens(pair)
+        counts, drafted, accepted = await _first_two_tokens(pair, device_process=False)
     assert accepted == drafted > 0
     statistic, critical = chi_square(counts, target_law)
     print(f"always-accept chi-square {statistic:.1f} (critical {critical:.1f})")

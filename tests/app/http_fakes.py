@@ -109,6 +109,8 @@ class FakeRuntime:
     fail_after: int | None = None
     crash_after: int | None = None
     gated: bool = False
+    device_fault: str | None = None
+    """Set to report a lost device (``/health`` answers 503 with it)."""
     requests: list[GenerationRequest] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)

@@ -111,3 +111,37 @@ class RecordingProgram(MatmulCounter):
         start = time.perf_counter_ns()
         super().execute()
         self.execute_spans.append((start, time.perf_counter_ns()))
+
+
+class ViewWriter(MatmulCounter):
+    """Writes input ``v`` through a numpy view of its buffer made at construction (as
+    the request state's ``host_views`` are) and reads the buffer back as a tensor; an
+    input ``raise_unpicklable`` makes bind raise an exception that cannot be pickled."""
+
+    def __init__(self, shape: GraphShape) -> None:
+        super().__init__(shape)
+        self.buffer = torch.zeros(4, dtype=torch.int64)
+        self.view = self.buffer.numpy()[1:3]
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        if inputs.get("raise_unpicklable"):
+            raise UnpicklableFault(threading.Lock())
+        self.view[:] = inputs["v"]
+        super().bind(inputs)
+
+    def read_outputs(self) -> dict[str, Any]:
+        return {**super().read_outputs(), "buffer": self.buffer.tolist()}
+
+
+class UnpicklableFault(RuntimeError):
+    """An exception whose argument (a lock) does not pickle."""
+
+
+class UnpicklableOutput(MatmulCounter):
+    """Returns an output that cannot be pickled (a lock) when asked to."""
+
+    def read_outputs(self) -> dict[str, Any]:
+        outputs = super().read_outputs()
+        if self._fail_in == "pickle_outputs":
+            outputs["lock"] = threading.Lock()
+        return outputs

@@ -41,15 +41,18 @@ from gpu.preparation import PreparationReport, ShapePreparation
 WAIT_S = 30.0
 
 BACKENDS = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("fake", id="fake"),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.cuda),
+    pytest.param(("cpu", {}), id="cpu"),
+    pytest.param(("cpu", {"device_process": False}), id="cpu-thread"),
+    pytest.param(("fake", {}), id="fake"),
+    pytest.param(("cuda", {}), id="cuda", marks=pytest.mark.cuda),
 ]
+CPU_STREAMS = [pytest.param(True, id="device-process"), pytest.param(False, id="thread")]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    opened = open_backend(request.param)
+    name, options = request.param
+    opened = open_backend(name, **options)
     try:
         yield opened
     finally:
@@ -227,8 +230,9 @@ async def test_waiting_does_not_block_trio(backend: Backend) -> None:
 
 def test_cpu_queued_launch_starts_when_previous_ends() -> None:
     """A launch queued behind another starts only once the first has ended, and
-    launch() itself never waits for the program (architecture: FIFO worker)."""
-    backend = open_backend("cpu")
+    launch() itself never waits for the program (architecture: FIFO worker). The
+    gate is a thread event, so the stream runs in this process."""
+    backend = open_backend("cpu", device_process=False)
     try:
         gated = GatedProgram(decode_shape(1))
         follower = RecordingProgram(decode_shape(2))
@@ -246,10 +250,11 @@ def test_cpu_queued_launch_starts_when_previous_ends() -> None:
         backend.close()
 
 
-def test_cpu_device_interval_measures_execute_only() -> None:
+@pytest.mark.parametrize("device_process", CPU_STREAMS)
+def test_cpu_device_interval_measures_execute_only(device_process: bool) -> None:
     """The CPU device interval covers execute; the wall interval also covers bind and
     the wait in the queue (DUR-14)."""
-    backend = open_backend("cpu")
+    backend = open_backend("cpu", device_process=device_process)
     try:
         program = SlowProgram(decode_shape(1), bind_s=0.02, execute_s=0.03)
         _prepare(backend, program)

@@ -2,12 +2,16 @@
 
 Two decode frames launched without waiting run in stream order and read the state the
 first one wrote (architecture: *Two frame slots, device-resident feedback*, OPEN-40),
-giving exactly the tokens of the same frames run one at a time.
+giving exactly the tokens of the same frames run one at a time, on the device process
+(whose state writes the host reads through the shared tensors) and on the in-process
+stream alike.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from gpu.backends import open_backend
 from gpu.catalog import CatalogFlags, build_catalog
@@ -18,10 +22,11 @@ from policy.descriptors import GraphKind, GraphShape
 PROMPT = (5, 17, 33, 8, 41, 12, 9)
 
 
-def _run(model_dir: Path, *, queued: bool) -> tuple[list[tuple[int, ...]], list[int]]:
+def _run(model_dir: Path, *, queued: bool,
+         device_process: bool) -> tuple[list[tuple[int, ...]], list[int]]:
     catalog = build_catalog(CatalogFlags(max_batch=2, prefill_capacities=(64,),
                                          scored_prefill=False, state_operations=False))
-    backend = open_backend("cpu")
+    backend = open_backend("cpu", device_process=device_process)
     try:
         engine = ModelEngine.load(model_dir, device="cpu", dtype=None, catalog=catalog.shapes,
                                   page_size=16, num_pages=16, state_rows=2, max_context=128)
@@ -55,11 +60,14 @@ def _run(model_dir: Path, *, queued: bool) -> tuple[list[tuple[int, ...]], list[
         backend.close()
 
 
+@pytest.mark.parametrize("device_process", [True, False], ids=["device-process", "thread"])
 def test_queued_decode_frames_read_device_state_in_stream_order(
-    tiny_checkpoints: dict[str, Path],
+    tiny_checkpoints: dict[str, Path], device_process: bool,
 ) -> None:
-    sequential, seq_positions = _run(tiny_checkpoints["llama"], queued=False)
-    queued, positions = _run(tiny_checkpoints["llama"], queued=True)
+    sequential, seq_positions = _run(tiny_checkpoints["llama"], queued=False,
+                                     device_process=device_process)
+    queued, positions = _run(tiny_checkpoints["llama"], queued=True,
+                             device_process=device_process)
     assert queued == sequential
     assert all(len(step) == 2 for step in queued)
     # each queued frame advanced the rows it decoded: prompt length + 3 steps

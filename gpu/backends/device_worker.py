@@ -1,0 +1,120 @@
+"""The device process: the body of one CPU stream, in a process of its own.
+
+``gpu.backends.cpu_process`` starts ``main`` in a fresh process (never a fork of the
+serving process) for each stream. The process receives the prepared programs once,
+their buffers in shared memory (``gpu.backends.shared_pickling``), then serves
+launches until the host says stop or its end of the pipe closes:
+
+- the main thread receives each launch ``(index, inputs, sequence, launched_ns)``,
+  stages it (``stage_launch``: validation and packing, the host work a GPU stream's
+  caller does) and queues it on a ``CpuStream``, so the next frame is packed while
+  the current one executes, as in the in-process backend;
+- the stream's worker thread runs ``bind -> execute -> read_outputs`` in FIFO order
+  and measures the execution interval here (``run_launch``), and the completion, or
+  the fault's stage and cause, goes back on the pipe in launch order.
+
+Everything a program mutates in Python (bound packs, host bounds, captured graphs)
+lives only here. Messages are pickled values, so the transport knows nothing of what
+inputs or outputs a program takes: a program that gains an input or an output needs
+nothing from this module. Torch's intra-op threads are set here (``num_threads``).
+
+Signals: the process ignores SIGINT and SIGTERM, which a terminal or a supervisor
+sends to the whole process group; the serving process decides when it stops (it
+drains first), and if that process dies outright the pipe closes and this one exits.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import threading
+import traceback
+from typing import Any
+
+import torch
+
+from gpu.backends.cpu import CpuStream, stage_launch
+from gpu.backends.protocol import LaunchHandle
+from gpu.backends.shared_pickling import loads_shared
+
+STOP = b""
+"""The host's last message: finish the queued launches and exit."""
+
+
+class RemoteFault(Exception):
+    """Stands in for a program's exception that could not be pickled back to the host;
+    the message keeps its type, text and the device process's traceback."""
+
+
+def _fault_cause(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a ``RemoteFault`` describing it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        return RemoteFault(f"{type(exc).__name__}: {exc}\n{text}")
+
+
+class _Replies:
+    """The send side of the pipe, shared by the receiving and the completing thread."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, data: bytes) -> None:
+        with self._lock:
+            self._conn.send_bytes(data)
+
+    def completed(self, handle: LaunchHandle) -> None:
+        """Done-callback of every launch: its outcome, in stream order."""
+        try:
+            completion = handle.result()
+        except Exception as fault:
+            cause = getattr(fault, "cause", fault)
+            stage = getattr(fault, "stage", "execute")
+            self.send(("fault", handle.sequence, handle.shape, stage, _fault_cause(cause)))
+            return
+        try:
+            data = pickle.dumps(("done", handle.sequence, completion), pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # the host still gets an answer for this launch
+            cause = RemoteFault(f"the outputs could not be sent back: {type(exc).__name__}: {exc}")
+            self.send(("fault", handle.sequence, handle.shape, "read_outputs", cause))
+            return
+        self.send_bytes(data)
+
+
+def main(conn: Any, num_threads: int) -> None:
+    """Receive the programs, then serve launches until ``STOP`` or end of pipe."""
+    for ignored in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(ignored, signal.SIG_IGN)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    replies = _Replies(conn)
+    try:
+        programs = loads_shared(conn.recv_bytes())
+    except Exception as exc:
+        replies.send(("failed", "".join(traceback.format_exception(exc))))
+        return
+    replies.send(("ready", torch.get_num_threads()))
+    stream = CpuStream("flare-device-stream")
+    try:
+        while True:
+            try:
+                data = conn.recv_bytes()
+            except (EOFError, OSError):
+                return  # the host is gone: nobody waits for the queued launches
+            if data == STOP:
+                return
+            index, inputs, sequence, launched_ns = pickle.loads(data)
+            program = programs[index]
+            handle = LaunchHandle(program.shape, sequence=sequence, launched_ns=launched_ns)
+            handle.add_done_callback(replies.completed)
+            stream.submit(stage_launch(program, inputs, handle))
+    finally:
+        stream.stop()
+        conn.close()
