@@ -87,7 +87,11 @@ async def scheduler_server(open_runtime: OpenRuntime, mode: str) -> AsyncIterato
     config = RuntimeConfig(
         max_batch=REQUEST_SLOTS, prefill_capacities=PREFILL_CAPACITIES, speculation=mode,  # type: ignore[arg-type]
         draft_model_dir=DEFAULT_DRAFT_DIR if mode != "off" else None,
-        backend=os.environ.get("FLARE_SCHEDULER_TEST_BACKEND", "cpu"))  # type: ignore[arg-type]
+        backend=os.environ.get("FLARE_SCHEDULER_TEST_BACKEND", "cpu"),  # type: ignore[arg-type]
+        # What is scheduled does not depend on where the programs run, and a device
+        # process traces its graphs anew for every runtime (seconds each); the device
+        # process has its own runtime tests (tests/actors/test_runtime_device_process.py).
+        device_process=False)
     config.validate()
     async with open_runtime(config) as runtime, serve_app(runtime) as server, \
             httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client:
