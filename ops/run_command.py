@@ -34,6 +34,7 @@ from actors.config import (
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DTYPE_CHOICES,
+    LOGPROBS_MODES,
     SCHEDULER_POLICIES,
     ConfigError,
     RuntimeConfig,
@@ -125,6 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--eager-forward", action="store_true",
                        help="CPU: run the decoder forward op by op instead of replaying "
                             "graphs captured at start-up (faster start, slower serving)")
+    model.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
+                       help="reported logprobs: raw_logprobs (the model's distribution, "
+                            "default) or processed_logprobs (the one each token is drawn from)")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -228,6 +232,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         backend=args.backend,
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
+        logprobs_mode=args.logprobs_mode,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,
