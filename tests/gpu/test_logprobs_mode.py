@@ -25,6 +25,7 @@ from gpu.frames import SamplingParams, result_of
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
 from gpu.sampling import sample
+from gpu.speculative import filtered_probs_by_lane, processed_log_probs_by_lane
 
 VOCAB = 12
 TOLERANCE = 1e-5
@@ -173,3 +174,20 @@ def test_a_raw_decode_program_is_unchanged(tiny_checkpoints: dict[str, Path]) ->
         assert logprob == pytest.approx(float(raw[lane, token]), abs=1e-5)
         assert all(lp > -math.inf for _, lp in top)
         assert [i for i, _ in top] == raw[lane].topk(len(top)).indices.tolist()
+
+
+def test_speculative_rows_report_the_log_of_the_verification_distribution() -> None:
+    """Sampled rows of a speculative round: ``processed_log_probs_by_lane`` is the log of
+    ``filtered_probs_by_lane`` (what rejection sampling draws from); greedy rows are
+    their temperature-1 filtered distribution, not verification's one-hot."""
+    logits = torch.randn(3, 4, VOCAB, generator=torch.Generator().manual_seed(10)) * 3
+    params = {"temperature": torch.tensor([0.7, 1.4, 0.0]), "top_p": torch.tensor([0.8, 1.0, 1.0]),
+              "top_k": torch.tensor([0, 5, 3]), "min_p": torch.tensor([0.0, 0.1, 0.0])}
+    log_probs = processed_log_probs_by_lane(logits, **params)
+    probs = filtered_probs_by_lane(logits, **params)
+    assert torch.allclose(log_probs[:2].exp(), probs[:2], atol=1e-6)
+    greedy = SamplingParams(temperature=0.0, top_k=3)
+    for w in range(4):
+        expected = reference_processed(logits[2, w].tolist(), greedy, prompt=[], outputs=[],
+                                       ends=set())
+        assert_row(list(range(VOCAB)), log_probs[2, w].tolist(), expected)
