@@ -21,8 +21,16 @@ from actors.public import GenerationRequest, SamplingParams
 from actors.system import open_runtime
 from tests.actors.reference import hf_log_softmax
 from tests.actors.test_runtime_cpu import config_for, prompt_of
-from tests.actors.test_runtime_logprobs import NEW_TOKENS, PROMPTS, Reported, reported
-from tests.actors.toy import wait_until_idle
+from tests.actors.test_runtime_logprobs import (
+    NEW_TOKENS,
+    PROMPTS,
+    SPECULATIVE_LOADS,
+    Reported,
+    assert_same_reports,
+    reported,
+    serve_greedy,
+    speculative_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,18 +46,7 @@ def filtered_request(prompt: list[int]) -> GenerationRequest:
 
 
 async def serve_filtered(config: RuntimeConfig) -> tuple[list[Reported], int]:
-    results: list[Reported] = [Reported() for _ in PROMPTS]
-    with trio.fail_after(240):
-        async with open_runtime(config) as rt:
-
-            async def one(i: int) -> None:
-                results[i] = await reported(rt, filtered_request(PROMPTS[i]))
-
-            async with trio.open_nursery() as nursery:
-                for i in range(len(PROMPTS)):
-                    nursery.start_soon(one, i)
-            await wait_until_idle(rt)
-            return results, rt.statistics().speculative_frames
+    return await serve_greedy(config, filtered_request)
 
 
 def processed_reference(row: list[float]) -> dict[int, float]:
@@ -92,24 +89,15 @@ def test_processed_logprobs_are_renormalised_over_the_kept_tokens(
     assert filtered_places == len(PROMPTS) * NEW_TOKENS  # top_k 4 < 6 alternatives
 
 
-@pytest.mark.parametrize(("mode", "source"), [("fixed", "draft"), ("adaptive", "copy")])
+@pytest.mark.parametrize(("mode", "source"), SPECULATIVE_LOADS)
 def test_speculative_loads_report_the_plain_processed_values(
         tiny_llama: Path, tiny_draft: Path, plain: list[Reported], mode: str,
         source: str) -> None:
-    config = config_for(tiny_llama, speculation=mode, draft_source=source,
-                        draft_model_dir=tiny_draft if source == "draft" else None,
-                        draft_depth=3, logprobs_mode="processed_logprobs")
+    config = speculative_config(tiny_llama, tiny_draft, mode, source,
+                                logprobs_mode="processed_logprobs")
     results, speculative_frames = trio.run(serve_filtered, config)
     assert speculative_frames > 0
-    for spec, base in zip(results, plain, strict=True):
-        assert spec.tokens == base.tokens
-        assert spec.logprobs == pytest.approx(base.logprobs, abs=TOLERANCE)
-        for a, b in zip(spec.top, base.top, strict=True):
-            finite_a = [(t, lp) for t, lp in a if lp > -math.inf]
-            finite_b = [(t, lp) for t, lp in b if lp > -math.inf]
-            assert [t for t, _ in finite_a] == [t for t, _ in finite_b]
-            assert [lp for _, lp in finite_a] == pytest.approx(
-                [lp for _, lp in finite_b], abs=TOLERANCE)
+    assert_same_reports(results, plain)
 
 
 async def test_scored_prompt_tokens_stay_raw(tiny_llama: Path) -> None:
