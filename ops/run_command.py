@@ -123,12 +123,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                        help="serving dtype (default auto: the checkpoint's torch_dtype where "
                             "the backend runs it; float32 or bfloat16 or float16 on the CPU)")
-    model.add_argument("--eager-forward", action="store_true",
-                       help="CPU: run the decoder forward op by op instead of replaying "
-                            "graphs captured at start-up (faster start, slower serving)")
     model.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
                        help="reported logprobs: raw_logprobs (the model's distribution, "
                             "default) or processed_logprobs (the one each token is drawn from)")
+    model.add_argument("--eager-forward", action="store_true",
+                       help="CPU: run the decoder forward op by op instead of replaying "
+                            "graphs captured at start-up (faster start, slower serving)")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -230,9 +230,9 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         model_dir=model_dir(args),
         draft_model_dir=args.draft_model,
         backend=args.backend,
+        logprobs_mode=args.logprobs_mode,
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
-        logprobs_mode=args.logprobs_mode,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,
