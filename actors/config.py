@@ -23,6 +23,8 @@ SpeculationSetting = Literal["off", "fixed", "adaptive"]
 DraftSource = Literal["draft", "copy"]
 SpeculativeAllocation = Literal["host", "device"]
 DtypeSetting = Literal["auto", "float32", "bfloat16", "float16"]
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("raw_logprobs", "processed_logprobs")
 DTYPE_CHOICES: tuple[DtypeSetting, ...] = ("auto", "float32", "bfloat16", "float16")
 """``--dtype``: ``auto`` serves the checkpoint's declared dtype where the backend runs it
 (``gpu.model.dtypes``)."""
@@ -120,6 +122,11 @@ class RuntimeConfig:
     """CPU backend: replay each decoder forward shape from a graph traced on first use
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and
     publication overlap execution). False runs the forward op by op (A/B benchmarks)."""
+    logprobs_mode: LogprobsMode = "raw_logprobs"
+    """vLLM's ``--logprobs-mode``: ``raw_logprobs`` reports the model's raw
+    distribution; ``processed_logprobs`` the one each token was drawn from (after the
+    grammar mask, logit processing, temperature and the top-k/top-p/min-p filters;
+    ``gpu.sampling.processed_log_probs``). Scored prompt tokens are raw in both."""
     scheduler_policy: str = "balanced"
     """The seed's presets, or a baseline policy on the same prepared programs
     (``fixed-spec-K`` needs a speculative load of draft depth at least K)."""
@@ -136,6 +143,9 @@ class RuntimeConfig:
         if self.dtype not in DTYPE_CHOICES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_CHOICES)}, "
                               f"got {self.dtype!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(f"--logprobs-mode must be one of {', '.join(LOGPROBS_MODES)}, "
+                              f"got {self.logprobs_mode!r}")
         if self.backend == "cuda" and self.dtype == "float32":
             # gpu.model.dtypes: CUDA programs run bfloat16 or float16
             raise ConfigError("--dtype float32 is not supported on the cuda backend; it runs "

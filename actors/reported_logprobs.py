@@ -2,7 +2,9 @@
 
 Every program reports, per emitted token, its logprob and the ``TOP_LOGPROBS`` most
 likely alternatives, and a scored prefill the same per prompt token
-(``gpu.sampling.reported_log_probs``: the model's raw distribution). The host keeps
+(``gpu.sampling.reported_log_probs``: the model's raw distribution; under
+``RuntimeConfig.logprobs_mode`` ``processed_logprobs`` the sampler's own, with ``-inf``
+for tokens it could not draw, scored prompts excepted). The host keeps
 the first k alternatives a request asked for (``GenerationRequest.top_logprobs``) and
 nothing for a request that asked for none, so the cost of a wider request is paid only
 in the device's fixed-shape outputs, never in messages to the publisher.

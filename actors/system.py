@@ -471,7 +471,9 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         page_size=config.page_size, num_pages=num_pages,
         state_rows=state_rows_for(config.max_batch) + snapshot_lanes(shapes),
         max_context=max_context,
-        execution=ExecutionOptions.for_device(device, capture_forward=config.capture_forward),
+        execution=ExecutionOptions.for_device(
+            device, capture_forward=config.capture_forward,
+            processed_logprobs=config.logprobs_mode == "processed_logprobs"),
         speculation_source=config.draft_source if speculative else None,
         draft_model_dir=config.draft_model_dir,
         draft_catch_up=config.draft_catch_up,

@@ -6,7 +6,10 @@ which nothing predicts; the whole list ``null`` when ``logprobs`` is 0) and
 ``text_offset``. As in vLLM and OpenAI, a token's dict holds its k most likely
 alternatives and the token itself, so it may have k + 1 entries. Chat uses
 ``content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]`` with
-exactly k alternatives, best first. Pure functions over plain values.
+exactly k alternatives, best first. A token the sampler could never draw (a
+``--logprobs-mode processed_logprobs`` alternative that top-k, top-p or min-p removed)
+has logprob ``-inf``, which JSON cannot carry: it is sent as ``MASKED_LOGPROB``
+(-9999.0, vLLM's value). Pure functions over plain values.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from typing import Any
 
 from actors import Alternatives, TextCodec
 
+MASKED_LOGPROB = -9999.0
+"""The logprob sent for a token of probability zero (vLLM's; JSON has no ``-inf``)."""
+
+
+def json_logprob(logprob: float) -> float:
+    """``logprob`` as sent: ``MASKED_LOGPROB`` instead of ``-inf``, any other value
+    unchanged."""
+    return MASKED_LOGPROB if logprob == float("-inf") else logprob
+
 
 def top_logprobs_dict(codec: TextCodec, alternatives: Alternatives, token_id: int,
                       logprob: float | None) -> dict[str, float]:
@@ -25,9 +37,9 @@ def top_logprobs_dict(codec: TextCodec, alternatives: Alternatives, token_id: in
     keep the likelier one's logprob)."""
     entries: dict[str, float] = {}
     for alt_id, alt_logprob in alternatives:
-        entries.setdefault(codec.decode([alt_id]), alt_logprob)
+        entries.setdefault(codec.decode([alt_id]), json_logprob(alt_logprob))
     if logprob is not None and all(alt_id != token_id for alt_id, _ in alternatives):
-        entries.setdefault(codec.decode([token_id]), logprob)
+        entries.setdefault(codec.decode([token_id]), json_logprob(logprob))
     return entries
 
 
@@ -79,7 +91,8 @@ class CompletionLogprobs:
 
 def _chat_token(codec: TextCodec, token_id: int, logprob: float) -> dict[str, Any]:
     text = codec.decode([token_id])
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return {"token": text, "logprob": json_logprob(logprob),
+            "bytes": list(text.encode("utf-8"))}
 
 
 def chat_logprob_entries(codec: TextCodec, token_ids: Sequence[int], logprobs: Sequence[float],

@@ -303,8 +303,9 @@ Frame = PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaneSample:
     """What one lane sampled: the token, its log-probability under the model's
-    (temperature-1, unfiltered) distribution (``gpu.sampling.reported_log_probs``),
-    whether every logit was finite, and the ``TOP_LOGPROBS`` most likely tokens with
+    (temperature-1, unfiltered) distribution (``gpu.sampling.reported_log_probs``), or
+    under the one it was drawn from with ``ExecutionOptions.processed_logprobs``
+    (``gpu.sampling.processed_log_probs``), whether every logit was finite, and the ``TOP_LOGPROBS`` most likely tokens with
     their log-probabilities (best first)."""
 
     row: int

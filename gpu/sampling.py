@@ -7,14 +7,16 @@ noise (Gumbel-max sampling), so the same seed gives the same tokens whatever els
 in the batch, and sampling is capturable: no global generator, no host sync, no
 data-dependent shapes. Greedy rows (temperature 0) take the argmax.
 
-Also owns the one distribution reported logprobs come from (``reported_log_probs``: the
-raw model distribution, whatever the sampling filters) and the fixed-width top
-alternatives every program reports (``top_alternatives``).
+Also owns the two distributions reported logprobs come from, vLLM's two
+``logprobs_mode`` values: ``reported_log_probs`` (``raw_logprobs``, the default: the
+raw model distribution, whatever the sampling filters) and ``processed_log_probs``
+(``processed_logprobs``: the distribution the sampler draws from, the one rule
+``sampler_logits``), and the fixed-width top alternatives every program reports
+(``top_alternatives``).
 
 Logit processing (``process_logits``: logit bias, repetition / frequency / presence
 penalties, the ``min_tokens`` mask) runs first, on the cleaned logits, so it changes the
-greedy argmax too (as in vLLM); ``min_p`` is a filter beside top-k and top-p. The
-reported logprob stays that of the model's own distribution.
+greedy argmax too (as in vLLM); ``min_p`` is a filter beside top-k and top-p.
 """
 
 from __future__ import annotations
@@ -68,8 +70,23 @@ def reported_log_probs(logits: torch.Tensor) -> torch.Tensor:
     model's raw log-softmax (temperature 1, before top-k/top-p filtering), with
     non-finite logits cleaned (``clean_logits``). This is vLLM's default
     ``logprobs_mode`` (``raw_logprobs``) and what OpenAI reports; sampled tokens,
-    their top alternatives, speculative rounds and scored prompts all use it."""
+    their top alternatives and speculative rounds use it unless the programs run with
+    ``processed_logprobs`` (``processed_log_probs``); scored prompts always do (no
+    sampler draws a prompt token)."""
     return torch.log_softmax(clean_logits(logits.float()), dim=-1)
+
+
+def processed_log_probs(processed: torch.Tensor, *, temperature: torch.Tensor,
+                        top_k: torch.Tensor, top_p: torch.Tensor,
+                        min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``processed_logprobs`` distribution, float32 ``[N, V]``: the log of the
+    distribution each row's token is drawn from, ``log_softmax(sampler_logits(...))``
+    of ``processed`` (logits already cleaned, grammar-masked and processed). Tokens the
+    filters remove are ``-inf``; greedy rows (temperature 0) get their temperature-1
+    distribution with the filters applied (as in vLLM)."""
+    masked = sampler_logits(processed, temperature=temperature, top_k=top_k, top_p=top_p,
+                            min_p=min_p)
+    return torch.log_softmax(masked, dim=-1)
 
 
 def top_alternatives(log_probs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,9 +203,25 @@ def top_k_top_p_keep(scaled: torch.Tensor, *, top_k: torch.Tensor, top_p: torch.
     return torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
 
 
+def sampler_logits(processed: torch.Tensor, *, temperature: torch.Tensor,
+                   top_k: torch.Tensor, top_p: torch.Tensor,
+                   min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits of the distribution the sampler draws each row of ``processed [N, V]``
+    from (parameters ``[N]``; ``min_p`` None: off): divided by the row's temperature
+    (greedy rows unscaled), with every token top-k, top-p or min-p removes at ``-inf``.
+    The one rule ``sample``, speculative verification (``filtered_probs``) and
+    ``processed_log_probs`` share."""
+    scaled = scale_by_temperature(processed, temperature)
+    keep = top_k_top_p_keep(scaled, top_k=top_k, top_p=top_p)
+    if min_p is not None:
+        keep &= min_p_keep(scaled, min_p)
+    return scaled.masked_fill(~keep, float("-inf"))
+
+
 class Sampled(NamedTuple):
     """What ``sample`` returns, one entry per row: the token, its logprob and the
-    ``top_width`` most likely alternatives, all under ``reported_log_probs``."""
+    ``top_width`` most likely alternatives, under ``reported_log_probs`` or, with
+    ``processed_logprobs``, ``processed_log_probs``."""
 
     token: torch.Tensor  # int64 [N]
     logprob: torch.Tensor  # float32 [N]
@@ -209,6 +242,7 @@ def sample(
     top_width: int = 0,
     processing: RowProcessing | None = None,
     token_mask: torch.Tensor | None = None,
+    processed_logprobs: bool = False,
 ) -> Sampled:
     """Sample one token per row of ``logits [N, V]``.
 
@@ -220,30 +254,35 @@ def sample(
     that every row has temperature 0, made by eager programs) skips the stochastic
     pipeline; the result is the same. ``processing`` (None: every row's is off) is
     applied next, greedy rows included (``process_logits``), and adds the min-p filter.
+    ``processed_logprobs`` (a host constant, ``--logprobs-mode processed_logprobs``)
+    reports ``processed_log_probs`` instead: the distribution the token was drawn from.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
     finite = torch.isfinite(logits).all(dim=-1)
     safe = mask_disallowed(clean_logits(logits), token_mask)
-    log_probs = reported_log_probs(safe)
-    top_ids, top_logprobs = top_alternatives(log_probs, top_width)
+    log_probs = None if processed_logprobs else reported_log_probs(safe)
     if processing is not None:
         safe = process_logits(safe, processing)
     greedy_token = safe.argmax(dim=-1)
-    if greedy_only:
+    if greedy_only and log_probs is not None:
+        top_ids, top_logprobs = top_alternatives(log_probs, top_width)
         logprob = log_probs.gather(1, greedy_token[:, None]).squeeze(1)
         return Sampled(greedy_token, logprob, finite, top_ids, top_logprobs)
 
     greedy = temperature <= 0.0
-    scaled = scale_by_temperature(safe, temperature)
-    keep = top_k_top_p_keep(scaled, top_k=top_k, top_p=top_p)
-    if processing is not None:
-        keep &= min_p_keep(scaled, processing.min_p)
+    drawn_from = sampler_logits(safe, temperature=temperature, top_k=top_k, top_p=top_p,
+                                min_p=None if processing is None else processing.min_p)
+    if log_probs is None:
+        log_probs = torch.log_softmax(drawn_from, dim=-1)  # processed_log_probs
+    top_ids, top_logprobs = top_alternatives(log_probs, top_width)
+    if greedy_only:
+        logprob = log_probs.gather(1, greedy_token[:, None]).squeeze(1)
+        return Sampled(greedy_token, logprob, finite, top_ids, top_logprobs)
 
     uniform = counter_uniform(seed, position, vocab)
     gumbel = -torch.log(-torch.log(uniform))
-    noisy = scaled.masked_fill(~keep, float("-inf")) + gumbel
-    sampled_token = noisy.argmax(dim=-1)
+    sampled_token = (drawn_from + gumbel).argmax(dim=-1)
 
     token = torch.where(greedy, greedy_token, sampled_token)
     logprob = log_probs.gather(1, token[:, None]).squeeze(1)

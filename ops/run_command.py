@@ -34,6 +34,7 @@ from actors.config import (
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DTYPE_CHOICES,
+    LOGPROBS_MODES,
     SCHEDULER_POLICIES,
     ConfigError,
     RuntimeConfig,
@@ -122,6 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                        help="serving dtype (default auto: the checkpoint's torch_dtype where "
                             "the backend runs it; float32 or bfloat16 or float16 on the CPU)")
+    model.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
+                       help="reported logprobs: raw_logprobs (the model's distribution, "
+                            "default) or processed_logprobs (the one each token is drawn from)")
     model.add_argument("--eager-forward", action="store_true",
                        help="CPU: run the decoder forward op by op instead of replaying "
                             "graphs captured at start-up (faster start, slower serving)")
@@ -229,6 +233,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         model_dir=model_dir(args),
         draft_model_dir=args.draft_model,
         backend=args.backend,
+        logprobs_mode=args.logprobs_mode,
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
         device_process=not args.no_device_process,

@@ -23,6 +23,10 @@ choice:
   once into a TorchScript graph that runs without the interpreter lock
   (``gpu.model.capture``), the CPU counterpart of a CUDA graph replay.
 
+- **processed logprobs** (any backend: a host constant, not a bound): programs report
+  ``gpu.sampling.processed_log_probs`` (the distribution the sampler draws from)
+  instead of the raw ``reported_log_probs`` (``--logprobs-mode``).
+
 Both dynamic options make ``execute`` depend on a host value chosen in ``bind``, which a
 captured graph cannot follow, so ``ModelEngine.load`` refuses them on CUDA.
 """
@@ -44,6 +48,9 @@ class ExecutionOptions:
     """Skip the stochastic sampling pipeline when every active lane is greedy."""
     capture_forward: bool = False
     """Trace the decoder forward once per input shape and replay the graph (CPU)."""
+    processed_logprobs: bool = False
+    """Report logprobs of the distribution the sampler draws from (vLLM's
+    ``processed_logprobs``) instead of the raw model distribution (``raw_logprobs``)."""
 
     @property
     def host_bounds(self) -> bool:
@@ -51,25 +58,29 @@ class ExecutionOptions:
         return self.dynamic_context or self.greedy_shortcut
 
     @classmethod
-    def static(cls) -> ExecutionOptions:
+    def static(cls, *, processed_logprobs: bool = False) -> ExecutionOptions:
         """Fixed work per shape: capturable (CUDA graphs)."""
-        return cls()
+        return cls(processed_logprobs=processed_logprobs)
 
     @classmethod
-    def eager(cls, *, capture_forward: bool = False) -> ExecutionOptions:
+    def eager(cls, *, capture_forward: bool = False,
+              processed_logprobs: bool = False) -> ExecutionOptions:
         """Work follows the frame: for backends that run ``execute`` eagerly (CPU);
         with ``capture_forward`` the forward replays captured graphs (the runtime's
         default, ``RuntimeConfig.capture_forward``)."""
         return cls(dynamic_context=True, greedy_shortcut=True,
-                   capture_forward=capture_forward)
+                   capture_forward=capture_forward, processed_logprobs=processed_logprobs)
 
     @classmethod
-    def for_device(cls, device: str, *, capture_forward: bool = False) -> ExecutionOptions:
+    def for_device(cls, device: str, *, capture_forward: bool = False,
+                   processed_logprobs: bool = False) -> ExecutionOptions:
         """The default for a torch device: static on CUDA, eager elsewhere (with the
-        forward captured when ``capture_forward`` is set)."""
+        forward captured when ``capture_forward`` is set); ``processed_logprobs`` on
+        either."""
         if torch.device(device).type == "cuda":
-            return cls.static()
-        return cls.eager(capture_forward=capture_forward)
+            return cls.static(processed_logprobs=processed_logprobs)
+        return cls.eager(capture_forward=capture_forward,
+                         processed_logprobs=processed_logprobs)
 
 
 def context_blocks(end_position: int, *, page_size: int, blocks_per_row: int) -> int:

@@ -58,6 +58,7 @@ from gpu.speculative import (
     greedy_tokens,
     packed_layout,
     pick_logprobs,
+    processed_log_probs_by_lane,
     propose_copy,
     sample_draft_tokens,
     target_log_probs,
@@ -293,7 +294,10 @@ class SpeculativeProgram(SpeculativeBinding):
         self.out_tokens.copy_(result.tokens)
         # one log-softmax for the emitted logprobs and the top alternatives (a lane with
         # non-finite logits reports finite=False; its cleaned values are never used)
-        log_probs = target_log_probs(lane_logits)
+        if self.execution.processed_logprobs:  # what the ordinary sampler would report
+            log_probs = processed_log_probs_by_lane(target_logits, **params, min_p=min_p)
+        else:
+            log_probs = target_log_probs(lane_logits)
         self.out_logprobs.copy_(pick_logprobs(log_probs, result.tokens))
         top_id, top_lp = top_alternatives(log_probs, self.out_top_token.shape[2])
         self.out_top_token.copy_(top_id)

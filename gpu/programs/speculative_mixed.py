@@ -207,7 +207,8 @@ class SpeculativeMixedProgram(SpeculativeProgram):
         token, logprob, finite, top_id, top_lp = sample(
             logits, temperature=st.temperature[row], top_p=st.top_p[row], top_k=st.top_k[row],
             seed=st.seed[row], position=self.prompt_end_position,
-            top_width=self.out_prompt_top_token.shape[1], processing=st.processing(row))
+            top_width=self.out_prompt_top_token.shape[1], processing=st.processing(row),
+            processed_logprobs=self.execution.processed_logprobs)
         st.record_outputs(row, token[:, None], self.prompt_ends.view(1, 1))
         self.out_prompt_token.copy_(token)
         self.out_prompt_logprob.copy_(logprob)

@@ -293,6 +293,7 @@ class StepProgram:
             greedy_only=not self.any_sampled, top_width=b.out_top_token.shape[1],
             processing=st.processing(rows) if self.any_processing else None,
             token_mask=self._token_masks.current,
+            processed_logprobs=self.execution.processed_logprobs,
         )
         if self.any_processing:
             st.record_outputs(rows, token[:, None], b.commits_token[:, None])

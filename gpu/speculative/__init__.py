@@ -38,6 +38,7 @@ from gpu.speculative.distributions import (
     filtered_probs,
     filtered_probs_by_lane,
     greedy_tokens,
+    processed_log_probs_by_lane,
 )
 from gpu.speculative.randomness import (
     acceptance_uniforms,
@@ -79,6 +80,7 @@ __all__ = [
     "greedy_tokens",
     "packed_layout",
     "pick_logprobs",
+    "processed_log_probs_by_lane",
     "propose_copy",
     "reference_allocation",
     "reference_copy_proposal",

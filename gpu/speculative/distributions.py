@@ -3,8 +3,9 @@
 Speculative verification compares the target's and the draft's *sampling*
 distributions, so both must be the distributions the ordinary sampler draws from:
 ``filtered_probs`` applies ``gpu.sampling.sample``'s own processing (the same
-``clean_logits``, ``scale_by_temperature`` and ``top_k_top_p_keep``) and returns
-probabilities. Greedy rows (temperature 0) become a one-hot at the raw-logit
+``clean_logits`` and ``sampler_logits``) and returns probabilities;
+``processed_log_probs_by_lane`` is the log of the same distribution, what
+``processed_logprobs`` programs report. Greedy rows (temperature 0) become a one-hot at the raw-logit
 argmax, the token ``sample`` picks; rejection sampling between one-hot rows is exact
 greedy verification, so greedy requests need no separate code path. ``greedy_tokens``
 gives those argmax tokens alone, for programs that know every lane is greedy.
@@ -15,9 +16,11 @@ Capturable: fixed shapes, no host sync.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from gpu.sampling import clean_logits, min_p_keep, scale_by_temperature, top_k_top_p_keep
+from gpu.sampling import clean_logits, processed_log_probs, sampler_logits
 
 
 def filtered_probs(
@@ -33,11 +36,8 @@ def filtered_probs(
     processing, when on, is the caller's (``gpu.sampling.process_logits`` first)."""
     safe = clean_logits(logits.float())
     greedy = temperature <= 0.0
-    scaled = scale_by_temperature(safe, temperature)
-    keep = top_k_top_p_keep(scaled, top_k=top_k, top_p=top_p)
-    if min_p is not None:
-        keep &= min_p_keep(scaled, min_p)
-    sampled = torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+    sampled = torch.softmax(sampler_logits(safe, temperature=temperature, top_k=top_k,
+                                           top_p=top_p, min_p=min_p), dim=-1)
     one_hot = torch.zeros_like(sampled).scatter(1, safe.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, sampled)
 
@@ -50,6 +50,24 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return clean_logits(logits.float()).argmax(dim=-1)
 
 
+def _by_lane(rule: Callable[..., torch.Tensor], logits: torch.Tensor, *,
+             temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+             min_p: torch.Tensor | None) -> torch.Tensor:
+    """``rule`` over the ``B * W`` rows of ``logits [B, W, V]``, each row taking its
+    lane's parameters ``[B]``; ``[B, W, V]``."""
+    batch, width, vocab = logits.shape
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return values[:, None].expand(batch, width).reshape(-1)
+
+    rows = rule(
+        logits.reshape(batch * width, vocab), temperature=per_row(temperature),
+        top_p=per_row(top_p), top_k=per_row(top_k),
+        min_p=None if min_p is None else per_row(min_p),
+    )
+    return rows.reshape(batch, width, vocab)
+
+
 def filtered_probs_by_lane(
     logits: torch.Tensor,
     *,
@@ -59,17 +77,23 @@ def filtered_probs_by_lane(
     min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``filtered_probs`` for ``logits [B, W, V]`` with per-lane parameters ``[B]``."""
-    batch, width, vocab = logits.shape
+    return _by_lane(filtered_probs, logits, temperature=temperature, top_p=top_p,
+                    top_k=top_k, min_p=min_p)
 
-    def per_row(values: torch.Tensor) -> torch.Tensor:
-        return values[:, None].expand(batch, width).reshape(-1)
 
-    probs = filtered_probs(
-        logits.reshape(batch * width, vocab), temperature=per_row(temperature),
-        top_p=per_row(top_p), top_k=per_row(top_k),
-        min_p=None if min_p is None else per_row(min_p),
-    )
-    return probs.reshape(batch, width, vocab)
+def processed_log_probs_by_lane(
+    logits: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``gpu.sampling.processed_log_probs`` (the log of ``filtered_probs``, greedy rows
+    at temperature 1 instead of one-hot) for ``logits [B, W, V]`` (processed, when
+    processing is on) with per-lane parameters ``[B]``; float32 ``[B, W, V]``."""
+    return _by_lane(processed_log_probs, clean_logits(logits.float()),
+                    temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
 
 
 def acceptance_probability(target_probs: torch.Tensor, draft_probs: torch.Tensor

@@ -236,8 +236,9 @@ def speculative_survival(
 
 
 def target_log_probs(target_logits: torch.Tensor) -> torch.Tensor:
-    """The log-probabilities ``float32 [..., V]`` that reported logprobs use: the
-    sampler's ``gpu.sampling.reported_log_probs`` of the target's logits."""
+    """The log-probabilities ``float32 [..., V]`` that raw reported logprobs use: the
+    sampler's ``gpu.sampling.reported_log_probs`` of the target's logits (processed
+    logprobs: ``processed_log_probs_by_lane``)."""
     return reported_log_probs(target_logits)
 
 

@@ -146,6 +146,28 @@ def test_speculation_flags_reach_the_runtime_config(
     config.validate()
 
 
+@pytest.mark.parametrize(("flags", "mode"), [
+    ([], "raw_logprobs"),
+    (["--logprobs-mode", "raw_logprobs"], "raw_logprobs"),
+    (["--logprobs-mode", "processed_logprobs"], "processed_logprobs"),
+])
+def test_logprobs_mode_reaches_the_runtime_config(
+        model_dir: pathlib.Path, flags: list[str], mode: str) -> None:
+    """vLLM's ``--logprobs-mode``: raw logprobs by default, processed on request."""
+    argv = ["run", "--model", str(model_dir), *flags]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    assert config.logprobs_mode == mode
+    config.validate()
+
+
+def test_an_unknown_logprobs_mode_is_refused(model_dir: pathlib.Path) -> None:
+    argv = ["run", "--model", str(model_dir), "--logprobs-mode", "raw_logits"]
+    with pytest.raises(SystemExit):
+        cli.build_parser(argv).parse_args(argv)
+    with pytest.raises(ConfigError, match="--logprobs-mode must be one of"):
+        RuntimeConfig(model_dir=model_dir, logprobs_mode="raw_logits").validate()  # type: ignore[arg-type]
+
+
 def test_an_out_of_range_draft_catch_up_is_a_config_error(model_dir: pathlib.Path) -> None:
     argv = ["run", "--model", str(model_dir), "--draft-model", str(model_dir),
             "--draft-catch-up", "-1"]
