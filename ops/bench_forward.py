@@ -183,6 +183,15 @@ def main(args: argparse.Namespace) -> int:
     if not (args.model / "config.json").is_file():
         print(f"flare bench forward: no checkpoint in {args.model}", file=sys.stderr)
         return 2
+    from gpu.model.config import load_model_config
+
+    cfg = load_model_config(args.model)
+    if (cfg.qk_norm or cfg.gemma_norms or cfg.attention_softcap is not None
+            or cfg.attention_scale is not None or cfg.hidden_act != "silu"
+            or any(w is not None for w in cfg.layer_windows)):
+        print("flare bench forward: the plain forward is Llama's (no q/k norms, Gemma "
+              "norms, soft caps, scales, sliding windows or non-SiLU MLP)", file=sys.stderr)
+        return 2
     jobs = [(p.shape, p.program, p.frame, p.plain, p.tokens, p.start) for p in load_pairs(
         args.model, batches=args.batches, capacities=args.prefill_capacities,
         context=args.context, max_context=args.max_context, page_size=args.page_size,
