@@ -39,6 +39,12 @@ against the 0.5^d prior and the 1 % probe ledger funds no probe within a request
 DEFAULT_PREFILL_CAPACITIES = (64, 256, 1024)
 MAX_BATCH_LIMIT = 64
 """The most request slots a program has (``policy.descriptors.MAX_REQUEST_SLOTS``)."""
+DEFAULT_MAX_BATCH = 16
+"""``--max-batch``: on the embedded model a decode step costs less per token the more
+lanes it packs (``flare bench forward``, docs/benchmarks-programs.md: 1.4-1.8x the
+tokens/s at 16 lanes against 8), and a power-of-two B keeps 2B requests resident, so 16 serves a
+16-stream load in one batch and keeps a 32-stream load out of the queue; decode[32]
+was no faster per token than decode[16] (0.7-1.1x) and costs another prepared bucket."""
 SCHEDULER_POLICIES = RUNTIME_POLICIES
 """``--scheduler-policy`` (the names live in ``policy.baselines.factory``)."""
 
@@ -55,7 +61,7 @@ class RuntimeConfig:
     dtype: DtypeSetting = "auto"
     """``--dtype``: the serving dtype; ``auto`` is the checkpoint's (``torch_dtype``) where
     the backend runs it, else float32 on the CPU and bfloat16 on CUDA."""
-    max_batch: int = 8
+    max_batch: int = DEFAULT_MAX_BATCH
     """Most requests in one decode batch (1..64, any integer): the prepared decode
     buckets are the powers of two up to it, rounded up (``catalog_setup``)."""
     prefill_capacities: tuple[int, ...] = DEFAULT_PREFILL_CAPACITIES

@@ -19,6 +19,8 @@ from ops.failure_line import EXIT_STATUS, failure_line
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("run",), "ops.run_command", "serve a model (the embedded default with no arguments)"),
     (("bench", "programs"), "ops.bench_programs", "time every prepared program shape"),
+    (("bench", "forward"), "ops.bench_forward",
+     "each step program beside the same forward in plain torch (SDPA, contiguous cache)"),
     (("bench", "plan"), "ops.bench_plan", "time the scheduler's plan() and complete()"),
     (("bench", "serve"), "ops.bench_serve", "load-benchmark an OpenAI-compatible streaming endpoint"),
     (("bench", "runtime"), "ops.bench_runtime",

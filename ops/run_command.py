@@ -33,6 +33,7 @@ import trio
 from actors.config import (
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
+    DEFAULT_MAX_BATCH,
     DTYPE_CHOICES,
     LOGPROBS_MODES,
     SCHEDULER_POLICIES,
@@ -137,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="context length (default: the model's max_position_embeddings; "
                             "a larger value is lowered to it, with a warning)")
     sched = parser.add_argument_group("scheduling")
-    sched.add_argument("--max-batch", "--max-num-seqs", dest="max_batch", type=int, default=8,
+    sched.add_argument("--max-batch", "--max-num-seqs", dest="max_batch", type=int,
+                       default=DEFAULT_MAX_BATCH,
                        help="most requests in one decode batch (1..64; programs are "
                             "prepared for the powers of two up to it, rounded up)")
     sched.add_argument("--prefill-capacity", type=_capacities, default=None,
