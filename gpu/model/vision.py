@@ -11,11 +11,14 @@ KV cache; the decoder reads its output through ``PackedBatch.image_features``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
+from gpu.model.image_processor import ImageProcessorConfig, parse_image_processor_config, preprocess
 from gpu.model.vision_config import VisionConfig
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -28,14 +31,17 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 class VisionTower:
     """Weights (names as ``gpu.model.vision_weights`` maps them) plus the forward."""
 
-    def __init__(self, config: VisionConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, config: VisionConfig, weights: dict[str, torch.Tensor], *,
+                 processor: ImageProcessorConfig | None = None) -> None:
         self.config = config
         self.w = weights
+        self.processor = processor or parse_image_processor_config({}, config.image_size)
         self._act = _ACTIVATIONS[config.hidden_act]
         self._projector_act = _ACTIVATIONS[config.projector_act]
 
-    def _layer(self, i: int, name: str) -> torch.Tensor:
-        return self.w[f"encoder.layers.{i}.{name}"]
+    def pixels(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """Preprocessed pixel values ``[images, channels, H, W]`` (``encode``'s input)."""
+        return torch.from_numpy(np.stack([preprocess(i, self.processor) for i in images]))
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.linear(x, self.w[f"{name}.weight"], self.w.get(f"{name}.bias"))

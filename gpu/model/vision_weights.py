@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from gpu.model.config import ModelConfig
+from gpu.model.image_processor import load_image_processor_config
 from gpu.model.vision import VisionTower
 from gpu.model.vision_config import VisionConfig
 from gpu.model.weights import checked_weights, expected_shapes, load_weights, read_checkpoint
@@ -100,4 +101,5 @@ def load_served_weights(
         return load_weights(model_dir, text, device=device, dtype=dtype), None
     text_weights, vision_weights = load_vision_weights(model_dir, text, vision, device=device,
                                                        dtype=dtype)
-    return text_weights, VisionTower(vision, vision_weights)
+    processor = load_image_processor_config(model_dir, vision.image_size)
+    return text_weights, VisionTower(vision, vision_weights, processor=processor)

@@ -161,3 +161,23 @@ def test_vision_config_geometry_and_refusals(llava: dict[str, Path]) -> None:
         broken.mkdir(exist_ok=True)
         save_file(tensors, str(broken / "model.safetensors"))
         load_vision_weights(broken, text, vision, device="cpu", dtype=torch.float32)
+
+
+def test_engine_preprocesses_with_the_checkpoint_config(llava: dict[str, Path]) -> None:
+    """The engine's tower preprocesses with the checkpoint's ``preprocessor_config.json``
+    (its mean and std, not CLIP's defaults), as transformers' processor loaded from the
+    same directory does."""
+    import numpy as np
+    from PIL import Image
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    engine = build_engine(llava["llava_llama"])
+    assert engine.vision is not None
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+              for h, w in ((50, 70), (90, 40))]
+    expected = CLIPImageProcessorPil.from_pretrained(llava["llava_llama"])(
+        images, return_tensors="np")["pixel_values"]
+    got = engine.vision.pixels(images)
+    assert got.shape == (2, 3, IMAGE_SIZE, IMAGE_SIZE)
+    assert np.abs(got.numpy() - expected).max() <= 1e-5

@@ -9,6 +9,7 @@ matrices use a large spread so greedy continuations are free of near-ties.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -58,6 +59,10 @@ def build_llava(kind: str, directory: Path) -> Path:
     randomise_norms_and_biases(model, seed=5, gemma=False)
     model.save_pretrained(directory)
     _write_tokenizer(directory)
+    (directory / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": IMAGE_SIZE},
+        "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        "image_mean": [0.5, 0.45, 0.4], "image_std": [0.25, 0.26, 0.27]}))
     assert config.text_config.vocab_size == VOCAB
     return directory
 
