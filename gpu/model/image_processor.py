@@ -3,30 +3,22 @@
 exact height and width) with Pillow's filter, center crop, rescale and normalise with
 the checkpoint's mean and standard deviation, channels first.
 
-Owns decoding image bytes (Pillow: PNG, JPEG, WebP, GIF's first frame) and the pixel
-arithmetic; it loads no torch and reads only the checkpoint directory. Errors for bad
-image bytes are ``ImageDecodeError``, which callers map to a 400.
+Owns the pixel arithmetic over decoded Pillow images (decoding request bytes is
+``app.image_parts``'s); it loads no torch and reads only the checkpoint directory.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
-"""Encodings ``decode_image`` accepts."""
-
-
-class ImageDecodeError(ValueError):
-    """Raised when image bytes are not a complete image in a supported encoding."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,20 +69,6 @@ def load_image_processor_config(model_dir: str | Path, image_size: int) -> Image
     path = Path(model_dir) / "preprocessor_config.json"
     raw = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     return parse_image_processor_config(raw, image_size)
-
-
-def decode_image(data: bytes) -> Image.Image:
-    """The fully decoded image of ``data``; ``ImageDecodeError`` if it is truncated, not
-    an image, or in an encoding outside ``IMAGE_FORMATS``."""
-    try:
-        image = Image.open(io.BytesIO(data))
-        if image.format not in IMAGE_FORMATS:
-            raise ImageDecodeError(f"image encoding {image.format} is not supported; flare "
-                                   "accepts " + ", ".join(IMAGE_FORMATS))
-        image.load()
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise ImageDecodeError(f"the data is not a complete image: {exc}") from exc
-    return image
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
