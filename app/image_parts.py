@@ -48,6 +48,9 @@ class ImageLimits:
     with a message saying so."""
 
 
+DEFAULT_IMAGE_LIMITS = ImageLimits()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImageInput:
     """One accepted image, in request order."""

@@ -17,6 +17,7 @@ from actors import TOP_LOGPROBS, GrammarSpec, SamplingParams
 from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
 from app.image_parts import (
+    DEFAULT_IMAGE_LIMITS,
     IMAGE_PLACEHOLDER,
     ImageInput,
     ImageLimits,
@@ -310,7 +311,8 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
                             logprobs=logprobs is not None, top_logprobs=logprobs or 0)
 
 
-def _message_content(value: Any, index: int, images: list[ImageInput]) -> str:
+def _message_content(value: Any, index: int, images: list[ImageInput],
+                     limits: ImageLimits) -> str:
     """The text of ``messages[index].content``; image parts (``app.image_parts``) are
     appended to ``images`` and stand as ``IMAGE_PLACEHOLDER`` in the text."""
     if isinstance(value, str):
@@ -325,7 +327,7 @@ def _message_content(value: Any, index: int, images: list[ImageInput]) -> str:
                                   "'type'.", param="messages")
             if part["type"] == "image_url":
                 field = f"messages[{index}].content[{j}].image_url"
-                images.append(parse_image_part(part, field, ImageLimits(), len(images)))
+                images.append(parse_image_part(part, field, limits, len(images)))
                 parts.append(IMAGE_PLACEHOLDER)
                 continue
             if part["type"] != "text":
@@ -340,7 +342,7 @@ def _message_content(value: Any, index: int, images: list[ImageInput]) -> str:
                       "image_url parts.", param="messages")
 
 
-def parse_chat(body: dict[str, Any]) -> ChatParams:
+def parse_chat(body: dict[str, Any], image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS) -> ChatParams:
     """``POST /v1/chat/completions``."""
     fields = _Fields(body)
     tools = parse_tool_request(body)
@@ -348,7 +350,7 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     common = replace(common, grammar=tool_grammar(tools, common.grammar))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
-    messages = _messages(body.get("messages"))
+    messages = _messages(body.get("messages"), image_limits)
     top_logprobs = fields.integer("top_logprobs", lo=0, hi=TOP_LOGPROBS)
     logprobs = fields.boolean("logprobs", False)
     if top_logprobs and not logprobs:
@@ -357,7 +359,7 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
                       top_logprobs=top_logprobs or 0, tools=tools)
 
 
-def _messages(raw: Any) -> tuple[ChatMessage, ...]:
+def _messages(raw: Any, image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS) -> tuple[ChatMessage, ...]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list.", param="messages")
     if len(raw) > MAX_MESSAGES:
@@ -377,7 +379,7 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
             raise bad_request(f"messages[{i}].name must be a string.", param="messages")
         tool_calls, tool_call_id = parse_message_tool_fields(item, i)
         before = len(images)
-        content = _message_content(item.get("content"), i, images)
+        content = _message_content(item.get("content"), i, images, image_limits)
         messages.append(ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
                                     tool_call_id=tool_call_id, images=tuple(images[before:])))
     if images:

@@ -104,3 +104,34 @@ def test_chat_with_an_image_names_its_field() -> None:
             {"role": "user", "content": [text, text, _part(b"nope")]}]})
     assert info.value.param == "messages[1].content[2].image_url"
     assert parse_chat(_chat(text, text)).messages[0].content == "look: look: "
+
+
+@pytest.mark.parametrize(("flag", "images"), [("2", 2), ('{"image": 1}', 1), ("0", 0)])
+def test_image_flags_reach_the_settings(flag: str, images: int) -> None:
+    """``--limit-mm-per-prompt`` (N or vLLM's JSON form) and ``--allowed-media-domains``
+    set the chat parser's limits: with them, the image past the limit is refused and
+    a listed domain's URL is refused saying fetching is not supported."""
+    from ops import cli
+    from ops.run_command import build_app_settings
+
+    argv = ["run", "--limit-mm-per-prompt", flag, "--allowed-media-domains", "Images.Example"]
+    limits = build_app_settings(cli.build_parser(argv).parse_args(argv)).image_limits
+    assert limits.max_images == images and limits.allowed_domains == ("images.example",)
+    parts = [_part(_encoded(seed=k)) for k in range(images + 1)]
+    with pytest.raises(ApiError) as info:
+        parse_chat(_chat(*parts), limits)
+    assert info.value.param == f"messages[0].content[{images}].image_url"
+    assert f"at most {images} images" in info.value.message
+    remote = {"type": "image_url", "image_url": {"url": "https://images.example/a.png"}}
+    expected = "fetching remote images is not supported" if images else "at most 0 images"
+    with pytest.raises(ApiError, match=expected):
+        parse_chat(_chat(remote), limits)
+
+
+@pytest.mark.parametrize("flag", ["-1", "many", '{"image": "2"}', "true"])
+def test_bad_image_limit_flag_is_refused(flag: str) -> None:
+    from ops import cli
+
+    argv = ["run", "--limit-mm-per-prompt", flag]
+    with pytest.raises(SystemExit):
+        cli.build_parser(argv).parse_args(argv)
