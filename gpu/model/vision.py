@@ -78,7 +78,8 @@ class VisionTower:
         if pixels.dim() != 4 or tuple(pixels.shape[1:]) != expected:
             raise ValueError(f"pixel values must be [images, {expected}], got "
                              f"{tuple(pixels.shape)}")
-        pixels = pixels.to(self.w["embeddings.patch_embedding.weight"].dtype)
+        weight = self.w["embeddings.patch_embedding.weight"]
+        pixels = pixels.to(device=weight.device, dtype=weight.dtype)
         h = self._norm(self._embeddings(pixels), "pre_layrnorm")
         wanted = {i % (cfg.num_layers + 1) for i in cfg.feature_layers}
         kept = {0: h} if 0 in wanted else {}

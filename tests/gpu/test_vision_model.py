@@ -105,6 +105,18 @@ def test_image_prompt_greedy_equals_generate(kind: str, images: int,
     assert reference_greedy(engine.parts.decoder, prompt, other, NEW_TOKENS) != expected
 
 
+def test_captured_decoder_reads_image_features(llava: dict[str, Path]) -> None:
+    """With forward capture on, a forward carrying image features still reads them
+    (it runs eagerly), so the greedy tokens are those of the uncaptured decoder."""
+    engine = build_engine(llava["llava_llama"])
+    assert engine.vision is not None
+    prompt = _image_prompt(1, seed=6, tokens_per_image=TOKENS_PER_IMAGE)
+    features = engine.vision.encode(_pixels(1, seed=2)).reshape(-1, engine.config.hidden_size)
+    expected = reference_greedy(engine.parts.decoder, prompt, features, 8)
+    engine.parts.decoder.enable_capture()
+    assert reference_greedy(engine.parts.decoder, prompt, features, 8) == expected
+
+
 def test_nested_checkpoint_layout_loads_the_same_tower(llava: dict[str, Path],
                                                        tmp_path: Path) -> None:
     """A checkpoint in transformers' nested layout (``model.vision_tower.vision_model.*``,
