@@ -16,6 +16,14 @@ from typing import Any
 from actors import TOP_LOGPROBS, GrammarSpec, SamplingParams
 from app.completion_prompts import Prompt, parse_prompts
 from app.errors import bad_request, model_not_found
+from app.image_parts import (
+    DEFAULT_IMAGE_LIMITS,
+    IMAGE_PLACEHOLDER,
+    ImageInput,
+    ImageLimits,
+    parse_image_part,
+    refuse_image_input,
+)
 from app.sampling_fields import parse_sampling_fields
 from app.structured_fields import structured_output_of
 from app.tool_fields import (
@@ -80,6 +88,8 @@ class ChatMessage:
     name: str | None = None
     tool_calls: tuple[ToolCallRecord, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[ImageInput, ...] = ()
+    """This message's images, in order (its content holds one placeholder each)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,30 +311,38 @@ def parse_completion(body: dict[str, Any]) -> CompletionParams:
                             logprobs=logprobs is not None, top_logprobs=logprobs or 0)
 
 
-def _message_content(value: Any, index: int) -> str:
+def _message_content(value: Any, index: int, images: list[ImageInput],
+                     limits: ImageLimits) -> str:
+    """The text of ``messages[index].content``; image parts (``app.image_parts``) are
+    appended to ``images`` and stand as ``IMAGE_PLACEHOLDER`` in the text."""
     if isinstance(value, str):
         return value
     if value is None:
         return ""
     if isinstance(value, list):
         parts: list[str] = []
-        for part in value:
+        for j, part in enumerate(value):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise bad_request(f"messages[{index}].content parts must be objects with a "
                                   "'type'.", param="messages")
+            if part["type"] == "image_url":
+                field = f"messages[{index}].content[{j}].image_url"
+                images.append(parse_image_part(part, field, limits, len(images)))
+                parts.append(IMAGE_PLACEHOLDER)
+                continue
             if part["type"] != "text":
                 raise bad_request(f"messages[{index}]: content of type '{part['type']}' is not "
-                                  "supported (text only).", param="messages")
+                                  "supported (text and image_url only).", param="messages")
             if not isinstance(part.get("text"), str):
                 raise bad_request(f"messages[{index}]: a text part needs a string 'text'.",
                                   param="messages")
             parts.append(part["text"])
         return "".join(parts)
-    raise bad_request(f"messages[{index}].content must be a string or a list of text parts.",
-                      param="messages")
+    raise bad_request(f"messages[{index}].content must be a string or a list of text and "
+                      "image_url parts.", param="messages")
 
 
-def parse_chat(body: dict[str, Any]) -> ChatParams:
+def parse_chat(body: dict[str, Any], image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS) -> ChatParams:
     """``POST /v1/chat/completions``."""
     fields = _Fields(body)
     tools = parse_tool_request(body)
@@ -332,7 +350,7 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
     common = replace(common, grammar=tool_grammar(tools, common.grammar))
     if common.max_tokens == 0:
         raise bad_request("'max_tokens' must be at least 1.", param="max_tokens")
-    messages = _messages(body.get("messages"))
+    messages = _messages(body.get("messages"), image_limits)
     top_logprobs = fields.integer("top_logprobs", lo=0, hi=TOP_LOGPROBS)
     logprobs = fields.boolean("logprobs", False)
     if top_logprobs and not logprobs:
@@ -341,13 +359,14 @@ def parse_chat(body: dict[str, Any]) -> ChatParams:
                       top_logprobs=top_logprobs or 0, tools=tools)
 
 
-def _messages(raw: Any) -> tuple[ChatMessage, ...]:
+def _messages(raw: Any, image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS) -> tuple[ChatMessage, ...]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("'messages' must be a non-empty list.", param="messages")
     if len(raw) > MAX_MESSAGES:
         raise bad_request(f"'messages' holds {len(raw)} messages; at most {MAX_MESSAGES} are "
                           "accepted.", param="messages")
     messages: list[ChatMessage] = []
+    images: list[ImageInput] = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise bad_request(f"messages[{i}] must be an object.", param="messages")
@@ -359,8 +378,12 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
         if name is not None and not isinstance(name, str):
             raise bad_request(f"messages[{i}].name must be a string.", param="messages")
         tool_calls, tool_call_id = parse_message_tool_fields(item, i)
-        messages.append(ChatMessage(role=role, content=_message_content(item.get("content"), i),
-                                    name=name, tool_calls=tool_calls, tool_call_id=tool_call_id))
+        before = len(images)
+        content = _message_content(item.get("content"), i, images, image_limits)
+        messages.append(ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
+                                    tool_call_id=tool_call_id, images=tuple(images[before:])))
+    if images:
+        refuse_image_input(images[0])
     return tuple(messages)
 
 

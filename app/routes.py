@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import structlog
@@ -197,7 +198,8 @@ def register_routes(app: Quart, service: FlareService) -> None:
         raw = await _request_body()
 
         def prepare_chat() -> tuple[ChatParams, PreparedRequest, tuple[str, ...]]:
-            params, ignored = _parsed(raw, CHAT_FIELDS, parse_chat)
+            params, ignored = _parsed(
+                raw, CHAT_FIELDS, partial(parse_chat, image_limits=service.settings.image_limits))
             return (params, service.prepare_chat(params, arrived=arrived, request_id=incoming),
                     ignored)
 

@@ -34,6 +34,7 @@ from app.errors import (
     too_many_preparing,
 )
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
+from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageLimits
 from app.metrics import AppMetrics
 from app.request_parsing import (
     MAX_MESSAGES,
@@ -95,6 +96,8 @@ class AppSettings:
     """Origins (or ``*``) answered with CORS headers; none by default (``app.access``)."""
     metrics_require_key: bool = False
     """With ``api_key`` set, ``/metrics`` requires it too."""
+    image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS
+    """Bounds on chat image parts (``--limit-mm-per-prompt``, ``--allowed-media-domains``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

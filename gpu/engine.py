@@ -22,12 +22,14 @@ import torch
 
 from gpu.engine_parts import EngineParts, UnsupportedShapeError
 from gpu.frames import TOP_LOGPROBS
-from gpu.model.config import ModelConfig, load_model_config
+from gpu.model.config import ModelConfig
 from gpu.model.decoder import Decoder
 from gpu.model.dtypes import resolve_dtype
 from gpu.model.kv_cache import CacheGeometry, PagedKVCache
 from gpu.model.tokenizer import Tokenizer
-from gpu.model.weights import load_weights
+from gpu.model.vision import VisionTower
+from gpu.model.vision_config import load_served_config
+from gpu.model.vision_weights import load_served_weights
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation, is_speculative_shape
@@ -65,6 +67,8 @@ class ModelEngine:
         self.programs = programs
         self.device = device
         self.dtype = dtype
+        self.vision: VisionTower | None = None
+        """The image encoder of a vision-language checkpoint (None: text only)."""
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -123,7 +127,7 @@ class ModelEngine:
                              "captured into a CUDA graph: use ExecutionOptions.static() "
                              "on CUDA")
         directory = Path(model_dir)
-        config = load_model_config(directory)
+        config, vision_config = load_served_config(directory)
         serving_dtype = resolve_dtype(device, dtype, config.torch_dtype)
         tokenizer: Tokenizer | None = None
         if (directory / "tokenizer.json").exists():
@@ -133,7 +137,8 @@ class ModelEngine:
         context = min(max_context or config.max_context, config.max_context,
                       num_pages * page_size)
         geometry = CacheGeometry(page_size=page_size, num_pages=num_pages, max_context=context)
-        weights = load_weights(directory, config, device=device, dtype=serving_dtype)
+        weights, vision = load_served_weights(directory, config, vision_config, device=device,
+                                              dtype=serving_dtype)
         decoder = Decoder(config, weights, max_context=context, device=device,
                           dtype=serving_dtype)
         if execution.capture_forward:
@@ -158,6 +163,7 @@ class ModelEngine:
                     if not is_speculative_shape(shape)}
         engine = cls(config=config, tokenizer=tokenizer, parts=parts, programs=programs,
                      device=device, dtype=serving_dtype)
+        engine.vision = vision
         if speculation_source is not None:
             attach_speculation(engine, speculative, source=speculation_source,
                                draft_model_dir=draft_model_dir, draft_catch_up=draft_catch_up)

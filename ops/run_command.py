@@ -17,6 +17,7 @@ with an error event, close the runtime. A second signal ends every open request 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pathlib
@@ -58,6 +59,7 @@ from app.connections import (
     DEFAULT_WRITE_TIMEOUT_S,
     ConnectionSettings,
 )
+from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageLimits
 from app.log_config import LOG_FORMATS
 from app.service import DEFAULT_MAX_REQUEST_BYTES
 from ops.startup_checks import (
@@ -110,6 +112,18 @@ def _origins(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(
             f"expected origins such as https://app.example.com or *, got {bad[0]!r}")
     return origins
+
+
+def _image_limit(text: str) -> int:
+    """``--limit-mm-per-prompt``: ``N`` or vLLM's ``{"image": N}``."""
+    try:
+        value = json.loads(text)
+        count = value.get("image", 0) if isinstance(value, dict) else value
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            return count
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    raise argparse.ArgumentTypeError(f'expected N or {{"image": N}} with N >= 0, got {text!r}')
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +218,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument("--allowed-origins", type=_origins, default=(),
                       help="comma-separated origins (or *) answered with CORS headers "
                            "(default: none, browsers refuse cross-origin calls)")
+    http.add_argument("--limit-mm-per-prompt", type=_image_limit, default=DEFAULT_IMAGE_LIMITS.max_images,
+                      metavar="N", help='images per request, N or {"image": N} (default '
+                      f'{DEFAULT_IMAGE_LIMITS.max_images}); image prompts are not served (docs/vision.md)')
+    http.add_argument("--allowed-media-domains", nargs="+", default=(), metavar="DOMAIN",
+                      help="domains image URLs may name; flare fetches no remote image, so "
+                           "such URLs are still refused, saying fetching is not supported")
     http.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                       help="model ids clients may send, the first one reported (default: "
                            "the model directory's name)")
@@ -284,7 +304,10 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                        chat_template=(None if args.chat_template is None
                                       else load_chat_template(args.chat_template)),
                        allowed_origins=args.allowed_origins,
-                       metrics_require_key=args.metrics_require_key)
+                       metrics_require_key=args.metrics_require_key,
+                       image_limits=ImageLimits(
+                           max_images=args.limit_mm_per_prompt,
+                           allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
 
 
 def build_connection_settings(args: argparse.Namespace) -> ConnectionSettings:

@@ -21,7 +21,10 @@ class PackedBatch:
     (decode, later speculative verification): attention then runs per lane instead
     of over every lane's keys. ``phase_split`` (mixed frames) gathers prompt and
     decode queries into fixed phase workspaces for attention (seed: *Mixed execution
-    contract*), then returns the results to the packed layout.
+    contract*), then returns the results to the packed layout. ``image_features``
+    (optional): packed rows int64 ``[M]`` and their image feature tokens
+    ``[M, hidden]``, which replace those rows' token embeddings (the placeholder
+    positions of an image prompt).
     """
 
     token_ids: torch.Tensor
@@ -31,6 +34,7 @@ class PackedBatch:
     lane_block_tables: torch.Tensor
     lane_major_width: int = 0
     phase_split: PhaseSplit | None = None
+    image_features: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)

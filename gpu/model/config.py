@@ -246,12 +246,16 @@ def parse_model_config(
     return config
 
 
-def load_model_config(model_dir: str | Path) -> ModelConfig:
-    """Read ``config.json`` (and ``generation_config.json`` if present) from a directory."""
+def read_config_json(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``config.json`` and ``generation_config.json`` (None if absent) of a directory."""
     directory = Path(model_dir)
     if not directory.is_dir():
         raise ModelLoadError(f"model directory {directory} does not exist")
     raw = _read_json(directory / "config.json")
     gen_path = directory / "generation_config.json"
-    generation = _read_json(gen_path) if gen_path.exists() else None
-    return parse_model_config(raw, generation)
+    return raw, _read_json(gen_path) if gen_path.exists() else None
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read ``config.json`` (and ``generation_config.json`` if present) from a directory."""
+    return parse_model_config(*read_config_json(model_dir))

@@ -137,8 +137,8 @@ class Decoder:
 
     def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
         """Final-norm hidden states ``[N, hidden]``; writes every token's K/V."""
-        if self.capture is not None:
-            return self.capture.forward(batch, cache)
+        if self.capture is not None and batch.image_features is None:
+            return self.capture.forward(batch, cache)  # captures trace token embeddings only
         return self.forward_eager(batch, cache)
 
     def forward_eager(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
@@ -169,6 +169,9 @@ class Decoder:
         h = self.embed[batch.token_ids]
         if self.embed_scale is not None:
             h = h * self.embed_scale
+        if batch.image_features is not None:
+            rows, features = batch.image_features
+            h = h.index_copy(0, rows, features.to(h.dtype))
         for i in range(cfg.num_layers):
             mask, prompt_mask = masks[cfg.window(i)]
             x = _rms_norm(h, self._layer(i, "input_layernorm.weight"), eps, gemma=gemma)

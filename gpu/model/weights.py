@@ -84,6 +84,22 @@ def load_weights(
         for name, tensor in load_file(str(path), device="cpu").items():
             if name in wanted:
                 tensors[name] = tensor
+    return checked_weights(tensors, wanted, device=device, dtype=dtype)
+
+
+def read_checkpoint(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory, on the CPU, by its HF name."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in _checkpoint_files(directory):
+        tensors.update(load_file(str(path), device="cpu"))
+    return tensors
+
+
+def checked_weights(
+    tensors: dict[str, torch.Tensor], wanted: dict[str, tuple[int, ...]], *, device: str,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """The ``wanted`` tensors, shape-checked and cast to ``dtype`` on ``device``."""
     missing = sorted(set(wanted) - set(tensors))
     if missing:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")

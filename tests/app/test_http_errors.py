@@ -35,6 +35,15 @@ class Case:
     max_request_bytes: int = 16_384
 
 
+PNG_DATA_URL = "data:image/png;base64," + (
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGPkOiHHwMDAxMDAwMDAAAALVgD0I4hqmwAAAABJRU5ErkJggg==")
+"""A 2x2 RGB PNG."""
+
+
+def image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def completion(**overrides: Any) -> dict[str, Any]:
     body = dict(GOOD_COMPLETION)
     body.update(overrides)
@@ -105,8 +114,19 @@ CASES = [
     Case("chat_message_not_object", 400, chat(["hi"]), path=CHAT, param="messages"),
     Case("chat_bad_role", 400, chat([{"role": "wizard", "content": "hi"}]), path=CHAT,
          param="messages"),
-    Case("chat_image_content", 400, chat([{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), path=CHAT, param="messages"),
+    Case("chat_image_url_remote", 400, chat([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]), path=CHAT,
+         param="messages[0].content[0].image_url"),
+    Case("chat_image_truncated_base64", 400, chat([{"role": "user", "content": [
+        {"type": "text", "text": "see"}, image_part(PNG_DATA_URL[:-7])]}]), path=CHAT,
+         param="messages[0].content[1].image_url"),
+    Case("chat_image_not_an_image", 400, chat([{"role": "user", "content": [
+        image_part("data:image/png;base64,aGVsbG8gd29ybGQ=")]}]), path=CHAT,
+         param="messages[0].content[0].image_url"),
+    Case("chat_too_many_images", 400, chat([{"role": "user", "content": [
+        image_part(PNG_DATA_URL)] * 5}]), path=CHAT, param="messages[0].content[4].image_url"),
+    Case("chat_image_well_formed", 400, chat([{"role": "user", "content": [
+        image_part(PNG_DATA_URL)]}]), path=CHAT, param="messages[0].content[0].image_url"),
     Case("chat_content_number", 400, chat([{"role": "user", "content": 5}]), path=CHAT,
          param="messages"),
     Case("chat_template_rejects", 400, chat([{"role": "assistant", "content": "hi"}]),
