@@ -181,7 +181,7 @@ def _prompt_and_message_cases(target: CaseTarget) -> list[Case]:
         ("surrogate in a list", '["\\ud800"]', "4xx"), ("ids in a list", "[[1, 2, 3]]", "any"),
         ("negative id", "[-1]", "4xx"), ("id outside the vocabulary", "[99999999]", "4xx"),
         ("fractional id", "[0.5]", "4xx"), ("boolean id", "[true]", "4xx"),
-        ("empty list", "[]", "4xx"), ("batch of two", '["a", "b"]', "4xx"),
+        ("empty list", "[]", "4xx"), ("batch of two", '["a", "b"]', "2xx"),
         ("mixed list", '[1, "a"]', "4xx"), ("empty string", '""', "any"),
         ("100k ids", "[" + ", ".join(["1"] * 100_000) + "]", "4xx"),
     ]
