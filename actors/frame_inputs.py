@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from actors.grammar import RequestGrammar
+from actors.image_content import chunk_spans, content_ids
 from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
 from actors.public import GenerationRequest
 from gpu import (
@@ -98,6 +99,12 @@ class LaneSource:
     @property
     def prompt(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids
+
+    def written_content(self, kv_tokens: int) -> tuple[int, ...]:
+        """The content ids (``actors.image_content``) of the first ``kv_tokens``
+        positions it wrote: what the prefix cache publishes them under."""
+        prompt = content_ids(self.prompt, self.request.images)
+        return (*prompt, *self.output_ids)[:kv_tokens]
 
 
 def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch: int,
@@ -243,9 +250,12 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
                            "the program (speculative decode rows need a wider "
                            "speculation_enabled mixed program, and it needs them)")
     if not speculative:
+        images = () if prompt_row == NO_PROMPT_ROW else chunk_spans(
+            sources[lanes[prompt_row].handle].request.images, prompt_start,
+            prompt_start + len(prompt_tokens))
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
                           prompt_start=prompt_start, prompt_ends=ends, updates=updates,
-                          token_masks=_token_masks(lanes, sources))
+                          token_masks=_token_masks(lanes, sources), images=images)
     assert mixed is not None
     if mixed.prefill_row != prompt_row:
         raise PackingError(f"{plan.shape.label()}: the plan's prefill_row "
@@ -292,6 +302,7 @@ def pack_frame(
             start_position=lane.prompt_start, ends_prompt=end == len(source.prompt),
             following_token=source.prompt[end] if end < len(source.prompt) else -1,
             updates=updates, token_masks=_token_masks(lanes, sources),
+            images=chunk_spans(source.request.images, lane.prompt_start, end),
         )
     elif kind is GraphKind.DECODE:
         frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),

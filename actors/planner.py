@@ -375,7 +375,7 @@ class Planner:
                     or self.scheduler.phase(token.handle) is Phase.TERMINAL):
                 continue
             source = resident.source
-            written = (*source.prompt, *source.output_ids)[:resident.kv_done]
+            written = source.written_content(resident.kv_done)
             await self._to_allocator.send(Finishing(handle=token.handle, token_ids=written,
                                                     kv_tokens=len(written)))
             resident.finish_sent = True
@@ -390,7 +390,7 @@ class Planner:
                 continue
             self._by_request.pop(resident.request_id, None)
             source = resident.source
-            written = (*source.prompt, *source.output_ids)[:resident.kv_done]
+            written = source.written_content(resident.kv_done)
             await self._to_allocator.send(Release(
                 handle=handle, token_ids=written, kv_tokens=len(written),
                 publish=not resident.failed, snapshot_done=resident.snapshot_done,

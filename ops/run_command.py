@@ -220,7 +220,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(default: none, browsers refuse cross-origin calls)")
     http.add_argument("--limit-mm-per-prompt", type=_image_limit, default=DEFAULT_IMAGE_LIMITS.max_images,
                       metavar="N", help='images per request, N or {"image": N} (default '
-                      f'{DEFAULT_IMAGE_LIMITS.max_images}); image prompts are not served (docs/vision.md)')
+                      f'{DEFAULT_IMAGE_LIMITS.max_images}; docs/vision.md)')
+    http.add_argument("--vision-feature-images", type=int, default=8, metavar="N",
+                      help="vision-language checkpoints: images whose encoded features the "
+                           "feature storage keeps (default 8; a repeated image within them is "
+                           "not re-encoded)")
     http.add_argument("--allowed-media-domains", nargs="+", default=(), metavar="DOMAIN",
                       help="domains image URLs may name; flare fetches no remote image, so "
                            "such URLs are still refused, saying fetching is not supported")
@@ -269,6 +273,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         copy_counterfactuals=not args.no_copy_counterfactuals,
         draft_counterfactuals=not args.no_draft_counterfactuals,
         draft_catch_up=args.draft_catch_up,
+        vision_feature_images=args.vision_feature_images,
         speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,
         kv_pages=args.kv_pages,
