@@ -12,7 +12,14 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from policy import FIXED_SPEC_POLICIES, RUNTIME_POLICIES, SEED_POLICIES, GraphKind, GraphShape
+from policy import (
+    DEFAULT_WINDOW_IMAGES,
+    FIXED_SPEC_POLICIES,
+    RUNTIME_POLICIES,
+    SEED_POLICIES,
+    GraphKind,
+    GraphShape,
+)
 
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"
@@ -105,7 +112,7 @@ class RuntimeConfig:
     page_size: int = 16
     kv_pages: int | None = None
     """Pages in the KV pool; default: enough for ``max_batch`` full contexts."""
-    vision_feature_images: int = 8
+    vision_feature_images: int = DEFAULT_WINDOW_IMAGES
     """``--vision-feature-images``: images whose encoded features the vision feature
     storage keeps (vision-language checkpoints; ``gpu.programs.vision``)."""
     max_queue: int = 64

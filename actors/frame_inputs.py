@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from actors.grammar import RequestGrammar
-from actors.image_content import chunk_spans, content_ids
+from actors.image_content import content_ids, frame_images
 from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
 from actors.public import GenerationRequest
 from gpu import (
@@ -68,7 +68,7 @@ from gpu import (
     StateOpFrame,
     StateUpdate,
 )
-from policy import DecodeMode, GraphKind, Lane, LaneRole, ScheduledPlan, StateOp
+from policy import DecodeMode, GraphKind, ImagePlan, Lane, LaneRole, ScheduledPlan, StateOp
 
 PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
 """Every frame value ``pack_frame`` produces."""
@@ -95,6 +95,8 @@ class LaneSource:
     output_ids: list[int] = field(default_factory=list)
     grammar: RequestGrammar | None = None
     """The request's grammar matcher (structured output), None when unconstrained."""
+    image_plan: ImagePlan | None = None
+    """Its prompt's image windows (``actors.image_content.image_plan``)."""
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -109,8 +111,8 @@ class LaneSource:
 
 def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch: int,
                     row: StateRow, cached_tokens: int, cached_pages: tuple[PageId, ...],
-                    eos_token_ids: Sequence[int], grammar: RequestGrammar | None
-                    ) -> LaneSource:
+                    eos_token_ids: Sequence[int], grammar: RequestGrammar | None,
+                    image_plan: ImagePlan | None = None) -> LaneSource:
     """The packing view of a newly admitted request: its sampling always has a seed
     (one is drawn when the request gave none) and its ending ids include its
     ``stop_token_ids``."""
@@ -119,7 +121,8 @@ def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch:
         handle=handle, epoch=epoch, row=row, request=request, cached_tokens=cached_tokens,
         cached_pages=cached_pages,
         sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
-        eos_token_ids=ending_token_ids(request, eos_token_ids), grammar=grammar)
+        eos_token_ids=ending_token_ids(request, eos_token_ids), grammar=grammar,
+        image_plan=image_plan)
 
 
 def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
@@ -250,9 +253,8 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
                            "the program (speculative decode rows need a wider "
                            "speculation_enabled mixed program, and it needs them)")
     if not speculative:
-        images = () if prompt_row == NO_PROMPT_ROW else chunk_spans(
-            sources[lanes[prompt_row].handle].request.images, prompt_start,
-            prompt_start + len(prompt_tokens))
+        images = () if prompt_row == NO_PROMPT_ROW else frame_images(
+            source.request.images, source.image_plan, prompt_start)
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
                           prompt_start=prompt_start, prompt_ends=ends, updates=updates,
                           token_masks=_token_masks(lanes, sources), images=images)
@@ -302,7 +304,7 @@ def pack_frame(
             start_position=lane.prompt_start, ends_prompt=end == len(source.prompt),
             following_token=source.prompt[end] if end < len(source.prompt) else -1,
             updates=updates, token_masks=_token_masks(lanes, sources),
-            images=chunk_spans(source.request.images, lane.prompt_start, end),
+            images=frame_images(source.request.images, source.image_plan, lane.prompt_start),
         )
     elif kind is GraphKind.DECODE:
         frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),

@@ -1,5 +1,5 @@
-"""Image content in prompts: which of a chunk's image spans a frame carries, and the
-ids the prefix cache keys a prompt on.
+"""Image content in prompts: the scheduler's image plan, the images a prompt frame
+carries, and the ids the prefix cache keys a prompt on.
 
 Every position of an image holds the same placeholder id, so token ids alone would
 let a different image match a cached one. The prefix cache therefore keys a prompt on
@@ -12,8 +12,18 @@ give equal ids (a repeated image hits the cache), different pixels different one
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpu import ImageSpan
+from policy import (
+    DEFAULT_WINDOW_IMAGES,
+    GraphShape,
+    ImagePlan,
+    smallest_prompt_capacity,
+    window_spans,
+)
+
+__all__ = ["ImageWindowing", "content_ids", "frame_images", "image_plan"]
 
 _DIGEST_HEX = 11
 """Hex digits of the digest a content id keeps (44 bits; ids stay within int64)."""
@@ -32,6 +42,35 @@ def content_ids(prompt: Sequence[int], images: Sequence[ImageSpan]) -> tuple[int
     return tuple(ids)
 
 
-def chunk_spans(images: Sequence[ImageSpan], start: int, end: int) -> tuple[ImageSpan, ...]:
-    """The images with a position in ``start..end-1`` (what a prompt chunk carries)."""
-    return tuple(s for s in images if s.start < end and start < s.start + s.tokens)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageWindowing:
+    """What the runtime plans every image prompt with."""
+
+    window_images: int = DEFAULT_WINDOW_IMAGES
+    """Images one window holds: the feature storage (``--vision-feature-images``)."""
+    atomic_capacity: int = 1
+    """The smallest prompt capacity of the served catalog."""
+
+    @classmethod
+    def of(cls, shapes: Sequence[GraphShape], window_images: int) -> ImageWindowing:
+        return cls(window_images=window_images,
+                   atomic_capacity=smallest_prompt_capacity(shapes))
+
+
+def image_plan(images: Sequence[ImageSpan], windowing: ImageWindowing) -> ImagePlan | None:
+    """The scheduler's view of a prompt's images (``policy.vision_windows``): their
+    spans, windows and atomic capacity (None without images)."""
+    if not images:
+        return None
+    return ImagePlan(spans=tuple((s.start, s.start + s.tokens) for s in images),
+                     window_images=windowing.window_images,
+                     atomic_capacity=windowing.atomic_capacity)
+
+
+def frame_images(images: Sequence[ImageSpan], plan: ImagePlan | None,
+                 cursor: int) -> tuple[ImageSpan, ...]:
+    """The images a prompt frame from ``cursor`` carries: its active window's
+    (PRE-27), which the vision program populates storage with."""
+    if plan is None:
+        return ()
+    return tuple(images[i] for i in window_spans(plan, cursor))

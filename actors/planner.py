@@ -54,6 +54,7 @@ from actors.frame_inputs import (
     settle_decodes,
 )
 from actors.grammar import GrammarVocabulary, request_matcher
+from actors.image_content import ImageWindowing, image_plan
 from actors.messages import (
     AdmissionClosed,
     Admitted,
@@ -133,13 +134,15 @@ class Planner:
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
         grammar: GrammarVocabulary | None = None,
+        image_windowing: ImageWindowing | None = None,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
         of width-one steps into the scheduler (``actors.acceptance_observations``).
         ``grammar``: the vocabulary constrained requests' matchers run on (admission
-        refuses them without one)."""
+        refuses them without one). ``image_windowing``: how image prompts are planned."""
         self.scheduler = scheduler
+        self._image_windowing = image_windowing or ImageWindowing()
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
@@ -206,19 +209,22 @@ class Planner:
 
     async def _admit(self, msg: Admitted) -> None:
         request, grant = msg.request, msg.grant
+        images = image_plan(request.images, self._image_windowing)
         handle = self.scheduler.admit(
             prompt_len=len(request.prompt_token_ids),
             max_output_tokens=scheduled_output_tokens(request),
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle, grammar_constrained=request.grammar is not None,
+            images=images,
         )
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(
             request, handle=handle, epoch=epoch, row=grant.row,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
-            eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar))
+            eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar),
+            image_plan=images)
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle

@@ -47,6 +47,7 @@ from actors.config import RuntimeConfig
 from actors.context_sizing import device_memory_for, serving_context
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.grammar import GrammarVocabulary, load_vocabulary
+from actors.image_content import ImageWindowing
 from actors.log_defaults import quiet_unless_configured
 from actors.messages import (
     AdmissionInbox,
@@ -92,6 +93,7 @@ from gpu import (
 )
 from gpu.engine import ExecutionOptions, ModelEngine
 from policy import (
+    DEFAULT_WINDOW_IMAGES,
     FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
     SEED_POLICIES,
     GraphShape,
@@ -163,6 +165,8 @@ class RuntimeParts:
     refuses them."""
     image_prompting: ImagePrompting | None = None
     """How prompts hold images (vision-language checkpoints); None refuses them."""
+    window_images: int = DEFAULT_WINDOW_IMAGES
+    """Images one vision window holds (``--vision-feature-images``)."""
 
 
 class _EventStream:
@@ -340,6 +344,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
         grammar=parts.grammar,
+        image_windowing=ImageWindowing.of(catalog, parts.window_images),
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -418,6 +423,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
         measured_costs=measured, grammar=grammar, image_prompting=image_prompting(engine),
+        window_images=config.vision_feature_images,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
              dtype=str(engine.dtype).removeprefix("torch."),

@@ -28,6 +28,7 @@ from gpu.frames import (
     RESULT_KEY,
     DecodeFrame,
     FrameError,
+    ImageSpan,
     LaneSample,
     MixedFrame,
     PrefillFrame,
@@ -62,6 +63,8 @@ class StagedFrame:
     """The frame's grammar masks (``TokenMasks.stage``), None when unconstrained."""
     images: tuple[ChunkImage, ...] = ()
     """The image positions the prompt lane covers, at their packed rows."""
+    window: tuple[ImageSpan, ...] = ()
+    """The images the frame asks the vision program for (its active window)."""
 
 
 class StepProgram:
@@ -154,7 +157,8 @@ class StepProgram:
         pack, updates = self.pack(inputs, out=block)
         masks = self._token_masks.stage(pack.rows, getattr(frame, "token_masks", ()))
         return StagedFrame(program=self, pack=pack, updates=updates, block=block,
-                           token_masks=masks, images=self._chunk_images(frame, pack))
+                           token_masks=masks, images=self._chunk_images(frame, pack),
+                           window=getattr(frame, "images", ()))
 
     def _chunk_images(self, frame: Any, pack: HostPack) -> tuple[ChunkImage, ...]:
         """Where the frame's image positions sit in the packed layout; a frame with
@@ -224,8 +228,8 @@ class StepProgram:
         self._state.apply_updates(staged.updates)
         self._workspace.upload(staged.block)
         self._token_masks.upload(staged.token_masks)
-        self._image_features = (self._vision.feature_rows(staged.images)
-                                if staged.images and self._vision is not None else None)
+        self._image_features = (self._vision.feature_rows(staged.window, staged.images)
+                                if staged.window and self._vision is not None else None)
         self._choose_bounds(staged.pack)
         self._bound = staged.pack
 

@@ -139,9 +139,16 @@ class VisionProgram:
             self._store.popitem(last=False)
         return out
 
-    def feature_rows(self, parts: Sequence[ChunkImage]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed rows int64 ``[M]`` and their features ``[M, hidden]`` for ``parts``."""
-        features = self.features_of([p.span for p in parts])
+    def feature_rows(self, window: Sequence[ImageSpan], parts: Sequence[ChunkImage]
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Populate storage with the ``window``'s images (the frame's active window,
+        PRE-27), then the packed rows int64 ``[M]`` and features ``[M, hidden]`` of
+        ``parts`` (None when the chunk covers no image position)."""
+        stored = dict(zip((s.digest for s in window), self.features_of(window), strict=True))
+        if not parts:
+            return None
+        features = [stored[p.span.digest] if p.span.digest in stored
+                    else self.features_of([p.span])[0] for p in parts]
         device = self._features.device
         rows = torch.cat([torch.arange(p.row, p.row + p.last - p.first, device=device)
                           for p in parts])
