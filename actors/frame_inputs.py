@@ -252,13 +252,17 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
                            f"{mixed.decode_mode.value if mixed else None} does not match "
                            "the program (speculative decode rows need a wider "
                            "speculation_enabled mixed program, and it needs them)")
+    images = () if prompt_row == NO_PROMPT_ROW else frame_images(
+        sources[lanes[prompt_row].handle].request.images,
+        sources[lanes[prompt_row].handle].image_plan, prompt_start)
     if not speculative:
-        images = () if prompt_row == NO_PROMPT_ROW else frame_images(
-            source.request.images, source.image_plan, prompt_start)
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
                           prompt_start=prompt_start, prompt_ends=ends, updates=updates,
                           token_masks=_token_masks(lanes, sources), images=images)
     assert mixed is not None
+    if images:
+        raise PackingError(f"{plan.shape.label()}: speculative mixed programs do not read "
+                           "image features (docs/vision.md)")
     if mixed.prefill_row != prompt_row:
         raise PackingError(f"{plan.shape.label()}: the plan's prefill_row "
                            f"{mixed.prefill_row} is not its prompt lane {prompt_row}")

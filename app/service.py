@@ -252,8 +252,10 @@ class FlareService:
             assert params.prompt is not None
             text = params.prompt
         elif params.add_generation_prompt:
+            images = [image for message in params.messages for image in message.images]
             return tokenize_chat(self.template, self.codec, params.messages,
-                                 max_chars=limit, tools=tools).token_ids
+                                 max_chars=limit, tools=tools,
+                                 image=self._image_prompting(images)).token_ids
         else:
             text = self.template.render(params.messages, add_generation_prompt=False,
                                         tools=tools)

@@ -5,7 +5,7 @@ tower, projector, Llama language model, norms randomised).
 Greedy output of a chat with one image and with three images (prefill chunks of 64
 tokens, so image positions span chunks) equals transformers' ``generate`` on the same
 ids and the same preprocessed pixels, token for token; usage counts each image as
-its expanded placeholder. A repeated image is served from the prefix cache (hit
+its expanded placeholder (as ``/tokenize`` does). A repeated image is served from the prefix cache (hit
 tokens rise) with the same output; a different image with the same text never
 matches it (its output is transformers' for that image). Bad image inputs get a 4xx
 naming the field and the server keeps serving.
@@ -117,9 +117,13 @@ async def test_image_chats_equal_transformers(llava: Path) -> None:
             repeat_hits = runtime.statistics().prefix_cache_hit_tokens - hits
             other = (await _chat(client, _body(one, urls[3:4]))).json()
             triple = (await _chat(client, _body(three, urls[:3]))).json()
+            tokenized = (await client.post("/tokenize", json={
+                "messages": _body(three, urls[:3])["messages"],
+                "add_generation_prompt": True})).json()
     ids_one, ids_three = _reference_ids(one, 1), _reference_ids(three, 3)
     assert first["usage"]["prompt_tokens"] == len(ids_one)
     assert triple["usage"]["prompt_tokens"] == len(ids_three) > 64
+    assert tokenized["tokens"] == ids_three  # /tokenize expands images the same way
     expected = _hf_greedy(llava, ids_one, images[:1])
     assert _tokens(first) == expected
     assert _tokens(repeat) == expected and repeat_hits >= 16
