@@ -112,8 +112,9 @@ def _chunk_ends(window_images: int) -> list[int]:
 
 
 def test_scheduler_plans_chunks_around_windows_and_spans() -> None:
-    """Covers PRE-28, PRE-29: the scheduler's chunks for an image prompt stop at each
-    next window (one-image windows: at every image but the first) and, with one
-    window, before the image a 64-token chunk would split (at 60, not 64)."""
+    """Covers PRE-28, PRE-29, SEL-40 (its image part): the scheduler's chunks for an
+    image prompt stop at each next window (one-image windows: at every image but the
+    first) and, with one window, before the image a 64-token chunk would split (at
+    60, not 64)."""
     assert _chunk_ends(1) == [35, 60, 90, 120]
     assert _chunk_ends(4) == [60, 120]
