@@ -15,9 +15,11 @@ that shape replay the graph. Inputs are the packed-batch index tensors, the page
 pools (written in place through the graph, exactly as the eager forward writes them)
 and the weights: torch keeps every traced function for the life of the process, so a
 graph holds no tensor of its own and is shared by every decoder of the same model
-geometry (``shared_graphs``). The traced graph runs the same aten operations in
-the same order as the eager forward, and the graph executor's optimisations are
-switched off (no fusion), so the outputs are bit-identical (tests check it).
+geometry (``shared_graphs``), and saved on disk for the next process of the same
+model (``gpu.model.graph_cache``: a loaded graph replaces the trace). The traced graph
+runs the same aten operations in the same order as the eager forward, and the graph
+executor's optimisations are switched off (no fusion), so the outputs are
+bit-identical (tests check it).
 
 Shapes follow the program's fixed buffers. The one shape that varies from launch to
 launch, the number of block-table columns the attention reads (the host-chosen context
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.model.graph_cache import GraphCache
 from gpu.model.kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
@@ -90,6 +93,11 @@ class ForwardCapture:
         self.traced = 0
         """How many graphs this decoder traced; shapes another decoder of the same
         model already traced reuse its graph (``shared_graphs``)."""
+        self.loaded = 0
+        """How many graphs this decoder loaded from the disk cache instead."""
+        self.disk = GraphCache.from_environment()
+        """Where traced graphs are kept across processes (``gpu.model.graph_cache``);
+        None: nowhere."""
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -137,6 +145,13 @@ class ForwardCapture:
             shared = _shared_graphs.get(shared_key)
         if shared is not None:
             return self._bind(key, shared)
+        if self.disk is not None:
+            loaded = self.disk.load(shared_key)
+            if loaded is not None and self._replays_eagerly(loaded, tensors, batch, cache):
+                with _shared_lock:
+                    _shared_graphs[shared_key] = loaded
+                self.loaded += 1
+                return self._bind(key, loaded)
 
         def run(*args: torch.Tensor) -> torch.Tensor:
             ids, pos, slots, lane, tables = args[:5]
@@ -177,7 +192,21 @@ class ForwardCapture:
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
         self.traced += 1
+        if self.disk is not None:
+            self.disk.save(shared_key, traced_run)
         return self._bind(key, traced_run)
+
+    def _replays_eagerly(self, graph: Callable[..., torch.Tensor], tensors: list[torch.Tensor],
+                         batch: PackedBatch, cache: PagedKVCache) -> bool:
+        """Whether a loaded graph's replay equals the op-by-op forward, bit for bit
+        (its first call, the warm-up of ``_trace``). Both write the same K/V at the
+        same slots, the op-by-op forward last."""
+        try:
+            with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+                replayed = graph(*tensors, *self._weights)
+        except Exception:  # a graph of other inputs: trace instead
+            return False
+        return torch.equal(replayed, self._decoder.forward_eager(batch, cache))
 
     def _bind(self, key: _GraphKey, graph: Callable[..., torch.Tensor]
               ) -> Callable[..., torch.Tensor]:

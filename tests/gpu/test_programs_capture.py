@@ -78,6 +78,7 @@ def test_every_traced_graph_makes_its_first_call_inside_its_capture(
     launch subtracts (``tracing_ns``); no launch's device interval, and so no
     single-sample discovery estimate, pays it."""
     monkeypatch.setattr(capture, "_shared_graphs", {})  # trace afresh, not share
+    monkeypatch.setenv("FLARE_GRAPH_CACHE", "off")  # nor load
     traced: list[int] = []
     first_call_inside: dict[int, bool] = {}
     inside = [False]
