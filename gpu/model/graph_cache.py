@@ -113,8 +113,8 @@ class GraphCache:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        except OSError:
-            return False
+        except (OSError, RuntimeError):  # unwritable or full (torch's writer raises
+            return False                 # RuntimeError): the cache is only skipped
         return True
 
 

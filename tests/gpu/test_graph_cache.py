@@ -105,3 +105,13 @@ def test_the_cache_directory_follows_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("FLARE_GRAPH_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert graph_cache.graph_cache_dir() == tmp_path / "flare" / "graphs"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.trace
+def test_an_unwritable_directory_only_skips_the_cache(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = graph_cache.GraphCache(blocker / "graphs")
+    graph = torch.jit.trace(lambda a: a + 1, (torch.ones(2),))  # type: ignore[no-untyped-call]
+    assert cache.save(("shape",), graph) is False
+    assert cache.load(("shape",)) is None
