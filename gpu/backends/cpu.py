@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from gpu.backends.host_allocator import keep_freed_memory
 from gpu.backends.protocol import (
     BackendClosed,
     Completion,
@@ -189,6 +190,7 @@ class CpuBackend:
             raise ValueError(f"num_threads must be >= 0, got {threads}")
         if threads:
             torch.set_num_threads(threads)
+        keep_freed_memory()  # launches reuse their temporaries' memory
         self.num_threads = torch.get_num_threads()
         """The intra-op thread count in effect after construction."""
         self._lock = threading.Lock()
