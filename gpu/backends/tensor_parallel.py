@@ -1,0 +1,228 @@
+"""The ``cpu`` backend over a tensor-parallel group: one device process per rank.
+
+``TensorParallelBackend(size=N)`` owns N ``DeviceProcessBackend`` streams, rank
+``r`` in the r-th (``gpu.backends.ranks.RankSpec``). ``prepare`` hands every rank the
+same programs at once (each joins the torch.distributed group, then builds its own
+shard: ``gpu.backends.rank_programs``); the host's programs stay rank zero's
+identities, and the host plans as for one rank.
+
+``launch`` sends the same launch to every rank, in the same order, and returns one
+``LaunchHandle`` that finishes when every rank has:
+
+- its outputs are rank zero's, plus ``PEER_OUTPUTS_KEY``: the other ranks' outputs in
+  rank order, which the completion-validator compares with rank zero's (ACC-15,
+  ACC-16);
+- its timing holds every rank's device interval (``device_intervals_ns``, rank
+  order; the policy takes the largest positive one, DUR-14), the largest wall
+  interval and the largest readiness delay;
+- the first rank fault fails it at once, without waiting for the peers. A rank whose
+  process died (``DeviceLost``) takes the group down: the other ranks are killed
+  (they would wait in their next collective), every pending launch fails, ``lost``
+  names the dead rank and every later ``launch`` raises it.
+
+A rank that hangs holds its peers in a collective for at most
+``gpu.backends.ranks.COLLECTIVE_TIMEOUT_S``; they then fail the frame.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpu.backends.cpu import default_cpu_threads
+from gpu.backends.cpu_process import DeviceLost, DeviceProcessBackend, SharedSending
+from gpu.backends.protocol import (
+    BackendClosed,
+    BackendError,
+    Completion,
+    LaunchHandle,
+    ProgramFault,
+)
+from gpu.backends.ranks import RankSpec, rendezvous
+from gpu.frames import PEER_OUTPUTS_KEY
+from gpu.preparation import PreparationReport, ProgressSink
+from gpu.program import PreparedProgram
+from policy.descriptors import ExecutionTiming
+
+
+def combine(completions: Sequence[Completion]) -> Completion:
+    """One group completion from each rank's, rank zero first (the module doc)."""
+    first = completions[0]
+    timings = [c.timing for c in completions]
+    outputs = dict(first.outputs)
+    outputs[PEER_OUTPUTS_KEY] = tuple(c.outputs for c in completions[1:])
+    return Completion(shape=first.shape, outputs=outputs, timing=ExecutionTiming(
+        device_intervals_ns=tuple(itertools.chain.from_iterable(
+            t.device_intervals_ns for t in timings)),
+        wall_ns=max(t.wall_ns for t in timings),
+        readiness_delay_ns=max(t.readiness_delay_ns for t in timings)))
+
+
+class _Gather:
+    """Finishes one group handle from its ranks' handles."""
+
+    def __init__(self, handle: LaunchHandle, ranks: int, on_lost: Any) -> None:
+        self.handle = handle
+        self._results: list[Completion | None] = [None] * ranks
+        self._left = ranks
+        self._lock = threading.Lock()
+        self._on_lost = on_lost
+
+    def rank_done(self, rank: int, rank_handle: LaunchHandle) -> None:
+        try:
+            completion = rank_handle.result()
+        except ProgramFault as fault:
+            if isinstance(fault.cause, DeviceLost):
+                self._on_lost(fault.cause)
+            with self._lock:
+                first, self._left = self._left > 0, 0
+            if first:
+                self.handle.set_fault(ProgramFault(
+                    fault.shape, fault.stage, _ranked(rank, fault.cause)))
+            return
+        with self._lock:
+            if self._left == 0:
+                return  # already failed by another rank
+            self._results[rank] = completion
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self.handle.set_completion(combine([c for c in self._results if c is not None]))
+
+
+def _ranked(rank: int, cause: BaseException) -> BaseException:
+    """``cause`` naming the rank it happened on (DeviceLost keeps its type)."""
+    if isinstance(cause, DeviceLost):
+        return DeviceLost(f"rank {rank}: {cause}")
+    return cause
+
+
+class TensorParallelBackend:
+    """The ``cpu`` backend with ``size`` ranks, each a device process."""
+
+    name = "cpu"
+    device = "cpu"
+
+    def __init__(self, *, size: int, num_threads: int | None = None) -> None:
+        """``num_threads``: each rank's intra-op threads (``None``: the machine's
+        default share, ``default_cpu_threads() // size``, at least 1)."""
+        if size < 2:
+            raise ValueError(f"a tensor-parallel group needs >= 2 ranks, got {size}")
+        threads = max(default_cpu_threads() // size, 1) if num_threads is None else num_threads
+        address, port = rendezvous()
+        self.size = size
+        sharing = SharedSending()
+        self.ranks = [DeviceProcessBackend(num_threads=threads, sharing=sharing, rank=RankSpec(
+            rank=r, world=size, address=address, port=port)) for r in range(size)]
+        self._lock = threading.Lock()
+        self._sequence = 0
+        self._closed = False
+        self._lost: DeviceLost | None = None
+
+    @property
+    def num_threads(self) -> int:
+        return self.ranks[0].num_threads
+
+    @property
+    def start_s(self) -> float | None:
+        starts = [r.start_s for r in self.ranks]
+        return None if None in starts else max(s for s in starts if s is not None)
+
+    @property
+    def lost(self) -> DeviceLost | None:
+        """Why the group can no longer run (a rank's process died), else None."""
+        if self._lost is not None:
+            return self._lost
+        for rank, backend in enumerate(self.ranks):
+            if backend.lost is not None:
+                return DeviceLost(f"rank {rank}: {backend.lost}")
+        return None
+
+    @property
+    def pids(self) -> tuple[int | None, ...]:
+        """Each rank's device process id, rank order."""
+        return tuple(r.pid for r in self.ranks)
+
+    def prepare(self, programs: Sequence[PreparedProgram], *,
+                progress: ProgressSink | None = None) -> PreparationReport:
+        """Start every rank at once (the rendezvous waits for all) with ``programs``."""
+        reports: list[PreparationReport | None] = [None] * self.size
+        errors: list[BaseException] = []
+
+        def start(rank: int) -> None:
+            try:
+                reports[rank] = self.ranks[rank].prepare(
+                    programs, progress=progress if rank == 0 else None)
+            except BaseException as exc:
+                errors.append(exc)
+                for other in self.ranks:  # the others would wait for this rank
+                    other.kill()
+
+        threads = [threading.Thread(target=start, args=(r,), name=f"flare-rank-{r}-start")
+                   for r in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            self.close()
+            raise errors[0]
+        assert reports[0] is not None
+        return reports[0]
+
+    def _group_lost(self, cause: DeviceLost) -> None:
+        """A rank died: the others cannot finish a collective without it."""
+        with self._lock:
+            if self._lost is None:
+                self._lost = DeviceLost(f"a tensor-parallel rank is gone: {cause}")
+        for backend in self.ranks:
+            backend.kill()
+
+    def launch(self, program: PreparedProgram, inputs: Mapping[str, Any]) -> LaunchHandle:
+        launched_ns = time.perf_counter_ns()
+        with self._lock:
+            if self._closed:
+                raise BackendClosed("cpu backend is closed")
+            lost = self.lost
+            if lost is not None:
+                raise lost
+            handle = LaunchHandle(program.shape, sequence=self._sequence,
+                                  launched_ns=launched_ns)
+            gather = _Gather(handle, self.size, self._group_lost)
+            rank_handles = []
+            for rank, backend in enumerate(self.ranks):
+                try:
+                    rank_handles.append(backend.launch(program, inputs))
+                except DeviceLost as exc:
+                    self._lost = self._lost or DeviceLost(f"rank {rank}: {exc}")
+                    raise self._lost from exc
+                except BackendError:
+                    if rank == 0:
+                        raise  # nothing was sent: the launch fails alone
+                    raise BackendError("a launch reached only some ranks") from None
+            self._sequence += 1
+        for rank, rank_handle in enumerate(rank_handles):
+            rank_handle.add_done_callback(
+                lambda done, rank=rank: gather.rank_done(rank, done))
+        return handle
+
+    def close(self) -> None:
+        """Refuse new launches, let every rank finish its queue, join the processes."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.lost is not None:
+            for backend in self.ranks:
+                backend.kill()
+        for backend in self.ranks:
+            backend.close()
+
+    def __enter__(self) -> TensorParallelBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
