@@ -1,0 +1,144 @@
+"""The tensor-parallel cpu backend (``gpu.backends.tensor_parallel``): how a group
+completion is assembled from its ranks', and the engine's programs on two ranks.
+
+- timing (DUR-14, DUR-15, ACCT-9, OPEN-37): the group completion holds every rank's
+  device interval, so a rank reporting a longer interval sets the estimate, a rank
+  whose interval is missing (zero) neither lowers it nor, alone, makes it fresh, and
+  the readiness correction applies after the ranks are aggregated;
+- outputs: rank zero's, plus the peers' under ``PEER_OUTPUTS_KEY`` (ACC-16 is then the
+  validator's: ``tests/actors/test_validator_ranks.py``);
+- a rank's fault fails the group launch at once, naming the rank;
+- on real device processes: prefill and decode frames on two ranks give the tokens of
+  one, with one positive interval per rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu.backends import open_backend
+from gpu.backends.cpu_process import DeviceLost
+from gpu.backends.protocol import Completion, LaunchHandle, ProgramFault
+from gpu.backends.tensor_parallel import _Gather, combine
+from gpu.catalog import CatalogFlags, build_catalog
+from gpu.engine import ModelEngine
+from gpu.frames import (
+    PEER_OUTPUTS_KEY,
+    RESULT_KEY,
+    DecodeFrame,
+    PageAppend,
+    PrefillFrame,
+    RowInit,
+    as_inputs,
+    result_of,
+)
+from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
+from policy.duration_estimates import DurationEstimates
+from policy.service import service_interval_ns
+
+MS = 1_000_000
+DECODE = GraphShape(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1)
+PROMPT = (5, 17, 33, 8, 41, 12, 9)
+
+
+def rank(interval_ns: int, wall_ns: int = 30 * MS, readiness_ns: int = 0,
+         result: object = "r") -> Completion:
+    return Completion(shape=DECODE, outputs={RESULT_KEY: result}, timing=ExecutionTiming(
+        device_intervals_ns=(interval_ns,), wall_ns=wall_ns, readiness_delay_ns=readiness_ns))
+
+
+def test_a_rank_reporting_a_longer_interval_sets_the_estimate() -> None:
+    """DUR-14, ACCT-9: ranks report 5 and 7 ms: the sample and the queued interval are 7."""
+    group = combine([rank(5 * MS, wall_ns=20 * MS), rank(7 * MS, wall_ns=25 * MS)])
+    assert group.timing.device_intervals_ns == (5 * MS, 7 * MS)
+    assert group.timing.wall_ns == 25 * MS
+    assert service_interval_ns(group.timing, isolated=False) == 7 * MS
+    est = DurationEstimates()
+    assert est.observe(DECODE, group.timing.cost_sample_ns, now_ns=0)
+    assert est.estimate_ns(DECODE) == 7 * MS
+
+
+def test_a_missing_rank_interval_neither_lowers_nor_freshens_the_estimate() -> None:
+    """DUR-14: a zero interval is no observation: with a positive peer the sample is the
+    peer's; with none it makes nothing fresh."""
+    assert combine([rank(0), rank(6 * MS)]).timing.cost_sample_ns == 6 * MS
+    est = DurationEstimates()
+    assert not est.observe(DECODE, combine([rank(0), rank(0)]).timing.cost_sample_ns,
+                           now_ns=0)
+    assert not est.is_known(DECODE)
+
+
+def test_readiness_correction_follows_the_aggregation() -> None:
+    """DUR-15: max interval 9 ms with a 2 ms readiness delay -> sample 7 ms."""
+    group = combine([rank(9 * MS, readiness_ns=2 * MS), rank(4 * MS)])
+    assert group.timing.cost_sample_ns == 7 * MS
+
+
+def test_outputs_are_rank_zeros_with_the_peers_beside() -> None:
+    group = combine([rank(1, result="zero"), rank(1, result="one"), rank(1, result="two")])
+    assert group.outputs[RESULT_KEY] == "zero"
+    assert [p[RESULT_KEY] for p in group.outputs[PEER_OUTPUTS_KEY]] == ["one", "two"]
+
+
+def test_a_rank_fault_fails_the_group_launch_at_once_naming_the_rank() -> None:
+    lost: list[BaseException] = []
+    group = LaunchHandle(DECODE, sequence=0, launched_ns=0)
+    gather = _Gather(group, 2, lost.append)
+    peer = LaunchHandle(DECODE, sequence=0, launched_ns=0)
+    peer.set_fault(ProgramFault(DECODE, "device", DeviceLost("was killed by SIGKILL")))
+    gather.rank_done(1, peer)
+    assert group.done()  # rank 0 has not answered: nobody waits for it
+    try:
+        group.result()
+    except ProgramFault as fault:
+        assert isinstance(fault.cause, DeviceLost)
+        assert "rank 1" in str(fault) and "SIGKILL" in str(fault)
+    else:
+        raise AssertionError("the group launch did not fail")
+    assert len(lost) == 1
+    late = LaunchHandle(DECODE, sequence=0, launched_ns=0)
+    late.set_completion(rank(5))
+    gather.rank_done(0, late)  # a late rank changes nothing
+    assert group.done()
+
+
+def _run_frames(model_dir: Path, tensor_parallel: int
+                ) -> tuple[list[tuple[int, ...]], list[Completion]]:
+    """Two prefills then three decodes of both rows, each waited for."""
+    catalog = build_catalog(CatalogFlags(max_batch=2, prefill_capacities=(64,),
+                                         scored_prefill=False, state_operations=False))
+    backend = open_backend("cpu", tensor_parallel=tensor_parallel)
+    try:
+        engine = ModelEngine.load(model_dir, device="cpu", dtype=None, catalog=catalog.shapes,
+                                  page_size=16, num_pages=16, state_rows=2, max_context=128)
+        backend.prepare(list(engine.programs.values()))
+        prefill = engine.programs[GraphShape(kind=GraphKind.PREFILL, batch_capacity=1,
+                                             token_capacity=64)]
+        decode = engine.programs[catalog.of_kind(GraphKind.DECODE)[-1]]
+        frames = [(prefill, PrefillFrame(
+            row=row, tokens=PROMPT[row:], start_position=0, ends_prompt=True,
+            updates=(RowInit(row=row), PageAppend(row=row, first_block=0,
+                                                  page_ids=(4 * row, 4 * row + 1)))))
+            for row in (0, 1)] + [(decode, DecodeFrame(rows=(0, 1)))] * 3
+        tokens, completions = [], []
+        for program, frame in frames:
+            handle = backend.launch(program, as_inputs(frame))
+            assert handle.wait(60)
+            completions.append(handle.result())
+            result = result_of(completions[-1].outputs)
+            tokens.append(tuple(s.token for s in result.samples))  # type: ignore[union-attr]
+        return tokens, completions
+    finally:
+        backend.close()
+
+
+def test_two_ranks_run_the_engines_programs_as_one(tiny_checkpoints: dict[str, Path]) -> None:
+    """OPEN-37: the same frames on one and on two ranks give the same tokens; each
+    group completion carries a positive interval per rank and the peer's outputs."""
+    one, _ = _run_frames(tiny_checkpoints["llama"], tensor_parallel=1)
+    two, completions = _run_frames(tiny_checkpoints["llama"], tensor_parallel=2)
+    assert two == one
+    for completion in completions:
+        assert len(completion.timing.device_intervals_ns) == 2
+        assert all(d > 0 for d in completion.timing.device_intervals_ns)
+        assert len(completion.outputs[PEER_OUTPUTS_KEY]) == 1
