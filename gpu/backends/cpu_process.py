@@ -102,7 +102,7 @@ def warm_up_start() -> None:
     threading.Thread(target=start, name="flare-forkserver-start", daemon=True).start()
 
 
-def _exit_text(exitcode: int | None) -> str:
+def exit_text(exitcode: int | None) -> str:
     if exitcode is None:
         return "closed its pipe"
     if exitcode < 0:
@@ -168,6 +168,20 @@ class DeviceProcessBackend:
         return self._lost
 
     @property
+    def exitcode(self) -> int | None:
+        """The device process's exit status once it has exited (None while it runs)."""
+        if self._process is None or self._process.is_alive():
+            return None
+        code: int | None = self._process.exitcode
+        return code
+
+    @property
+    def sentinel(self) -> int | None:
+        """A handle that becomes ready when the device process exits (None before
+        ``prepare``)."""
+        return None if self._process is None else int(self._process.sentinel)
+
+    @property
     def pid(self) -> int | None:
         """The device process's id (None before ``prepare``)."""
         return None if self._process is None else self._process.pid
@@ -210,7 +224,7 @@ class DeviceProcessBackend:
             reply = pickle.loads(host_end.recv_bytes())
         except (EOFError, OSError) as exc:
             self._stop_process(kill=True)
-            raise DeviceLost(f"the cpu device process {_exit_text(process.exitcode)} "
+            raise DeviceLost(f"the cpu device process {exit_text(process.exitcode)} "
                              "while starting") from exc
         except BaseException:
             self._stop_process(kill=True)
@@ -270,7 +284,7 @@ class DeviceProcessBackend:
         # the process is exiting: wait briefly to name its status (only this thread
         # waits for it here; close() waits only after the reader has ended)
         self._process.join(EXIT_REPORT_S)
-        why = (_exit_text(self._process.exitcode) if broken is None else
+        why = (exit_text(self._process.exitcode) if broken is None else
                f"sent a reply that could not be read ({type(broken).__name__}: {broken})")
         lost = DeviceLost(f"the cpu device process (pid {self.pid}) {why}")
         with self._lock:

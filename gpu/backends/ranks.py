@@ -6,8 +6,10 @@ the loopback address and a free port. A rank joins the group with the ``gloo``
 backend (the CPU's; ``nccl`` would serve CUDA ranks) after it has mapped the host's
 programs, then runs its own shard of them (``gpu.backends.rank_programs``).
 
-``COLLECTIVE_TIMEOUT_S`` bounds every collective: a rank whose peer died or hangs
-fails its frame after at most that long instead of waiting forever.
+``collective_timeout_s()`` bounds every collective (``RENDEZVOUS_TIMEOUT_S`` the
+rendezvous): a rank whose
+peer died or hangs fails its frame after at most that long instead of waiting
+forever (``COLLECTIVE_TIMEOUT_S``, or ``FLARE_TP_TIMEOUT_S`` seconds).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +25,11 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_S = 30.0
-"""How long a rank waits in the rendezvous or in one collective for its peers."""
+"""How long a rank waits in one collective for its peers (a frame is at most a few
+hundred milliseconds on the CPU)."""
+
+RENDEZVOUS_TIMEOUT_S = 120.0
+"""How long a rank waits for the others to join (each maps the programs first)."""
 
 LOOPBACK = "127.0.0.1"
 
@@ -38,7 +45,19 @@ class RankSpec:
     timeout_s: float = COLLECTIVE_TIMEOUT_S
 
 
-def rendezvous(environ: dict[str, str] | None = None) -> tuple[str, int]:
+def collective_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """``FLARE_TP_TIMEOUT_S`` if set (positive seconds), else ``COLLECTIVE_TIMEOUT_S``."""
+    env = os.environ if environ is None else environ
+    text = env.get("FLARE_TP_TIMEOUT_S")
+    if not text:
+        return COLLECTIVE_TIMEOUT_S
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"FLARE_TP_TIMEOUT_S must be positive seconds, got {text!r}")
+    return value
+
+
+def rendezvous(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
     """``(address, port)``: ``MASTER_ADDR``/``MASTER_PORT`` if set, else loopback and
     a port that was free a moment ago."""
     env = os.environ if environ is None else environ
@@ -50,18 +69,20 @@ def rendezvous(environ: dict[str, str] | None = None) -> tuple[str, int]:
         return address, int(probe.getsockname()[1])
 
 
-def _all_reduce(tensor: torch.Tensor) -> None:
-    dist.all_reduce(tensor)
-
-
 def join_group(programs: list[Any], spec: RankSpec) -> list[Any]:
-    """Join the group (blocks until every rank has) and return this rank's programs."""
+    """Join the group (blocks until every rank has, at most ``RENDEZVOUS_TIMEOUT_S``)
+    and return this rank's programs, whose collectives wait ``spec.timeout_s``."""
     from gpu.backends.rank_programs import rank_programs
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://{spec.address}:{spec.port}", rank=spec.rank,
-        world_size=spec.world, timeout=datetime.timedelta(seconds=spec.timeout_s))
-    return rank_programs(programs, spec.rank, spec.world, _all_reduce)
+        world_size=spec.world, timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    group = dist.new_group(timeout=datetime.timedelta(seconds=spec.timeout_s))
+
+    def all_reduce(tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, group=group)
+
+    return rank_programs(programs, spec.rank, spec.world, all_reduce)
 
 
 def leave_group() -> None:

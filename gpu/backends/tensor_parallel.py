@@ -15,25 +15,34 @@ identities, and the host plans as for one rank.
 - its timing holds every rank's device interval (``device_intervals_ns``, rank
   order; the policy takes the largest positive one, DUR-14), the largest wall
   interval and the largest readiness delay;
-- the first rank fault fails it at once, without waiting for the peers. A rank whose
-  process died (``DeviceLost``) takes the group down: the other ranks are killed
-  (they would wait in their next collective), every pending launch fails, ``lost``
-  names the dead rank and every later ``launch`` raises it.
+- the first rank fault fails it at once, without waiting for the peers. A fault in
+  ``bind`` (the frame does not fit, found before any collective, alike on every rank)
+  fails that launch only. Any other fault, and above all a rank whose process died
+  (``DeviceLost``), takes the group down: its ranks' collectives are out of step, so
+  every rank is killed, every pending launch fails, ``lost`` names the rank and the
+  cause (health reports read it) and every later ``launch`` raises it.
 
-A rank that hangs holds its peers in a collective for at most
-``gpu.backends.ranks.COLLECTIVE_TIMEOUT_S``; they then fail the frame.
+A rank that hangs holds its peers in a collective for at most the collective timeout
+(``gpu.backends.ranks.collective_timeout_s``, 30 s unless ``FLARE_TP_TIMEOUT_S``
+says otherwise); the peers' frame then fails and the group stops as above.
 """
 
 from __future__ import annotations
 
 import itertools
+import multiprocessing.connection
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu.backends.cpu import default_cpu_threads
-from gpu.backends.cpu_process import DeviceLost, DeviceProcessBackend, SharedSending
+from gpu.backends.cpu_process import (
+    DeviceLost,
+    DeviceProcessBackend,
+    SharedSending,
+    exit_text,
+)
 from gpu.backends.protocol import (
     BackendClosed,
     BackendError,
@@ -41,11 +50,14 @@ from gpu.backends.protocol import (
     LaunchHandle,
     ProgramFault,
 )
-from gpu.backends.ranks import RankSpec, rendezvous
+from gpu.backends.ranks import RankSpec, collective_timeout_s, rendezvous
 from gpu.frames import PEER_OUTPUTS_KEY
 from gpu.preparation import PreparationReport, ProgressSink
 from gpu.program import PreparedProgram
 from policy.descriptors import ExecutionTiming
+
+EXIT_GRACE_S = 0.5
+"""How long a failed frame waits for a peer's exit to name it as the cause."""
 
 
 def combine(completions: Sequence[Completion]) -> Completion:
@@ -75,13 +87,15 @@ class _Gather:
         try:
             completion = rank_handle.result()
         except ProgramFault as fault:
-            if isinstance(fault.cause, DeviceLost):
-                self._on_lost(fault.cause)
+            cause: BaseException = fault.cause
+            if isinstance(cause, DeviceLost) or fault.stage != "bind":
+                # bind runs no collective; a rank failing later has left its peers'
+                # collectives out of step (or timed out waiting for a hung peer)
+                cause = self._on_lost(rank, cause)
             with self._lock:
                 first, self._left = self._left > 0, 0
             if first:
-                self.handle.set_fault(ProgramFault(
-                    fault.shape, fault.stage, _ranked(rank, fault.cause)))
+                self.handle.set_fault(ProgramFault(fault.shape, fault.stage, cause))
             return
         with self._lock:
             if self._left == 0:
@@ -91,13 +105,6 @@ class _Gather:
             last = self._left == 0
         if last:
             self.handle.set_completion(combine([c for c in self._results if c is not None]))
-
-
-def _ranked(rank: int, cause: BaseException) -> BaseException:
-    """``cause`` naming the rank it happened on (DeviceLost keeps its type)."""
-    if isinstance(cause, DeviceLost):
-        return DeviceLost(f"rank {rank}: {cause}")
-    return cause
 
 
 class TensorParallelBackend:
@@ -113,10 +120,12 @@ class TensorParallelBackend:
             raise ValueError(f"a tensor-parallel group needs >= 2 ranks, got {size}")
         threads = max(default_cpu_threads() // size, 1) if num_threads is None else num_threads
         address, port = rendezvous()
+        timeout_s = collective_timeout_s()
         self.size = size
         sharing = SharedSending()
         self.ranks = [DeviceProcessBackend(num_threads=threads, sharing=sharing, rank=RankSpec(
-            rank=r, world=size, address=address, port=port)) for r in range(size)]
+            rank=r, world=size, address=address, port=port, timeout_s=timeout_s))
+            for r in range(size)]
         self._lock = threading.Lock()
         self._sequence = 0
         self._closed = False
@@ -173,13 +182,25 @@ class TensorParallelBackend:
         assert reports[0] is not None
         return reports[0]
 
-    def _group_lost(self, cause: DeviceLost) -> None:
-        """A rank died: the others cannot finish a collective without it."""
+    def _group_lost(self, rank: int, cause: BaseException) -> DeviceLost:
+        """Rank ``rank`` failed mid-frame with ``cause`` (its process died, or a
+        collective failed or timed out): the others cannot finish a collective with
+        it, so the group stops. The message names a rank whose process has exited
+        (a peer's broken collective is its consequence), then ``cause``."""
+        if all(b.exitcode is None for b in self.ranks):
+            # a peer's socket closes a moment before its process is reaped
+            multiprocessing.connection.wait(
+                [b.sentinel for b in self.ranks if b.sentinel is not None], EXIT_GRACE_S)
+        dead = [f"rank {r}'s device process {exit_text(b.exitcode)}"
+                for r, b in enumerate(self.ranks) if b.exitcode is not None]
         with self._lock:
             if self._lost is None:
-                self._lost = DeviceLost(f"a tensor-parallel rank is gone: {cause}")
+                self._lost = DeviceLost("the tensor-parallel group stopped: " + "; ".join(
+                    [*dead, f"rank {rank}: {type(cause).__name__}: {cause}"]))
+            lost = self._lost
         for backend in self.ranks:
             backend.kill()
+        return lost
 
     def launch(self, program: PreparedProgram, inputs: Mapping[str, Any]) -> LaunchHandle:
         launched_ns = time.perf_counter_ns()
@@ -197,7 +218,8 @@ class TensorParallelBackend:
                 try:
                     rank_handles.append(backend.launch(program, inputs))
                 except DeviceLost as exc:
-                    self._lost = self._lost or DeviceLost(f"rank {rank}: {exc}")
+                    self._lost = self._lost or DeviceLost(
+                        f"the tensor-parallel group stopped: rank {rank}: {exc}")
                     raise self._lost from exc
                 except BackendError:
                     if rank == 0:

@@ -20,6 +20,7 @@ import signal
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from actors.config import DEFAULT_MODEL_DIR
@@ -126,4 +127,35 @@ async def test_killed_rank_fails_requests_and_shuts_down_cleanly(tiny_llama: Pat
         assert produced < 200
     assert late.reason == "error" and "rank" in late.message
     assert late_tokens == 0
+    assert [p for p in device_processes() if p.pid not in before] == []
+
+
+async def test_hung_rank_fails_requests_within_the_collective_timeout(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank stopped mid-load (SIGSTOP): its peer's collective times out after
+    ``FLARE_TP_TIMEOUT_S``, the frames fail, the group stops and the runtime reports
+    it; shutdown kills the stopped rank."""
+    monkeypatch.setenv("FLARE_TP_TIMEOUT_S", "3")
+    before = {p.pid for p in device_processes()}
+    outcomes: dict[int, tuple[int, Finished]] = {}
+    with trio.fail_after(DEADLINE_S):
+        async with open_runtime(config_for(tiny_llama, capture_forward=False,
+                                           tensor_parallel_size=2)) as rt:
+            ranks = [p for p in device_processes() if p.pid not in before]
+            first_token = trio.Event()
+
+            async def one(i: int) -> None:
+                outcomes[i] = await run_request(rt, prompt_of(8, i), 240, first_token)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(one, i)
+                await first_token.wait()
+                victim = ranks[1].pid
+                assert victim is not None
+                os.kill(victim, signal.SIGSTOP)
+            fault = rt.device_fault
+            assert fault is not None and "tensor-parallel group stopped" in fault
+    for produced, finished in outcomes.values():
+        assert finished.reason == "error" and produced < 240
     assert [p for p in device_processes() if p.pid not in before] == []

@@ -81,9 +81,15 @@ def test_outputs_are_rank_zeros_with_the_peers_beside() -> None:
 
 
 def test_a_rank_fault_fails_the_group_launch_at_once_naming_the_rank() -> None:
-    lost: list[BaseException] = []
+    """A lost rank stops the group and fails the launch without waiting for rank 0."""
+    lost: list[tuple[int, BaseException]] = []
+
+    def on_lost(rank: int, cause: BaseException) -> DeviceLost:
+        lost.append((rank, cause))
+        return DeviceLost(f"group stopped: rank {rank}: {cause}")
+
     group = LaunchHandle(DECODE, sequence=0, launched_ns=0)
-    gather = _Gather(group, 2, lost.append)
+    gather = _Gather(group, 2, on_lost)
     peer = LaunchHandle(DECODE, sequence=0, launched_ns=0)
     peer.set_fault(ProgramFault(DECODE, "device", DeviceLost("was killed by SIGKILL")))
     gather.rank_done(1, peer)
@@ -95,7 +101,7 @@ def test_a_rank_fault_fails_the_group_launch_at_once_naming_the_rank() -> None:
         assert "rank 1" in str(fault) and "SIGKILL" in str(fault)
     else:
         raise AssertionError("the group launch did not fail")
-    assert len(lost) == 1
+    assert [rank for rank, _ in lost] == [1]
     late = LaunchHandle(DECODE, sequence=0, launched_ns=0)
     late.set_completion(rank(5))
     gather.rank_done(0, late)  # a late rank changes nothing
@@ -142,3 +148,22 @@ def test_two_ranks_run_the_engines_programs_as_one(tiny_checkpoints: dict[str, P
         assert len(completion.timing.device_intervals_ns) == 2
         assert all(d > 0 for d in completion.timing.device_intervals_ns)
         assert len(completion.outputs[PEER_OUTPUTS_KEY]) == 1
+
+
+def test_a_bind_fault_fails_the_launch_alone() -> None:
+    """A frame that does not fit fails in bind on every rank, before any collective:
+    the group keeps serving."""
+    lost: list[int] = []
+    group = LaunchHandle(DECODE, sequence=0, launched_ns=0)
+    gather = _Gather(group, 2, lambda rank, cause: lost.append(rank) or DeviceLost("x"))
+    for r in (0, 1):
+        handle = LaunchHandle(DECODE, sequence=0, launched_ns=0)
+        handle.set_fault(ProgramFault(DECODE, "bind", ValueError("row 9 out of range")))
+        gather.rank_done(r, handle)
+    assert lost == []
+    try:
+        group.result()
+    except ProgramFault as fault:
+        assert isinstance(fault.cause, ValueError) and fault.stage == "bind"
+    else:
+        raise AssertionError("the group launch did not fail")
