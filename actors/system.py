@@ -417,6 +417,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         grammar=grammar,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
+             ranks=config.tensor_parallel_size,
              dtype=str(engine.dtype).removeprefix("torch."),
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)
     async with open_runtime_with(parts, catalog=catalog) as runtime:

@@ -84,9 +84,11 @@ class _Paster(pickle.Unpickler):
         return clone
 
 
-def _parts(obj: Any, seen: set[int], found: dict[int, Any]) -> None:
-    """Collect every ``Decoder`` and ``PagedKVCache`` reachable through attributes,
-    containers and slots of ``obj``."""
+def model_parts(obj: Any) -> list[Decoder | PagedKVCache]:
+    """Every ``Decoder`` and ``PagedKVCache`` reachable through attributes, containers
+    and slots of ``obj``."""
+    seen: set[int] = set()
+    found: dict[int, Any] = {}
     stack = [obj]
     while stack:
         item = stack.pop()
@@ -107,17 +109,16 @@ def _parts(obj: Any, seen: set[int], found: dict[int, Any]) -> None:
                 for name in getattr(cls, "__slots__", ()):
                     if hasattr(item, name):
                         stack.append(getattr(item, name))
+    return list(found.values())
 
 
 def rank_programs(programs: list[Any], rank: int, world: int, all_reduce: AllReduce
                   ) -> list[Any]:
     """Rank ``rank``'s private programs over its shards (the module doc)."""
-    found: dict[int, Any] = {}
-    _parts(programs, set(), found)
     substitutes = {
-        key: (shard_decoder(part, rank, world, all_reduce) if isinstance(part, Decoder)
-              else shard_cache(part, rank, world))
-        for key, part in found.items()}
+        id(part): (shard_decoder(part, rank, world, all_reduce) if isinstance(part, Decoder)
+                   else shard_cache(part, rank, world))
+        for part in model_parts(programs)}
     buffer = io.BytesIO()
     copier = _Copier(buffer, substitutes)
     copier.dump(programs)

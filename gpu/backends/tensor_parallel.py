@@ -50,8 +50,11 @@ from gpu.backends.protocol import (
     LaunchHandle,
     ProgramFault,
 )
+from gpu.backends.rank_programs import model_parts
 from gpu.backends.ranks import RankSpec, collective_timeout_s, rendezvous
 from gpu.frames import PEER_OUTPUTS_KEY
+from gpu.model.decoder import Decoder
+from gpu.model.sharding import check_shardable
 from gpu.preparation import PreparationReport, ProgressSink
 from gpu.program import PreparedProgram
 from policy.descriptors import ExecutionTiming
@@ -157,7 +160,11 @@ class TensorParallelBackend:
 
     def prepare(self, programs: Sequence[PreparedProgram], *,
                 progress: ProgressSink | None = None) -> PreparationReport:
-        """Start every rank at once (the rendezvous waits for all) with ``programs``."""
+        """Start every rank at once (the rendezvous waits for all) with ``programs``;
+        ``ShardError`` first if a model in them does not split over the ranks."""
+        for part in model_parts(programs):
+            if isinstance(part, Decoder):
+                check_shardable(part.config, self.size)
         reports: list[PreparationReport | None] = [None] * self.size
         errors: list[BaseException] = []
 

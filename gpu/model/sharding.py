@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from gpu.model.config import ModelConfig
+from gpu.model.config import ModelConfig, UnsupportedModelError
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 
@@ -45,8 +45,9 @@ AllReduce = Callable[[torch.Tensor], None]
 """Sums a tensor in place over the ranks (``torch.distributed.all_reduce``)."""
 
 
-class ShardError(ValueError):
-    """Raised when a model's heads or MLP width cannot be split over the ranks."""
+class ShardError(UnsupportedModelError):
+    """Raised when a model's heads or MLP width cannot be split over the ranks (a
+    start-up failure, like any model this configuration cannot serve)."""
 
 
 def check_shardable(config: ModelConfig, world: int) -> None:
@@ -54,14 +55,15 @@ def check_shardable(config: ModelConfig, world: int) -> None:
     if world < 1:
         raise ShardError(f"tensor-parallel size must be >= 1, got {world}")
     heads, kv = config.num_heads, config.num_kv_heads
+    problem = None
     if heads % world:
-        raise ShardError(f"{heads} attention heads do not split over {world} ranks")
-    if (kv % world if kv >= world else world % kv):
-        raise ShardError(f"{kv} KV heads do not split over (or replicate across) "
-                         f"{world} ranks")
-    if config.intermediate_size % world:
-        raise ShardError(f"MLP width {config.intermediate_size} does not split over "
-                         f"{world} ranks")
+        problem = f"its {heads} attention heads do not split over {world} ranks"
+    elif kv % world if kv >= world else world % kv:
+        problem = f"its {kv} KV heads do not split over (or replicate across) {world} ranks"
+    elif config.intermediate_size % world:
+        problem = f"its MLP width {config.intermediate_size} does not split over {world} ranks"
+    if problem is not None:
+        raise ShardError(f"tensor-parallel size {world} does not fit the model: {problem}")
 
 
 def kv_heads_of_rank(num_kv_heads: int, rank: int, world: int) -> range:
