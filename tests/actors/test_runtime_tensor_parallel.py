@@ -2,7 +2,7 @@
 CPU): every frame runs on both device processes, each with its shard of the model and
 of the KV pool, and rank zero's outputs are served once the ranks agree (ACC-16).
 
-- greedy output over HTTP equals one rank's token for token, on the embedded model
+- greedy output over HTTP equals one rank's (and transformers') token for token, on the embedded model
   (4 heads, 2 KV heads: one KV head per rank) and on a tiny random GQA checkpoint with
   one KV head (replicated on both ranks); seeded sampling too, copy speculation and
   learned-draft speculation (its rounds' identities, consumption and emitted prefixes
@@ -28,6 +28,7 @@ from actors.config import DEFAULT_MODEL_DIR
 from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
 from ops.testing import serve_app
+from tests.actors.reference import hf_greedy
 from tests.actors.test_runtime_cpu import config_for, prompt_of
 from tests.actors.test_runtime_device_process import device_processes, run_request
 
@@ -92,6 +93,7 @@ async def test_replicated_kv_head_greedy_seeded_and_copy_speculation(tiny_draft:
         (copy,) = await runs(tiny_draft, 2, prompts, 6, (GREEDY,), speculation="adaptive",
                              draft_source="copy", draft_depth=2)
     assert out[2] == out[1]
+    assert out[2][0] == [hf_greedy(tiny_draft, p, 6) for p in prompts]  # transformers'
     assert out[1][1] != out[1][0]  # sampled, not greedy
     assert copy == out[1][0]
 
