@@ -8,37 +8,25 @@ completion is assembled from its ranks', and the engine's programs on two ranks.
 - outputs: rank zero's, plus the peers' under ``PEER_OUTPUTS_KEY`` (ACC-16 is then the
   validator's: ``tests/actors/test_validator_ranks.py``);
 - a rank's fault fails the group launch at once, naming the rank;
-- on real device processes: prefill and decode frames on two ranks give the tokens of
-  one, with one positive interval per rank.
+- on real device processes: prefill and decode frames on two ranks (queued back to
+  back) give the tokens of one, with one positive interval per rank.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpu.backends import open_backend
 from gpu.backends.cpu_process import DeviceLost
 from gpu.backends.protocol import Completion, LaunchHandle, ProgramFault
 from gpu.backends.tensor_parallel import _Gather, combine
-from gpu.catalog import CatalogFlags, build_catalog
-from gpu.engine import ModelEngine
-from gpu.frames import (
-    PEER_OUTPUTS_KEY,
-    RESULT_KEY,
-    DecodeFrame,
-    PageAppend,
-    PrefillFrame,
-    RowInit,
-    as_inputs,
-    result_of,
-)
+from gpu.frames import PEER_OUTPUTS_KEY, RESULT_KEY
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.duration_estimates import DurationEstimates
 from policy.service import service_interval_ns
+from tests.gpu.test_backend_engine import _run
 
 MS = 1_000_000
 DECODE = GraphShape(kind=GraphKind.DECODE, batch_capacity=2, token_capacity=1)
-PROMPT = (5, 17, 33, 8, 41, 12, 9)
 
 
 def rank(interval_ns: int, wall_ns: int = 30 * MS, readiness_ns: int = 0,
@@ -108,42 +96,14 @@ def test_a_rank_fault_fails_the_group_launch_at_once_naming_the_rank() -> None:
     assert group.done()
 
 
-def _run_frames(model_dir: Path, tensor_parallel: int
-                ) -> tuple[list[tuple[int, ...]], list[Completion]]:
-    """Two prefills then three decodes of both rows, each waited for."""
-    catalog = build_catalog(CatalogFlags(max_batch=2, prefill_capacities=(64,),
-                                         scored_prefill=False, state_operations=False))
-    backend = open_backend("cpu", tensor_parallel=tensor_parallel)
-    try:
-        engine = ModelEngine.load(model_dir, device="cpu", dtype=None, catalog=catalog.shapes,
-                                  page_size=16, num_pages=16, state_rows=2, max_context=128)
-        backend.prepare(list(engine.programs.values()))
-        prefill = engine.programs[GraphShape(kind=GraphKind.PREFILL, batch_capacity=1,
-                                             token_capacity=64)]
-        decode = engine.programs[catalog.of_kind(GraphKind.DECODE)[-1]]
-        frames = [(prefill, PrefillFrame(
-            row=row, tokens=PROMPT[row:], start_position=0, ends_prompt=True,
-            updates=(RowInit(row=row), PageAppend(row=row, first_block=0,
-                                                  page_ids=(4 * row, 4 * row + 1)))))
-            for row in (0, 1)] + [(decode, DecodeFrame(rows=(0, 1)))] * 3
-        tokens, completions = [], []
-        for program, frame in frames:
-            handle = backend.launch(program, as_inputs(frame))
-            assert handle.wait(60)
-            completions.append(handle.result())
-            result = result_of(completions[-1].outputs)
-            tokens.append(tuple(s.token for s in result.samples))  # type: ignore[union-attr]
-        return tokens, completions
-    finally:
-        backend.close()
-
-
 def test_two_ranks_run_the_engines_programs_as_one(tiny_checkpoints: dict[str, Path]) -> None:
     """OPEN-37: the same frames on one and on two ranks give the same tokens; each
     group completion carries a positive interval per rank and the peer's outputs."""
-    one, _ = _run_frames(tiny_checkpoints["llama"], tensor_parallel=1)
-    two, completions = _run_frames(tiny_checkpoints["llama"], tensor_parallel=2)
-    assert two == one
+    completions: list[Completion] = []
+    one, _ = _run(tiny_checkpoints["llama"], queued=True)
+    two, _ = _run(tiny_checkpoints["llama"], queued=True, tensor_parallel=2,
+                  completions=completions)
+    assert two == one and len(completions) == 3
     for completion in completions:
         assert len(completion.timing.device_intervals_ns) == 2
         assert all(d > 0 for d in completion.timing.device_intervals_ns)
