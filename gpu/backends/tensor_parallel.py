@@ -224,14 +224,15 @@ class TensorParallelBackend:
             for rank, backend in enumerate(self.ranks):
                 try:
                     rank_handles.append(backend.launch(program, inputs))
-                except DeviceLost as exc:
+                except BackendError as exc:
+                    if rank == 0 and not isinstance(exc, DeviceLost):
+                        raise  # nothing was sent (inputs that do not pickle): fails alone
+                    # a rank is gone, or the launch reached only some ranks
                     self._lost = self._lost or DeviceLost(
                         f"the tensor-parallel group stopped: rank {rank}: {exc}")
+                    for other in self.ranks:
+                        other.kill()
                     raise self._lost from exc
-                except BackendError:
-                    if rank == 0:
-                        raise  # nothing was sent: the launch fails alone
-                    raise BackendError("a launch reached only some ranks") from None
             self._sequence += 1
         for rank, rank_handle in enumerate(rank_handles):
             rank_handle.add_done_callback(
