@@ -80,6 +80,10 @@ class ShardedDecoder(Decoder):
 
     all_reduce: AllReduce
 
+    def enable_capture(self) -> None:
+        raise ValueError("a tensor-parallel shard runs op by op: a traced graph would "
+                         "not keep its all-reduces")
+
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, weight).float()
         self.all_reduce(partial)
