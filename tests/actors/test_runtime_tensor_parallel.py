@@ -116,6 +116,13 @@ async def test_learned_draft_rounds_agree_across_ranks(tiny_llama: Path, tiny_dr
     assert out[1][0] != out[1][1]
 
 
+def group_processes(before: set[int | None]) -> list[multiprocessing.process.BaseProcess]:
+    """The device processes started since ``before``, in rank order (their stream
+    names are numbered as the ranks are created)."""
+    started = [p for p in device_processes() if p.pid not in before]
+    return sorted(started, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
 MAX_TOKENS = 240
 """Per request of a fault test: more than the test lets them produce."""
 
@@ -147,7 +154,7 @@ async def test_killed_rank_fails_requests_and_shuts_down_cleanly(tiny_llama: Pat
     with trio.fail_after(DEADLINE_S):
         async with open_runtime(config_for(tiny_llama, capture_forward=False,
                                            tensor_parallel_size=2)) as rt:
-            ranks = [p for p in device_processes() if p.pid not in before]
+            ranks = group_processes(before)
             assert len(ranks) == 2 and rt.device_fault is None
             outcomes = await signal_rank_mid_load(rt, ranks, signal.SIGKILL)
             fault = rt.device_fault
@@ -172,7 +179,7 @@ async def test_hung_rank_fails_requests_within_the_collective_timeout(
     with trio.fail_after(DEADLINE_S):
         async with open_runtime(config_for(tiny_llama, capture_forward=False,
                                            tensor_parallel_size=2)) as rt:
-            ranks = [p for p in device_processes() if p.pid not in before]
+            ranks = group_processes(before)
             outcomes = await signal_rank_mid_load(rt, ranks, signal.SIGSTOP)
             fault = rt.device_fault
             assert fault is not None and "tensor-parallel group stopped" in fault
