@@ -124,6 +124,10 @@ class RuntimeConfig:
     """CPU backend: run the prepared programs in a device process of their own
     (``gpu.backends.cpu_process``); False keeps them on a worker thread of the serving
     process (``flare run --no-device-process``, A/B benchmarks)."""
+    tensor_parallel_size: int = 1
+    """vLLM's ``--tensor-parallel-size`` (``-tp``): CPU backend, run every frame on that
+    many ranks, a device process each holding a shard of the model and of the KV pool
+    (``gpu.backends.tensor_parallel``, docs/tensor-parallel.md)."""
     capture_forward: bool = True
     """CPU backend: replay each decoder forward shape from a graph traced on first use
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and
@@ -156,6 +160,12 @@ class RuntimeConfig:
             # gpu.model.dtypes: CUDA programs run bfloat16 or float16
             raise ConfigError("--dtype float32 is not supported on the cuda backend; it runs "
                               "bfloat16 or float16 (or --dtype auto)")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("--tensor-parallel-size must be >= 1, "
+                              f"got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and (self.backend != "cpu" or not self.device_process):
+            raise ConfigError("--tensor-parallel-size above 1 runs on the cpu backend's "
+                              "device processes (not with --no-device-process or cuda)")
         if not self.prefill_capacities:
             raise ConfigError("--prefill-capacity needs at least one capacity")
         for c in self.prefill_capacities:

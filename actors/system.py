@@ -376,7 +376,8 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     config.validate()
     # cpu: the stream is a device process unless ``--no-device-process``
     backend = open_backend(config.backend, **(
-        {"device_process": config.device_process} if config.backend == "cpu" else {}))
+        {"device_process": config.device_process,
+         "tensor_parallel": config.tensor_parallel_size} if config.backend == "cpu" else {}))
     try:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
         await trio.to_thread.run_sync(
@@ -416,6 +417,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         grammar=grammar,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
+             ranks=config.tensor_parallel_size,
              dtype=str(engine.dtype).removeprefix("torch."),
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)
     async with open_runtime_with(parts, catalog=catalog) as runtime:

@@ -26,6 +26,7 @@ from gpu.model.config import ModelConfig
 from gpu.model.decoder import Decoder
 from gpu.model.dtypes import resolve_dtype
 from gpu.model.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.sharding import ShardError, check_shardable
 from gpu.model.tokenizer import Tokenizer
 from gpu.model.vision import VisionTower
 from gpu.model.vision_config import load_served_config
@@ -44,6 +45,8 @@ __all__ = [
     "COPY_MAX_NGRAM",
     "ExecutionOptions",
     "ModelEngine",
+    "ShardError",
+    "check_shardable",
     "load_speculative_engine",
     "resolve_dtype",
 ]

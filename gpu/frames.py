@@ -32,6 +32,10 @@ FRAME_KEY = "frame"
 RESULT_KEY = "result"
 """Key of the result value in the mapping ``read_outputs`` returns."""
 
+PEER_OUTPUTS_KEY = "peer_outputs"
+"""Under tensor parallelism: the other ranks' ``read_outputs`` mappings, rank order
+(``gpu.backends.tensor_parallel``); absent on one rank."""
+
 TOP_LOGPROBS = 20
 """Alternatives every program computes per sampled token and per scored prompt token
 (the most OpenAI ``logprobs`` / ``top_logprobs`` allow); the host keeps the first k a

@@ -147,6 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-device-process", action="store_true",
                        help="CPU: run the prepared programs on a worker thread of the "
                             "server process instead of a device process of their own")
+    model.add_argument("--tensor-parallel-size", "-tp", dest="tensor_parallel_size", type=int,
+                       default=1, metavar="N",
+                       help="CPU: run every frame on N ranks (torch.distributed, gloo), a "
+                            "device process each holding a shard of the model and KV pool "
+                            "(docs/tensor-parallel.md; MASTER_ADDR/MASTER_PORT choose the "
+                            "rendezvous)")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -259,6 +265,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
         device_process=not args.no_device_process,
+        tensor_parallel_size=args.tensor_parallel_size,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,

@@ -37,6 +37,7 @@ import torch
 from gpu.backends.cpu import CpuStream, stage_launch
 from gpu.backends.host_allocator import keep_freed_memory
 from gpu.backends.protocol import LaunchHandle
+from gpu.backends.ranks import RankSpec, join_group, leave_group
 from gpu.backends.shared_pickling import loads_shared
 
 STOP = b""
@@ -90,8 +91,10 @@ class _Replies:
         self.send_bytes(data)
 
 
-def main(conn: Any, num_threads: int) -> None:
-    """Receive the programs, then serve launches until ``STOP`` or end of pipe."""
+def main(conn: Any, num_threads: int, rank: RankSpec | None = None) -> None:
+    """Receive the programs, then serve launches until ``STOP`` or end of pipe.
+    ``rank``: this process is one rank of a tensor-parallel group
+    (``gpu.backends.ranks``): it joins the group and runs its own shard."""
     for ignored in (signal.SIGINT, signal.SIGTERM):
         signal.signal(ignored, signal.SIG_IGN)
     if num_threads:
@@ -100,6 +103,8 @@ def main(conn: Any, num_threads: int) -> None:
     replies = _Replies(conn)
     try:
         programs = loads_shared(conn.recv_bytes())
+        if rank is not None:
+            programs = join_group(programs, rank)
     except Exception as exc:
         replies.send(("failed", "".join(traceback.format_exception(exc))))
         return
@@ -121,3 +126,5 @@ def main(conn: Any, num_threads: int) -> None:
     finally:
         stream.stop()
         conn.close()
+        if rank is not None:
+            leave_group()
