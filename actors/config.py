@@ -124,6 +124,12 @@ class RuntimeConfig:
     """CPU backend: run the prepared programs in a device process of their own
     (``gpu.backends.cpu_process``); False keeps them on a worker thread of the serving
     process (``flare run --no-device-process``, A/B benchmarks)."""
+    resident_grammars: bool = True
+    """Hold constrained requests' grammar matchers with the programs where the backend's
+    stream allows it (the ``cpu`` backend; ``gpu.grammar_rows``), so their frames need
+    no completion feedback; False keeps every grammar on the host, each constrained
+    frame waiting for the previous token (``flare run --host-grammars``, A/B benchmarks).
+    The cuda backend always keeps host grammars."""
     capture_forward: bool = True
     """CPU backend: replay each decoder forward shape from a graph traced on first use
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and

@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternations of unconstrained and constrained phases")
     parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--host-grammars", action="store_true",
+                        help="keep the grammars on the host (completion feedback per "
+                             "constrained frame) instead of with the programs")
+    parser.add_argument("--no-device-process", action="store_true",
+                        help="cpu: run the programs on a worker thread of this process")
 
 
 async def _phase(rt: Runtime, *, streams: int, per_stream: int, max_tokens: int,
@@ -86,7 +91,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     counts = [int(s) for s in args.streams.split(",")]
     config = RuntimeConfig(model_dir=args.model, backend=args.backend,
                            max_batch=args.max_batch, prefill_capacities=(64, 256),
-                           max_queue=max(max(counts), 1))
+                           max_queue=max(max(counts), 1),
+                           resident_grammars=not args.host_grammars,
+                           device_process=not args.no_device_process)
     rows = []
     async with open_runtime(config) as rt:
         for streams in counts:  # warm-up: every shape the phases use, both kinds

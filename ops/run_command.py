@@ -147,6 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-device-process", action="store_true",
                        help="CPU: run the prepared programs on a worker thread of the "
                             "server process instead of a device process of their own")
+    model.add_argument("--host-grammars", action="store_true",
+                       help="CPU: keep structured-output grammars on the host (every "
+                            "constrained frame waits for the previous token) instead of "
+                            "with the programs")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -259,6 +263,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
         device_process=not args.no_device_process,
+        resident_grammars=not args.host_grammars,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,
