@@ -12,6 +12,10 @@ complete or at ``--max-tokens``, and tokens/s counts what they produced.
 The default schema (``--json-schema FILE`` replaces it) is a list of at least 64
 records, so constrained outputs run to ``--max-tokens`` like the unconstrained ones and
 prefill weighs the same on both sides. The target is a constrained rate of at least 0.8x the unconstrained one.
+
+Grammars are resident with the programs by default on the cpu backend (constrained
+decode frames queue like free ones, ``gpu.grammar_rows``); ``--host-grammars`` keeps
+them on the host, every constrained frame waiting for its previous token (QUEUE-13).
 """
 
 from __future__ import annotations
@@ -110,7 +114,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                     totals[name][1] += wall
             free = totals["free"][0] / totals["free"][1]
             constrained = totals["schema"][0] / totals["schema"][1]
-            rows.append({"streams": streams, "free_tokens_per_s": round(free, 1),
+            rows.append({"streams": streams,
+                         "grammars": "host" if args.host_grammars else "resident",
+                         "free_tokens_per_s": round(free, 1),
                          "schema_tokens_per_s": round(constrained, 1),
                          "ratio": round(constrained / free, 3),
                          "free_tokens": totals["free"][0],

@@ -55,15 +55,17 @@ def test_sel_13_constrained_requests_do_not_speculate() -> None:
 
 
 def test_queue_13_baselines_apply_the_feedback_rule() -> None:
-    """Covers QUEUE-13: a baseline's decode over a constrained request also requires
-    completion feedback; without the constraint it may queue."""
-    for constrained, expected in ((False, False), (True, True)):
+    """Covers QUEUE-13: a baseline's decode over a request with a host grammar also
+    requires completion feedback; without the constraint, or with a grammar resident
+    where the frames run (flare's extension), it may queue."""
+    for constrained, resident, expected in ((False, False, False), (True, False, True),
+                                            (True, True, False)):
         policy = make_policy("fcfs", catalog=(DECODE4, PREFILL64))
         policy.advance_to(1_000 * MS)
         for shape in (DECODE4, PREFILL64):
             policy.estimates.observe(shape, 10 * MS, policy.now_ns)
         h = policy.admit(prompt_len=8, max_output_tokens=50,
-                         grammar_constrained=constrained)
+                         grammar_constrained=constrained, grammar_resident=resident)
         record = policy.request(h)
         record.phase = Phase.DECODE
         record.prompt_cursor = 8
@@ -107,20 +109,3 @@ def test_sel_13_resident_grammars_still_do_not_speculate() -> None:
     assert plan is not None and plan.shape.kind is GraphKind.DECODE
     assert not plan.requires_empty_window
 
-
-def test_queue_13_baselines_lift_feedback_for_resident_grammars() -> None:
-    """Covers QUEUE-13: a baseline's decode over a request with a resident grammar
-    may queue behind another frame."""
-    policy = make_policy("fcfs", catalog=(DECODE4, PREFILL64))
-    policy.advance_to(1_000 * MS)
-    for shape in (DECODE4, PREFILL64):
-        policy.estimates.observe(shape, 10 * MS, policy.now_ns)
-    h = policy.admit(prompt_len=8, max_output_tokens=50, grammar_constrained=True,
-                     grammar_resident=True)
-    record = policy.request(h)
-    record.phase = Phase.DECODE
-    record.prompt_cursor = 8
-    record.output_committed = 1
-    plan = policy.plan()
-    assert plan is not None and plan.shape.kind is GraphKind.DECODE
-    assert not plan.requires_empty_window
