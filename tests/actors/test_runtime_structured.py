@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -19,6 +20,8 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.public import Finished, GenerationRequest, GrammarSpec, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
+from ops import cli
+from ops.run_command import build_runtime_config
 
 pytestmark = pytest.mark.slow
 SCHEMA = {"type": "object", "properties": {
@@ -106,3 +109,11 @@ async def test_resident_grammars_let_constrained_decodes_queue(resident: bool) -
     assert final.reason == "stop", text
     jsonschema.validate(json.loads(text), SCHEMA)
     assert (queued > 0) is resident, queued
+
+
+@pytest.mark.parametrize(("flags", "resident"), [([], True), (["--host-grammars"], False)])
+def test_the_host_grammars_flag_reaches_the_runtime_config(
+        tmp_path: Path, flags: list[str], resident: bool) -> None:
+    argv = ["run", "--model", str(tmp_path), *flags]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    assert config.resident_grammars is resident
