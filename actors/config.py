@@ -128,6 +128,12 @@ class RuntimeConfig:
     """vLLM's ``--tensor-parallel-size`` (``-tp``): CPU backend, run every frame on that
     many ranks, a device process each holding a shard of the model and of the KV pool
     (``gpu.backends.tensor_parallel``, docs/tensor-parallel.md)."""
+    resident_grammars: bool = True
+    """Hold constrained requests' grammar matchers with the programs where the backend's
+    stream allows it (the ``cpu`` backend; ``gpu.grammar_rows``), so their frames need
+    no completion feedback; False keeps every grammar on the host, each constrained
+    frame waiting for the previous token (``flare run --host-grammars``, A/B benchmarks).
+    The cuda backend always keeps host grammars."""
     capture_forward: bool = True
     """CPU backend: replay each decoder forward shape from a graph traced on first use
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and

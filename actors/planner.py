@@ -133,18 +133,21 @@ class Planner:
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
         grammar: GrammarVocabulary | None = None,
+        grammar_resident: bool = False,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
         of width-one steps into the scheduler (``actors.acceptance_observations``).
         ``grammar``: the vocabulary constrained requests' matchers run on (admission
-        refuses them without one)."""
+        refuses them without one); ``grammar_resident``: the programs hold constrained
+        requests' grammars (``gpu.grammar_rows``), so their frames need no feedback."""
         self.scheduler = scheduler
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
         self._eos = tuple(eos_token_ids)
         self._grammar = grammar
+        self._grammar_resident = grammar_resident
         self._clock_ns = clock_ns
         self._residents: dict[RequestHandle, _Resident] = {}
         self._by_request: dict[RequestId, RequestHandle] = {}
@@ -212,13 +215,15 @@ class Planner:
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle, grammar_constrained=request.grammar is not None,
+            grammar_resident=self._grammar_resident and request.grammar is not None,
         )
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(
             request, handle=handle, epoch=epoch, row=grant.row,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
-            eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar))
+            eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar),
+            grammar_resident=self._grammar_resident)
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle

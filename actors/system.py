@@ -64,6 +64,7 @@ from actors.planner import Planner
 from actors.planner_records import FrameRecord
 from actors.policy_setup import (
     counterfactual_copy_depth,
+    grammars_resident,
     learned_counterfactuals,
     make_scheduler,
     seed_estimates,
@@ -334,7 +335,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
-        grammar=parts.grammar,
+        grammar=parts.grammar, grammar_resident=grammars_resident(parts),
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -380,6 +381,8 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
          "tensor_parallel": config.tensor_parallel_size} if config.backend == "cpu" else {}))
     try:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
+        if config.resident_grammars:  # where the backend's stream allows them
+            engine.hold_grammars(backend)
         await trio.to_thread.run_sync(
             lambda: backend.prepare(list(engine.programs.values())))
         if config.capture_forward and backend.name == "cpu":

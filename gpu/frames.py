@@ -189,6 +189,9 @@ class RowInit:
     """Every token id that ends the request (EOS unless ignored, ``stop_token_ids``),
     forbidden while fewer than ``sampling.min_tokens`` tokens were generated; only
     needed when ``min_tokens`` is on."""
+    grammar: str = ""
+    """The request's compiled grammar (llguidance's text) when the programs hold it
+    resident (``gpu.grammar_rows``); empty: the row has no resident grammar."""
 
     def __post_init__(self) -> None:
         self.sampling.check_row()
@@ -228,6 +231,9 @@ class PrefillFrame:
     token_masks: tuple[tuple[int, bytes], ...] = ()
     """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
+    grammar_rows: tuple[int, ...] = ()
+    """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
+    sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,6 +249,9 @@ class DecodeFrame:
     token_masks: tuple[tuple[int, bytes], ...] = ()
     """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
+    grammar_rows: tuple[int, ...] = ()
+    """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
+    sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,6 +273,9 @@ class MixedFrame:
     token_masks: tuple[tuple[int, bytes], ...] = ()
     """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
+    grammar_rows: tuple[int, ...] = ()
+    """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
+    sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

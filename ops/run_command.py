@@ -153,6 +153,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "device process each holding a shard of the model and KV pool "
                             "(docs/tensor-parallel.md; MASTER_ADDR/MASTER_PORT choose the "
                             "rendezvous)")
+    model.add_argument("--host-grammars", action="store_true",
+                       help="CPU: keep structured-output grammars on the host (every "
+                            "constrained frame waits for the previous token) instead of "
+                            "with the programs")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -266,6 +270,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         capture_forward=not args.eager_forward,
         device_process=not args.no_device_process,
         tensor_parallel_size=args.tensor_parallel_size,
+        resident_grammars=not args.host_grammars,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,

@@ -196,7 +196,7 @@ class Scheduler:
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               restore: RestoreNeed = RestoreNeed.NONE,
-              further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False) -> RequestHandle:
+              further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False, grammar_resident: bool = False) -> RequestHandle:
         """Make a request resident and return its handle.
 
         ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
@@ -211,7 +211,7 @@ class Scheduler:
         such a request is outside every participant set meanwhile (ACCT-4).
         ``further_stages``: prerequisite stages after the restore (initialization), each
         run by its own prepared state graph before the request is ready; such a request
-        is ranked by the continuation index (PRE-21..25). ``grammar_constrained``: see ``policy.grammar_feedback``.
+        is ranked by the continuation index (PRE-21..25). ``grammar_constrained``, ``grammar_resident``: see ``policy.grammar_feedback``.
         """
         ends = check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                                cached_prefix_len=cached_prefix_len,
@@ -225,7 +225,7 @@ class Scheduler:
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
-            grammar_constrained=grammar_constrained))
+            grammar_constrained=grammar_constrained, grammar_resident=grammar_resident))
         self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
                                uncached_tokens=prompt_len - cached_prefix_len,
                                catalog=self._catalog, estimates=self._estimates)

@@ -181,6 +181,9 @@ class CpuBackend:
     device = "cpu"
     lost = None
     """An in-process stream is never lost."""
+    resident_grammars = True
+    """Each frame binds after the frame ahead executed, on this CPU, so the programs
+    may hold grammar matchers per row (``gpu.grammar_rows``)."""
 
     def __init__(self, *, num_threads: int | None = None) -> None:
         """``num_threads``: torch intra-op threads (``None``: ``default_cpu_threads()``;

@@ -131,6 +131,9 @@ class DeviceProcessBackend:
 
     name = "cpu"
     device = "cpu"
+    resident_grammars = True
+    """Each frame binds after the frame ahead executed, on this CPU, so the programs
+    may hold grammar matchers per row (``gpu.grammar_rows``)."""
 
     def __init__(self, *, num_threads: int | None = None, rank: RankSpec | None = None,
                  sharing: SharedSending | None = None) -> None:

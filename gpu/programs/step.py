@@ -59,6 +59,9 @@ class StagedFrame:
     block: np.ndarray
     token_masks: np.ndarray | None = None
     """The frame's grammar masks (``TokenMasks.stage``), None when unconstrained."""
+    grammar_lanes: tuple[tuple[int, int], ...] = ()
+    """``(lane, row)`` of the lanes whose resident grammar masks them (``bind``
+    computes those masks, ``execute`` advances the matchers; ``gpu.grammar_rows``)."""
 
 
 class StepProgram:
@@ -108,6 +111,8 @@ class StepProgram:
             lanes, decoder.config.vocab_size, device=self.buffers.out_token.device,
             always_apply=not self.execution.host_bounds)
         """Grammar masks of the bound frame's lanes (structured output)."""
+        self._grammar_lanes: tuple[tuple[int, int], ...] = ()
+        """The bound frame's resident-grammar lanes (``StagedFrame.grammar_lanes``)."""
         geo = cache.geometry
         # host-known bounds chosen in bind (static options: the full row, always sample)
         self.context_blocks = geo.blocks_per_row
@@ -135,6 +140,13 @@ class StepProgram:
     def shape(self) -> GraphShape:
         return self._shape
 
+    @property
+    def holds_grammars(self) -> bool:
+        """The program's declared capability: constrained rows' grammars are resident
+        in its request state (``gpu.grammar_rows``), so their frames list
+        ``grammar_rows`` instead of carrying host masks and need no completion feedback."""
+        return self._state.grammars is not None
+
     # ------------------------------------------------------------------ bind
 
     def stage(self, inputs: Mapping[str, Any]) -> StagedFrame:
@@ -147,7 +159,23 @@ class StepProgram:
         pack, updates = self.pack(inputs, out=block)
         masks = self._token_masks.stage(pack.rows, getattr(frame, "token_masks", ()))
         return StagedFrame(program=self, pack=pack, updates=updates, block=block,
-                           token_masks=masks)
+                           token_masks=masks, grammar_lanes=self._grammar_lanes_of(
+                               pack.rows, getattr(frame, "grammar_rows", ()), masks))
+
+    def _grammar_lanes_of(self, rows: tuple[int, ...], grammar_rows: tuple[int, ...],
+                          masks: np.ndarray | None) -> tuple[tuple[int, int], ...]:
+        """The ``(lane, row)`` pairs of a frame's resident-grammar rows (validated)."""
+        if not grammar_rows:
+            return ()
+        if self._state.grammars is None:
+            raise FrameError(f"{self._shape.label()} holds no resident grammars")
+        if masks is not None:
+            raise FrameError("a frame carries host masks or resident grammar rows, not both")
+        lane_of = {row: i for i, row in enumerate(rows)}
+        missing = [row for row in grammar_rows if row not in lane_of]
+        if missing:
+            raise FrameError(f"grammar rows {missing} are not in the frame")
+        return tuple((lane_of[row], row) for row in grammar_rows)
 
     def pack(
         self, inputs: Mapping[str, Any], *, out: np.ndarray | None = None
@@ -198,7 +226,13 @@ class StepProgram:
                              f"bound to {self._shape.label()}")
         self._state.apply_updates(staged.updates)
         self._workspace.upload(staged.block)
-        self._token_masks.upload(staged.token_masks)
+        grammars = self._state.grammars
+        self._grammar_lanes = staged.grammar_lanes
+        if staged.grammar_lanes and grammars is not None:
+            self._token_masks.upload(grammars.mask_block(self._shape.batch_capacity,
+                                                         staged.grammar_lanes))
+        else:
+            self._token_masks.upload(staged.token_masks)
         self._choose_bounds(staged.pack)
         self._bound = staged.pack
 
@@ -308,6 +342,11 @@ class StepProgram:
         )
         st.pending_token.index_copy_(0, rows, new_pending)
         st.position.index_copy_(0, rows, new_position)
+        if self._grammar_lanes and st.grammars is not None:
+            # resident grammars (CPU streams only: the token is already on the host)
+            sampled = token.tolist()
+            st.grammars.advance([row for _, row in self._grammar_lanes],
+                                [sampled[lane] for lane, _ in self._grammar_lanes])
 
     # ---------------------------------------------------------- read outputs
 

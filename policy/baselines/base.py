@@ -239,7 +239,7 @@ class BaselinePolicy(abc.ABC):
     def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
-              grammar_constrained: bool = False) -> RequestHandle:
+              grammar_constrained: bool = False, grammar_resident: bool = False) -> RequestHandle:
         """Make a request resident (same contract as ``Scheduler.admit``; message ends
         are checked and scored prompts accepted, then both ignored: baselines run
         ordinary prefill; a constrained request's plans need completion feedback)."""
@@ -253,7 +253,7 @@ class BaselinePolicy(abc.ABC):
             prompt_len=prompt_len, cached_prefix_len=cached_prefix_len,
             max_output_tokens=max_output_tokens, system_end=system_end,
             history=new_history(_UNPRICED), prompt_cursor=cached_prefix_len,
-            last_visible_ns=self._now_ns, grammar_constrained=grammar_constrained,
+            last_visible_ns=self._now_ns, grammar_constrained=grammar_constrained, grammar_resident=grammar_resident,
         )
         self._on_admitted(req)
         self._residency.add(req)
