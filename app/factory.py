@@ -32,12 +32,10 @@ def create_app(runtime: Runtime, settings: AppSettings | None = None) -> QuartTr
     @app.before_serving
     async def _bind_nursery() -> None:
         service.nursery = app.nursery
-        service.start_parse_workers()
 
     @app.after_serving
     async def _stop_admitting() -> None:
         service.draining = True
-        service.stop_parse_workers()
 
     @app.before_request
     async def _check_access() -> Response | None:

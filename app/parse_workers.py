@@ -4,73 +4,114 @@ Decoding a multi-megabyte JSON body, walking its strings and rendering a 2,048-m
 chat take tens of milliseconds of CPU that hold the serving process's interpreter lock:
 in a thread they still delay the trio thread that plans frames and publishes tokens, and
 every stream's next token waits. ``ParseWorkers`` sends such a body to a small pool of
-processes (``--parse-workers``, started with the server, spawned fresh rather than
-forked from the threaded serving process, at a lower CPU priority than serving) that
-run ``app.body_checks.check_body`` on it. A body they refuse is answered with their
-``ApiError`` and is never parsed in the serving process; a body they pass is prepared
-there as before (it is within the bounds, so parsing it is bounded too).
+processes (``--parse-workers``, started with the server) that run
+``app.body_checks.check_body`` on it (``app.parse_worker`` is their program). A body
+they refuse is answered with their ``ApiError`` and is never decoded in the serving
+process; a body they pass is prepared there as before (it is within the bounds, so
+preparing it is bounded too).
 
-The serving process only copies the bytes into a pipe (the writes release the lock)
-and wakes when the verdict arrives; no thread waits on it. A worker that dies (or a
-pool that cannot start) costs no request: the pool is replaced and the body is checked
-in the serving process's own path.
+A worker is a fresh interpreter (``python -m app.parse_worker``: nothing of the threaded
+serving process is forked), at a lower CPU priority than serving. It reads frames on its
+stdin, each a 4-byte big-endian length and ``route NUL body``, and answers each with one
+frame on its stdout: the pickled refusal fields, or ``None`` when the body passed. Its
+first frame is the pickled ``BodyLimits``. The serving process writes the body into the
+pipe from the trio thread (non-blocking writes: other tasks run between them) and waits
+for the answer there; no thread is involved. A worker that dies, stalls past
+``CHECK_TIMEOUT_S`` or is interrupted mid-exchange is killed and replaced, and that
+body is checked in the serving process's own path: no request fails for it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import multiprocessing
+import fcntl
 import os
-import signal
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import pickle
+import struct
+import subprocess
+import sys
 from typing import Any
 
 import structlog
 import trio
 
-from app.body_checks import BodyLimits, check_body
-from app.chat_template import ChatTemplate
+from app.body_checks import BodyLimits
 from app.errors import ApiError
 
 log = structlog.get_logger("flare.app.parse_workers")
 
 DEFAULT_PARSE_WORKERS = 1
 MAX_PARSE_WORKERS = 16
-WORKER_NICENESS = 10
-"""How much lower than the serving process a worker's CPU priority is: checking an
-abusive body must not take a core from the streams."""
-
-_worker_limits: BodyLimits | None = None
-_worker_template: ChatTemplate | None = None
-
-
-def _start_worker(limits: BodyLimits) -> None:
-    """A worker's set-up: its bounds and template; SIGINT is the serving process's."""
-    global _worker_limits, _worker_template
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
-        os.nice(WORKER_NICENESS)
-    _worker_limits = limits
-    _worker_template = limits.template()
+CHECK_TIMEOUT_S = 30.0
+"""A worker that has not answered within this long is killed (the checks of a 4 MiB body
+take tens of milliseconds)."""
+FRAME_HEADER = struct.Struct(">I")
+PIPE_BYTES = 1 << 20
+"""The body pipe's capacity (Linux's default 64 KiB would take a 4 MiB body in 64
+writes, each a wake-up of the trio thread)."""
+STOP_TIMEOUT_S = 5.0
+"""How long a worker whose input was closed may take to exit before it is killed."""
 
 
-def _ready() -> int:
-    return os.getpid()
+async def _receive_exactly(stream: trio.abc.ReceiveStream, count: int) -> bytes:
+    parts: list[bytes | bytearray] = []
+    while count:
+        chunk = await stream.receive_some(count)
+        if not chunk:
+            raise trio.BrokenResourceError("the parse worker closed its output")
+        parts.append(chunk)
+        count -= len(chunk)
+    return b"".join(parts)
 
 
-def check_in_worker(route: str, raw: bytes) -> dict[str, Any] | None:
-    """In a worker: the refusing ``ApiError``'s fields, or ``None`` when the body passes
-    (or the checks fail in a way only the serving path may answer)."""
-    assert _worker_limits is not None and _worker_template is not None
-    try:
-        check_body(route, raw, _worker_limits, _worker_template)
-    except ApiError as exc:
-        return dataclasses.asdict(exc)
-    except Exception:  # not a refusal: the serving process's own path decides
-        return None
-    return None
+class _Worker:
+    """One worker process and its pipes."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, limits: BodyLimits) -> _Worker:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "app.parse_worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=env)
+        if isinstance(process.stdin, trio.lowlevel.FdStream) and hasattr(fcntl, "F_SETPIPE_SZ"):
+            with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size
+                fcntl.fcntl(process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        worker = cls(process)
+        await worker._send(pickle.dumps(limits))
+        return worker
+
+    async def _send(self, payload: bytes, body: bytes = b"") -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send_all(FRAME_HEADER.pack(len(payload) + len(body)) + payload)
+        if body:
+            await self.process.stdin.send_all(body)
+
+    async def check(self, route: str, raw: bytes) -> dict[str, Any] | None:
+        await self._send(route.encode() + b"\0", raw)
+        assert self.process.stdout is not None
+        (size,) = FRAME_HEADER.unpack(await _receive_exactly(self.process.stdout,
+                                                             FRAME_HEADER.size))
+        refusal: dict[str, Any] | None = pickle.loads(
+            await _receive_exactly(self.process.stdout, size))
+        return refusal
+
+    async def stop(self, *, kill: bool) -> None:
+        """End the worker (closing its input ends it; ``kill`` when it may be busy)."""
+        with trio.CancelScope(shield=True):
+            if kill:
+                self.process.kill()
+            with trio.move_on_after(STOP_TIMEOUT_S):
+                if self.process.stdin is not None:
+                    await self.process.stdin.aclose()
+                await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+            if self.process.stdout is not None:
+                await self.process.stdout.aclose()
 
 
 class ParseWorkers:
@@ -82,77 +123,68 @@ class ParseWorkers:
         self.checked = 0
         """Bodies the workers gave a verdict on."""
         self.replaced = 0
-        """Pools replaced after a worker died."""
-        self._executor: ProcessPoolExecutor | None = None
+        """Workers killed and replaced (died, stalled or interrupted)."""
+        self._idle: list[_Worker] = []
+        self._missing = count
+        """Workers to start before the next check."""
+        self._slots = trio.Semaphore(count)
+        self._running = False
 
-    def start(self) -> None:
-        """Spawn the pool (without waiting for it: the first body queues behind the
-        start-up)."""
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Start the workers (their interpreters load in the background: the first body
+        waits for them), report started, and stop them when cancelled."""
+        self._running = True
         try:
-            self._executor = ProcessPoolExecutor(
-                self.count, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start_worker, initargs=(self.limits,))
-            self._executor.submit(_ready)
-        except (RuntimeError, OSError) as exc:  # no process to spare: check in-process
-            log.warning("parse_workers.start_failed", error=f"{type(exc).__name__}: {exc}")
-            self._executor = None
+            await self._fill()
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._running = False
+            idle, self._idle = self._idle, []
+            for worker in idle:
+                await worker.stop(kill=False)
 
-    def close(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+    async def _fill(self) -> None:
+        while self._missing and self._running:
+            try:
+                self._idle.append(await _Worker.start(self.limits))
+            except OSError as exc:  # no process to spare: the bodies are checked here
+                log.warning("parse_workers.start_failed", error=f"{type(exc).__name__}: {exc}")
+                return
+            self._missing -= 1
 
     def pids(self) -> list[int]:
-        """The workers' process ids (those started so far)."""
-        executor = self._executor
-        return [] if executor is None else list(executor._processes)
+        """The idle workers' process ids."""
+        return [worker.process.pid for worker in self._idle]
 
     async def check(self, route: str, raw: bytes) -> bool:
         """Check ``raw`` in a worker: raise its refusal, return ``True`` when it passed,
         ``False`` when no worker could give a verdict (check in the serving process)."""
-        executor = self._executor
-        if executor is None:
-            return False
-        try:
-            future = executor.submit(check_in_worker, route, raw)
-        except (BrokenProcessPool, RuntimeError, OSError):  # broken, shut down, no spawn
-            self._replace(executor)
-            return False
-        await _wait(future)
-        try:
-            refusal = future.result()
-        except BrokenProcessPool:
-            self._replace(executor)
-            return False
-        except CancelledError:  # closed meanwhile
-            return False
-        self.checked += 1
+        async with self._slots:
+            await self._fill()
+            if not self._running or not self._idle:
+                return False
+            worker = self._idle.pop()
+            refusal: dict[str, Any] | None = None
+            try:
+                with trio.fail_after(CHECK_TIMEOUT_S):
+                    refusal = await worker.check(route, raw)
+            except BaseException as exc:
+                # dead, stalled or interrupted mid-frame: its pipe state is unknown
+                self.replaced += 1
+                self._missing += 1
+                log.warning("parse_workers.replaced", pid=worker.process.pid,
+                            cause=type(exc).__name__)
+                await worker.stop(kill=True)
+                if isinstance(exc, Exception):
+                    return False
+                raise
+            if not self._running:
+                await worker.stop(kill=False)
+            else:
+                self._idle.append(worker)
+            self.checked += 1
         if refusal is not None:
             raise ApiError(**refusal)
         return True
-
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
-        if self._executor is not broken:
-            return  # another request replaced it already
-        log.warning("parse_workers.lost", replaced=self.replaced + 1)
-        self.replaced += 1
-        broken.shutdown(wait=False, cancel_futures=True)
-        self.start()
-
-
-async def _wait(future: Future[Any]) -> None:
-    """Wait for ``future`` on the trio loop (woken from the pool's thread); if the wait
-    is cancelled, the verdict is not wanted any more."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-
-    def wake(_: Future[Any]) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(done.set)
-
-    future.add_done_callback(wake)
-    try:
-        await done.wait()
-    except BaseException:
-        future.cancel()
-        raise

@@ -177,13 +177,14 @@ class FlareService:
 
                 return await trio.to_thread.run_sync(checked)
 
-    def start_parse_workers(self) -> None:
-        if self.parse_workers is not None:
-            self.parse_workers.start()
-
-    def stop_parse_workers(self) -> None:
-        if self.parse_workers is not None:
-            self.parse_workers.close()
+    async def run_parse_workers(self, *, task_status: trio.TaskStatus[None]
+                                = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the parse workers until cancelled (``app.server`` runs it around the HTTP
+        server); without any, report started and return."""
+        if self.parse_workers is None:
+            task_status.started()
+            return
+        await self.parse_workers.run(task_status=task_status)
 
     @contextlib.contextmanager
     def _preparing_slot(self, client: str) -> Iterator[None]:
