@@ -2,7 +2,7 @@
 ``app.parse_workers``): it checks request bodies with ``app.body_checks.check_body``.
 
 Frames on stdin, answers on stdout (see ``app.parse_workers``); the first frame is the
-pickled ``BodyLimits``. Anything else the process prints goes to stderr, so nothing can
+pickled ``BodyLimits``, answered once loaded. Anything else the process prints goes to stderr, so nothing can
 corrupt the answers. It ignores SIGINT (the serving process decides when it ends) and
 runs at a lower CPU priority; it exits when its input closes.
 """
@@ -47,6 +47,7 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
         return
     limits: BodyLimits = pickle.loads(first)
     template = limits.template()
+    _write_frame(sink, pickle.dumps(None))  # ready
     while (frame := _read_frame(source)) is not None:
         route, _, raw = frame.partition(b"\0")
         refusal = None

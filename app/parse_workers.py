@@ -14,7 +14,8 @@ A worker is a fresh interpreter (``python -m app.parse_worker``: nothing of the 
 serving process is forked), at a lower CPU priority than serving. It reads frames on its
 stdin, each a 4-byte big-endian length and ``route NUL body``, and answers each with one
 frame on its stdout: the pickled refusal fields, or ``None`` when the body passed. Its
-first frame is the pickled ``BodyLimits``. The serving process writes the body into the
+first frame is the pickled ``BodyLimits``, answered once the worker is ready: the
+server serves once its workers are. The serving process writes the body into the
 pipe from the trio thread (non-blocking writes: other tasks run between them) and waits
 for the answer there; no thread is involved. A worker that dies, stalls past
 ``CHECK_TIMEOUT_S`` or is interrupted mid-exchange is killed and replaced, and that
@@ -49,6 +50,10 @@ FRAME_HEADER = struct.Struct(">I")
 PIPE_BYTES = 1 << 20
 """The body pipe's capacity (Linux's default 64 KiB would take a 4 MiB body in 64
 writes, each a wake-up of the trio thread)."""
+WORKER_PROGRAM = ("-m", "app.parse_worker")
+"""The worker's interpreter arguments."""
+START_TIMEOUT_S = 60.0
+"""How long a new worker may take to load (an interpreter importing the app)."""
 STOP_TIMEOUT_S = 5.0
 """How long a worker whose input was closed may take to exit before it is killed."""
 
@@ -74,13 +79,19 @@ class _Worker:
     async def start(cls, limits: BodyLimits) -> _Worker:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "app.parse_worker"], stdin=subprocess.PIPE,
+            [sys.executable, *WORKER_PROGRAM], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env)
         if isinstance(process.stdin, trio.lowlevel.FdStream) and hasattr(fcntl, "F_SETPIPE_SZ"):
             with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size
                 fcntl.fcntl(process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         worker = cls(process)
-        await worker._send(pickle.dumps(limits))
+        try:
+            with trio.fail_after(START_TIMEOUT_S):
+                await worker._send(pickle.dumps(limits))
+                await worker._reply()
+        except BaseException:
+            await worker.stop(kill=True)
+            raise
         return worker
 
     async def _send(self, payload: bytes, body: bytes = b"") -> None:
@@ -89,13 +100,15 @@ class _Worker:
         if body:
             await self.process.stdin.send_all(body)
 
-    async def check(self, route: str, raw: bytes) -> dict[str, Any] | None:
-        await self._send(route.encode() + b"\0", raw)
+    async def _reply(self) -> Any:
         assert self.process.stdout is not None
         (size,) = FRAME_HEADER.unpack(await _receive_exactly(self.process.stdout,
                                                              FRAME_HEADER.size))
-        refusal: dict[str, Any] | None = pickle.loads(
-            await _receive_exactly(self.process.stdout, size))
+        return pickle.loads(await _receive_exactly(self.process.stdout, size))
+
+    async def check(self, route: str, raw: bytes) -> dict[str, Any] | None:
+        await self._send(route.encode() + b"\0", raw)
+        refusal: dict[str, Any] | None = await self._reply()
         return refusal
 
     async def stop(self, *, kill: bool) -> None:
@@ -149,8 +162,11 @@ class ParseWorkers:
         while self._missing and self._running:
             try:
                 self._idle.append(await _Worker.start(self.limits))
-            except OSError as exc:  # no process to spare: the bodies are checked here
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError, EOFError,
+                    pickle.UnpicklingError) as exc:
+                # no worker: the bodies are checked here, and no start is tried again
                 log.warning("parse_workers.start_failed", error=f"{type(exc).__name__}: {exc}")
+                self._missing = 0
                 return
             self._missing -= 1
 

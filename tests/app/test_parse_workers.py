@@ -18,6 +18,7 @@ from http_fakes import FakeRuntime, TinyCodec
 from http_harness import running_server
 
 from app import AppSettings, ServerHandle
+from app import parse_workers as parse_workers_module
 from app import routes as routes_module
 from app.parse_workers import ParseWorkers
 from app.service import OFFLOAD_BYTES
@@ -126,3 +127,20 @@ async def test_a_lost_worker_costs_no_request(codec: TinyCodec, parsed_here: lis
     assert replaced == 1 and pids and pid not in pids
     assert checked == 2  # the request that met the dead worker was checked here
     assert parsed_here == [len(body)]
+
+
+async def test_without_a_worker_bodies_are_checked_in_the_serving_process(
+        codec: TinyCodec, parsed_here: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parse_workers_module, "WORKER_PROGRAM", ("-c", "pass"))  # exits at once
+    rt = FakeRuntime(codec, max_context=256)
+    body = json.dumps({"prompt": "word " * 200_000, "max_tokens": 1}).encode()
+    with trio.fail_after(120):
+        async with running_server(rt, WITH_WORKER) as server, _client(server) as client:
+            answers = [await client.post(COMPLETIONS, content=body, headers=JSON)
+                       for _ in range(2)]
+            workers = _workers(server)
+    for answer in answers:
+        assert answer.status_code == 400
+        assert answer.json()["error"]["code"] == "context_length_exceeded"
+    assert workers.checked == 0 and workers.pids() == []
+    assert parsed_here == [len(body)] * 2
