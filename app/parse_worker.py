@@ -1,5 +1,5 @@
-"""The program of a parse worker (``python -m app.parse_worker``, started by
-``app.parse_workers``): it checks request bodies with ``app.body_checks.check_body``.
+"""The program of a parse worker (``main``, which ``app.parse_workers`` runs in a fresh
+interpreter): it checks request bodies with ``app.body_checks.check_body``.
 
 Frames on stdin, answers on stdout (see ``app.parse_workers``); the first frame is the
 pickled ``BodyLimits``, answered once loaded. Anything else the process prints goes to stderr, so nothing can
@@ -14,13 +14,14 @@ import dataclasses
 import os
 import pickle
 import signal
+import struct
 import sys
 from typing import BinaryIO
 
 from app.body_checks import BodyLimits, check_body
 from app.errors import ApiError
-from app.parse_workers import FRAME_HEADER
 
+FRAME_HEADER = struct.Struct(">I")
 NICENESS = 10
 """How much lower than the serving process the worker's CPU priority is: checking an
 abusive body must not take a core from the streams."""
@@ -67,7 +68,3 @@ def main() -> None:
     sink = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
     serve(sys.stdin.buffer, sink)
-
-
-if __name__ == "__main__":
-    main()

@@ -10,8 +10,8 @@ they refuse is answered with their ``ApiError`` and is never decoded in the serv
 process; a body they pass is prepared there as before (it is within the bounds, so
 preparing it is bounded too).
 
-A worker is a fresh interpreter (``python -m app.parse_worker``: nothing of the threaded
-serving process is forked), at a lower CPU priority than serving. It reads frames on its
+A worker is a fresh interpreter (``python -c``, running ``app.parse_worker.main``:
+nothing of the threaded serving process is forked), at a lower CPU priority than serving. It reads frames on its
 stdin, each a 4-byte big-endian length and ``route NUL body``, and answers each with one
 frame on its stdout: the pickled refusal fields, or ``None`` when the body passed. Its
 first frame is the pickled ``BodyLimits``, answered once the worker is ready: the
@@ -28,7 +28,6 @@ import contextlib
 import fcntl
 import os
 import pickle
-import struct
 import subprocess
 import sys
 from typing import Any
@@ -38,6 +37,8 @@ import trio
 
 from app.body_checks import BodyLimits
 from app.errors import ApiError
+from app.parse_worker import FRAME_HEADER
+from app.parse_worker import __name__ as WORKER_MODULE
 
 log = structlog.get_logger("flare.app.parse_workers")
 
@@ -46,11 +47,10 @@ MAX_PARSE_WORKERS = 16
 CHECK_TIMEOUT_S = 30.0
 """A worker that has not answered within this long is killed (the checks of a 4 MiB body
 take tens of milliseconds)."""
-FRAME_HEADER = struct.Struct(">I")
 PIPE_BYTES = 1 << 20
 """The body pipe's capacity (Linux's default 64 KiB would take a 4 MiB body in 64
 writes, each a wake-up of the trio thread)."""
-WORKER_PROGRAM = ("-m", "app.parse_worker")
+WORKER_PROGRAM = ("-c", f"from {WORKER_MODULE} import main; main()")
 """The worker's interpreter arguments."""
 START_TIMEOUT_S = 60.0
 """How long a new worker may take to load (an interpreter importing the app)."""
