@@ -61,6 +61,7 @@ from app.connections import (
 )
 from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageLimits
 from app.log_config import LOG_FORMATS
+from app.parse_workers import DEFAULT_PARSE_WORKERS, MAX_PARSE_WORKERS
 from app.service import DEFAULT_MAX_REQUEST_BYTES
 from ops.startup_checks import (
     STARTUP_FAILURES,
@@ -239,6 +240,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "the model directory's name)")
     http.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                       help="largest accepted request body; larger ones get 413")
+    http.add_argument("--parse-workers", type=int, default=DEFAULT_PARSE_WORKERS,
+                      help="processes that check bodies of 64 KiB or more before they are "
+                           "prepared, off the serving process (0: a thread of the serving "
+                           f"process; default {DEFAULT_PARSE_WORKERS})")
     http.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
                       help="seconds in-flight requests may finish after SIGINT/SIGTERM")
     http.add_argument("--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
@@ -297,6 +302,9 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
 def build_app_settings(args: argparse.Namespace) -> AppSettings:
     if args.max_request_bytes < 1024:
         raise ConfigError(f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}")
+    if not 0 <= args.parse_workers <= MAX_PARSE_WORKERS:
+        raise ConfigError(f"--parse-workers must be between 0 and {MAX_PARSE_WORKERS}, got "
+                          f"{args.parse_workers}")
     if not args.shutdown_grace >= 0 or args.shutdown_grace == float("inf"):
         raise ConfigError(f"--shutdown-grace must be finite and >= 0, got {args.shutdown_grace}")
     if args.max_context is not None and args.max_context < 1:
@@ -317,6 +325,7 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                                       else load_chat_template(args.chat_template)),
                        allowed_origins=args.allowed_origins,
                        metrics_require_key=args.metrics_require_key,
+                       parse_workers=args.parse_workers,
                        image_limits=ImageLimits(
                            max_images=args.limit_mm_per_prompt,
                            allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
