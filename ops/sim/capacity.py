@@ -67,6 +67,11 @@ SEED_LABELS = ("balanced", "throughput")
 VARIANT_CONFIGURATIONS = (
     Configuration("balanced-adapt-5ms", "balanced", preferences=(("adaptation_ms", 5.0),)),
     Configuration("balanced-adapt-20ms", "balanced", preferences=(("adaptation_ms", 20.0),)),
+    Configuration("balanced-retire-10k", "balanced",
+                  preferences=(("terminal_value", 10_000.0),)),
+    Configuration("balanced-urgency-0.1", "balanced",
+                  preferences=(("prompt_age_price", 0.1),)),
+    Configuration("first-token", "first-token"),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
