@@ -145,6 +145,8 @@ def run_metrics(records: Sequence[RequestRecord], targets: SloTargets) -> dict[s
         "itl_max_s": max(gaps, default=None),
         "ttft_by_prompt_tokens": buckets,
         "per_client": per_client_latency(records),
+        "sent_by_client": {c: sum(r.client == c for r in records)
+                           for c in sorted({r.client for r in records})},
     }
 
 
@@ -159,6 +161,7 @@ def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
     result = simulate(planner, requests, setup.costs, setup.options)
     metrics = run_metrics(result.records, setup.targets)
     metrics["rate"] = rate
+    metrics["policy"] = config.policy
     metrics["simulation_cpu_s"] = result.cpu_s
     return metrics
 

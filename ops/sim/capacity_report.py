@@ -92,13 +92,13 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
 def write_report(out_dir: pathlib.Path, *, settings: Mapping[str, Any],
                  results: Sequence[Mapping[str, Any]], pareto: Sequence[Mapping[str, Any]],
                  scenarios: Sequence[str], configurations: Sequence[str],
-                 plot: bool = True) -> list[pathlib.Path]:
-    """Write ``capacity.md``, ``capacity.json`` and (unless ``plot`` is off)
-    ``pareto.png``; return the paths."""
+                 plot: bool = True, appendix: str = "") -> list[pathlib.Path]:
+    """Write ``capacity.md`` (the table, then ``appendix``), ``capacity.json`` and
+    (unless ``plot`` is off) ``pareto.png``; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = capacity_table(results, scenarios, configurations)
     md = out_dir / "capacity.md"
-    md.write_text(table)
+    md.write_text(table + ("\n" + appendix if appendix else ""))
     points = pareto_points(pareto)
     js = out_dir / "capacity.json"
     js.write_text(json.dumps({"settings": dict(settings), "table": table,
