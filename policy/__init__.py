@@ -7,8 +7,8 @@ package's public surface; modules stay importable for their other helpers.
 
 from policy.baselines.factory import (
     FIXED_SPEC_POLICIES,
-    RUNTIME_POLICIES,
     PRESET_POLICIES,
+    RUNTIME_POLICIES,
     SEED_POLICIES,
     make_policy,
 )
@@ -58,8 +58,8 @@ from policy.types import (
 __all__ = [
     "FIXED_SPEC_POLICIES",
     "FRAME_SLOTS",
-    "RUNTIME_POLICIES",
     "PRESET_POLICIES",
+    "RUNTIME_POLICIES",
     "SEED_POLICIES",
     "AdmissionRefused",
     "CommitRejected",
