@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      default=None, dest="configurations",
                      help=f"default: {' '.join(labels)} (balanced-adapt-*: the seed preset "
                           "with another adaptation time, opt-in)")
+    sel.add_argument("--variant", action="append", default=[], metavar="LABEL=PRESET:FIELD=V",
+                     help="one more configuration: a preset with PolicyConfig fields "
+                          "replaced, e.g. first-token-u0.3=first-token:prompt_age_price=0.3 "
+                          "(repeatable; measured, never a baseline)")
     sel.add_argument("--scenario", nargs="+", choices=tuple(CAPACITY_SCENARIOS),
                      default=None, dest="scenarios",
                      help=f"default: {' '.join(CAPACITY_SCENARIOS)}")
@@ -99,6 +103,7 @@ def main(args: argparse.Namespace) -> int:
         Setup,
         SloTargets,
         is_baseline,
+        parse_variant,
     )
     from ops.sim.capacity_report import capacity_table, write_report
     from ops.sim.catalogs import build_catalogs
@@ -120,6 +125,10 @@ def main(args: argparse.Namespace) -> int:
         return fail("--num-requests and --jobs must be positive")
     chosen = args.configurations or [c.label for c in DEFAULT_CONFIGURATIONS]
     configs = [c for c in CONFIGURATIONS if c.label in chosen]
+    try:
+        configs += [parse_variant(v) for v in args.variant]
+    except ValueError as exc:
+        return fail(str(exc))
     scenarios = list(args.scenarios or SUITE)
     try:
         catalogs = build_catalogs(max_batch=args.max_batch,

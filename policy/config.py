@@ -109,7 +109,7 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     "throughput": PolicyConfig(delivery_fairness=0.0, decode_age_price=0.0),
     # flare's extension (docs/scheduling-utility.md, *First-token urgency*): balanced,
     # plus a prompt-age price and a retirement worth a freed request slot.
-    "first-token": PolicyConfig(prompt_age_price=0.1, terminal_value=10_000.0),
+    "first-token": PolicyConfig(prompt_age_price=0.03, terminal_value=10_000.0),
 }
 """The ``--scheduler-policy`` presets by name."""
 

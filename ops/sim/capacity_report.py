@@ -17,8 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ops.sim.capacity import (
-    SEED_LABELS,
-    VARIANT_CONFIGURATIONS,
     is_baseline,
     ratio_to_best_baseline,
 )
@@ -33,8 +31,7 @@ def capacity_table(results: Sequence[Mapping[str, Any]], scenarios: Sequence[str
     for label in configurations:
         cells = [f"{cap[(label, s)]:.2f}" if (label, s) in cap else "-" for s in scenarios]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    variants = tuple(v.label for v in VARIANT_CONFIGURATIONS)
-    for seed in (s for s in (*SEED_LABELS, *variants) if s in configurations):
+    for seed in (s for s in configurations if not is_baseline(s)):
         cells = []
         for s in scenarios:
             ratio = ratio_to_best_baseline(

@@ -28,7 +28,7 @@ def test_seed_presets_keep_the_seed_price_and_first_token_departs() -> None:
     for name in ("balanced", "throughput"):
         assert policy_preset(name).prompt_age_price == 0.0
     ext = policy_preset("first-token")
-    assert ext == replace(policy_preset("balanced"), prompt_age_price=0.1,
+    assert ext == replace(policy_preset("balanced"), prompt_age_price=0.03,
                           terminal_value=10_000.0)
     policy = make_policy("first-token")
     assert isinstance(policy, Scheduler) and policy.config == ext
