@@ -12,7 +12,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from policy import FIXED_SPEC_POLICIES, RUNTIME_POLICIES, SEED_POLICIES, GraphKind, GraphShape
+from policy import FIXED_SPEC_POLICIES, PRESET_POLICIES, RUNTIME_POLICIES, GraphKind, GraphShape
 
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"
@@ -239,7 +239,7 @@ class RuntimeConfig:
                         shape.proposal_depth > self.draft_depth or self.speculation != "adaptive":
                     raise ConfigError(f"extra speculative shape {shape.label()}: adaptive "
                                       "mode, SPECULATIVE kind, depth <= --draft-depth only")
-            if self.scheduler_policy not in (*SEED_POLICIES, *FIXED_SPEC_POLICIES):
+            if self.scheduler_policy not in (*PRESET_POLICIES, *FIXED_SPEC_POLICIES):
                 raise ConfigError(f"--speculation {self.speculation} runs with the seed's "
                                   "scheduler only (--scheduler-policy balanced or "
                                   "throughput), or with a fixed-spec-K baseline")

@@ -95,7 +95,7 @@ from gpu import (
 from gpu.engine import ExecutionOptions, ModelEngine, resolve_dtype
 from policy import (
     FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
-    SEED_POLICIES,
+    PRESET_POLICIES,
     GraphShape,
     PolicyConfig,
     SchedulingPolicy,
@@ -412,7 +412,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         copy_counterfactuals=config.copy_counterfactuals,
         draft_counterfactuals=config.draft_counterfactuals,
         policy=policy_preset(
-            config.scheduler_policy if config.scheduler_policy in SEED_POLICIES else "balanced",
+            config.scheduler_policy if config.scheduler_policy in PRESET_POLICIES else "balanced",
             terminal_value=config.scheduler_terminal_value,
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
