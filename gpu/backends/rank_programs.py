@@ -80,7 +80,7 @@ class _Paster(pickle.Unpickler):
             return self.copier.substitutes[key]
         clone = self.clones.get(key)
         if clone is None:
-            clone = self.clones[key] = self.copier.storages[key].clone()
+            clone = self.clones[key] = self.copier.storages[key].clone()  # type: ignore[no-untyped-call]
         return clone
 
 

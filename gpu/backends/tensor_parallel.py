@@ -29,6 +29,7 @@ says otherwise); the peers' frame then fails and the group stops as above.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing.connection
 import threading
@@ -235,8 +236,7 @@ class TensorParallelBackend:
                     raise self._lost from exc
             self._sequence += 1
         for rank, rank_handle in enumerate(rank_handles):
-            rank_handle.add_done_callback(
-                lambda done, rank=rank: gather.rank_done(rank, done))
+            rank_handle.add_done_callback(functools.partial(gather.rank_done, rank))
         return handle
 
     def close(self) -> None:
