@@ -23,6 +23,10 @@ state", ACCT-6). ``check_frame`` is the pure decision; ``run`` is the actor:
   like a speculative round's lane (MIX-29), and the chunk plus the decode lanes'
   target rows stay within ``P``. The valid decode lanes' rounds go to completion as
   a speculative round's do;
+- a tensor-parallel group's completion (peer ranks' outputs beside rank zero's):
+  ranks that disagree on identities, consumption or emitted tokens reject the frame
+  (ACC-16); a peer's confidence estimates must be probabilities (ACC-15); rank zero's
+  values are the ones kept (ACC-14) (``actors.rank_agreement``);
 - a malformed lane fails only its own request (``ok=False`` with a message); a
   program fault fails every lane of its frame with the fault's message;
 - a grammar-constrained lane (structured output) advances its matcher with each valid
@@ -56,6 +60,7 @@ from actors.messages import (
     ValidatedFrame,
     ValidatorInbox,
 )
+from actors.rank_agreement import disagreement, peer_confidence_problem, peer_results
 from gpu import (
     Alternatives,
     LaneSample,
@@ -247,16 +252,21 @@ def check_frame(order: FrameOrder, outcome: FrameOutcome, *, vocab_size: int) ->
         return _failed(lanes, f"program fault: {outcome.fault}")
     if outcome.completion is None:
         return _failed(lanes, "the frame returned no completion")
-    if order.plan.shape.kind is GraphKind.SPECULATIVE:
-        return check_speculative(order, speculative_result_of(outcome.completion.outputs),
-                                 vocab_size=vocab_size)
-    if runs_speculative_mixed(order.plan):
-        return check_speculative_mixed(
-            order, speculative_result_of(outcome.completion.outputs), vocab_size=vocab_size)
+    outputs = outcome.completion.outputs
+    speculative = order.plan.shape.kind is GraphKind.SPECULATIVE
+    mixed = not speculative and runs_speculative_mixed(order.plan)
+    read = speculative_result_of if speculative or mixed else result_of
     try:
-        result = result_of(outcome.completion.outputs)
+        result, peers = read(outputs), peer_results(outputs, read)
     except (KeyError, TypeError) as exc:
         return _failed(lanes, f"malformed outputs: {exc}")
+    disagreeing = disagreement(result, peers)
+    if disagreeing is not None:  # ACC-16: which rank is right is unknowable
+        return _failed(lanes, f"ranks disagree: {disagreeing}")
+    if speculative:
+        return check_speculative(order, result, vocab_size=vocab_size, peers=peers)
+    if mixed:
+        return check_speculative_mixed(order, result, vocab_size=vocab_size)
     samples: tuple[LaneSample, ...] = ()
     prompt_logprobs: tuple[float, ...] | None = None
     prompt_top: tuple[Alternatives, ...] | None = None
@@ -317,8 +327,11 @@ def _confidence_problem(confidence: np.ndarray, slot: int) -> str | None:
     return None
 
 
-def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> FrameCheck:
-    """Validate a complete speculative round lane by lane (VER-28, SPEC-19, SPEC-22)."""
+def check_speculative(order: FrameOrder, result: object, *, vocab_size: int,
+                      peers: tuple[object, ...] = ()) -> FrameCheck:
+    """Validate a complete speculative round lane by lane (VER-28, SPEC-19, SPEC-22);
+    ``peers``: the other ranks' rounds, whose confidence estimates must be
+    probabilities too (ACC-15). Rank zero's round is the one kept (ACC-14)."""
     lanes = order.plan.lanes
     if not isinstance(result, SpeculativeResult) or len(result.lanes) != len(lanes):
         return _failed(lanes, "a speculative frame returned no round for every lane")
@@ -329,7 +342,8 @@ def check_speculative(order: FrameOrder, result: object, *, vocab_size: int) -> 
     confidence = np.asarray(result.confidence)
     for slot, (lane, context, spec) in enumerate(
             zip(lanes, order.lanes, result.lanes, strict=True)):
-        out.speculative(lane, context, spec, _confidence_problem(confidence, slot))
+        out.speculative(lane, context, spec, _confidence_problem(confidence, slot)
+                        or peer_confidence_problem(peers, slot, _confidence_problem))
     return out.check(confidence=result.confidence)
 
 

@@ -15,8 +15,8 @@ from typing import Literal
 from policy import (
     DEFAULT_WINDOW_IMAGES,
     FIXED_SPEC_POLICIES,
+    PRESET_POLICIES,
     RUNTIME_POLICIES,
-    SEED_POLICIES,
     GraphKind,
     GraphShape,
 )
@@ -134,6 +134,16 @@ class RuntimeConfig:
     """CPU backend: run the prepared programs in a device process of their own
     (``gpu.backends.cpu_process``); False keeps them on a worker thread of the serving
     process (``flare run --no-device-process``, A/B benchmarks)."""
+    tensor_parallel_size: int = 1
+    """vLLM's ``--tensor-parallel-size`` (``-tp``): CPU backend, run every frame on that
+    many ranks, a device process each holding a shard of the model and of the KV pool
+    (``gpu.backends.tensor_parallel``, docs/tensor-parallel.md)."""
+    resident_grammars: bool = True
+    """Hold constrained requests' grammar matchers with the programs where the backend's
+    stream allows it (the ``cpu`` backend; ``gpu.grammar_rows``), so their frames need
+    no completion feedback; False keeps every grammar on the host, each constrained
+    frame waiting for the previous token (``flare run --host-grammars``, A/B benchmarks).
+    The cuda backend always keeps host grammars."""
     capture_forward: bool = True
     """CPU backend: replay each decoder forward shape from a graph traced on first use
     (``gpu.model.capture``; runs without the interpreter lock, so host planning and
@@ -169,6 +179,12 @@ class RuntimeConfig:
             # gpu.model.dtypes: CUDA programs run bfloat16 or float16
             raise ConfigError("--dtype float32 is not supported on the cuda backend; it runs "
                               "bfloat16 or float16 (or --dtype auto)")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("--tensor-parallel-size must be >= 1, "
+                              f"got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and (self.backend != "cpu" or not self.device_process):
+            raise ConfigError("--tensor-parallel-size above 1 runs on the cpu backend's "
+                              "device processes (not with --no-device-process or cuda)")
         if not self.prefill_capacities:
             raise ConfigError("--prefill-capacity needs at least one capacity")
         for c in self.prefill_capacities:
@@ -236,7 +252,7 @@ class RuntimeConfig:
                         shape.proposal_depth > self.draft_depth or self.speculation != "adaptive":
                     raise ConfigError(f"extra speculative shape {shape.label()}: adaptive "
                                       "mode, SPECULATIVE kind, depth <= --draft-depth only")
-            if self.scheduler_policy not in (*SEED_POLICIES, *FIXED_SPEC_POLICIES):
+            if self.scheduler_policy not in (*PRESET_POLICIES, *FIXED_SPEC_POLICIES):
                 raise ConfigError(f"--speculation {self.speculation} runs with the seed's "
                                   "scheduler only (--scheduler-policy balanced or "
                                   "throughput), or with a fixed-spec-K baseline")

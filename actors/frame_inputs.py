@@ -27,10 +27,14 @@ Owns three rules:
   ``token_ceiling`` as exact host query lengths, reserved and settled like a
   speculative round's. Ordinary mixed plans stay ``MixedFrame``.
 - **Lane order is plan order.** Rows, samples and records line up lane by lane.
-- **Grammar masks** (structured output): every constrained lane that samples carries
-  the bitmask its matcher allows next; the scheduler committed the plan only into an
-  empty window (QUEUE-13), so the matcher has seen every token before this one.
-  Speculative frames carry none: constrained requests never speculate (SEL-13).
+- **Grammar masks** (structured output): with host grammars every constrained lane
+  that samples carries the bitmask its matcher allows next; the scheduler committed
+  the plan only into an empty window (QUEUE-13), so the matcher has seen every token
+  before this one. With resident grammars (``gpu.grammar_rows``) the request's first
+  frame carries its compiled grammar in the ``RowInit`` and every frame lists the
+  constrained rows that sample in ``grammar_rows``: the program computes their masks
+  from the tokens it sampled, so the frame may queue behind another. Speculative
+  frames carry neither: constrained requests never speculate (SEL-13).
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
   scratch row and its partial last page into the snapshot destination (without an
@@ -97,6 +101,8 @@ class LaneSource:
     """The request's grammar matcher (structured output), None when unconstrained."""
     image_plan: ImagePlan | None = None
     """Its prompt's image windows (``actors.image_content.image_plan``)."""
+    grammar_resident: bool = False
+    """The programs hold a copy of that grammar per row (``gpu.grammar_rows``)."""
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -112,7 +118,8 @@ class LaneSource:
 def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch: int,
                     row: StateRow, cached_tokens: int, cached_pages: tuple[PageId, ...],
                     eos_token_ids: Sequence[int], grammar: RequestGrammar | None,
-                    image_plan: ImagePlan | None = None) -> LaneSource:
+                    image_plan: ImagePlan | None = None,
+                    grammar_resident: bool = False) -> LaneSource:
     """The packing view of a newly admitted request: its sampling always has a seed
     (one is drawn when the request gave none) and its ending ids include its
     ``stop_token_ids``."""
@@ -122,7 +129,7 @@ def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch:
         cached_pages=cached_pages,
         sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
         eos_token_ids=ending_token_ids(request, eos_token_ids), grammar=grammar,
-        image_plan=image_plan)
+        image_plan=image_plan, grammar_resident=grammar_resident and grammar is not None)
 
 
 def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
@@ -133,15 +140,19 @@ def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
     return tuple(dict.fromkeys((*eos, *request.sampling.stop_token_ids)))
 
 
-def row_init(source: LaneSource, *, row: int, position: int) -> RowInit:
+def row_init(source: LaneSource, *, row: int, position: int, grammar: bool = False
+             ) -> RowInit:
     """A new state row for ``source``'s request: what the row's logit processing needs
     beyond the sampling (the prompt for ``repetition_penalty``, the ending ids for
-    ``min_tokens``) travels only when that processing is on."""
+    ``min_tokens``) travels only when that processing is on; with ``grammar``, a
+    resident grammar's compiled text."""
     sampling = source.sampling
+    held = source.grammar if grammar and source.grammar_resident else None
     return RowInit(
         row=row, position=position, sampling=sampling,
         prompt_tokens=source.prompt if sampling.repetition_penalty != 1.0 else (),
         end_token_ids=source.eos_token_ids if sampling.min_tokens > 0 else (),
+        grammar=held.source if held is not None else "",
     )
 
 
@@ -162,7 +173,8 @@ def _updates(
     for lane in lanes:
         source = sources[lane.handle]
         if not source.initialised:
-            updates.append(row_init(source, row=source.row, position=source.cached_tokens))
+            updates.append(row_init(source, row=source.row, position=source.cached_tokens,
+                                    grammar=True))
             if source.cached_pages:
                 updates.append(PageAppend(row=source.row, first_block=0,
                                           page_ids=tuple(source.cached_pages)))
@@ -182,17 +194,27 @@ def _context(lane: Lane, source: LaneSource) -> LaneContext:
                        eos_token_ids=source.eos_token_ids, grammar=source.grammar)
 
 
+def _constrained_samples(lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSource],
+                         *, resident: bool) -> list[LaneSource]:
+    """The sources of the constrained lanes that sample, with resident grammars or not."""
+    return [source for lane in lanes
+            if (source := sources[lane.handle]).grammar is not None
+            and source.grammar_resident is resident and _context(lane, source).samples]
+
+
+def _grammar_rows(lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSource]
+                  ) -> tuple[int, ...]:
+    """The rows whose resident grammar masks the token this frame samples for them."""
+    return tuple(s.row for s in _constrained_samples(lanes, sources, resident=True))
+
+
 def _token_masks(lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSource]
                  ) -> tuple[tuple[int, bytes], ...]:
-    """``(row, allowed-token bitmask)`` for every constrained lane that samples: what
-    its matcher allows after every validated token (completion feedback, QUEUE-13)."""
-    rows: list[int] = []
-    grammars: list[RequestGrammar] = []
-    for lane in lanes:
-        source = sources[lane.handle]
-        if source.grammar is not None and _context(lane, source).samples:
-            rows.append(source.row)
-            grammars.append(source.grammar)
+    """``(row, allowed-token bitmask)`` for every lane with a host grammar that samples:
+    what its matcher allows after every validated token (completion feedback, QUEUE-13)."""
+    constrained = _constrained_samples(lanes, sources, resident=False)
+    rows = [s.row for s in constrained]
+    grammars: list[RequestGrammar] = [s.grammar for s in constrained if s.grammar is not None]
     if not grammars:
         return ()
     masks = grammars[0].vocabulary.masks(grammars)
@@ -258,7 +280,8 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
     if not speculative:
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
                           prompt_start=prompt_start, prompt_ends=ends, updates=updates,
-                          token_masks=_token_masks(lanes, sources), images=images)
+                          token_masks=_token_masks(lanes, sources), images=images,
+                          grammar_rows=_grammar_rows(lanes, sources))
     assert mixed is not None
     if images:
         raise PackingError(f"{plan.shape.label()}: speculative mixed programs do not read "
@@ -309,10 +332,12 @@ def pack_frame(
             following_token=source.prompt[end] if end < len(source.prompt) else -1,
             updates=updates, token_masks=_token_masks(lanes, sources),
             images=frame_images(source.request.images, source.image_plan, lane.prompt_start),
+            grammar_rows=_grammar_rows(lanes, sources),
         )
     elif kind is GraphKind.DECODE:
         frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
-                            updates=updates, token_masks=_token_masks(lanes, sources))
+                            updates=updates, token_masks=_token_masks(lanes, sources),
+                            grammar_rows=_grammar_rows(lanes, sources))
     elif kind is GraphKind.MIXED:
         frame = _mixed_frame(plan, sources, updates)
     else:

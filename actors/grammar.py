@@ -12,8 +12,10 @@ Owns three things:
 - **Matcher state** (``RequestGrammar``): advanced with every token the host has
   validated, in order; ``mask`` is the bitmask of the tokens allowed next (one bit per
   vocabulary entry, little-endian 32-bit words, the layout ``gpu.grammar_mask``
-  applies on the device). A constrained request's next frame is built only after its
-  previous token is known here (completion feedback, QUEUE-13).
+  applies on the device). With host grammars a constrained request's next frame is
+  built only after its previous token is known here (completion feedback, QUEUE-13);
+  where the programs hold resident grammars (``gpu.grammar_rows``) this matcher only
+  validates the tokens and ends the request when the grammar is complete.
 
 Never touches the device or trio; llguidance releases the GIL while it computes a mask.
 """
@@ -144,19 +146,24 @@ class GrammarVocabulary:
 
     def matcher(self, spec: GrammarSpec) -> RequestGrammar:
         """A fresh matcher for one request (raises ``GrammarError``)."""
-        matcher = llguidance.LLMatcher(self._tokenizer, compile_grammar(spec), log_level=0)
+        source = compile_grammar(spec)
+        matcher = llguidance.LLMatcher(self._tokenizer, source, log_level=0)
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()))
-        return RequestGrammar(matcher, self)
+        return RequestGrammar(matcher, self, source)
 
 
 class RequestGrammar:
     """One constrained request's matcher: the tokens it has accepted so far decide
     the mask of the next."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocabulary: GrammarVocabulary) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocabulary: GrammarVocabulary,
+                 source: str) -> None:
         self._matcher = matcher
         self._vocabulary = vocabulary
+        self.source = source
+        """The compiled grammar (llguidance's text): what a resident copy of this
+        matcher is built from where the frames run (``gpu.grammar_rows``)."""
 
     def mask(self) -> bytes:
         """The bitmask of the tokens allowed next (``words`` little-endian int32)."""

@@ -133,14 +133,15 @@ class Planner:
         clock_ns: Callable[[], int],
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
-        grammar: GrammarVocabulary | None = None,
+        grammar: GrammarVocabulary | None = None, grammar_resident: bool = False,
         image_windowing: ImageWindowing | None = None,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
         of width-one steps into the scheduler (``actors.acceptance_observations``).
         ``grammar``: the vocabulary constrained requests' matchers run on (admission
-        refuses them without one). ``image_windowing``: how image prompts are planned."""
+        refuses them without one); ``grammar_resident``: the programs hold their grammars
+        (no feedback needed); ``image_windowing``: how image prompts are planned."""
         self.scheduler = scheduler
         self._image_windowing = image_windowing or ImageWindowing()
         self._to_dispatcher = to_dispatcher
@@ -148,6 +149,7 @@ class Planner:
         self._to_allocator = to_allocator
         self._eos = tuple(eos_token_ids)
         self._grammar = grammar
+        self._grammar_resident = grammar_resident
         self._clock_ns = clock_ns
         self._residents: dict[RequestHandle, _Resident] = {}
         self._by_request: dict[RequestId, RequestHandle] = {}
@@ -215,16 +217,15 @@ class Planner:
             max_output_tokens=scheduled_output_tokens(request),
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
-            handle=grant.handle, grammar_constrained=request.grammar is not None,
-            images=images,
-        )
+            handle=grant.handle, grammar_constrained=request.grammar is not None, images=images,
+            grammar_resident=self._grammar_resident and request.grammar is not None)
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(
             request, handle=handle, epoch=epoch, row=grant.row,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
             eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar),
-            image_plan=images)
+            image_plan=images, grammar_resident=self._grammar_resident)
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle

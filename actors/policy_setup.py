@@ -80,3 +80,10 @@ def structured_output_problem(parts: RuntimeParts) -> str:
         return (f"structured output is not available under --scheduler-policy "
                 f"{parts.scheduler_policy} (it speculates every decode)")
     return ""
+
+
+def grammars_resident(parts: RuntimeParts) -> bool:
+    """Whether the prepared programs declare resident grammars (``holds_grammars``,
+    ``gpu.grammar_rows``): constrained requests are then admitted to the policy as
+    ``grammar_resident`` and their frames need no completion feedback."""
+    return any(getattr(p, "holds_grammars", False) for p in parts.programs.values())

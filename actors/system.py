@@ -65,6 +65,7 @@ from actors.planner import Planner
 from actors.planner_records import FrameRecord
 from actors.policy_setup import (
     counterfactual_copy_depth,
+    grammars_resident,
     learned_counterfactuals,
     make_scheduler,
     seed_estimates,
@@ -95,7 +96,7 @@ from gpu.engine import ExecutionOptions, ModelEngine
 from policy import (
     DEFAULT_WINDOW_IMAGES,
     FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
-    SEED_POLICIES,
+    PRESET_POLICIES,
     GraphShape,
     PolicyConfig,
     SchedulingPolicy,
@@ -343,7 +344,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         eos_token_ids=parts.eos_token_ids, clock_ns=parts.clock_ns,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
-        grammar=parts.grammar,
+        grammar=parts.grammar, grammar_resident=grammars_resident(parts),
         image_windowing=ImageWindowing.of(catalog, parts.window_images),
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
@@ -386,9 +387,12 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     config.validate()
     # cpu: the stream is a device process unless ``--no-device-process``
     backend = open_backend(config.backend, **(
-        {"device_process": config.device_process} if config.backend == "cpu" else {}))
+        {"device_process": config.device_process,
+         "tensor_parallel": config.tensor_parallel_size} if config.backend == "cpu" else {}))
     try:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
+        if config.resident_grammars:  # where the backend's stream allows them
+            engine.hold_grammars(backend)
         await trio.to_thread.run_sync(
             lambda: backend.prepare(list(engine.programs.values())))
         if config.capture_forward and backend.name == "cpu":
@@ -418,7 +422,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         copy_counterfactuals=config.copy_counterfactuals,
         draft_counterfactuals=config.draft_counterfactuals,
         policy=policy_preset(
-            config.scheduler_policy if config.scheduler_policy in SEED_POLICIES else "balanced",
+            config.scheduler_policy if config.scheduler_policy in PRESET_POLICIES else "balanced",
             terminal_value=config.scheduler_terminal_value,
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
@@ -426,6 +430,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         window_images=config.vision_feature_images,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
+             ranks=config.tensor_parallel_size,
              dtype=str(engine.dtype).removeprefix("torch."),
              programs=len(engine.programs), pages=parts.num_pages, rows=parts.state_rows)
     async with open_runtime_with(parts, catalog=catalog) as runtime:

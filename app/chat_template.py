@@ -180,6 +180,16 @@ def _leading_system_count(messages: Sequence[ChatMessage]) -> int:
     return count
 
 
+def render_within(template: ChatTemplate, messages: Sequence[ChatMessage], *,
+                  max_chars: int | None, tools: Sequence[dict[str, Any]] = ()) -> str:
+    """The conversation rendered with a generation prompt, refused (context length) when
+    longer than ``max_chars`` characters."""
+    full_text = template.render(messages, add_generation_prompt=True, tools=tools)
+    if max_chars is not None and len(full_text) > max_chars:
+        raise context_too_long(
+            f"The rendered conversation has {len(full_text)} characters; this model's "
+            f"context holds at most {max_chars} characters of text.")
+    return full_text
 def _encoder(codec: TextCodec, image: ImagePrompting | None, starts: list[int]
              ) -> Callable[[str, int], list[int]]:
     """``encode(text, offset)``: the text's ids; with ``image``, each
@@ -208,11 +218,7 @@ def tokenize_chat(template: ChatTemplate, codec: TextCodec, messages: Sequence[C
 
     A rendering longer than ``max_chars`` characters (text that cannot fit the context)
     is refused before any anchor is rendered or any text encoded."""
-    full_text = template.render(messages, add_generation_prompt=True, tools=tools)
-    if max_chars is not None and len(full_text) > max_chars:
-        raise context_too_long(
-            f"The rendered conversation has {len(full_text)} characters; this model's "
-            f"context holds at most {max_chars} characters of text.")
+    full_text = render_within(template, messages, max_chars=max_chars, tools=tools)
     boundaries = _message_boundaries(template, messages, full_text, tools)
     token_ids: list[int] = []
     message_ends: list[int] = []

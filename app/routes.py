@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 
 from actors import Finished, PromptScores, StreamEvent, TokenDelta
+from app.body_checks import CHAT, COMPLETIONS, DETOKENIZE, TOKENIZE
 from app.choices import NORMAL_ENDS, Choice, Choices, start_choices
 from app.errors import model_not_found
 from app.field_table import (
@@ -156,7 +157,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
         raw = await _request_body()
         tokens = await service.prepare(
             lambda: service.tokenize(_parsed(raw, TOKENIZE_FIELDS, parse_tokenize)[0]),
-            body=raw, client=_client())
+            body=raw, client=_client(), route=TOKENIZE)
         return _json({"count": len(tokens), "max_model_len": service.runtime.max_context,
                       "tokens": list(tokens)})
 
@@ -165,7 +166,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
         raw = await _request_body()
         text = await service.prepare(
             lambda: service.detokenize(*_parsed(raw, DETOKENIZE_FIELDS, parse_detokenize)[0]),
-            body=raw, client=_client())
+            body=raw, client=_client(), route=DETOKENIZE)
         return _json({"prompt": text})
 
     @app.post("/v1/completions")
@@ -182,7 +183,8 @@ def register_routes(app: Quart, service: FlareService) -> None:
                 dataclasses.replace(params, prompt=prompt), arrived=arrived,
                 request_id=request_id) for prompt in params.prompts], ignored
 
-        params, prepared, ignored = await service.prepare(prepare, body=raw, client=_client())
+        params, prepared, ignored = await service.prepare(prepare, body=raw, client=_client(),
+                                                          route=COMPLETIONS)
         headers = _response_headers(incoming, prepared[0], ignored)
         choices = await start_choices(service, prepared, params.common.n,
                                       endpoint="completions", stream=params.common.stream)
@@ -204,7 +206,7 @@ def register_routes(app: Quart, service: FlareService) -> None:
                     ignored)
 
         params, prepared, ignored = await service.prepare(prepare_chat, body=raw,
-                                                          client=_client())
+                                                          client=_client(), route=CHAT)
         headers = _response_headers(incoming, prepared, ignored)
         choices = await start_choices(service, [prepared], params.common.n, endpoint="chat",
                                       stream=params.common.stream)

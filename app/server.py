@@ -10,7 +10,8 @@ within the grace period, ends the rest with an error event, then stops hypercorn
 Connections follow ``ConnectionSettings`` (``app/connections.py``): closed after the
 response on ``Connection: close`` and HTTP/1.0, after the keep-alive timeout when idle,
 on a write the client does not take within the write timeout; at most
-``max_connections`` open at once.
+``max_connections`` open at once. The service's parse workers (``app.parse_workers``)
+run alongside and stop with the server.
 """
 
 from __future__ import annotations
@@ -105,9 +106,13 @@ async def serve_http(app: QuartTrio, *, host: str = "127.0.0.1", port: int = 0,
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = CONNECTION_CLOSE_TIMEOUT_S
     stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(hypercorn.trio.serve, ResponseEndShield(app),
-                                            config, shutdown_trigger=stop.wait, mode="asgi"))
-        service: FlareService = app.extensions["flare"]
-        task_status.started(ServerHandle(binds=list(binds), service=service,
-                                         connections=config.connection_bound, _stop=stop))
+    service: FlareService = app.extensions["flare"]
+    async with trio.open_nursery() as workers:
+        await workers.start(service.run_parse_workers)
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn.trio.serve, ResponseEndShield(app),
+                                                config, shutdown_trigger=stop.wait,
+                                                mode="asgi"))
+            task_status.started(ServerHandle(binds=list(binds), service=service,
+                                             connections=config.connection_bound, _stop=stop))
+        workers.cancel_scope.cancel()  # the server has stopped: so do its parse workers

@@ -6,9 +6,11 @@ Routes stay thin: they parse (``request_parsing``), call ``FlareService`` and fo
 
 Work before admission is bounded: a body is at most ``max_request_bytes``; a text longer
 than the context can hold (``max_context * codec.max_chars_per_token`` characters) is
-refused before it is encoded; large bodies are parsed and tokenized in worker threads
-(the codec releases the GIL while encoding), at most ``PREPARING_PER_CLIENT`` at once per
-client (429 beyond) and ``PREPARING_TOTAL`` at once in all.
+refused before it is encoded; a large body is first checked in a worker process
+(``app.parse_workers``: what refuses it without the model never runs in the serving
+process), then parsed and tokenized in a worker thread (the codec releases the GIL while
+encoding), at most ``PREPARING_PER_CLIENT`` at once per client (429 beyond) and
+``PREPARING_TOTAL`` at once in all.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from actors import (
     context_room,
     fits_context,
 )
-from app.chat_template import ChatTemplate, tokenize_chat
+from app.body_checks import (
+    BodyLimits,
+    check_json_units,
+    check_prompt_chars,
+    tokenize_text,
+)
+from app.chat_template import tokenize_chat
 from app.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ApiError,
@@ -44,8 +52,8 @@ from app.errors import (
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
 from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageInput, ImageLimits, image_spans
 from app.metrics import AppMetrics
+from app.parse_workers import ParseWorkers
 from app.request_parsing import (
-    MAX_MESSAGES,
     ChatParams,
     CommonParams,
     CompletionParams,
@@ -55,34 +63,15 @@ from app.request_parsing import (
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-# Bodies from this size on are parsed and tokenized off the event loop (about 16k tokens
-# of text take a few milliseconds to encode; below that the thread hop costs more).
+# Bodies from this size on are checked in a worker process, then parsed and tokenized off
+# the event loop (about 16k tokens of text take a few milliseconds to encode; below that
+# the hops cost more than the work).
 OFFLOAD_BYTES = 64 * 1024
 PREPARING_PER_CLIENT = 2
 """Large bodies one client (address) may have parsed or tokenized at once; more are 429."""
 PREPARING_TOTAL = 4
 """Large bodies parsed or tokenized at once across all clients; more wait their turn."""
-JSON_UNITS_PER_MESSAGE = 32
-JSON_UNITS_SPARE = 16_384
-"""A body may hold ``max_context + JSON_UNITS_PER_MESSAGE * MAX_MESSAGES + JSON_UNITS_SPARE``
-JSON strings and values (token ids, messages, fields): parsing holds the GIL, and a body
-of a million tiny values would take a quarter of a second to parse."""
 T = TypeVar("T")
-
-
-def json_units(raw: bytes, limit: int) -> int:
-    """The strings plus separators (``,`` ``:`` ``[``) outside strings of a JSON body: how
-    many values parsing it creates, give or take one. Counted exactly only when a cheap
-    over-count exceeds ``limit``; then at most ``limit + 1`` strings are split out."""
-    quick = sum(raw.count(c) for c in (b",", b":", b"[", b'"'))
-    if quick <= limit:
-        return quick
-    cleaned = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    strings = cleaned.count(b'"') // 2
-    if strings > limit:
-        return strings
-    outside = cleaned.split(b'"')[::2]
-    return strings + sum(p.count(b",") + p.count(b":") + p.count(b"[") for p in outside)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +95,9 @@ class AppSettings:
     """With ``api_key`` set, ``/metrics`` requires it too."""
     image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS
     """Bounds on chat image parts (``--limit-mm-per-prompt``, ``--allowed-media-domains``)."""
+    parse_workers: int = 0
+    """Processes that check large bodies (``app.parse_workers``); 0: they are checked in
+    the serving process's preparing thread (``flare run`` starts one by default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,11 +119,18 @@ class FlareService:
                                                 *settings.served_model_aliases)))
         """Every id a request may name, the reported one first."""
         self.codec = runtime.codec
-        if settings.chat_template is not None:
-            self.template = ChatTemplate(settings.chat_template, self.codec.special_tokens,
-                                         origin="--chat-template")
-        else:
-            self.template = ChatTemplate(self.codec.chat_template, self.codec.special_tokens)
+        per_token = self.codec.max_chars_per_token
+        self.body_limits = BodyLimits(
+            max_context=runtime.max_context,
+            max_text_chars=None if per_token is None else runtime.max_context * per_token,
+            model_names=self.model_names, image_limits=settings.image_limits,
+            template_source=(settings.chat_template if settings.chat_template is not None
+                             else self.codec.chat_template),
+            template_origin=("--chat-template" if settings.chat_template is not None
+                             else "the model's chat template"),
+            special_tokens=dict(self.codec.special_tokens))
+        """What a body is checked against before it is tokenized (``app.body_checks``)."""
+        self.template = self.body_limits.template()
         self.metrics = AppMetrics(runtime.statistics, model_name=self.model_name,
                                   max_model_len=runtime.max_context)
         self.inflight = Inflight()
@@ -139,6 +138,8 @@ class FlareService:
         self.nursery: trio.Nursery | None = None
         self._preparing: Counter[str] = Counter()
         self._prepare_limiter = trio.CapacityLimiter(PREPARING_TOTAL)
+        self.parse_workers = (ParseWorkers(settings.parse_workers, self.body_limits)
+                              if settings.parse_workers > 0 else None)
 
     # -- admission ------------------------------------------------------------------
 
@@ -162,24 +163,36 @@ class FlareService:
 
     # -- request building -------------------------------------------------------------
 
-    async def prepare(self, prepare: Callable[[], T], *, body: bytes, client: str) -> T:
-        """Run ``prepare`` (parse and tokenize ``body``): inline when small; otherwise in a
-        worker thread, so that a long prompt stalls neither the event loop nor the model,
-        within the per-client and total bounds and the bound on JSON values."""
+    async def prepare(self, prepare: Callable[[], T], *, body: bytes, client: str,
+                      route: str) -> T:
+        """Run ``prepare`` (parse and tokenize ``body``, sent to ``route``: one of
+        ``app.body_checks.ROUTE_CHECKS``): inline when small; otherwise, within the
+        per-client and total bounds, after the checks that need no model (in a parse
+        worker when there are any, so a body they refuse costs the serving process
+        nothing but its bytes) and in a worker thread, so that a long prompt stalls
+        neither the event loop nor the model."""
         if len(body) < OFFLOAD_BYTES:
             return prepare()
-
-        def checked() -> T:
-            limit = (self.runtime.max_context + JSON_UNITS_PER_MESSAGE * MAX_MESSAGES
-                     + JSON_UNITS_SPARE)
-            units = json_units(body, limit)
-            if units > limit:
-                raise bad_request(f"The request body holds about {units} JSON values and "
-                                  f"strings; at most {limit} are accepted.")
-            return prepare()
-
         with self._preparing_slot(client):
-            return await trio.to_thread.run_sync(checked, limiter=self._prepare_limiter)
+            async with self._prepare_limiter:
+                passed = (self.parse_workers is not None
+                          and await self.parse_workers.check(route, body))
+
+                def checked() -> T:
+                    if not passed:
+                        check_json_units(body, self.body_limits.json_units)
+                    return prepare()
+
+                return await trio.to_thread.run_sync(checked)
+
+    async def run_parse_workers(self, *, task_status: trio.TaskStatus[None]
+                                = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the parse workers until cancelled (``app.server`` runs it around the HTTP
+        server); without any, report started and return."""
+        if self.parse_workers is None:
+            task_status.started()
+            return
+        await self.parse_workers.run(task_status=task_status)
 
     @contextlib.contextmanager
     def _preparing_slot(self, client: str) -> Iterator[None]:
@@ -196,19 +209,13 @@ class FlareService:
     @property
     def max_text_chars(self) -> int | None:
         """Characters beyond which a text cannot fit the context (``None``: no bound)."""
-        per_token = self.codec.max_chars_per_token
-        return None if per_token is None else self.runtime.max_context * per_token
+        return self.body_limits.max_text_chars
 
     def prepare_completion(self, params: CompletionParams, *, arrived: float,
                            request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_names)
         if isinstance(params.prompt, str):
-            limit = self.max_text_chars
-            if limit is not None and len(params.prompt) > limit:
-                raise context_too_long(
-                    f"The prompt has {len(params.prompt)} characters; this model's context "
-                    f"of {self.runtime.max_context} tokens holds at most {limit} characters "
-                    "of text.", param="prompt")
+            check_prompt_chars(params.prompt, self.body_limits)
             prompt_ids = tuple(self.codec.encode(params.prompt))
             prompt_text = params.prompt
         else:
@@ -246,25 +253,13 @@ class FlareService:
     def tokenize(self, params: TokenizeParams) -> tuple[int, ...]:
         """The token ids of a prompt, or of a conversation rendered by the chat template."""
         check_model(params.model, self.model_names)
-        limit = self.max_text_chars
-        tools = params.tools.offered if params.tools else ()
-        if params.messages is None:
-            assert params.prompt is not None
-            text = params.prompt
-        elif params.add_generation_prompt:
+        if params.messages is not None and params.add_generation_prompt:
             images = [image for message in params.messages for image in message.images]
             return tokenize_chat(self.template, self.codec, params.messages,
-                                 max_chars=limit, tools=tools,
+                                 max_chars=self.max_text_chars,
+                                 tools=params.tools.offered if params.tools else (),
                                  image=self._image_prompting(images)).token_ids
-        else:
-            text = self.template.render(params.messages, add_generation_prompt=False,
-                                        tools=tools)
-        if limit is not None and len(text) > limit:
-            raise context_too_long(
-                f"The text has {len(text)} characters; this model's context of "
-                f"{self.runtime.max_context} tokens holds at most {limit} characters.",
-                param="prompt" if params.messages is None else "messages")
-        return tuple(self.codec.encode(text))
+        return tuple(self.codec.encode(tokenize_text(self.template, params, self.body_limits)))
 
     def detokenize(self, model: str | None, token_ids: tuple[int, ...]) -> str:
         check_model(model, self.model_names)

@@ -22,10 +22,12 @@ import torch
 
 from gpu.engine_parts import EngineParts, UnsupportedShapeError
 from gpu.frames import TOP_LOGPROBS
+from gpu.grammar_rows import ResidentGrammars
 from gpu.model.config import ModelConfig
 from gpu.model.decoder import Decoder
 from gpu.model.dtypes import resolve_dtype
 from gpu.model.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.sharding import ShardError, check_shardable
 from gpu.model.tokenizer import Tokenizer
 from gpu.model.vision import VisionTower
 from gpu.model.vision_config import load_served_config
@@ -45,6 +47,8 @@ __all__ = [
     "COPY_MAX_NGRAM",
     "ExecutionOptions",
     "ModelEngine",
+    "ShardError",
+    "check_shardable",
     "load_speculative_engine",
     "resolve_dtype",
 ]
@@ -89,6 +93,18 @@ class ModelEngine:
     @property
     def state_rows(self) -> int:
         return self.parts.state.rows
+
+    def hold_grammars(self, backend: object) -> bool:
+        """Give the request state resident grammar matchers (``gpu.grammar_rows``) when
+        ``backend`` declares ``resident_grammars`` (a stream that binds each frame
+        after the frame ahead executed, on the host's CPU) and the checkpoint has a
+        tokenizer; call before ``prepare``. True when the programs now hold them."""
+        if not getattr(backend, "resident_grammars", False) or self._tokenizer is None:
+            return False
+        self.parts.state.grammars = ResidentGrammars(
+            self._tokenizer.to_json(), vocab_size=self.config.vocab_size,
+            eos_token_ids=self._tokenizer.eos_token_ids)
+        return True
 
     @classmethod
     def load(

@@ -32,6 +32,10 @@ FRAME_KEY = "frame"
 RESULT_KEY = "result"
 """Key of the result value in the mapping ``read_outputs`` returns."""
 
+PEER_OUTPUTS_KEY = "peer_outputs"
+"""Under tensor parallelism: the other ranks' ``read_outputs`` mappings, rank order
+(``gpu.backends.tensor_parallel``); absent on one rank."""
+
 TOP_LOGPROBS = 20
 """Alternatives every program computes per sampled token and per scored prompt token
 (the most OpenAI ``logprobs`` / ``top_logprobs`` allow); the host keeps the first k a
@@ -185,6 +189,9 @@ class RowInit:
     """Every token id that ends the request (EOS unless ignored, ``stop_token_ids``),
     forbidden while fewer than ``sampling.min_tokens`` tokens were generated; only
     needed when ``min_tokens`` is on."""
+    grammar: str = ""
+    """The request's compiled grammar (llguidance's text) when the programs hold it
+    resident (``gpu.grammar_rows``); empty: the row has no resident grammar."""
 
     def __post_init__(self) -> None:
         self.sampling.check_row()
@@ -240,6 +247,9 @@ class PrefillFrame:
     images: tuple[ImageSpan, ...] = ()
     """The prompt's images this chunk covers (their features replace those
     positions' token embeddings; ``gpu.programs.vision``)."""
+    grammar_rows: tuple[int, ...] = ()
+    """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
+    sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,6 +265,9 @@ class DecodeFrame:
     token_masks: tuple[tuple[int, bytes], ...] = ()
     """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
+    grammar_rows: tuple[int, ...] = ()
+    """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
+    sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,6 +291,9 @@ class MixedFrame:
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
     images: tuple[ImageSpan, ...] = ()
     """The prompt lane's images this chunk covers (as ``PrefillFrame.images``)."""
+    grammar_rows: tuple[int, ...] = ()
+    """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
+    sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,7 @@ only draft-side code moves it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ import torch
 from gpu.frames import MAX_LOGIT_BIAS_ENTRIES, FrameError, PageAppend, RowInit, StateUpdate
 from gpu.model.kv_cache import CacheGeometry
 from gpu.sampling import RowProcessing
+
+if TYPE_CHECKING:
+    from gpu.grammar_rows import ResidentGrammars
 
 NEUTRAL_PROCESSING = {"repetition_penalty": 1.0}
 """Processing fields whose off value is not zero (``processing_fields``)."""
@@ -96,6 +99,10 @@ class RequestState:
             if torch.device(device).type == "cpu" else None
         )
         """Numpy views sharing the tensors' memory (CPU only; None on a device)."""
+        self.grammars: ResidentGrammars | None = None
+        """The rows' resident grammar matchers (``gpu.grammar_rows``), set before the
+        programs are prepared on a backend that can hold them; None: grammars stay on
+        the host and frames carry their masks."""
 
     def fields(self) -> dict[str, torch.Tensor]:
         """Every per-row tensor by name (snapshot/restore copy all of them)."""
@@ -179,6 +186,8 @@ class RequestState:
                        *(t for t, _ in update.sampling.logit_bias))
                 if any(not 0 <= t < self.vocab_size for t in ids):
                     raise StateError(f"a row's token ids must lie in 0..{self.vocab_size - 1}")
+                if update.grammar and self.grammars is None:
+                    raise StateError("these programs hold no resident grammars")
             else:
                 end = update.first_block + len(update.page_ids)
                 if update.first_block < 0 or end > self.geometry.blocks_per_row:
@@ -197,6 +206,8 @@ class RequestState:
             return
         host = self.host_views
         for update in updates:
+            if self.grammars is not None and isinstance(update, RowInit):
+                self.grammars.init_row(update)
             if host is not None:
                 _apply_on_host(host, update, self.geometry.sink_page)
             elif isinstance(update, RowInit):

@@ -13,7 +13,9 @@ backend's worker runs it. The two are timed round-robin, shape by shape, in one
 process, so load from other processes hits both alike; per shape it prints the
 medians, min/max, the ratio and, with ``--profile``, the program's top operators
 (``torch.profiler``, self CPU time). Llama-family models without sliding windows,
-q/k norms or soft caps only (the plain forward is the textbook one).
+q/k norms or soft caps only (the plain forward is the textbook one). The process's C
+allocator keeps freed memory, as in the cpu backend (``gpu.backends.host_allocator``;
+``--allocator-defaults`` keeps glibc's defaults).
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-capture", action="store_true",
                         help="run the eager forward instead of the captured one (which "
                              "flare run replays)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time with the wall clock, or with this thread's CPU time "
+                             "(steadier on a machine other processes load)")
+    parser.add_argument("--allocator-defaults", action="store_true",
+                        help="keep the C allocator's default settings instead of the "
+                             "ones the cpu backend sets (gpu.backends.host_allocator)")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top operators of each program")
 
@@ -192,11 +200,16 @@ def main(args: argparse.Namespace) -> int:
         print("flare bench forward: the plain forward is Llama's (no q/k norms, Gemma "
               "norms, soft caps, scales, sliding windows or non-SiLU MLP)", file=sys.stderr)
         return 2
+    from gpu.backends.host_allocator import keep_freed_memory
+
+    if not args.allocator_defaults:
+        keep_freed_memory()  # as the cpu backend and its device process run programs
     jobs = [(p.shape, p.program, p.frame, p.plain, p.tokens, p.start) for p in load_pairs(
         args.model, batches=args.batches, capacities=args.prefill_capacities,
         context=args.context, max_context=args.max_context, page_size=args.page_size,
         capture=not args.no_capture)]
     threads = tuple(args.threads)
+    clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
     flare_ms: dict[tuple[int, int], list[float]] = {}
     plain_ms: dict[tuple[int, int], list[float]] = {}
     with torch.inference_mode():
@@ -205,16 +218,17 @@ def main(args: argparse.Namespace) -> int:
                 torch.set_num_threads(n)
                 for j, (_, program, frame, plain, tokens, start) in enumerate(jobs):
                     program.bind(frame)
-                    t0 = time.perf_counter_ns()
+                    t0 = clock()
                     program.execute()
-                    t1 = time.perf_counter_ns()
+                    t1 = clock()
                     plain.step(tokens, start)
-                    t2 = time.perf_counter_ns()
+                    t2 = clock()
                     if i >= args.warmup:
                         flare_ms.setdefault((n, j), []).append((t1 - t0) / 1e6)
                         plain_ms.setdefault((n, j), []).append((t2 - t1) / 1e6)
         print(f"context {args.context}, {'eager' if args.no_capture else 'captured'} "
-              f"forward, median (min-max) ms of {args.repeats} alternated runs")
+              f"forward, {args.clock} clock, median (min-max) ms of {args.repeats} "
+              "alternated runs")
         print(f"{'threads':>7} {'shape':<16} {'flare ms':>20} {'plain ms':>20} "
               f"{'flare/plain':>11} {'flare tok/s':>11}")
         for n in threads:

@@ -120,6 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per shape")
     parser.add_argument("--repeats", type=int, default=15, help="timed runs per shape")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                        help="cpu: run every program on N ranks (device processes, gloo; "
+                             "docs/tensor-parallel.md); times are the slowest rank's")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: FLARE_CPU_THREADS, else cores - 1)")
     parser.add_argument("--static-context", action="store_true",
@@ -303,56 +306,6 @@ def time_round_robin(backend: Any, jobs: list[tuple[Any, dict[str, Any]]], *, wa
                                                                        strict=True)]
 
 
-def speculative_comparison(catalog: Any, results: list[ShapeTiming],
-                           plain: list[ShapeTiming]) -> list[dict[str, Any]]:
-    """Per request bucket: the plain decode step, the draft-maintaining decode step and
-    every separate speculative round (by width, host then device allocation), each
-    with its ratio to the plain decode step. Times (``ms``) are the executing thread's
-    CPU time where the backend gives it (cpu), else the device interval."""
-    from policy.descriptors import GraphKind
-
-    by_label = {r.label: r for r in results}
-    plain_by_label = {r.label: r for r in plain}
-
-    def ms(r: ShapeTiming) -> float:
-        return r.cpu_ms if r.cpu_ms is not None else r.device_ms
-
-    buckets = []
-    for decode in catalog.of_kind(GraphKind.DECODE):
-        b = decode.batch_capacity
-        base = ms(plain_by_label.get(decode.label(), by_label[decode.label()]))
-        rounds = [
-            {"shape": s.label(), "width": s.token_capacity, "rows": s.max_packed_extent,
-             "binding": s.binding.value if s.binding else "",
-             "ms": round(ms(by_label[s.label()]), 4),
-             "device_ms": round(by_label[s.label()].device_ms, 4),
-             "ratio": round(ms(by_label[s.label()]) / base, 3)}
-            for s in sorted(catalog.of_kind(GraphKind.SPECULATIVE),
-                            key=lambda s: (s.binding.value if s.binding else "",
-                                           s.token_capacity, s.max_packed_extent))
-            if s.batch_capacity == b]
-        if rounds:
-            buckets.append({"batch": b, "decode_ms": round(base, 4),
-                            "maintaining_decode_ms": round(ms(by_label[decode.label()]), 4),
-                            "rounds": rounds})
-    return buckets
-
-
-def format_comparison(buckets: list[dict[str, Any]]) -> str:
-    lines = []
-    for bucket in buckets:
-        head = (f"B={bucket['batch']}: decode {bucket['decode_ms']:.2f}  "
-                f"(draft-maintaining {bucket['maintaining_decode_ms']:.2f})")
-        cells = []
-        for r in bucket["rounds"]:
-            ragged = f",P={r['rows']}" if r["rows"] != bucket["batch"] * r["width"] else ""
-            tag = " device" if r["binding"] == "SpeculativePrefixLimit" else ""
-            cells.append(f"W={r['width']}{ragged}{tag} {r['ms']:.2f} ({r['ratio']:.2f}x)")
-        lines.append(head)
-        lines.append("    " + "  ".join(cells))
-    return "\n".join(lines)
-
-
 def format_table(rows: list[ShapeTiming]) -> str:
     width = max([34, *(len(r.label) for r in rows)])
     head = f"{'shape':<{width}} {'device ms':>10} {'wall ms':>10} {'tokens/s':>12}"
@@ -374,6 +327,7 @@ def main(args: argparse.Namespace) -> int:
     from gpu.model.config import load_model_config
     from gpu.preparation import prepare_catalog
     from gpu.programs.execution import ExecutionOptions
+    from ops.bench_programs_speculative import format_comparison, speculative_comparison
     from policy.descriptors import GraphKind
 
     if not logging.getLogger().handlers:
@@ -404,7 +358,10 @@ def main(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=1.0, seed=7) if args.sampled else None
     try:
         # cpu: --threads, else default_cpu_threads(); on a thread here (ThreadTimed clocks)
-        options = {"num_threads": args.threads, "device_process": False} if args.backend == "cpu" else {}
+        # -tp N: N ranks, device processes (timed by the ranks' intervals)
+        options = ({"num_threads": args.threads, "device_process": False,
+                    "tensor_parallel": args.tensor_parallel_size}
+                   if args.backend == "cpu" else {})
         backend = open_backend(args.backend, **options)
     except BackendUnavailable as exc:
         print(f"flare bench programs: {exc}", file=sys.stderr)
@@ -441,7 +398,7 @@ def main(args: argparse.Namespace) -> int:
             speculation_source=args.speculation if speculative else None,
             draft_model_dir=args.draft_model if args.speculation == "draft" else None,
         )
-        timed = args.backend == "cpu"
+        timed = args.backend == "cpu" and args.tensor_parallel_size == 1
         programs = {s: ThreadTimed(engine.programs[s]) if timed else engine.programs[s]
                     for s in plan.catalog}
         # its progress sink prints the summary
@@ -453,7 +410,8 @@ def main(args: argparse.Namespace) -> int:
         # a speculative load wraps decode to keep the draft context: also time the plain
         # decode step inside (what --speculation off runs)
         plain: dict[Any, Any] = {}
-        for shape in plan.catalog.of_kind(GraphKind.DECODE) if speculative else ():
+        # (a device process is prepared once: not under -tp)
+        for shape in plan.catalog.of_kind(GraphKind.DECODE) if speculative and timed else ():
             inner = getattr(engine.programs[shape], "inner", None)
             if inner is not None:
                 plain[shape] = ThreadTimed(inner) if timed else inner
@@ -473,7 +431,9 @@ def main(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     mode = "eager (dynamic context)" if engine.execution.host_bounds else "static"
-    print(f"execution: {mode}; torch threads: {torch.get_num_threads()}")
+    threads = (f"{args.tensor_parallel_size} ranks x {backend.num_threads} torch threads"
+               if args.tensor_parallel_size > 1 else f"torch threads: {torch.get_num_threads()}")
+    print(f"execution: {mode}; {threads}")
     print(format_table(results))
     comparison = speculative_comparison(plan.catalog, results, plain_results)
     if speculative:

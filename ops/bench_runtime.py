@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-device-process", action="store_true",
                         help="CPU: run the programs on a worker thread of the server "
                              "process instead of a device process (A/B)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                        help="CPU: serve on N tensor-parallel ranks (docs/tensor-parallel.md)")
     parser.add_argument("--no-isolated", action="store_true",
                         help="skip timing the load's programs alone (flare bench programs) "
                              "for the in-server / isolated interval ratio")
@@ -176,6 +178,7 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
                            capture_forward=not args.eager_forward,
                            device_process=not args.no_device_process,
+                           tensor_parallel_size=args.tensor_parallel_size,
                            max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
                            max_queue=max(args.requests, 1))
     async with open_runtime(config) as rt:
@@ -226,9 +229,10 @@ def isolated_intervals(model_dir: Path, args: argparse.Namespace) -> dict[str, f
         command = [sys.executable, "-m", "ops.cli", "bench", "programs", "--model",
                    str(model_dir), "--backend", args.backend, "--max-batch",
                    str(args.max_batch), "--prefill-capacity", *map(str, PREFILL_CAPACITIES),
-                   "--context", str(context), "--json", str(out)]
-        if not args.eager_forward and args.backend == "cpu":
-            command.append("--capture-forward")
+                   "--context", str(context), "--json", str(out),
+                   "--tensor-parallel-size", str(args.tensor_parallel_size)]
+        if not args.eager_forward and args.backend == "cpu" and args.tensor_parallel_size == 1:
+            command.append("--capture-forward")  # ranks run their shards op by op
         subprocess.run(command, check=True, capture_output=True)
         results = json.loads(out.read_text())["results"]
     return {r["shape"]: float(r["median_device_ms"]) for r in results}
@@ -272,7 +276,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"server process CPU/wall {result['server_cpu_fraction']:.3f}")
     if "device_process_cpu_fraction" in result:
         print(f"device process CPU/wall {result['device_process_cpu_fraction']:.3f}   "
-              "(share of the wall the device process computed, bind and read included)")
+              "(share of the wall the device process computed, bind and read included; "
+              "summed over the ranks under -tp)")
     if "worker_cpu_fraction" in result:
         print(f"cpu worker CPU/wall  {result['worker_cpu_fraction']:.3f}   "
               "(share of the wall the worker computed, bind and read included)")

@@ -12,6 +12,10 @@ complete or at ``--max-tokens``, and tokens/s counts what they produced.
 The default schema (``--json-schema FILE`` replaces it) is a list of at least 64
 records, so constrained outputs run to ``--max-tokens`` like the unconstrained ones and
 prefill weighs the same on both sides. The target is a constrained rate of at least 0.8x the unconstrained one.
+
+Grammars are resident with the programs by default on the cpu backend (constrained
+decode frames queue like free ones, ``gpu.grammar_rows``); ``--host-grammars`` keeps
+them on the host, every constrained frame waiting for its previous token (QUEUE-13).
 """
 
 from __future__ import annotations
@@ -52,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternations of unconstrained and constrained phases")
     parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--host-grammars", action="store_true",
+                        help="keep the grammars on the host (completion feedback per "
+                             "constrained frame) instead of with the programs")
+    parser.add_argument("--no-device-process", action="store_true",
+                        help="cpu: run the programs on a worker thread of this process")
 
 
 async def _phase(rt: Runtime, *, streams: int, per_stream: int, max_tokens: int,
@@ -86,7 +95,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     counts = [int(s) for s in args.streams.split(",")]
     config = RuntimeConfig(model_dir=args.model, backend=args.backend,
                            max_batch=args.max_batch, prefill_capacities=(64, 256),
-                           max_queue=max(max(counts), 1))
+                           max_queue=max(max(counts), 1),
+                           resident_grammars=not args.host_grammars,
+                           device_process=not args.no_device_process)
     rows = []
     async with open_runtime(config) as rt:
         for streams in counts:  # warm-up: every shape the phases use, both kinds
@@ -103,7 +114,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
                     totals[name][1] += wall
             free = totals["free"][0] / totals["free"][1]
             constrained = totals["schema"][0] / totals["schema"][1]
-            rows.append({"streams": streams, "free_tokens_per_s": round(free, 1),
+            rows.append({"streams": streams,
+                         "grammars": "host" if args.host_grammars else "resident",
+                         "free_tokens_per_s": round(free, 1),
                          "schema_tokens_per_s": round(constrained, 1),
                          "ratio": round(constrained / free, 3),
                          "free_tokens": totals["free"][0],

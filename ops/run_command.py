@@ -62,6 +62,7 @@ from app.connections import (
 )
 from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageLimits
 from app.log_config import LOG_FORMATS
+from app.parse_workers import DEFAULT_PARSE_WORKERS, MAX_PARSE_WORKERS
 from app.service import DEFAULT_MAX_REQUEST_BYTES
 from ops.startup_checks import (
     STARTUP_FAILURES,
@@ -148,6 +149,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--no-device-process", action="store_true",
                        help="CPU: run the prepared programs on a worker thread of the "
                             "server process instead of a device process of their own")
+    model.add_argument("--tensor-parallel-size", "-tp", dest="tensor_parallel_size", type=int,
+                       default=1, metavar="N",
+                       help="CPU: run every frame on N ranks (torch.distributed, gloo), a "
+                            "device process each holding a shard of the model and KV pool "
+                            "(docs/tensor-parallel.md; MASTER_ADDR/MASTER_PORT choose the "
+                            "rendezvous)")
+    model.add_argument("--host-grammars", action="store_true",
+                       help="CPU: keep structured-output grammars on the host (every "
+                            "constrained frame waits for the previous token) instead of "
+                            "with the programs")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -235,6 +246,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "the model directory's name)")
     http.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                       help="largest accepted request body; larger ones get 413")
+    http.add_argument("--parse-workers", type=int, default=DEFAULT_PARSE_WORKERS,
+                      help="processes that check bodies of 64 KiB or more before they are "
+                           "prepared, off the serving process (0: a thread of the serving "
+                           f"process; default {DEFAULT_PARSE_WORKERS})")
     http.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
                       help="seconds in-flight requests may finish after SIGINT/SIGTERM")
     http.add_argument("--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE_TIMEOUT_S,
@@ -265,6 +280,8 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
         device_process=not args.no_device_process,
+        tensor_parallel_size=args.tensor_parallel_size,
+        resident_grammars=not args.host_grammars,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=args.mixed_prefill,
@@ -292,6 +309,9 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
 def build_app_settings(args: argparse.Namespace) -> AppSettings:
     if args.max_request_bytes < 1024:
         raise ConfigError(f"--max-request-bytes must be at least 1024, got {args.max_request_bytes}")
+    if not 0 <= args.parse_workers <= MAX_PARSE_WORKERS:
+        raise ConfigError(f"--parse-workers must be between 0 and {MAX_PARSE_WORKERS}, got "
+                          f"{args.parse_workers}")
     if not args.shutdown_grace >= 0 or args.shutdown_grace == float("inf"):
         raise ConfigError(f"--shutdown-grace must be finite and >= 0, got {args.shutdown_grace}")
     if args.max_context is not None and args.max_context < 1:
@@ -312,6 +332,7 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                                       else load_chat_template(args.chat_template)),
                        allowed_origins=args.allowed_origins,
                        metrics_require_key=args.metrics_require_key,
+                       parse_workers=args.parse_workers,
                        image_limits=ImageLimits(
                            max_images=args.limit_mm_per_prompt,
                            allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))

@@ -8,7 +8,9 @@ client's requests meet ``--ttft`` and ``--tpot`` (``ops.sim.capacity``), all wit
 same running limit and cost table. Writes ``capacity.md`` (the table),
 ``capacity.json`` (every search and the metrics at each capacity) and ``pareto.png``
 (TTFT p99 against TPOT p99 of every configuration at one rate per scenario: the best
-baseline's capacity, or ``--pareto-rate``). See ``docs/simulator.md``, *Capacity*.
+baseline's capacity, or ``--pareto-rate``). With the long-prompts scenario it also runs
+the long-prompt check at ``--long-prompt-rate`` (``ops.sim.long_prompt_check``). See
+``docs/simulator.md``, *Capacity*.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      default=None, dest="configurations",
                      help=f"default: {' '.join(labels)} (balanced-adapt-*: the seed preset "
                           "with another adaptation time, opt-in)")
+    sel.add_argument("--variant", action="append", default=[], metavar="LABEL=PRESET:FIELD=V",
+                     help="one more configuration: a preset with PolicyConfig fields "
+                          "replaced, e.g. first-token-u0.3=first-token:prompt_age_price=0.3 "
+                          "(repeatable; measured, never a baseline)")
     sel.add_argument("--scenario", nargs="+", choices=tuple(CAPACITY_SCENARIOS),
                      default=None, dest="scenarios",
                      help=f"default: {' '.join(CAPACITY_SCENARIOS)}")
@@ -49,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slo.add_argument("--pareto-rate", type=float, default=None,
                      help="rate of the Pareto plot's runs (default: per scenario, the best "
                           "baseline's capacity)")
+    slo.add_argument("--long-prompt-rate", type=float, default=4.0,
+                     help="rate of the long-prompt check (worst long-prompt TTFT against "
+                          "its pure prefill time, chat ITL p99 against sarathi's best); "
+                          "run when the long-prompts scenario is")
     slo.add_argument("--seed", type=int, default=0)
     slo.add_argument("--quick", action="store_true",
                      help=f"{QUICK_COUNT} requests per run, one bisection (for tests)")
@@ -93,11 +103,14 @@ def main(args: argparse.Namespace) -> int:
         Setup,
         SloTargets,
         is_baseline,
+        parse_variant,
     )
     from ops.sim.capacity_report import capacity_table, write_report
     from ops.sim.catalogs import build_catalogs
     from ops.sim.costs import CostTableError
     from ops.sim.engine import SimOptions
+    from ops.sim.long_prompt_check import long_prompt_rows, long_prompt_table, pure_prefill_ms
+    from ops.sim.workloads import SCENARIOS
     from ops.sim_command import cost_table, max_running
 
     def fail(message: str) -> int:
@@ -112,6 +125,10 @@ def main(args: argparse.Namespace) -> int:
         return fail("--num-requests and --jobs must be positive")
     chosen = args.configurations or [c.label for c in DEFAULT_CONFIGURATIONS]
     configs = [c for c in CONFIGURATIONS if c.label in chosen]
+    try:
+        configs += [parse_variant(v) for v in args.variant]
+    except ValueError as exc:
+        return fail(str(exc))
     scenarios = list(args.scenarios or SUITE)
     try:
         catalogs = build_catalogs(max_batch=args.max_batch,
@@ -141,6 +158,9 @@ def main(args: argparse.Namespace) -> int:
                 or args.start_rate
         pareto = list(pool.map(_rate_task, [(c, s, pareto_rates[s], setup)
                                             for s in scenarios for c in configs]))
+        checked = list(pool.map(_rate_task, [(c, "long-prompts", args.long_prompt_rate,
+                                              setup) for c in configs])) \
+            if "long-prompts" in scenarios else []
     report_settings = {
         "cost_source": costs.source, "synthetic": costs.synthetic,
         "ttft_s": args.ttft, "tpot_s": args.tpot, "attainment": args.attainment,
@@ -151,14 +171,24 @@ def main(args: argparse.Namespace) -> int:
         "pareto_rates": pareto_rates,
     }
     labels = [c.label for c in configs]
+    long_check = ""
+    if checked:
+        spec = SCENARIOS[SUITE["long-prompts"]]
+        prefill_ms = pure_prefill_ms(spec.long_prompt_tokens, catalogs.ordinary, costs)
+        rows = long_prompt_rows(checked, prefill_ms)
+        long_check = long_prompt_table(rows, prefill_ms)
+        report_settings["long_prompt_check"] = {"rate": args.long_prompt_rate,
+                                                "pure_prefill_ms": prefill_ms, "rows": rows}
     write_report(args.output_dir, settings=report_settings, results=results,
                  pareto=pareto, scenarios=scenarios, configurations=labels,
-                 plot=not args.no_plots)
+                 plot=not args.no_plots, appendix=long_check)
     kind = "synthetic" if costs.synthetic else "measured"
     print(f"flare sim-capacity: {costs.source} ({kind}), TTFT <= {args.ttft:g} s, "
           f"TPOT <= {args.tpot:g} s for {args.attainment:.0%} of each client's requests, "
           f"{count} requests per run, at most {running} running")
     print(capacity_table(results, scenarios, labels), end="")
+    if long_check:
+        print(long_check, end="")
     cpu = sum(r["simulation_cpu_s"] for r in results)
     print(f"simulation CPU {cpu:.1f} s; wrote {args.output_dir}")
     return 0

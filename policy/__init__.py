@@ -7,6 +7,7 @@ package's public surface; modules stay importable for their other helpers.
 
 from policy.baselines.factory import (
     FIXED_SPEC_POLICIES,
+    PRESET_POLICIES,
     RUNTIME_POLICIES,
     SEED_POLICIES,
     make_policy,
@@ -64,6 +65,7 @@ __all__ = [
     "DEFAULT_WINDOW_IMAGES",
     "FIXED_SPEC_POLICIES",
     "FRAME_SLOTS",
+    "PRESET_POLICIES",
     "RUNTIME_POLICIES",
     "SEED_POLICIES",
     "AdmissionRefused",

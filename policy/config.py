@@ -74,6 +74,10 @@ class PolicyConfig:
     """Exponent on prefix-survival estimates in speculative scores (POL-10, ACC-3)."""
     checkpoint_extra_work_fraction: float = 0.05
     """Extra work a complete-state checkpoint may add (QUEUE-20/21, OPEN-5)."""
+    prompt_age_price: float = 0.0
+    """flare's first-token urgency u, value per prompt token per ms waited since
+    admission, added to the prefill token price (``1 + f/x + u*A``). Not a seed
+    preference: 0 (every seed preset) is the seed's price (SEL-5)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -103,6 +107,9 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     "balanced": PolicyConfig(),
     # POL-15: keep token fairness and output-token value, drop delivery fairness and age.
     "throughput": PolicyConfig(delivery_fairness=0.0, decode_age_price=0.0),
+    # flare's extension (docs/scheduling-utility.md, *First-token urgency*): balanced,
+    # plus a prompt-age price and a retirement worth a freed request slot.
+    "first-token": PolicyConfig(prompt_age_price=0.03, terminal_value=10_000.0),
 }
 """The ``--scheduler-policy`` presets by name."""
 

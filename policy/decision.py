@@ -176,6 +176,7 @@ def build_context(
     prompts.sort(key=lambda r: (r.last_served_ns, r.handle))  # DUR-24 order for ties
     prompt_x: list[float] = []
     prompt_z: list[float] = []
+    prompt_age_ms: list[float] = []
     cursor: list[int] = []
     remaining: list[int] = []
     endpoint: list[int] = []
@@ -194,10 +195,15 @@ def build_context(
         endpoint.append(next_end - at)
         reaches.append(end >= r.prompt_len)
         last_served.append(r.last_served_ns)
+        waited = start_ns - r.admitted_ns
+        prompt_age_ms.append(waited / NS_PER_MS if waited > 0 else 0.0)
         if r.scored_prompt:
             scored_rows.append(i)
 
-    e = _price_exponent(config, dec_x, dec_z, prompt_x, prompt_z)
+    tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
+    prompt_price = first_token_prices(prompt_x, prompt_age_ms, config)
+    e = _price_exponent(config, dec_x, dec_z, prompt_x, prompt_z,
+                        max(prompt_price, default=0.0))
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
     sigma_term = _reference_ms(catalog, times, "snapshot", catalog.snapshot,
                                n_pending_terminals)
@@ -210,7 +216,6 @@ def build_context(
     # decoder's base value is its output token price beta + f/x plus its delivery
     # price g/z, scaled, plus the age term at the planning start; a prompt row's token
     # price is 1 + f/x and its first output is worth beta + f/x + g/z.
-    tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     # Scaling by the power of two 2**-e: exact, the same as ldexp (prices are at most
     # 2**e, so nothing overflows).
     unit = 2.0 ** -e
@@ -221,7 +226,7 @@ def build_context(
                  for r in terminals]
     prompt_group = PromptGroup(
         tuple(prompts), cursor=cursor, remaining=remaining, endpoint=endpoint,
-        reaches=reaches, price=[(1.0 + tf / x) * unit for x in prompt_x],
+        reaches=reaches, price=[price * unit for price in prompt_price],
         finish=[(beta + tf / x + g / z) * unit
                 for x, z in zip(prompt_x, prompt_z, strict=True)],
         last_served=last_served, scored=scored_rows)
@@ -248,14 +253,28 @@ def build_context(
     )
 
 
+def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
+                       config: PolicyConfig) -> list[float]:
+    """Each prompt row's unscaled prefill token price: the seed's ``1 + f/x`` (SEL-5),
+    plus, with flare's opt-in first-token urgency (``prompt_age_price`` u > 0),
+    ``u * A`` for a prompt admitted ``A`` ms before the planning start
+    (``docs/scheduling-utility.md``, *First-token urgency*)."""
+    tf, u = config.token_fairness, config.prompt_age_price
+    if not u:
+        return [1.0 + tf / x for x in prompt_x]
+    return [1.0 + tf / x + u * age for x, age in zip(prompt_x, prompt_age_ms, strict=True)]
+
+
 def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float],
-                    prompt_x: list[float], prompt_z: list[float]) -> int:
+                    prompt_x: list[float], prompt_z: list[float],
+                    prompt_top: float) -> int:
     """The decision's scaling exponent (SEL-20, OPEN-14): the binary exponent of the
     largest price or coefficient. Prices are ``beta + f/x``, ``g/z`` and ``1 + f/x``
     with non-negative coefficients (``PolicyConfig`` validates them) and positive
     rates, and correctly rounded division and addition are monotone, so the largest
     of each is the one at the smallest rate: ``max_i(beta + f/x_i) = beta + f/min_i x_i``
-    exactly."""
+    exactly. ``prompt_top``: the largest prompt token price (``first_token_prices``;
+    ``1 + f/min_i x_i`` without first-token urgency)."""
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     largest = max(config.decode_age_price, config.terminal_value, config.terminal_age_price)
     if dec_x or prompt_x:
@@ -266,7 +285,7 @@ def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float]
             raise ValueError(f"service rates must be positive, got {x_min!r}, {z_min!r}")
         largest = max(largest, beta + tf / x_min, g / z_min)
         if prompt_x:
-            largest = max(largest, 1.0 + tf / p_min)
+            largest = max(largest, 1.0 + tf / p_min, prompt_top)
     # utility.scale_exponent of these magnitudes (all non-negative).
     if not math.isfinite(largest):
         raise ValueError(f"non-finite price or coefficient {largest!r}")

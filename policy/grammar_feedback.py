@@ -2,12 +2,19 @@
 docs/design/requirements.md).
 
 A grammar-constrained request's next allowed tokens depend on the token it sampled
-last, which only the host's matcher can turn into a mask; so:
+last. Where only the host's matcher can turn that token into a mask (a host grammar,
+the seed's case), the mask is a host-fed input; so:
 
-- a plan whose lanes include a constrained request requires completion feedback: it is
-  committed only into an empty window and nothing queues behind it (QUEUE-13). The
-  flag comes from the chosen plan's own lanes (QUEUE-14), so a plan without
-  constrained lanes keeps both frame slots;
+- a plan whose lanes include a request with a host grammar requires completion
+  feedback: it is committed only into an empty window and nothing queues behind it
+  (QUEUE-13). The flag comes from the chosen plan's own lanes (QUEUE-14), so a plan
+  without such lanes keeps both frame slots;
+- a request whose grammar is resident where the frames run (``grammar_resident``:
+  the executing process holds its matcher, advances it with each sampled token and
+  computes the next mask itself, like the pending token and the penalty state) feeds
+  the device nothing from the host, so its plans keep both frame slots. This is
+  flare's extension of QUEUE-13 (docs/runtime.md, *Structured output*): the seed's
+  rule stays for host grammars;
 - constrained requests do not speculate (SEL-13: conditional acceptance respects the
   grammar; the complete speculative programs carry no mask). A speculative winner
   with a constrained lane gives way to the ordinary plan of the same decision.
@@ -25,10 +32,14 @@ from policy.requests import RequestRecord
 from policy.types import DecodeMode, RequestHandle, ScheduledPlan
 
 
-def _constrained(plan: ScheduledPlan, records: Mapping[RequestHandle, RequestRecord]) -> bool:
+def _constrained(plan: ScheduledPlan, records: Mapping[RequestHandle, RequestRecord], *,
+                 host_only: bool = False) -> bool:
+    """Whether a lane of ``plan`` is grammar-constrained (``host_only``: by a grammar
+    the host feeds, not one resident where the frames run)."""
     for lane in plan.lanes:
         record = records.get(lane.handle)
-        if record is not None and record.grammar_constrained:
+        if (record is not None and record.grammar_constrained
+                and not (host_only and record.grammar_resident)):
             return True
     return False
 
@@ -36,8 +47,10 @@ def _constrained(plan: ScheduledPlan, records: Mapping[RequestHandle, RequestRec
 def with_grammar_feedback(plan: ScheduledPlan | None,
                           records: Mapping[RequestHandle, RequestRecord]
                           ) -> ScheduledPlan | None:
-    """``plan``, marked as requiring completion feedback when a lane is constrained."""
-    if plan is None or plan.requires_empty_window or not _constrained(plan, records):
+    """``plan``, marked as requiring completion feedback when a lane is constrained by
+    a host grammar."""
+    if (plan is None or plan.requires_empty_window
+            or not _constrained(plan, records, host_only=True)):
         return plan
     return replace(plan, requires_empty_window=True)
 
@@ -61,7 +74,7 @@ def grammar_plan(ordinary: ScheduledPlan | None, chosen: ScheduledPlan | None,
                  records: Mapping[RequestHandle, RequestRecord]) -> ScheduledPlan | None:
     """The plan to return once speculation chose ``chosen`` over the decision's
     ``ordinary`` plan: the ordinary one when ``chosen`` would speculate a constrained
-    request, either way marked for completion feedback where a lane is constrained."""
+    request, either way marked for completion feedback where a lane has a host grammar."""
     if speculates_constrained(chosen, records):
         chosen = ordinary
     return with_grammar_feedback(chosen, records)

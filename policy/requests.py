@@ -82,8 +82,13 @@ class RequestRecord:
     restored: bool = False
     """The restore stage has run (later stages of the chain remain)."""
     grammar_constrained: bool = False
-    """Its output follows a grammar: plans need completion feedback and it never
-    speculates (QUEUE-13, SEL-13; ``policy.grammar_feedback``)."""
+    """Its output follows a grammar: it never speculates (SEL-13) and, unless the
+    grammar is resident where frames run, its plans need completion feedback
+    (QUEUE-13; ``policy.grammar_feedback``)."""
+    grammar_resident: bool = False
+    """Its grammar's matcher lives with the programs (the executing process advances
+    it with each sampled token and computes the next mask), so its next frame needs no
+    host feedback (``policy.grammar_feedback``, docs/runtime.md)."""
     ends_at: tuple[int, int, int] = field(default=(-1, 0, 0), repr=False, compare=False)
     """``(cursor, logical end, next endpoint)`` as last computed by ``prompt_ends``."""
 

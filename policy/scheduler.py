@@ -198,7 +198,7 @@ class Scheduler:
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               restore: RestoreNeed = RestoreNeed.NONE,
               further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False,
-              images: ImagePlan | None = None) -> RequestHandle:
+              grammar_resident: bool = False, images: ImagePlan | None = None) -> RequestHandle:
         """Make a request resident and return its handle.
 
         ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
@@ -211,8 +211,8 @@ class Scheduler:
         restoration runs (``restoration_ready``), outside every participant set (ACCT-4).
         ``further_stages``: prerequisite stages after the restore (initialization), each
         run by its own prepared state graph; such a request is ranked by the continuation
-        index (PRE-21..25). ``grammar_constrained``: ``policy.grammar_feedback``;
-        ``images``: ``policy.vision_windows``."""
+        index (PRE-21..25). ``grammar_constrained``, ``grammar_resident``:
+        ``policy.grammar_feedback``; ``images``: ``policy.vision_windows``."""
         ends = check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                                cached_prefix_len=cached_prefix_len,
                                message_ends=message_ends, system_end=system_end)
@@ -225,7 +225,7 @@ class Scheduler:
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
-            grammar_constrained=grammar_constrained, images=images))
+            grammar_constrained=grammar_constrained, grammar_resident=grammar_resident, images=images))
         self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
                                uncached_tokens=prompt_len - cached_prefix_len,
                                catalog=self._catalog, estimates=self._estimates)
@@ -234,7 +234,6 @@ class Scheduler:
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:
         """The seed's scheduler does not rank by client: nothing to record."""
-        return None
 
     def restoration_ready(self, handle: RequestHandle) -> None:
         """External restoration finished: a restore graph may now bind the state."""

@@ -5,11 +5,18 @@ with its entry point (a checkout on ``PYTHONPATH``)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Traced forward graphs (``gpu.model.graph_cache``) are kept for this session only:
+# every device process a test starts reuses what an earlier one traced.
+_GRAPHS = None
+if "FLARE_GRAPH_CACHE" not in os.environ:
+    _GRAPHS = os.environ["FLARE_GRAPH_CACHE"] = tempfile.mkdtemp(prefix="flare-graphs-")
 
 pytest_plugins = ("pytester",)  # runs the README's example as a user's test suite
 
@@ -20,6 +27,11 @@ def pytest_configure(config: pytest.Config) -> None:
         import ops.pytest_plugin
 
         manager.register(ops.pytest_plugin, "flare")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _GRAPHS is not None:
+        shutil.rmtree(_GRAPHS, ignore_errors=True)
 
 
 def _cuda_available() -> bool:

@@ -43,7 +43,8 @@ def open_backend(name: str, **options: Any) -> Backend:
     """Open a backend by name: ``cpu``, ``cuda`` or ``fake``.
 
     ``cpu`` runs prepared programs in a device process unless
-    ``device_process=False`` (then on a worker thread of this process).
+    ``device_process=False`` (then on a worker thread of this process);
+    ``tensor_parallel=N`` (N >= 2) runs them on N ranks, a device process each.
 
     Raises ``BackendUnavailable`` with a message saying why (unknown name, no CUDA
     device, cuda-python missing); never crashes at import.
@@ -51,6 +52,12 @@ def open_backend(name: str, **options: Any) -> Backend:
     if name == "cpu":
         # the default: prepared programs run in a device process (``cpu_process``);
         # ``device_process=False`` keeps the stream a thread of this process
+        size = options.pop("tensor_parallel", 1)
+        if size > 1:
+            from gpu.backends.tensor_parallel import TensorParallelBackend
+
+            options.pop("device_process", None)
+            return TensorParallelBackend(size=size, **options)
         if options.pop("device_process", True):
             from gpu.backends.cpu_process import DeviceProcessBackend
 

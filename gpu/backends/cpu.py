@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from gpu.backends.host_allocator import keep_freed_memory
 from gpu.backends.protocol import (
     BackendClosed,
     Completion,
@@ -180,6 +181,9 @@ class CpuBackend:
     device = "cpu"
     lost = None
     """An in-process stream is never lost."""
+    resident_grammars = True
+    """Each frame binds after the frame ahead executed, on this CPU, so the programs
+    may hold grammar matchers per row (``gpu.grammar_rows``)."""
 
     def __init__(self, *, num_threads: int | None = None) -> None:
         """``num_threads``: torch intra-op threads (``None``: ``default_cpu_threads()``;
@@ -189,6 +193,7 @@ class CpuBackend:
             raise ValueError(f"num_threads must be >= 0, got {threads}")
         if threads:
             torch.set_num_threads(threads)
+        keep_freed_memory()  # launches reuse their temporaries' memory
         self.num_threads = torch.get_num_threads()
         """The intra-op thread count in effect after construction."""
         self._lock = threading.Lock()

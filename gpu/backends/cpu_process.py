@@ -57,6 +57,7 @@ from gpu.backends.protocol import (
     ProgramFault,
     ProgramNotPrepared,
 )
+from gpu.backends.ranks import RankSpec
 from gpu.backends.shared_pickling import dumps_shared
 from gpu.preparation import PreparationReport, ProgressSink, prepare_in_order
 from gpu.program import PreparedProgram
@@ -101,7 +102,7 @@ def warm_up_start() -> None:
     threading.Thread(target=start, name="flare-forkserver-start", daemon=True).start()
 
 
-def _exit_text(exitcode: int | None) -> str:
+def exit_text(exitcode: int | None) -> str:
     if exitcode is None:
         return "closed its pipe"
     if exitcode < 0:
@@ -112,21 +113,42 @@ def _exit_text(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
+class SharedSending:
+    """Pickles programs for device processes one at a time, remembering where their
+    storages lived before the first pickling moved them (``dumps_shared``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._addresses: dict[int, int] = {}
+
+    def dumps(self, programs: list[PreparedProgram]) -> bytes:
+        with self._lock:
+            return dumps_shared(programs, self._addresses)
+
+
 class DeviceProcessBackend:
     """The ``cpu`` backend with its stream in a device process (the default)."""
 
     name = "cpu"
     device = "cpu"
+    resident_grammars = True
+    """Each frame binds after the frame ahead executed, on this CPU, so the programs
+    may hold grammar matchers per row (``gpu.grammar_rows``)."""
 
-    def __init__(self, *, num_threads: int | None = None) -> None:
+    def __init__(self, *, num_threads: int | None = None, rank: RankSpec | None = None,
+                 sharing: SharedSending | None = None) -> None:
         """``num_threads``: the device process's torch intra-op threads (``None``:
-        ``default_cpu_threads()``; 0: torch's default there)."""
+        ``default_cpu_threads()``; 0: torch's default there). ``rank``: the process is
+        that rank of a tensor-parallel group (``gpu.backends.tensor_parallel``), whose
+        ranks pickle the same programs in turn through one ``sharing``."""
         threads = default_cpu_threads() if num_threads is None else num_threads
         if threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {threads}")
         torch.set_num_threads(1)  # the serving process only packs, samples nothing
         self.num_threads = threads
         """The device process's intra-op thread count (set once it has started)."""
+        self.rank = rank
+        self._sharing = sharing or SharedSending()
         self.stream_name = f"flare-cpu-device-{next(_stream_ids)}"
         self.start_s: float | None = None
         """Seconds ``prepare`` took to start the device process and map the programs."""
@@ -147,6 +169,20 @@ class DeviceProcessBackend:
     def lost(self) -> DeviceLost | None:
         """Why the device process is gone, if it died (None while it serves)."""
         return self._lost
+
+    @property
+    def exitcode(self) -> int | None:
+        """The device process's exit status once it has exited (None while it runs)."""
+        if self._process is None or self._process.is_alive():
+            return None
+        code: int | None = self._process.exitcode
+        return code
+
+    @property
+    def sentinel(self) -> int | None:
+        """A handle that becomes ready when the device process exits (None before
+        ``prepare``)."""
+        return None if self._process is None else int(self._process.sentinel)
 
     @property
     def pid(self) -> int | None:
@@ -177,20 +213,21 @@ class DeviceProcessBackend:
         started = time.perf_counter()
         context = _context()
         host_end, device_end = context.Pipe(duplex=True)
-        process = context.Process(target=device_worker.main, args=(device_end, self.num_threads),
+        process = context.Process(target=device_worker.main,
+                                  args=(device_end, self.num_threads, self.rank),
                                   name=self.stream_name, daemon=True)
         process.start()
         device_end.close()
         self._process, self._conn = process, host_end
         try:
-            host_end.send_bytes(dumps_shared(programs))
+            host_end.send_bytes(self._sharing.dumps(programs))
             if not host_end.poll(START_TIMEOUT_S):
                 raise BackendError(f"the cpu device process did not start in "
                                    f"{START_TIMEOUT_S:.0f} s")
             reply = pickle.loads(host_end.recv_bytes())
         except (EOFError, OSError) as exc:
             self._stop_process(kill=True)
-            raise DeviceLost(f"the cpu device process {_exit_text(process.exitcode)} "
+            raise DeviceLost(f"the cpu device process {exit_text(process.exitcode)} "
                              "while starting") from exc
         except BaseException:
             self._stop_process(kill=True)
@@ -250,7 +287,7 @@ class DeviceProcessBackend:
         # the process is exiting: wait briefly to name its status (only this thread
         # waits for it here; close() waits only after the reader has ended)
         self._process.join(EXIT_REPORT_S)
-        why = (_exit_text(self._process.exitcode) if broken is None else
+        why = (exit_text(self._process.exitcode) if broken is None else
                f"sent a reply that could not be read ({type(broken).__name__}: {broken})")
         lost = DeviceLost(f"the cpu device process (pid {self.pid}) {why}")
         with self._lock:
@@ -280,6 +317,13 @@ class DeviceProcessBackend:
             _, _, shape, stage, cause = message
             handle.set_fault(ProgramFault(shape, stage, cause))
         return True
+
+    def kill(self) -> None:
+        """Kill the device process now (its pending launches then fail as lost): a
+        tensor-parallel peer died, and this rank would wait for it."""
+        process = self._process
+        if process is not None and process.is_alive():
+            process.kill()
 
     def close(self) -> None:
         """Refuse new launches, let queued ones finish, join the device process."""

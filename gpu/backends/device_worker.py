@@ -16,7 +16,8 @@ launches until the host says stop or its end of the pipe closes:
 Everything a program mutates in Python (bound packs, host bounds, captured graphs)
 lives only here. Messages are pickled values, so the transport knows nothing of what
 inputs or outputs a program takes: a program that gains an input or an output needs
-nothing from this module. Torch's intra-op threads are set here (``num_threads``).
+nothing from this module. Torch's intra-op threads are set here (``num_threads``), and
+the allocator keeps freed memory for the next launch (``gpu.backends.host_allocator``).
 
 Signals: the process ignores SIGINT and SIGTERM, which a terminal or a supervisor
 sends to the whole process group; the serving process decides when it stops (it
@@ -34,7 +35,9 @@ from typing import Any
 import torch
 
 from gpu.backends.cpu import CpuStream, stage_launch
+from gpu.backends.host_allocator import keep_freed_memory
 from gpu.backends.protocol import LaunchHandle
+from gpu.backends.ranks import RankSpec, join_group, leave_group
 from gpu.backends.shared_pickling import loads_shared
 
 STOP = b""
@@ -88,15 +91,20 @@ class _Replies:
         self.send_bytes(data)
 
 
-def main(conn: Any, num_threads: int) -> None:
-    """Receive the programs, then serve launches until ``STOP`` or end of pipe."""
+def main(conn: Any, num_threads: int, rank: RankSpec | None = None) -> None:
+    """Receive the programs, then serve launches until ``STOP`` or end of pipe.
+    ``rank``: this process is one rank of a tensor-parallel group
+    (``gpu.backends.ranks``): it joins the group and runs its own shard."""
     for ignored in (signal.SIGINT, signal.SIGTERM):
         signal.signal(ignored, signal.SIG_IGN)
     if num_threads:
         torch.set_num_threads(num_threads)
+    keep_freed_memory()
     replies = _Replies(conn)
     try:
         programs = loads_shared(conn.recv_bytes())
+        if rank is not None:
+            programs = join_group(programs, rank)
     except Exception as exc:
         replies.send(("failed", "".join(traceback.format_exception(exc))))
         return
@@ -118,3 +126,5 @@ def main(conn: Any, num_threads: int) -> None:
     finally:
         stream.stop()
         conn.close()
+        if rank is not None:
+            leave_group()

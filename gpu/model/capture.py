@@ -15,17 +15,23 @@ that shape replay the graph. Inputs are the packed-batch index tensors, the page
 pools (written in place through the graph, exactly as the eager forward writes them)
 and the weights: torch keeps every traced function for the life of the process, so a
 graph holds no tensor of its own and is shared by every decoder of the same model
-geometry (``shared_graphs``). The traced graph runs the same aten operations in
-the same order as the eager forward, and the graph executor's optimisations are
-switched off (no fusion), so the outputs are bit-identical (tests check it).
+geometry (``shared_graphs``), and saved on disk for the next process of the same
+model (``gpu.model.graph_cache``: a loaded graph replaces the trace). The traced graph
+runs the same aten operations in the same order as the eager forward, and the graph
+executor's optimisations are switched off (no fusion), so the outputs are
+bit-identical (tests check it).
 
-Shapes follow the program's fixed buffers and its host-chosen context bucket (a power
-of two of blocks, ``gpu.programs.execution.context_blocks``), so a program sees a
-handful of graphs, all captured at its first launch (each costs a few eager
-forwards). Capture time is preparation: ``tracing_ns`` lets the CPU backend leave it
-out of the launch's execution interval. It includes one warm-up replay per graph: a
-traced function's first call builds the executor's plan and runs two to four times
-slower than later replays, and a program's discovery estimate is one sample.
+Shapes follow the program's fixed buffers. The one shape that varies from launch to
+launch, the number of block-table columns the attention reads (the host-chosen context
+bound, ``gpu.programs.execution.context_blocks``), is not part of a graph's key: the
+tracer records the gather, the masks and the attention in terms of the table's width,
+so a graph traced at one width replays any other, bit for bit (tests check every model
+family at widths above and below the traced one). A program therefore traces one graph
+at its first launch (a few eager forwards), whatever contexts follow. Capture time is
+preparation: ``tracing_ns`` lets the CPU backend leave it out of the launch's execution
+interval. It includes one warm-up replay per graph: a traced function's first call
+builds the executor's plan and runs two to four times slower than later replays, and a
+program's discovery estimate is one sample.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.model.graph_cache import GraphCache
 from gpu.model.kv_cache import PagedKVCache
 
 if TYPE_CHECKING:
@@ -86,51 +93,33 @@ class ForwardCapture:
         self.traced = 0
         """How many graphs this decoder traced; shapes another decoder of the same
         model already traced reuse its graph (``shared_graphs``)."""
+        self.loaded = 0
+        """How many graphs this decoder loaded from the disk cache instead."""
+        self.disk = GraphCache.from_environment()
+        """Where traced graphs are kept across processes (``gpu.model.graph_cache``);
+        None: nowhere."""
 
     def __len__(self) -> int:
         return len(self._graphs)
 
     def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
-        """The decoder's forward through the graph for these input shapes; the first
-        forward of a shape family captures the whole family (``_capture_family``)."""
+        """The decoder's forward through the graph for these input shapes, traced at
+        the first forward of a shape (``_capture``)."""
         key, tensors = _signature(batch, cache)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture_family(key, tensors, batch, cache)
+            graph = self._capture(key, tensors, batch, cache)
         with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
             return graph(*tensors)
 
-    def _capture_family(self, key: _GraphKey, tensors: list[torch.Tensor],
-                        batch: PackedBatch, cache: PagedKVCache
-                        ) -> Callable[..., torch.Tensor]:
-        """Trace this forward, and the same forward at every other context bucket.
-
-        An eager program's attention reads a host-chosen power-of-two number of blocks
-        (``gpu.programs.execution.context_buckets``); capturing every bucket at the
-        first launch keeps later, longer contexts from paying a capture mid-load. The
-        other buckets are traced on placeholder inputs that write only the sink page
-        (MIX-15) and read only sink pages. A mixed frame's prompt bound is a second
-        dimension: its other values are captured when they first occur.
-        """
-        from gpu.programs.execution import context_buckets
-
+    def _capture(self, key: _GraphKey, tensors: list[torch.Tensor], batch: PackedBatch,
+                 cache: PagedKVCache) -> Callable[..., torch.Tensor]:
+        """Trace (or share) the graph of ``key``, counting the time in ``tracing_ns``."""
         started = time.perf_counter_ns()
         with self._lock:
             graph = self._graphs.get(key)
             if graph is None:
                 graph = self._trace(key, tensors, batch, cache)
-                geometry = cache.geometry
-                buckets = context_buckets(geometry.blocks_per_row)
-                split = batch.phase_split
-                # mixed frames: the decode bound varies here, the prompt bound stays
-                # (their product would be a square of graphs; others trace on use)
-                prompt_blocks = (None if split is None or split.prompt_block_table is None
-                                 else split.prompt_block_table.shape[1])
-                for blocks in buckets:
-                    sibling = _placeholder(batch, cache, blocks, prompt_blocks)
-                    sibling_key, sibling_tensors = _signature(sibling, cache)
-                    if sibling_key not in self._graphs:
-                        self._trace(sibling_key, sibling_tensors, sibling, cache)
         _thread.ns = tracing_ns() + time.perf_counter_ns() - started
         return graph
 
@@ -156,6 +145,13 @@ class ForwardCapture:
             shared = _shared_graphs.get(shared_key)
         if shared is not None:
             return self._bind(key, shared)
+        if self.disk is not None:
+            loaded = self.disk.load(shared_key)
+            if loaded is not None and self._replays_eagerly(loaded, tensors, batch, cache):
+                with _shared_lock:
+                    _shared_graphs[shared_key] = loaded
+                self.loaded += 1
+                return self._bind(key, loaded)
 
         def run(*args: torch.Tensor) -> torch.Tensor:
             ids, pos, slots, lane, tables = args[:5]
@@ -189,14 +185,28 @@ class ForwardCapture:
         # two to four times slower than later replays. Make that call here, inside the
         # capture's time, so no launch (and no duration estimate) pays it: a shape's
         # discovery sample is a single observation (seed: *Duration estimates*). It
-        # writes the same K/V at the same slots as the trace did (placeholders write
-        # only the sink page), so the pools are unchanged.
+        # writes the same K/V at the same slots as the trace did, so the pools are
+        # unchanged.
         with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
             traced_run(*tensors, *weights)
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
         self.traced += 1
+        if self.disk is not None:
+            self.disk.save(shared_key, traced_run)
         return self._bind(key, traced_run)
+
+    def _replays_eagerly(self, graph: Callable[..., torch.Tensor], tensors: list[torch.Tensor],
+                         batch: PackedBatch, cache: PagedKVCache) -> bool:
+        """Whether a loaded graph's replay equals the op-by-op forward, bit for bit
+        (its first call, the warm-up of ``_trace``). Both write the same K/V at the
+        same slots, the op-by-op forward last."""
+        try:
+            with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+                replayed = graph(*tensors, *self._weights)
+        except Exception:  # a graph of other inputs: trace instead
+            return False
+        return torch.equal(replayed, self._decoder.forward_eager(batch, cache))
 
     def _bind(self, key: _GraphKey, graph: Callable[..., torch.Tensor]
               ) -> Callable[..., torch.Tensor]:
@@ -248,39 +258,16 @@ def _signature(batch: PackedBatch, cache: PagedKVCache
             tensors.append(split.prompt_block_table)
             has_prompt_table = True
     tensors += [cache.keys, cache.values]
+    tables = {id(batch.lane_block_tables)}
+    if has_prompt_table and split is not None:
+        tables.add(id(split.prompt_block_table))
     key: _GraphKey = (
         batch.lane_major_width,
         -1 if split is None else split.width,
         has_prompt_table,
         cache.geometry,
-        *(tuple(t.shape) for t in tensors),
+        # a block table's width (the context bound) is not part of the key: the graph
+        # follows it (module docstring)
+        *((t.shape[0],) if id(t) in tables else tuple(t.shape) for t in tensors),
     )
     return key, tensors
-
-
-def _placeholder(batch: PackedBatch, cache: PagedKVCache, blocks: int,
-                 prompt_blocks: int | None) -> PackedBatch:
-    """``batch``'s shapes with ``blocks`` (and ``prompt_blocks``) table columns, every
-    token at position 0 writing the sink page and every table naming the sink."""
-    from dataclasses import replace
-
-    geometry = cache.geometry
-    n = batch.token_ids.shape[0]
-    device = batch.token_ids.device
-    sink_slots = (geometry.sink_page * geometry.page_size
-                  + torch.arange(n, device=device) % geometry.page_size)
-    zeros = torch.zeros(n, dtype=torch.int64, device=device)
-    tables = torch.full((batch.lane_block_tables.shape[0], blocks), geometry.sink_page,
-                        dtype=torch.int64, device=device)
-    split = batch.phase_split
-    if split is not None:
-        split = replace(
-            split,
-            prompt_slots=torch.zeros_like(split.prompt_slots),
-            prompt_lane=torch.zeros_like(split.prompt_lane),
-            decode_slots=torch.zeros_like(split.decode_slots),
-            prompt_block_table=None if prompt_blocks is None else torch.full(
-                (1, prompt_blocks), geometry.sink_page, dtype=torch.int64, device=device),
-        )
-    return replace(batch, token_ids=zeros, positions=zeros, write_slots=sink_slots,
-                   token_lane=zeros.clone(), lane_block_tables=tables, phase_split=split)

@@ -213,16 +213,21 @@ class Decoder:
                     values = values.reshape(1, lanes * ctx, kv_heads, hd)
                 attn = grouped_attention(q, keys, values, mask, batches, queries_per_batch,
                                          group, **scores)
-            h = self._residual(i, h, F.linear(attn, self._layer(i, "self_attn.o_proj.weight")),
-                               "post_attention_layernorm")
+            out = self._row_parallel(attn, self._layer(i, "self_attn.o_proj.weight"))
+            h = self._residual(i, h, out, "post_attention_layernorm")
             x = _rms_norm(h, self._layer(i, "pre_feedforward_layernorm.weight"
                                          if cfg.sandwich_norms else
                                          "post_attention_layernorm.weight"), eps, gemma=gemma)
             gate, up = F.linear(x, self.gate_up_weight[i]).chunk(2, dim=-1)
-            h = self._residual(i, h, F.linear(self._act(gate) * up,
-                                              self._layer(i, "mlp.down_proj.weight")),
+            h = self._residual(i, h, self._row_parallel(self._act(gate) * up,
+                                                        self._layer(i, "mlp.down_proj.weight")),
                                "post_feedforward_layernorm")
         return _rms_norm(h, self.w["model.norm.weight"], eps, gemma=gemma)
+
+    def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The output projections (attention ``o_proj``, MLP ``down_proj``); a tensor-
+        parallel shard sums the ranks' partial products here (``gpu.model.sharding``)."""
+        return F.linear(x, weight)
 
     def _residual(self, i: int, h: torch.Tensor, out: torch.Tensor, norm: str) -> torch.Tensor:
         """``h + out``; with sandwich norms (Gemma2) ``out`` is normed by layer ``i``'s

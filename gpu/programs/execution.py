@@ -12,10 +12,11 @@ choice:
   stream order right before ``execute`` on the same host thread, so it can read the
   device-resident positions of the frame's rows (plain host tensors on the CPU, no
   synchronisation) and compute the largest context any active lane needs. ``execute``
-  then gathers only that many blocks, rounded up to a power of two so that a program
-  sees few distinct shapes. Keys past a query's position are masked either way, so the
-  tokens are the same as with the static bound (tests check it); only the work
-  shrinks with the actual contexts.
+  then gathers exactly the blocks covering it (no rounding: a captured forward's graph
+  follows the table's width, ``gpu.model.capture``, so the bound costs no extra
+  shapes). Keys past a query's position are masked either way, so the tokens are the
+  same as with the static bound (tests check it); only the work shrinks with the
+  actual contexts.
 - **greedy shortcut** (also eager only): when every active lane samples greedily,
   ``execute`` skips the sort/top-p/noise pipeline of ``gpu.sampling.sample`` whose
   result greedy lanes discard anyway.
@@ -43,7 +44,7 @@ class ExecutionOptions:
     """How prepared step programs bound their work (see the module docstring)."""
 
     dynamic_context: bool = False
-    """Gather only the power-of-two number of blocks the frame's lanes need."""
+    """Gather only the blocks the frame's lanes need."""
     greedy_shortcut: bool = False
     """Skip the stochastic sampling pipeline when every active lane is greedy."""
     capture_forward: bool = False
@@ -84,15 +85,20 @@ class ExecutionOptions:
 
 
 def context_blocks(end_position: int, *, page_size: int, blocks_per_row: int) -> int:
-    """Blocks to gather so keys ``< end_position`` are covered: a power of two, at least
-    one, at most ``blocks_per_row``."""
+    """Blocks to gather so keys ``< end_position`` are covered: the covering count, at
+    least one, at most ``blocks_per_row``."""
     needed = max(1, -(-max(end_position, 0) // page_size))
-    bucket = 1 << (needed - 1).bit_length()
-    return min(bucket, blocks_per_row)
+    return min(needed, blocks_per_row)
 
 
-def context_buckets(blocks_per_row: int) -> tuple[int, ...]:
-    """Every value ``context_blocks`` can return for rows of ``blocks_per_row`` blocks:
-    the powers of two below it, and the full row."""
-    buckets = [1 << i for i in range(blocks_per_row.bit_length()) if 1 << i < blocks_per_row]
-    return (*buckets, blocks_per_row)
+def covering_power_of_two(count: int, limit: int) -> int:
+    """The power of two covering ``count`` (at least one), at most ``limit``: how a
+    bound that is part of a graph's shape (a speculative catch-up window) is bucketed."""
+    return min(1 << (max(count, 1) - 1).bit_length(), limit)
+
+
+def power_of_two_buckets(limit: int) -> tuple[int, ...]:
+    """Every value ``covering_power_of_two`` can return under ``limit``: the powers of
+    two below it, and ``limit`` itself."""
+    buckets = [1 << i for i in range(limit.bit_length()) if 1 << i < limit]
+    return (*buckets, limit)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from gpu.model.batch import PackedBatch, PhaseSplit
-from gpu.programs.execution import context_buckets
+from gpu.programs.execution import power_of_two_buckets
 from gpu.programs.speculative_binding import LEARNED, SpeculativeBinding
 from gpu.sampling import (
     clean_logits,
@@ -73,8 +73,8 @@ class SpeculativeProgram(SpeculativeBinding):
     """A prepared complete speculative program of one ``GraphShape``."""
 
     def _trace_windows(self) -> None:
-        """Trace the draft's first step at every catch-up window (each traces its
-        context buckets too, ``gpu.model.capture``) on placeholder inputs that write
+        """Trace the draft's first step at every catch-up window (one graph per window
+        serves every context width, ``gpu.model.capture``) on placeholder inputs that write
         only the sink page; tracing is preparation, left out of the launch's timing."""
         draft = self._draft.draft
         assert draft is not None
@@ -82,7 +82,7 @@ class SpeculativeProgram(SpeculativeBinding):
         geo = self._cache.geometry
         dev = self.lane_rows.device
         tables = torch.full((self.batch, 1), geo.sink_page, dtype=torch.int64, device=dev)
-        for window in context_buckets(self._draft.catch_up + 1):
+        for window in power_of_two_buckets(self._draft.catch_up + 1):
             n = self.batch * window
             zeros = torch.zeros(n, dtype=torch.int64, device=dev)
             draft.decoder.forward(PackedBatch(

@@ -27,7 +27,7 @@ from gpu.draft_state import DraftState
 from gpu.frames import FRAME_KEY, RESULT_KEY, TOP_LOGPROBS, FrameError, StateUpdate
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
-from gpu.programs.execution import ExecutionOptions, context_blocks
+from gpu.programs.execution import ExecutionOptions, context_blocks, covering_power_of_two
 from gpu.programs.speculative_frames import SpeculativeFrame, SpeculativeReadout
 from gpu.programs.workspace import InputBlock
 from gpu.request_state import RequestState
@@ -264,9 +264,9 @@ class SpeculativeBinding:
     def _window_for(self, lags: np.ndarray) -> int:
         """The catch-up window for lanes lagging ``lags`` positions: the power of two
         covering the largest lag plus the pending token, at most ``catch_up + 1`` (the
-        same bucketing as context blocks, one "block" per position)."""
+        window is a dimension of the draft's graph, so it takes few values)."""
         need = int(lags.max()) + 1 if lags.size else 1
-        return context_blocks(need, page_size=1, blocks_per_row=self._draft.catch_up + 1)
+        return covering_power_of_two(need, self._draft.catch_up + 1)
 
 
     # ---------------------------------------------------------- read outputs

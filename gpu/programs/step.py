@@ -65,6 +65,9 @@ class StagedFrame:
     """The image positions the prompt lane covers, at their packed rows."""
     window: tuple[ImageSpan, ...] = ()
     """The images the frame asks the vision program for (its active window)."""
+    grammar_lanes: tuple[tuple[int, int], ...] = ()
+    """``(lane, row)`` of the lanes whose resident grammar masks them (``bind``
+    computes those masks, ``execute`` advances the matchers; ``gpu.grammar_rows``)."""
 
 
 class StepProgram:
@@ -118,6 +121,8 @@ class StepProgram:
             lanes, decoder.config.vocab_size, device=self.buffers.out_token.device,
             always_apply=not self.execution.host_bounds)
         """Grammar masks of the bound frame's lanes (structured output)."""
+        self._grammar_lanes: tuple[tuple[int, int], ...] = ()
+        """The bound frame's resident-grammar lanes (``StagedFrame.grammar_lanes``)."""
         geo = cache.geometry
         # host-known bounds chosen in bind (static options: the full row, always sample)
         self.context_blocks = geo.blocks_per_row
@@ -145,6 +150,13 @@ class StepProgram:
     def shape(self) -> GraphShape:
         return self._shape
 
+    @property
+    def holds_grammars(self) -> bool:
+        """The program's declared capability: constrained rows' grammars are resident
+        in its request state (``gpu.grammar_rows``), so their frames list
+        ``grammar_rows`` instead of carrying host masks and need no completion feedback."""
+        return self._state.grammars is not None
+
     # ------------------------------------------------------------------ bind
 
     def stage(self, inputs: Mapping[str, Any]) -> StagedFrame:
@@ -158,7 +170,9 @@ class StepProgram:
         masks = self._token_masks.stage(pack.rows, getattr(frame, "token_masks", ()))
         return StagedFrame(program=self, pack=pack, updates=updates, block=block,
                            token_masks=masks, images=self._chunk_images(frame, pack),
-                           window=getattr(frame, "images", ()))
+                           window=getattr(frame, "images", ()),
+                           grammar_lanes=self._grammar_lanes_of(
+                               pack.rows, getattr(frame, "grammar_rows", ()), masks))
 
     def _chunk_images(self, frame: Any, pack: HostPack) -> tuple[ChunkImage, ...]:
         """Where the frame's image positions sit in the packed layout; a frame with
@@ -177,6 +191,21 @@ class StepProgram:
             lane, start, count = frame.prefill_row, frame.prompt_start, len(frame.prompt_tokens)
         return chunk_images(spans, prompt_start=start, prompt_len=count,
                             packed_offset=int(pack.offsets[lane]))
+
+    def _grammar_lanes_of(self, rows: tuple[int, ...], grammar_rows: tuple[int, ...],
+                          masks: np.ndarray | None) -> tuple[tuple[int, int], ...]:
+        """The ``(lane, row)`` pairs of a frame's resident-grammar rows (validated)."""
+        if not grammar_rows:
+            return ()
+        if self._state.grammars is None:
+            raise FrameError(f"{self._shape.label()} holds no resident grammars")
+        if masks is not None:
+            raise FrameError("a frame carries host masks or resident grammar rows, not both")
+        lane_of = {row: i for i, row in enumerate(rows)}
+        missing = [row for row in grammar_rows if row not in lane_of]
+        if missing:
+            raise FrameError(f"grammar rows {missing} are not in the frame")
+        return tuple((lane_of[row], row) for row in grammar_rows)
 
     def pack(
         self, inputs: Mapping[str, Any], *, out: np.ndarray | None = None
@@ -227,7 +256,13 @@ class StepProgram:
                              f"bound to {self._shape.label()}")
         self._state.apply_updates(staged.updates)
         self._workspace.upload(staged.block)
-        self._token_masks.upload(staged.token_masks)
+        grammars = self._state.grammars
+        self._grammar_lanes = staged.grammar_lanes
+        if staged.grammar_lanes and grammars is not None:
+            self._token_masks.upload(grammars.mask_block(self._shape.batch_capacity,
+                                                         staged.grammar_lanes))
+        else:
+            self._token_masks.upload(staged.token_masks)
         self._image_features = (self._vision.feature_rows(staged.window, staged.images)
                                 if staged.window and self._vision is not None else None)
         self._choose_bounds(staged.pack)
@@ -340,6 +375,11 @@ class StepProgram:
         )
         st.pending_token.index_copy_(0, rows, new_pending)
         st.position.index_copy_(0, rows, new_position)
+        if self._grammar_lanes and st.grammars is not None:
+            # resident grammars (CPU streams only: the token is already on the host)
+            sampled = token.tolist()
+            st.grammars.advance([row for _, row in self._grammar_lanes],
+                                [sampled[lane] for lane, _ in self._grammar_lanes])
 
     # ---------------------------------------------------------- read outputs
 

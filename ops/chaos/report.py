@@ -195,6 +195,8 @@ def figure_rows(report: ChaosReport) -> list[tuple[str, str]]:
          f"{_num(report.figure('abuse', 'idle_p99_ms'), ' ms', 1)} / "
          f"{_num(report.figure('abuse', 'abuse_p99_ms'), ' ms', 1)} / "
          f"{_num(report.figure('abuse', 'ratio'), 'x')}"),
+        ("serving-process CPU per abusive body",
+         _num(report.figure("abuse", "server_cpu_ms_per_body"), " ms", 1)),
         ("requests in flight after the storm", _int(storm_in_flight)),
         ("429 without Retry-After", _int(report.figure("burst", "retry_after_missing"))),
         ("connections left open", _int(report.connections_left_open())),

@@ -101,7 +101,7 @@ async def _phase(name: str, ep: Endpoint, sizes: Sizes, observe: Observe) -> Pha
     if name == "abuse":
         return await run_abuse(ep, probe_tokens=s.probe_tokens, bodies=s.abuse_bodies,
                                body_bytes=s.abuse_bytes or ep.max_request_bytes - 4096,
-                               time_limit_s=s.abuse_time_s)
+                               time_limit_s=s.abuse_time_s, observe=observe)
     if name == "soak":
         return await run_soak(ep, count=s.soak_requests, concurrency=s.soak_concurrency,
                               max_tokens=s.soak_tokens)

@@ -4,6 +4,7 @@
 number of open descriptors (``/proc/PID/fd``) and the process's TCP connections by
 state: its socket inodes (``socket:[N]`` links in ``/proc/PID/fd``) matched against
 ``/proc/PID/net/tcp`` and ``tcp6``. Listening sockets are not connections.
+Each also carries the process's CPU time (``utime + stime`` of ``/proc/PID/stat``).
 ``from_metrics`` reads the same figures from Prometheus text when a server exports
 the standard ``process_*`` samples.
 """
@@ -27,6 +28,9 @@ class Snapshot:
     fds: int | None
     connections: dict[str, int] = field(default_factory=dict)
     """The process's TCP sockets by state, listening sockets left out."""
+    cpu_s: float | None = None
+    """CPU time the process has used, user plus system, in seconds (its threads, not
+    its children)."""
 
     @property
     def open_connections(self) -> int:
@@ -74,11 +78,20 @@ def tcp_states(table: str, inodes: set[str]) -> dict[str, int]:
     return counts
 
 
+def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """``utime + stime`` of ``/proc/PID/stat`` in seconds."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def snapshot(pid: int, proc: Path = Path("/proc")) -> Snapshot:
     """RSS, descriptors and TCP connections of process ``pid`` (None where unreadable)."""
     found = _socket_inodes(pid, proc)
     if found is None:
-        return Snapshot(rss_bytes=rss_bytes(pid, proc), fds=None)
+        return Snapshot(rss_bytes=rss_bytes(pid, proc), fds=None, cpu_s=cpu_seconds(pid, proc))
     fds, inodes = found
     connections: dict[str, int] = {}
     for name in ("tcp", "tcp6"):
@@ -88,7 +101,8 @@ def snapshot(pid: int, proc: Path = Path("/proc")) -> Snapshot:
             continue
         for state, n in tcp_states(table, inodes).items():
             connections[state] = connections.get(state, 0) + n
-    return Snapshot(rss_bytes=rss_bytes(pid, proc), fds=fds, connections=connections)
+    return Snapshot(rss_bytes=rss_bytes(pid, proc), fds=fds, connections=connections,
+                    cpu_s=cpu_seconds(pid, proc))
 
 
 def from_metrics(text: str) -> Snapshot:
@@ -96,7 +110,8 @@ def from_metrics(text: str) -> Snapshot:
     values: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name in ("process_resident_memory_bytes", "process_open_fds"):
+        if name in ("process_resident_memory_bytes", "process_open_fds",
+                    "process_cpu_seconds_total"):
             try:
                 values[name] = float(value.split()[0])
             except (ValueError, IndexError):
@@ -104,4 +119,5 @@ def from_metrics(text: str) -> Snapshot:
     rss = values.get("process_resident_memory_bytes")
     fds = values.get("process_open_fds")
     return Snapshot(rss_bytes=None if rss is None else int(rss),
-                    fds=None if fds is None else int(fds))
+                    fds=None if fds is None else int(fds),
+                    cpu_s=values.get("process_cpu_seconds_total"))

@@ -16,7 +16,7 @@ import httpx
 import trio
 
 from ops.chaos.cases import CHAT, COMPLETIONS, http_request, maximal_chat, maximal_prompt
-from ops.chaos.phases import Endpoint, sse_text, timed_post
+from ops.chaos.phases import Endpoint, Observe, sse_text, timed_post
 from ops.chaos.report import PhaseResult
 from ops.chaos.wire import exchange
 
@@ -75,9 +75,18 @@ def _record(result: PhaseResult, run: ProbeRun) -> None:
     result.add(run.status, hang=run.hang)
 
 
+async def _cpu(observe: Observe | None) -> float | None:
+    now = None if observe is None else await observe()
+    return None if now is None else now.cpu_s
+
+
 async def run_abuse(ep: Endpoint, *, probe_tokens: int, bodies: int, body_bytes: int,
-                    time_limit_s: float) -> PhaseResult:
-    """The probe idle, then the probe while maximal bodies arrive (at most ``bodies``)."""
+                    time_limit_s: float, observe: Observe | None = None) -> PhaseResult:
+    """The probe idle, then the probe while maximal bodies arrive (at most ``bodies``).
+
+    With ``observe``, the server's CPU time is read around each probe: what the abused
+    probe cost beyond the idle one, per body sent, is the serving process's CPU per
+    maximal body (a figure other load on the machine hardly moves)."""
     result = PhaseResult("abuse")
     target = ep.case_target()
     requests = [http_request(target, "POST", COMPLETIONS, maximal_prompt(body_bytes)),
@@ -86,7 +95,9 @@ async def run_abuse(ep: Endpoint, *, probe_tokens: int, bodies: int, body_bytes:
     abuse_statuses: dict[str, int] = {}
     begin = trio.current_time()
     async with ep.client() as http:
+        cpu_start = await _cpu(observe)
         idle = await probe_stream(http, max_tokens=probe_tokens, time_limit_s=time_limit_s)
+        cpu_idle = await _cpu(observe)
         _record(result, idle)
         first, done = trio.Event(), trio.Event()
 
@@ -107,6 +118,7 @@ async def run_abuse(ep: Endpoint, *, probe_tokens: int, bodies: int, body_bytes:
             abused = await probe_stream(http, max_tokens=probe_tokens, time_limit_s=time_limit_s,
                                         first_token=first)
             done.set()
+        cpu_end = await _cpu(observe)
         _record(result, abused)
     result.seconds = trio.current_time() - begin
     idle_p99, abuse_p99 = percentile(idle.gaps_ms, 0.99), percentile(abused.gaps_ms, 0.99)
@@ -118,8 +130,17 @@ async def run_abuse(ep: Endpoint, *, probe_tokens: int, bodies: int, body_bytes:
         idle_gaps=len(idle.gaps_ms), abuse_gaps=len(abused.gaps_ms),
         idle_seconds=round(idle.seconds, 3), abuse_seconds=round(abused.seconds, 3),
         abuse_probe_completed=abused.completed, abuse_bodies_sent=sent,
-        abuse_body_bytes=len(requests[0]), abuse_answers=abuse_statuses)
+        abuse_body_bytes=len(requests[0]), abuse_answers=abuse_statuses,
+        server_cpu_ms_per_body=per_body(cpu_start, cpu_idle, cpu_end, sent))
     return result
+
+
+def per_body(start: float | None, idle: float | None, end: float | None,
+              bodies: int) -> float | None:
+    """Milliseconds of server CPU per body: the abused probe's CPU less the idle one's."""
+    if start is None or idle is None or end is None or not bodies:
+        return None
+    return round(max((end - idle) - (idle - start), 0.0) * 1000 / bodies, 1)
 
 
 async def _soak_stream(http: httpx.AsyncClient, result: PhaseResult, path: str,

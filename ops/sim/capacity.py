@@ -67,6 +67,9 @@ SEED_LABELS = ("balanced", "throughput")
 VARIANT_CONFIGURATIONS = (
     Configuration("balanced-adapt-5ms", "balanced", preferences=(("adaptation_ms", 5.0),)),
     Configuration("balanced-adapt-20ms", "balanced", preferences=(("adaptation_ms", 20.0),)),
+    Configuration("balanced-retire-10k", "balanced",
+                  preferences=(("terminal_value", 10_000.0),)),
+    Configuration("first-token", "first-token"),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
@@ -140,6 +143,8 @@ def run_metrics(records: Sequence[RequestRecord], targets: SloTargets) -> dict[s
         "itl_max_s": max(gaps, default=None),
         "ttft_by_prompt_tokens": buckets,
         "per_client": per_client_latency(records),
+        "sent_by_client": {c: sum(r.client == c for r in records)
+                           for c in sorted({r.client for r in records})},
     }
 
 
@@ -154,6 +159,7 @@ def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
     result = simulate(planner, requests, setup.costs, setup.options)
     metrics = run_metrics(result.records, setup.targets)
     metrics["rate"] = rate
+    metrics["policy"] = config.policy
     metrics["simulation_cpu_s"] = result.cpu_s
     return metrics
 
@@ -247,9 +253,50 @@ def capacity_of(config: Configuration, scenario_name: str, setup: Setup,
             "simulation_cpu_s": sum(m["simulation_cpu_s"] for m in runs.values())}
 
 
+BASELINE_LABELS = frozenset(c.label for c in DEFAULT_CONFIGURATIONS
+                            if c.label not in SEED_LABELS)
+"""fcfs, vtc and the sarathi budgets: the configurations the seed is compared against."""
+
+
 def is_baseline(label: str) -> bool:
-    """Whether ``label`` names a baseline configuration (not a seed preset or variant)."""
-    return label not in SEED_LABELS and all(v.label != label for v in VARIANT_CONFIGURATIONS)
+    """Whether ``label`` names a baseline configuration (not a seed preset, a flare
+    preset or a variant)."""
+    return label in BASELINE_LABELS
+
+
+def parse_variant(text: str) -> Configuration:
+    """``LABEL=PRESET:FIELD=VALUE[,FIELD=VALUE...]`` (``--variant``): the seed's
+    ``Scheduler`` under preset ``PRESET`` with ``PolicyConfig`` fields replaced, under a
+    label of its own; never a baseline. ``ValueError`` names what is wrong."""
+    from dataclasses import fields
+
+    from policy.baselines import PRESET_POLICIES
+    from policy.config import PolicyConfig
+
+    label, sep, rest = text.partition("=")
+    preset, colon, assignments = rest.partition(":")
+    if not sep or not label or not colon:
+        raise ValueError(f"--variant {text!r}: expected LABEL=PRESET:FIELD=VALUE,...")
+    if any(c.label == label for c in CONFIGURATIONS):
+        raise ValueError(f"--variant {text!r}: label {label!r} is already a configuration")
+    if preset not in PRESET_POLICIES:
+        raise ValueError(f"--variant {text!r}: preset must be one of "
+                         f"{', '.join(PRESET_POLICIES)}")
+    known = {f.name: f.type for f in fields(PolicyConfig)}
+    prefs: list[tuple[str, float]] = []
+    for item in assignments.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or name not in known:
+            raise ValueError(f"--variant {text!r}: {item!r} is not FIELD=VALUE with a "
+                             "PolicyConfig field")
+        try:
+            number = int(value) if name == "estimate_ttl_ns" else float(value)
+        except ValueError:
+            raise ValueError(f"--variant {text!r}: {name} must be a number") from None
+        prefs.append((name, number))
+    config = Configuration(label, preset, preferences=tuple(prefs))
+    replace(policy_preset(preset), **dict(prefs))  # PolicyConfigError (a ValueError)
+    return config
 
 
 def ratio_to_best_baseline(capacities: Mapping[str, float], label: str) -> float | None:

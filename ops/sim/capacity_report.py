@@ -17,8 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ops.sim.capacity import (
-    SEED_LABELS,
-    VARIANT_CONFIGURATIONS,
     is_baseline,
     ratio_to_best_baseline,
 )
@@ -33,8 +31,7 @@ def capacity_table(results: Sequence[Mapping[str, Any]], scenarios: Sequence[str
     for label in configurations:
         cells = [f"{cap[(label, s)]:.2f}" if (label, s) in cap else "-" for s in scenarios]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    variants = tuple(v.label for v in VARIANT_CONFIGURATIONS)
-    for seed in (s for s in (*SEED_LABELS, *variants) if s in configurations):
+    for seed in (s for s in configurations if not is_baseline(s)):
         cells = []
         for s in scenarios:
             ratio = ratio_to_best_baseline(
@@ -92,13 +89,13 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
 def write_report(out_dir: pathlib.Path, *, settings: Mapping[str, Any],
                  results: Sequence[Mapping[str, Any]], pareto: Sequence[Mapping[str, Any]],
                  scenarios: Sequence[str], configurations: Sequence[str],
-                 plot: bool = True) -> list[pathlib.Path]:
-    """Write ``capacity.md``, ``capacity.json`` and (unless ``plot`` is off)
-    ``pareto.png``; return the paths."""
+                 plot: bool = True, appendix: str = "") -> list[pathlib.Path]:
+    """Write ``capacity.md`` (the table, then ``appendix``), ``capacity.json`` and
+    (unless ``plot`` is off) ``pareto.png``; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = capacity_table(results, scenarios, configurations)
     md = out_dir / "capacity.md"
-    md.write_text(table)
+    md.write_text(table + ("\n" + appendix if appendix else ""))
     points = pareto_points(pareto)
     js = out_dir / "capacity.json"
     js.write_text(json.dumps({"settings": dict(settings), "table": table,

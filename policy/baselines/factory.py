@@ -1,7 +1,8 @@
 """``make_policy``: one name per policy the simulator and ``--scheduler-policy`` select.
 
 ``balanced`` and ``throughput`` are the seed's ``Scheduler`` with that preset
-(``policy.config.policy_preset``, POL-14, POL-15); ``spec-adaptive`` and ``spec-fixed``
+(``policy.config.policy_preset``, POL-14, POL-15), ``first-token`` the same ``Scheduler``
+with flare's extension preset (``docs/scheduling-utility.md``, *First-token urgency*); ``spec-adaptive`` and ``spec-fixed``
 are the seed's ``Scheduler`` speculating with the learned source and the ``balanced``
 preset in that mode (what ``flare run --speculation adaptive|fixed`` runs; named for
 ``flare sim``, which compares them side by side; adaptive folds depth-``(D + 1)``
@@ -30,12 +31,17 @@ from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
 
 SEED_POLICIES = ("balanced", "throughput")
+EXTENSION_PRESETS = ("first-token",)
+"""flare's own presets of the seed's ``Scheduler`` (``policy.config.POLICY_PRESETS``):
+opt-in departures from the seed, never the default."""
+PRESET_POLICIES = SEED_POLICIES + EXTENSION_PRESETS
+"""Every name that runs the seed's ``Scheduler`` with a preset of that name."""
 SPECULATIVE_SEED_POLICIES = ("spec-adaptive", "spec-fixed")
 """The seed's speculative scheduler (``balanced`` preset) in adaptive or fixed-width mode."""
 FIXED_SPEC_POLICIES = tuple(f"fixed-spec-{k}" for k in range(1, MAX_FIXED_DEPTH + 1))
 BASELINE_POLICIES = ("fcfs", "sarathi", "vtc", *FIXED_SPEC_POLICIES)
-POLICY_NAMES = SEED_POLICIES + SPECULATIVE_SEED_POLICIES + BASELINE_POLICIES
-RUNTIME_POLICIES = SEED_POLICIES + BASELINE_POLICIES
+POLICY_NAMES = PRESET_POLICIES + SPECULATIVE_SEED_POLICIES + BASELINE_POLICIES
+RUNTIME_POLICIES = PRESET_POLICIES + BASELINE_POLICIES
 """``--scheduler-policy``: speculation is its own flag there (``--speculation``)."""
 COMPARED_POLICIES = (*SEED_POLICIES, "fcfs", "sarathi", "vtc")
 """The policies a comparison runs when none are named."""
@@ -58,7 +64,7 @@ def make_policy(name: str, config: PolicyConfig | None = None, *,
     ``context_limit`` bounds the speculative seed policies' rounds by context positions.
     """
     shapes = tuple(catalog)
-    if name in SEED_POLICIES:
+    if name in PRESET_POLICIES:
         return Scheduler(config if config is not None else policy_preset(name), shapes)
     if name in SPECULATIVE_SEED_POLICIES:
         adaptive = name == "spec-adaptive"

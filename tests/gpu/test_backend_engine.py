@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu.backends import open_backend
+from gpu.backends import Completion, open_backend
 from gpu.catalog import CatalogFlags, build_catalog
 from gpu.engine import ModelEngine
 from gpu.frames import DecodeFrame, PageAppend, PrefillFrame, RowInit, as_inputs, result_of
@@ -22,11 +22,13 @@ from policy.descriptors import GraphKind, GraphShape
 PROMPT = (5, 17, 33, 8, 41, 12, 9)
 
 
-def _run(model_dir: Path, *, queued: bool,
-         device_process: bool) -> tuple[list[tuple[int, ...]], list[int]]:
+def _run(model_dir: Path, *, queued: bool, completions: list[Completion] | None = None,
+         **backend_options: object) -> tuple[list[tuple[int, ...]], list[int]]:
+    """Two prefills then three decodes of both rows; ``completions`` collects the
+    decodes' completions."""
     catalog = build_catalog(CatalogFlags(max_batch=2, prefill_capacities=(64,),
                                          scored_prefill=False, state_operations=False))
-    backend = open_backend("cpu", device_process=device_process)
+    backend = open_backend("cpu", **backend_options)
     try:
         engine = ModelEngine.load(model_dir, device="cpu", dtype=None, catalog=catalog.shapes,
                                   page_size=16, num_pages=16, state_rows=2, max_context=128)
@@ -52,6 +54,8 @@ def _run(model_dir: Path, *, queued: bool,
         steps = []
         for handle in handles:
             assert handle.wait(30)
+            if completions is not None:
+                completions.append(handle.result())
             result = result_of(handle.result().outputs)
             steps.append(tuple(s.token for s in result.samples))  # type: ignore[union-attr]
         positions = [int(engine.parts.state.position[row]) for row in (0, 1)]

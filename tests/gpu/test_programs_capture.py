@@ -1,6 +1,6 @@
 """CPU forward capture (``gpu.model.capture``): captured programs give bit-identical
-outputs and cache contents to the op-by-op forward, trace once per input shape, and a
-launch that traced reports the replay's cost, not the capture's (seed: *Duration
+outputs and cache contents to the op-by-op forward, trace once per input shape (one
+graph serves every context width), and a launch that traced reports the replay's cost, not the capture's (seed: *Duration
 estimates*; the prepared-program contract: fixed shapes, replayed work)."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import gpu.backends.cpu as cpu_backend
 from gpu.backends.protocol import LaunchHandle
 from gpu.engine import ModelEngine
 from gpu.model import capture
+from gpu.model.batch import PackedBatch
 from gpu.programs.driver import ReferenceDriver
-from gpu.programs.execution import ExecutionOptions, context_blocks, context_buckets
+from gpu.programs.execution import ExecutionOptions
 from policy.descriptors import GraphKind, GraphShape
 
 
@@ -48,15 +49,14 @@ def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
     assert captured_out == eager_out
     assert captured_logprobs == eager_logprobs  # exact: same aten ops, no fusion
     assert captured_blocks == eager_blocks
-    # every real page equal (the last page is the sink, scratch for padding, MIX-15,
-    # which the placeholder captures of other context buckets also write)
+    # every real page equal (the last page is the sink, scratch for padding, MIX-15)
     for pool in ("keys", "values"):
         assert torch.equal(getattr(captured.engine.parts.cache, pool)[:, :-1],
                            getattr(eager.engine.parts.cache, pool)[:, :-1])
-    # a program's first launch captured its every context bucket: each shape traced
-    # once, and nothing new to trace when the same frames run again
-    buckets = context_buckets(captured.engine.geometry.blocks_per_row)
-    assert graphs.traced <= len(graphs) >= 4 * len(buckets)
+    # one graph per program shape, whatever the context widths (1 to 13 blocks here):
+    # prefill, four decodes, and the mixed program with and without a prompt
+    assert sorted(set(captured_blocks)) != [captured_blocks[0]]
+    assert graphs.traced <= len(graphs) <= 7
     bound, shared = len(graphs), capture.shared_graphs()
     _scenario(captured)
     assert (len(graphs), capture.shared_graphs()) == (bound, shared)
@@ -78,6 +78,7 @@ def test_every_traced_graph_makes_its_first_call_inside_its_capture(
     launch subtracts (``tracing_ns``); no launch's device interval, and so no
     single-sample discovery estimate, pays it."""
     monkeypatch.setattr(capture, "_shared_graphs", {})  # trace afresh, not share
+    monkeypatch.setenv("FLARE_GRAPH_CACHE", "off")  # nor load
     traced: list[int] = []
     first_call_inside: dict[int, bool] = {}
     inside = [False]
@@ -92,7 +93,7 @@ def test_every_traced_graph_makes_its_first_call_inside_its_capture(
             return graph(*args)
         return counted
 
-    real_family = capture.ForwardCapture._capture_family
+    real_family = capture.ForwardCapture._capture
 
     def family(self: capture.ForwardCapture, *args: Any) -> Any:
         inside[0] = True
@@ -102,18 +103,61 @@ def test_every_traced_graph_makes_its_first_call_inside_its_capture(
             inside[0] = False
 
     monkeypatch.setattr(capture.torch.jit, "trace", trace)
-    monkeypatch.setattr(capture.ForwardCapture, "_capture_family", family)
+    monkeypatch.setattr(capture.ForwardCapture, "_capture", family)
     driver = ReferenceDriver(_engine(tiny_checkpoints["llama"], capture_forward=True))
     _scenario(driver)
     assert traced, "the scenario traced no graph"
     assert first_call_inside == {index: True for index in traced}
 
 
-def test_context_buckets_are_every_bound_context_blocks_chooses() -> None:
-    for blocks_per_row in (1, 2, 3, 8, 13, 128):
-        chosen = {context_blocks(end, page_size=16, blocks_per_row=blocks_per_row)
-                  for end in range(blocks_per_row * 16 + 40)}
-        assert set(context_buckets(blocks_per_row)) == chosen
+def _lanes_batch(cache: Any, widths: int, lanes: int, *, lane_major: bool) -> PackedBatch:
+    """Tokens at positions 3, 9, ... of ``lanes`` lanes (one token each, lane-major as a
+    decode; or ``lanes`` tokens of one lane, as a prefill chunk) over ``widths``
+    block-table columns of distinct pages."""
+    geo = cache.geometry
+    tables = torch.arange(lanes * widths).view(lanes, widths).flip(1) % geo.num_pages
+    positions = torch.arange(lanes) * 6 + 3
+    if lane_major:
+        lane = torch.arange(lanes)
+    else:
+        tables, lane = tables[:1], torch.zeros(lanes, dtype=torch.int64)
+    pages = tables[lane, positions // geo.page_size]
+    return PackedBatch(token_ids=torch.arange(lanes) + 5, positions=positions,
+                       write_slots=pages * geo.page_size + positions % geo.page_size,
+                       token_lane=lane, lane_block_tables=tables,
+                       lane_major_width=1 if lane_major else 0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_one_graph_replays_every_context_width_bit_for_bit(
+        kind: str, tiny_checkpoints: dict[str, Path]) -> None:
+    """The context bound (block-table columns) is not part of a graph's key: a graph
+    traced at 4 columns replays 1, 2, 7 and 12 columns with the eager forward's hidden
+    states and K/V writes, bit for bit, for a decode and a prefill layout."""
+    engine = _engine(tiny_checkpoints[kind], capture_forward=False)
+    decoder, cache = engine.parts.decoder, engine.parts.cache
+    torch.manual_seed(0)
+    cache.keys.normal_()
+    cache.values.normal_()
+    pools = cache.keys.clone(), cache.values.clone()
+    for lane_major in (True, False):
+        decoder.capture = None
+        decoder.enable_capture()
+        graphs = decoder.capture
+        assert graphs is not None
+        for widths in (4, 1, 2, 7, 12):
+            batch = _lanes_batch(cache, widths, 2, lane_major=lane_major)
+            eager = decoder.forward_eager(batch, cache)
+            eager_pools = cache.keys.clone(), cache.values.clone()
+            cache.keys.copy_(pools[0])
+            cache.values.copy_(pools[1])
+            replayed = decoder.forward(batch, cache)
+            assert torch.equal(replayed, eager), widths
+            assert torch.equal(cache.keys, eager_pools[0])
+            assert torch.equal(cache.values, eager_pools[1])
+            cache.keys.copy_(pools[0])
+            cache.values.copy_(pools[1])
+        assert len(graphs) == 1
 
 
 def test_tracing_time_is_counted_per_thread() -> None:

@@ -148,8 +148,8 @@ def _assert_same(eager: tuple[Any, ...], static: tuple[Any, ...], *, exact: bool
 def test_eager_speculative_programs_give_the_static_results(
     pair: tuple[Path, Path], source: str
 ) -> None:
-    """CAT-10, SPEC-22..24, ACC-10..12, ACC-27: the eager programs read a power-of-two
-    number of blocks below the full row and still produce the static programs' tokens,
+    """CAT-10, SPEC-22..24, ACC-10..12, ACC-27: the eager programs read only the blocks
+    covering their contexts, below the full row, and still produce the static programs' tokens,
     counts and drafts, with greedy and sampled lanes in the same rounds."""
     sampled = (1, 2)
     static = _scenario(_driver(pair, source, ExecutionOptions.static()), sampled)
@@ -158,7 +158,6 @@ def test_eager_speculative_programs_give_the_static_results(
     full = _driver(pair, source, ExecutionOptions.static()).engine.geometry.blocks_per_row
     assert set(static[2]) == {full}
     assert max(eager[2]) < full
-    assert all(b & (b - 1) == 0 for b in eager[2])
 
 
 @pytest.mark.parametrize("source", [LEARNED, COPY])

@@ -20,6 +20,7 @@ from ops.chaos import cases, server_process, wire
 from ops.chaos.report import ChaosReport, PhaseResult, render, verdicts
 from ops.chaos.run import PHASES, QUICK, Sizes
 from ops.chaos.server_process import Snapshot
+from ops.chaos.streams import per_body
 
 TARGET = cases.CaseTarget(host="127.0.0.1:8000", api_key="k", max_request_bytes=64 * 1024)
 FRAMING_CASES = {"http: length not a number", "http: two lengths", "http: chunked",
@@ -191,14 +192,23 @@ def test_snapshot_of_this_process_sees_its_own_connections() -> None:
     assert now.rss_bytes is not None and now.rss_bytes > 0
     assert now.fds is not None and now.fds >= 3
     assert now.connections.get("ESTABLISHED", 0) >= 2  # both ends are ours
-    assert server_process.snapshot(2**22 + 12345).fds is None  # no such process
+    assert now.cpu_s is not None and now.cpu_s > 0
+    gone = server_process.snapshot(2**22 + 12345)  # no such process
+    assert gone.fds is None and gone.cpu_s is None
 
 
 def test_process_metrics_are_read_from_prometheus_text() -> None:
     text = ("# HELP process_open_fds x\nprocess_open_fds 17.0\n"
-            "process_resident_memory_bytes 1.5e+08\n")
+            "process_resident_memory_bytes 1.5e+08\nprocess_cpu_seconds_total 2.5\n")
     found = server_process.from_metrics(text)
-    assert (found.rss_bytes, found.fds) == (150_000_000, 17)
+    assert (found.rss_bytes, found.fds, found.cpu_s) == (150_000_000, 17, 2.5)
+
+
+def test_server_cpu_per_body_is_the_abused_probe_s_cpu_beyond_the_idle_one() -> None:
+    # idle probe: 1.0 -> 1.5 s; abused probe: 1.5 -> 2.3 s; 3 bodies: 0.3 s / 3
+    assert per_body(1.0, 1.5, 2.3, 3) == 100.0
+    assert per_body(1.0, 1.5, 1.9, 3) == 0.0  # cheaper than idle: nothing to charge
+    assert per_body(None, 1.5, 2.3, 3) is None and per_body(1.0, 1.5, 2.3, 0) is None
 
 
 def _report(*, five_xx: int = 0, hangs: int = 0, ratio: float | None = 1.5,

@@ -226,3 +226,24 @@ def test_table_ratios_only_against_a_baseline_that_ran() -> None:
     assert "| balanced | 3.00 |" in table and "| balanced / best baseline | 1.50x |" in table
     alone = capacity_table(results[:1], ["s"], ["balanced"])
     assert "best baseline" not in alone
+
+
+def test_a_variant_flag_adds_a_preset_with_fields_replaced() -> None:
+    from ops.sim.capacity import is_baseline, parse_variant
+    from policy.config import policy_preset
+
+    v = parse_variant("urgent=first-token:prompt_age_price=0.3,adaptation_ms=20")
+    assert v.label == "urgent" and v.policy == "first-token"
+    catalog = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                             draft_depth=0).ordinary
+    assert v.make(catalog).config == dataclasses.replace(  # type: ignore[attr-defined]
+        policy_preset("first-token"), prompt_age_price=0.3, adaptation_ms=20.0)
+    assert not is_baseline("urgent") and not is_baseline("first-token")
+    for bad, why in (("x=fcfs:adaptation_ms=5", "preset must be"),
+                     ("fcfs=balanced:adaptation_ms=5", "already a configuration"),
+                     ("x=balanced:speed=5", "PolicyConfig field"),
+                     ("x=balanced:adaptation_ms=fast", "must be a number"),
+                     ("x=balanced:adaptation_ms=0", "greater than zero"),
+                     ("x=balanced", "expected LABEL")):
+        with pytest.raises(ValueError, match=why):
+            parse_variant(bad)

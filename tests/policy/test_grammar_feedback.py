@@ -10,7 +10,7 @@ from policy.baselines.factory import make_policy
 from policy.descriptors import GraphKind
 from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
-from policy.types import Phase
+from policy.types import Phase, RequestHandle
 
 MS = 1_000_000
 
@@ -55,15 +55,17 @@ def test_sel_13_constrained_requests_do_not_speculate() -> None:
 
 
 def test_queue_13_baselines_apply_the_feedback_rule() -> None:
-    """Covers QUEUE-13: a baseline's decode over a constrained request also requires
-    completion feedback; without the constraint it may queue."""
-    for constrained, expected in ((False, False), (True, True)):
+    """Covers QUEUE-13: a baseline's decode over a request with a host grammar also
+    requires completion feedback; without the constraint, or with a grammar resident
+    where the frames run (flare's extension), it may queue."""
+    for constrained, resident, expected in ((False, False, False), (True, False, True),
+                                            (True, True, False)):
         policy = make_policy("fcfs", catalog=(DECODE4, PREFILL64))
         policy.advance_to(1_000 * MS)
         for shape in (DECODE4, PREFILL64):
             policy.estimates.observe(shape, 10 * MS, policy.now_ns)
         h = policy.admit(prompt_len=8, max_output_tokens=50,
-                         grammar_constrained=constrained)
+                         grammar_constrained=constrained, grammar_resident=resident)
         record = policy.request(h)
         record.phase = Phase.DECODE
         record.prompt_cursor = 8
@@ -71,3 +73,39 @@ def test_queue_13_baselines_apply_the_feedback_rule() -> None:
         plan = policy.plan()
         assert plan is not None and plan.shape.kind is GraphKind.DECODE
         assert plan.requires_empty_window is expected
+
+
+def _resident(s: Scheduler, means: tuple[float, ...], *, n: int = 4) -> list[RequestHandle]:
+    handles = list(decoders(s, means=means, n=n))
+    for h in handles:
+        s.request(h).grammar_constrained = True
+        s.request(h).grammar_resident = True
+    return handles
+
+
+def test_queue_13_a_resident_grammar_keeps_both_frame_slots() -> None:
+    """Covers QUEUE-13, QUEUE-14 (flare's extension for resident grammars): when every
+    constrained lane's grammar is held where the frames run, the plan needs no
+    completion feedback and a second decode may queue behind it; one lane with a host
+    grammar among them brings the feedback rule back."""
+    s = measured()
+    _resident(s, (0.02, 0.01, 0.0))
+    plan = submit(s, 1)
+    assert plan.shape == DECODE4 and not plan.requires_empty_window
+    assert s.window_open()
+
+    mixed = measured()
+    first, *_ = _resident(mixed, (0.02, 0.01, 0.0))
+    mixed.request(first).grammar_resident = False
+    assert submit(mixed, 1).requires_empty_window
+
+
+def test_sel_13_resident_grammars_still_do_not_speculate() -> None:
+    """Covers SEL-13: a resident grammar lifts only the feedback rule; the decision
+    still runs its ordinary decode rather than a speculative round."""
+    s = measured(SpeculationMode.ADAPTIVE)
+    _resident(s, (0.95, 0.9, 0.85))
+    plan = s.plan()
+    assert plan is not None and plan.shape.kind is GraphKind.DECODE
+    assert not plan.requires_empty_window
+

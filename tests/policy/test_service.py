@@ -1,6 +1,6 @@
 """Service history, prices and normalizers, as docs/scheduling-utility.md defines them.
 
-Formula ids U-1..U-8 refer to docs/scheduling-utility.md (CAT-6: each formula is tested).
+Formula ids U-1..U-10 refer to docs/scheduling-utility.md (CAT-6: each formula is tested).
 """
 
 from __future__ import annotations
@@ -309,7 +309,35 @@ def test_copy_is_independent() -> None:
 def test_cat_6_doc_formulas_are_all_cited_by_tests() -> None:
     """Covers CAT-6, OPEN-1: every U-n formula id in the doc is cited by this test file."""
     ids = set(re.findall(r"\*\*(U-\d+)[ab]?\*\*", DOC.read_text()))
-    assert ids == {f"U-{i}" for i in range(1, 9)}
+    assert ids == {f"U-{i}" for i in range(1, 11)}
     source = pathlib.Path(__file__).read_text()
     for formula in ids:
         assert re.search(rf"Covers[^\n]*\b{formula}\b", source), formula
+
+
+def test_rates_age_by_measured_service_time_only() -> None:
+    """Covers U-9: tau counts measured frame intervals; a rate halves over tau*ln 2 ms of
+    service without tokens, and waiting while nothing runs ages nobody."""
+    from synthetic_catalog import MS, decode, measured_scheduler
+
+    h = history(2.0, 1.0)
+    observe_service(h, tokens=0, interval_ms=CONFIG.adaptation_ms * math.log(2), config=CONFIG)
+    assert h.token_rate == pytest.approx(1.0)
+    s = measured_scheduler((decode(1),))
+    handle = s.admit(prompt_len=64, max_output_tokens=8)
+    before = s.request(handle).history.copy()
+    s.advance_to(s.now_ns + 10_000 * MS)
+    after = s.request(handle).history
+    assert (after.token_rate, after.delivery_rate) == (before.token_rate, before.delivery_rate)
+
+
+def test_first_token_urgency_price() -> None:
+    """Covers U-10: ``1 + f/x + u*A`` per prompt token; u = 0 is SEL-5's price."""
+    from dataclasses import replace
+
+    from policy.decision import first_token_prices
+
+    urgent = replace(CONFIG, prompt_age_price=0.03)
+    assert first_token_prices([4.0], [100.0], CONFIG) == [prefill_token_price(history(4.0, 1.0),
+                                                                              CONFIG)]
+    assert first_token_prices([4.0], [100.0], urgent) == [pytest.approx(1 + 16 / 4 + 3.0)]

@@ -1,0 +1,97 @@
+"""The long-prompt check of ``flare sim-capacity``.
+
+At one rate of the periodic-long-prompt scenario (``long-prompts``, the simulator's
+``interference``), each configuration's worst long-prompt TTFT is compared with that
+prompt's pure prefill time, and its chat ITL p99 with the lowest chat ITL p99 of any
+``sarathi`` budget. A configuration passes when every long prompt's TTFT is within
+``ttft_factor`` (4) of the pure prefill time and its chat ITL p99 within ``itl_factor``
+(1.1) of that sarathi reference.
+
+The pure prefill time is the prompt alone on the device: the fastest way to cover its
+tokens with one prefill shape of the catalog, ``min over C of ceil(L / C) * T(C)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ops.sim.costs import CostTable
+from ops.sim.workloads import LONG_CLIENT
+from policy.descriptors import GraphKind, GraphShape
+
+NS_PER_MS = 1_000_000
+TTFT_FACTOR = 4.0
+ITL_FACTOR = 1.1
+
+
+def pure_prefill_ms(prompt_tokens: int, catalog: Iterable[GraphShape],
+                    costs: CostTable) -> float:
+    """The fastest single-shape prefill of ``prompt_tokens`` alone, in ms."""
+    best = math.inf
+    for shape in catalog:
+        if shape.kind is GraphKind.PREFILL and shape.token_capacity > 0:
+            chunks = math.ceil(prompt_tokens / shape.token_capacity)
+            best = min(best, chunks * costs.mean_ns[shape] / NS_PER_MS)
+    if not math.isfinite(best):
+        raise ValueError("the catalog has no prefill shape")
+    return best
+
+
+def _chat_itl_p99(run: Mapping[str, Any]) -> float | None:
+    for client, latency in run["per_client"].items():
+        if client != LONG_CLIENT:
+            p99 = latency["itl_s"]["p99"]
+            return None if p99 is None else float(p99)
+    return None
+
+
+def long_prompt_rows(runs: Sequence[Mapping[str, Any]], prefill_ms: float, *,
+                     ttft_factor: float = TTFT_FACTOR,
+                     itl_factor: float = ITL_FACTOR) -> list[dict[str, Any]]:
+    """One row per run (``simulate_rate`` metrics with ``configuration`` and ``policy``):
+    worst long-prompt TTFT, its ratio to ``prefill_ms``, chat ITL p99 and its ratio to
+    the best sarathi budget's, and whether both targets hold."""
+    sarathi = [v for r in runs if r["policy"] == "sarathi"
+               and (v := _chat_itl_p99(r)) is not None]
+    reference = min(sarathi, default=None)
+    rows = []
+    for r in runs:
+        long = r["per_client"].get(LONG_CLIENT)
+        worst = long["ttft_s"]["max"] if long else None
+        itl = _chat_itl_p99(r)
+        ttft_ratio = None if worst is None else worst * 1e3 / prefill_ms
+        itl_ratio = None if itl is None or not reference else itl / reference
+        every_long = bool(long) and long["requests"] == r["sent_by_client"].get(LONG_CLIENT)
+        rows.append({
+            "configuration": r["configuration"], "rate": r["rate"],
+            "long_ttft_max_ms": None if worst is None else worst * 1e3,
+            "ttft_over_prefill": ttft_ratio,
+            "chat_itl_p99_ms": None if itl is None else itl * 1e3,
+            "itl_over_best_sarathi": itl_ratio,
+            "passes": (every_long and ttft_ratio is not None and ttft_ratio <= ttft_factor
+                       and itl_ratio is not None and itl_ratio <= itl_factor),
+        })
+    return rows
+
+
+def long_prompt_table(rows: Sequence[Mapping[str, Any]], prefill_ms: float) -> str:
+    """The Markdown table of ``long_prompt_rows``."""
+    def fmt(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    rate = rows[0]["rate"] if rows else 0.0
+    lines = [f"Long prompts at {rate:g}/s (pure prefill {prefill_ms:.0f} ms; targets: "
+             f"TTFT <= {TTFT_FACTOR:g}x it, chat ITL p99 <= {ITL_FACTOR:g}x the best "
+             "sarathi budget's):", "",
+             "| configuration | worst long TTFT (ms) | / prefill | chat ITL p99 (ms) "
+             "| / best sarathi | both |",
+             "|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['configuration']} | {fmt(r['long_ttft_max_ms'], '.0f')} "
+                     f"| {fmt(r['ttft_over_prefill'], '.2f')}x "
+                     f"| {fmt(r['chat_itl_p99_ms'], '.1f')} "
+                     f"| {fmt(r['itl_over_best_sarathi'], '.2f')}x "
+                     f"| {'yes' if r['passes'] else 'no'} |")
+    return "\n".join(lines) + "\n"

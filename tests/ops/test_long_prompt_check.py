@@ -1,0 +1,59 @@
+"""The long-prompt check of ``flare sim-capacity``: the pure prefill time of a prompt
+and the per-configuration verdicts (worst long-prompt TTFT within 4x of it, chat ITL p99
+within 1.1x of the best sarathi budget's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ops.sim.costs import CostTable
+from ops.sim.long_prompt_check import long_prompt_rows, long_prompt_table, pure_prefill_ms
+from policy.descriptors import GraphKind, GraphShape
+
+
+def test_pure_prefill_is_the_fastest_single_shape_cover() -> None:
+    small = GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64)
+    large = GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=256)
+    decode = GraphShape(kind=GraphKind.DECODE, batch_capacity=4, token_capacity=1,
+                        packed_capacity=4)
+    costs = CostTable(mean_ns={small: 1_000_000, large: 2_000_000, decode: 100_000},
+                      source="test")
+    # 300 tokens: five 64-chunks (5 ms) or two 256-chunks (4 ms); decode never counts.
+    assert pure_prefill_ms(300, (small, large, decode), costs) == pytest.approx(4.0)
+    assert pure_prefill_ms(64, (small, large, decode), costs) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no prefill shape"):
+        pure_prefill_ms(64, (decode,), costs)
+
+
+def _run(label: str, policy: str, *, long_ttft_s: float | None, chat_itl_p99_s: float,
+         long_sent: int = 2) -> dict[str, Any]:
+    per_client: dict[str, Any] = {
+        "default": {"requests": 10, "ttft_s": {"max": 0.1},
+                    "itl_s": {"p99": chat_itl_p99_s}}}
+    if long_ttft_s is not None:
+        per_client["long"] = {"requests": 2, "ttft_s": {"max": long_ttft_s},
+                              "itl_s": {"p99": None}}
+    return {"configuration": label, "policy": policy, "rate": 4.0, "per_client": per_client,
+            "sent_by_client": {"default": 10, "long": long_sent}}
+
+
+def test_verdicts_against_prefill_time_and_the_best_sarathi_itl() -> None:
+    runs = [_run("sarathi-256", "sarathi", long_ttft_s=0.5, chat_itl_p99_s=0.010),
+            _run("sarathi-1024", "sarathi", long_ttft_s=0.3, chat_itl_p99_s=0.020),
+            _run("good", "first-token", long_ttft_s=0.39, chat_itl_p99_s=0.0105),
+            _run("slow-long", "balanced", long_ttft_s=0.41, chat_itl_p99_s=0.010),
+            _run("jerky", "fcfs", long_ttft_s=0.2, chat_itl_p99_s=0.0115),
+            _run("unfinished", "balanced", long_ttft_s=0.2, chat_itl_p99_s=0.010,
+                 long_sent=3)]
+    rows = {r["configuration"]: r for r in long_prompt_rows(runs, prefill_ms=100.0)}
+    assert rows["good"]["ttft_over_prefill"] == pytest.approx(3.9)
+    assert rows["good"]["itl_over_best_sarathi"] == pytest.approx(1.05)
+    assert rows["good"]["passes"] and rows["sarathi-256"]["itl_over_best_sarathi"] == 1.0
+    assert not rows["sarathi-256"]["passes"]  # 5x its prefill time
+    assert not rows["slow-long"]["passes"]
+    assert not rows["jerky"]["passes"]
+    assert not rows["unfinished"]["passes"]  # a long prompt never got its first token
+    table = long_prompt_table(list(rows.values()), 100.0)
+    assert "| good | 390 | 3.90x | 10.5 | 1.05x | yes |" in table
