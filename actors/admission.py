@@ -34,6 +34,7 @@ from actors.errors import (
     RuntimeShutDown,
 )
 from actors.grammar import GrammarVocabulary
+from actors.image_content import content_ids
 from actors.messages import (
     Acquire,
     AdmissionClosed,
@@ -157,7 +158,8 @@ class AdmissionState:
         self.head_parked = True
         self.head_withdrawn = False
         return Acquire(
-            request_id=head.request_id, prompt_token_ids=head.request.prompt_token_ids,
+            request_id=head.request_id,
+            prompt_token_ids=content_ids(head.request.prompt_token_ids, head.request.images),
             max_tokens=scheduled_output_tokens(head.request),
             message_ends=head.request.message_ends,
             use_prefix_cache=self.limits.prefix_caching and not head.request.prompt_logprobs,

@@ -12,7 +12,14 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from policy import FIXED_SPEC_POLICIES, PRESET_POLICIES, RUNTIME_POLICIES, GraphKind, GraphShape
+from policy import (
+    DEFAULT_WINDOW_IMAGES,
+    FIXED_SPEC_POLICIES,
+    PRESET_POLICIES,
+    RUNTIME_POLICIES,
+    GraphKind,
+    GraphShape,
+)
 
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
 DEFAULT_DRAFT_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default-draft"
@@ -105,6 +112,9 @@ class RuntimeConfig:
     page_size: int = 16
     kv_pages: int | None = None
     """Pages in the KV pool; default: enough for ``max_batch`` full contexts."""
+    vision_feature_images: int = DEFAULT_WINDOW_IMAGES
+    """``--vision-feature-images``: images whose encoded features the vision feature
+    storage keeps (vision-language checkpoints; ``gpu.programs.vision``)."""
     max_queue: int = 64
     """Bounded admission queue: requests waiting beyond the resident ones."""
     prefix_caching: bool = True
@@ -153,6 +163,9 @@ class RuntimeConfig:
 
     def validate(self) -> None:
         """Raise ``ConfigError`` with a message naming the first invalid value."""
+        if not 1 <= self.vision_feature_images <= 1024:
+            raise ConfigError("--vision-feature-images must be 1..1024, got "
+                              f"{self.vision_feature_images}")
         if not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
             raise ConfigError(f"--max-batch (--max-num-seqs) must be 1..{MAX_BATCH_LIMIT}, "
                               f"got {self.max_batch}")

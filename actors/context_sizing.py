@@ -18,6 +18,8 @@ import structlog
 
 from actors.catalog_setup import default_pages
 from actors.config import ConfigError, RuntimeConfig
+from gpu import ModelConfig, device_memory, load_model_config
+from gpu.engine import resolve_dtype
 
 log = structlog.get_logger("flare.runtime")
 
@@ -131,3 +133,23 @@ def serving_context(config: RuntimeConfig, *, model_max_context: int,
         log.warning("config.adjusted", flag=a.flag, value=a.value, setting=a.setting,
                     asked=a.asked, used=a.used, reason=a.reason)
     return sizing
+
+
+def device_memory_for(config: RuntimeConfig, device: str, model: ModelConfig
+                      ) -> DeviceMemory | None:
+    """What sizing the KV pool from ``--gpu-memory-utilization`` needs, read from the
+    device before anything is loaded; None without the flag or on a CPU."""
+    if config.gpu_memory_utilization is None:
+        return None
+    probed = device_memory(device)
+    if probed is None:
+        return None
+    models = [model]
+    if config.speculation != "off" and config.draft_source == "draft" and \
+            config.draft_model_dir is not None:
+        models.append(load_model_config(config.draft_model_dir))
+    itemsize = resolve_dtype(device, config.dtype, model.torch_dtype).itemsize
+    return DeviceMemory(
+        free_bytes=probed[0], total_bytes=probed[1],
+        weight_bytes=sum(m.parameter_count() for m in models) * itemsize,
+        page_bytes=sum(m.kv_bytes_per_token(itemsize) for m in models) * config.page_size)

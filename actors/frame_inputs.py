@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from actors.grammar import RequestGrammar
+from actors.image_content import content_ids, frame_images
 from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
 from actors.public import GenerationRequest
 from gpu import (
@@ -71,7 +72,7 @@ from gpu import (
     StateOpFrame,
     StateUpdate,
 )
-from policy import DecodeMode, GraphKind, Lane, LaneRole, ScheduledPlan, StateOp
+from policy import DecodeMode, GraphKind, ImagePlan, Lane, LaneRole, ScheduledPlan, StateOp
 
 PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
 """Every frame value ``pack_frame`` produces."""
@@ -98,6 +99,8 @@ class LaneSource:
     output_ids: list[int] = field(default_factory=list)
     grammar: RequestGrammar | None = None
     """The request's grammar matcher (structured output), None when unconstrained."""
+    image_plan: ImagePlan | None = None
+    """Its prompt's image windows (``actors.image_content.image_plan``)."""
     grammar_resident: bool = False
     """The programs hold a copy of that grammar per row (``gpu.grammar_rows``)."""
 
@@ -105,10 +108,17 @@ class LaneSource:
     def prompt(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids
 
+    def written_content(self, kv_tokens: int) -> tuple[int, ...]:
+        """The content ids (``actors.image_content``) of the first ``kv_tokens``
+        positions it wrote: what the prefix cache publishes them under."""
+        prompt = content_ids(self.prompt, self.request.images)
+        return (*prompt, *self.output_ids)[:kv_tokens]
+
 
 def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch: int,
                     row: StateRow, cached_tokens: int, cached_pages: tuple[PageId, ...],
                     eos_token_ids: Sequence[int], grammar: RequestGrammar | None,
+                    image_plan: ImagePlan | None = None,
                     grammar_resident: bool = False) -> LaneSource:
     """The packing view of a newly admitted request: its sampling always has a seed
     (one is drawn when the request gave none) and its ending ids include its
@@ -119,7 +129,7 @@ def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch:
         cached_pages=cached_pages,
         sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
         eos_token_ids=ending_token_ids(request, eos_token_ids), grammar=grammar,
-        grammar_resident=grammar_resident and grammar is not None)
+        image_plan=image_plan, grammar_resident=grammar_resident and grammar is not None)
 
 
 def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
@@ -264,12 +274,18 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
                            f"{mixed.decode_mode.value if mixed else None} does not match "
                            "the program (speculative decode rows need a wider "
                            "speculation_enabled mixed program, and it needs them)")
+    images = () if prompt_row == NO_PROMPT_ROW else frame_images(
+        sources[lanes[prompt_row].handle].request.images,
+        sources[lanes[prompt_row].handle].image_plan, prompt_start)
     if not speculative:
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
                           prompt_start=prompt_start, prompt_ends=ends, updates=updates,
-                          token_masks=_token_masks(lanes, sources),
+                          token_masks=_token_masks(lanes, sources), images=images,
                           grammar_rows=_grammar_rows(lanes, sources))
     assert mixed is not None
+    if images:
+        raise PackingError(f"{plan.shape.label()}: speculative mixed programs do not read "
+                           "image features (docs/vision.md)")
     if mixed.prefill_row != prompt_row:
         raise PackingError(f"{plan.shape.label()}: the plan's prefill_row "
                            f"{mixed.prefill_row} is not its prompt lane {prompt_row}")
@@ -315,6 +331,7 @@ def pack_frame(
             start_position=lane.prompt_start, ends_prompt=end == len(source.prompt),
             following_token=source.prompt[end] if end < len(source.prompt) else -1,
             updates=updates, token_masks=_token_masks(lanes, sources),
+            images=frame_images(source.request.images, source.image_plan, lane.prompt_start),
             grammar_rows=_grammar_rows(lanes, sources),
         )
     elif kind is GraphKind.DECODE:

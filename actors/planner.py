@@ -54,6 +54,7 @@ from actors.frame_inputs import (
     settle_decodes,
 )
 from actors.grammar import GrammarVocabulary, request_matcher
+from actors.image_content import ImageWindowing, image_plan
 from actors.messages import (
     AdmissionClosed,
     Admitted,
@@ -132,16 +133,17 @@ class Planner:
         clock_ns: Callable[[], int],
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
-        grammar: GrammarVocabulary | None = None,
-        grammar_resident: bool = False,
+        grammar: GrammarVocabulary | None = None, grammar_resident: bool = False,
+        image_windowing: ImageWindowing | None = None,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
         of width-one steps into the scheduler (``actors.acceptance_observations``).
         ``grammar``: the vocabulary constrained requests' matchers run on (admission
-        refuses them without one); ``grammar_resident``: the programs hold constrained
-        requests' grammars (``gpu.grammar_rows``), so their frames need no feedback."""
+        refuses them without one); ``grammar_resident``: the programs hold their grammars
+        (no feedback needed); ``image_windowing``: how image prompts are planned."""
         self.scheduler = scheduler
+        self._image_windowing = image_windowing or ImageWindowing()
         self._to_dispatcher = to_dispatcher
         self._to_publisher = to_publisher
         self._to_allocator = to_allocator
@@ -209,21 +211,21 @@ class Planner:
 
     async def _admit(self, msg: Admitted) -> None:
         request, grant = msg.request, msg.grant
+        images = image_plan(request.images, self._image_windowing)
         handle = self.scheduler.admit(
             prompt_len=len(request.prompt_token_ids),
             max_output_tokens=scheduled_output_tokens(request),
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
-            handle=grant.handle, grammar_constrained=request.grammar is not None,
-            grammar_resident=self._grammar_resident and request.grammar is not None,
-        )
+            handle=grant.handle, grammar_constrained=request.grammar is not None, images=images,
+            grammar_resident=self._grammar_resident and request.grammar is not None)
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(
             request, handle=handle, epoch=epoch, row=grant.row,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
             eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar),
-            grammar_resident=self._grammar_resident)
+            image_plan=images, grammar_resident=self._grammar_resident)
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle
@@ -380,7 +382,7 @@ class Planner:
                     or self.scheduler.phase(token.handle) is Phase.TERMINAL):
                 continue
             source = resident.source
-            written = (*source.prompt, *source.output_ids)[:resident.kv_done]
+            written = source.written_content(resident.kv_done)
             await self._to_allocator.send(Finishing(handle=token.handle, token_ids=written,
                                                     kv_tokens=len(written)))
             resident.finish_sent = True
@@ -395,7 +397,7 @@ class Planner:
                 continue
             self._by_request.pop(resident.request_id, None)
             source = resident.source
-            written = (*source.prompt, *source.output_ids)[:resident.kv_done]
+            written = source.written_content(resident.kv_done)
             await self._to_allocator.send(Release(
                 handle=handle, token_ids=written, kv_tokens=len(written),
                 publish=not resident.failed, snapshot_done=resident.snapshot_done,

@@ -28,6 +28,7 @@ from gpu import TOP_LOGPROBS as TOP_LOGPROBS
 
 # The alternatives at one place: (token id, logprob) pairs, best first.
 from gpu import Alternatives as Alternatives
+from gpu import ImageSpan as ImageSpan
 from gpu import SamplingParams as SamplingParams
 
 # The context rule admission applies, for callers that check a request before submitting.
@@ -77,6 +78,8 @@ class GenerationRequest:
     ``grammar``: constrain the output to a grammar (structured output): every sampled
     token is one the grammar allows, end-of-sequence only where it may end, and the
     request finishes (``stop``) when the grammar is complete.
+    ``images``: the prompt's images; each span's positions hold the model's image
+    placeholder id, and its features replace their embeddings.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -93,6 +96,16 @@ class GenerationRequest:
     request_id: str = ""
     prefill_group: str = ""
     grammar: GrammarSpec | None = None
+    images: tuple[ImageSpan, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImagePrompting:
+    """How a vision-language checkpoint reads images in a prompt: each image stands as
+    ``tokens_per_image`` copies of ``image_token_id``."""
+
+    image_token_id: int
+    tokens_per_image: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,9 +44,10 @@ from actors.catalog_setup import program_batch, served_shapes, snapshot_lanes, s
 from actors.checkpoint_allocator import AllocatorState
 from actors.codec import TokenizerCodec
 from actors.config import RuntimeConfig
-from actors.context_sizing import DeviceMemory, serving_context
+from actors.context_sizing import device_memory_for, serving_context
 from actors.errors import AdmissionError, RuntimeShutDown
 from actors.grammar import GrammarVocabulary, load_vocabulary
+from actors.image_content import ImageWindowing
 from actors.log_defaults import quiet_unless_configured
 from actors.messages import (
     AdmissionInbox,
@@ -73,6 +74,7 @@ from actors.policy_setup import (
 from actors.public import (
     Finished,
     GenerationRequest,
+    ImagePrompting,
     RuntimeStatistics,
     StreamEvent,
     TextCodec,
@@ -85,15 +87,14 @@ from actors.resource_book import ResourceBook
 from gpu import (
     Backend,
     CatalogFlags,
-    ModelConfig,
     PreparedProgram,
     build_catalog,
-    device_memory,
-    load_model_config,
+    load_served_config,
     open_backend,
 )
-from gpu.engine import ExecutionOptions, ModelEngine, resolve_dtype
+from gpu.engine import ExecutionOptions, ModelEngine
 from policy import (
+    DEFAULT_WINDOW_IMAGES,
     FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
     PRESET_POLICIES,
     GraphShape,
@@ -163,6 +164,10 @@ class RuntimeParts:
     grammar: GrammarVocabulary | None = None
     """The vocabulary grammar-constrained requests run on (structured output); None
     refuses them."""
+    image_prompting: ImagePrompting | None = None
+    """How prompts hold images (vision-language checkpoints); None refuses them."""
+    window_images: int = DEFAULT_WINDOW_IMAGES
+    """Images one vision window holds (``--vision-feature-images``)."""
 
 
 class _EventStream:
@@ -208,6 +213,10 @@ class Runtime:
     @property
     def model_name(self) -> str:
         return self._parts.model_name
+
+    @property
+    def image_prompting(self) -> ImagePrompting | None:
+        return self._parts.image_prompting
 
     @property
     def max_context(self) -> int:
@@ -336,6 +345,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         counterfactual_depth=counterfactual_copy_depth(parts, scheduler, catalog),
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
         grammar=parts.grammar, grammar_resident=grammars_resident(parts),
+        image_windowing=ImageWindowing.of(catalog, parts.window_images),
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -416,8 +426,8 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
             terminal_value=config.scheduler_terminal_value,
             terminal_age_price=config.scheduler_terminal_age_price,
             adaptive_verification_alpha=config.adaptive_verification_alpha),
-        measured_costs=measured,
-        grammar=grammar,
+        measured_costs=measured, grammar=grammar, image_prompting=image_prompting(engine),
+        window_images=config.vision_feature_images,
     )
     log.info("runtime ready", model=parts.model_name, backend=backend.name,
              ranks=config.tensor_parallel_size,
@@ -427,30 +437,10 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         yield runtime
 
 
-def _device_memory(config: RuntimeConfig, device: str, model: ModelConfig
-                   ) -> DeviceMemory | None:
-    """What sizing the KV pool from ``--gpu-memory-utilization`` needs, read from the
-    device before anything is loaded; None without the flag or on a CPU."""
-    if config.gpu_memory_utilization is None:
-        return None
-    probed = device_memory(device)
-    if probed is None:
-        return None
-    models = [model]
-    if config.speculation != "off" and config.draft_source == "draft" and \
-            config.draft_model_dir is not None:
-        models.append(load_model_config(config.draft_model_dir))
-    itemsize = resolve_dtype(device, config.dtype, model.torch_dtype).itemsize
-    return DeviceMemory(
-        free_bytes=probed[0], total_bytes=probed[1],
-        weight_bytes=sum(m.parameter_count() for m in models) * itemsize,
-        page_bytes=sum(m.kv_bytes_per_token(itemsize) for m in models) * config.page_size)
-
-
 def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
-    model = load_model_config(config.model_dir)
+    model = load_served_config(config.model_dir)[0]  # a vision checkpoint's language model
     sizing = serving_context(config, model_max_context=model.max_context,
-                             memory=_device_memory(config, device, model))
+                             memory=device_memory_for(config, device, model))
     max_context = sizing.max_context
     speculative = config.speculation != "off"
     catalog = build_catalog(CatalogFlags(
@@ -481,10 +471,16 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
             processed_logprobs=config.logprobs_mode == "processed_logprobs"),
         speculation_source=config.draft_source if speculative else None,
         draft_model_dir=config.draft_model_dir,
-        draft_catch_up=config.draft_catch_up,
+        draft_catch_up=config.draft_catch_up, vision_feature_images=config.vision_feature_images,
     )
     return engine, shapes
 
+
+def image_prompting(engine: ModelEngine) -> ImagePrompting | None:
+    vision = engine.vision
+    return None if vision is None else ImagePrompting(
+        image_token_id=vision.config.image_token_id,
+        tokens_per_image=vision.config.tokens_per_image)
 
 
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from actors import TextCodec
+from actors import ImagePrompting, TextCodec
 from app.errors import bad_request, context_too_long
+from app.image_parts import IMAGE_PLACEHOLDER
 from app.request_parsing import ChatMessage
 
 # Used when the model ships no template: ChatML, the most widely understood layout.
@@ -73,6 +74,8 @@ class TokenizedChat:
     token_ids: tuple[int, ...]
     message_ends: tuple[int, ...]
     system_end: int | None
+    image_starts: tuple[int, ...] = ()
+    """Where each image placeholder's expansion starts, in order."""
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -187,13 +190,31 @@ def render_within(template: ChatTemplate, messages: Sequence[ChatMessage], *,
             f"The rendered conversation has {len(full_text)} characters; this model's "
             f"context holds at most {max_chars} characters of text.")
     return full_text
+def _encoder(codec: TextCodec, image: ImagePrompting | None, starts: list[int]
+             ) -> Callable[[str, int], list[int]]:
+    """``encode(text, offset)``: the text's ids; with ``image``, each
+    ``IMAGE_PLACEHOLDER`` becomes ``tokens_per_image`` image ids (as LLaVA's processor
+    expands it) and its start (``offset`` + its index) is appended to ``starts``."""
+    if image is None:
+        return lambda text, offset: codec.encode(text)
+
+    def encode(text: str, offset: int) -> list[int]:
+        pieces = text.split(IMAGE_PLACEHOLDER)
+        ids = codec.encode(pieces[0]) if pieces[0] else []
+        for piece in pieces[1:]:
+            starts.append(offset + len(ids))
+            ids += [image.image_token_id] * image.tokens_per_image
+            ids += codec.encode(piece) if piece else []
+        return ids
+    return encode
 
 
 def tokenize_chat(template: ChatTemplate, codec: TextCodec, messages: Sequence[ChatMessage],
                   *, max_chars: int | None = None,
-                  tools: Sequence[dict[str, Any]] = ()) -> TokenizedChat:
+                  tools: Sequence[dict[str, Any]] = (),
+                  image: ImagePrompting | None = None) -> TokenizedChat:
     """Render with a generation prompt (and the offered ``tools``), tokenize segment by
-    segment, and locate anchors.
+    segment, and locate anchors; with ``image``, image placeholders expand to image ids.
 
     A rendering longer than ``max_chars`` characters (text that cannot fit the context)
     is refused before any anchor is rendered or any text encoded."""
@@ -204,8 +225,10 @@ def tokenize_chat(template: ChatTemplate, codec: TextCodec, messages: Sequence[C
     system_end: int | None = None
     leading_system = _leading_system_count(messages)
     start = 0
+    image_starts: list[int] = []
+    encode = _encoder(codec, image, image_starts)
     for index, end in boundaries:
-        token_ids.extend(codec.encode(full_text[start:end]))
+        token_ids.extend(encode(full_text[start:end], len(token_ids)))
         start = end
         if message_ends and message_ends[-1] == len(token_ids):
             continue
@@ -213,6 +236,6 @@ def tokenize_chat(template: ChatTemplate, codec: TextCodec, messages: Sequence[C
         if index == leading_system - 1:
             system_end = len(token_ids)
     if start < len(full_text):
-        token_ids.extend(codec.encode(full_text[start:]))
+        token_ids.extend(encode(full_text[start:], len(token_ids)))
     return TokenizedChat(token_ids=tuple(token_ids), message_ends=tuple(message_ends),
-                         system_end=system_end)
+                         system_end=system_end, image_starts=tuple(image_starts))

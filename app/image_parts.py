@@ -18,12 +18,14 @@ import hashlib
 import io
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlsplit
 
 from PIL import Image, UnidentifiedImageError
 
+from actors import ImagePrompting, ImageSpan
 from app.errors import ApiError, bad_request
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -134,9 +136,17 @@ def parse_image_part(part: dict[str, Any], field: str, limits: ImageLimits,
     return ImageInput(field=field, image=image, digest=pixel_digest(image))
 
 
-def refuse_image_input(image: ImageInput) -> NoReturn:
-    """The answer to a well-formed image: a 400 naming its field, since no served
-    program reads image features (``docs/vision.md``)."""
-    raise bad_request(f"{image.field}: image prompts are not served: flare loads LLaVA-style "
-                      "checkpoints and preprocesses images, but runs no vision program over "
-                      "HTTP; send text only.", param=image.field)
+def image_spans(images: Sequence[ImageInput], starts: Sequence[int],
+                prompting: ImagePrompting | None) -> tuple[ImageSpan, ...]:
+    """The prompt's image spans: image ``k`` at the ``k``-th expanded placeholder. A
+    rendering with another number of placeholders (text holding a literal
+    ``IMAGE_PLACEHOLDER``, or a template that drops content) is a 400."""
+    if not images or prompting is None:
+        return ()
+    if len(starts) != len(images):
+        raise bad_request(f"the rendered prompt holds {len(starts)} image placeholders for "
+                          f"{len(images)} images; message text must not contain "
+                          f"{IMAGE_PLACEHOLDER!r}.", param="messages")
+    return tuple(ImageSpan(digest=image.digest, image=image.image, start=start,
+                           tokens=prompting.tokens_per_image)
+                 for image, start in zip(images, starts, strict=True))

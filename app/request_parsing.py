@@ -22,7 +22,6 @@ from app.image_parts import (
     ImageInput,
     ImageLimits,
     parse_image_part,
-    refuse_image_input,
 )
 from app.sampling_fields import parse_sampling_fields
 from app.structured_fields import structured_output_of
@@ -382,8 +381,6 @@ def _messages(raw: Any, image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS) -> tup
         content = _message_content(item.get("content"), i, images, image_limits)
         messages.append(ChatMessage(role=role, content=content, name=name, tool_calls=tool_calls,
                                     tool_call_id=tool_call_id, images=tuple(images[before:])))
-    if images:
-        refuse_image_input(images[0])
     return tuple(messages)
 
 

@@ -19,13 +19,21 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import trio
 
-from actors import GenerationRequest, Runtime, SamplingParams, context_room, fits_context
+from actors import (
+    GenerationRequest,
+    ImagePrompting,
+    ImageSpan,
+    Runtime,
+    SamplingParams,
+    context_room,
+    fits_context,
+)
 from app.body_checks import (
     BodyLimits,
     check_json_units,
@@ -42,7 +50,7 @@ from app.errors import (
     too_many_preparing,
 )
 from app.generation import EventStream, Inflight, RequestObserver, start_generation
-from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageLimits
+from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageInput, ImageLimits, image_spans
 from app.metrics import AppMetrics
 from app.parse_workers import ParseWorkers
 from app.request_parsing import (
@@ -246,9 +254,11 @@ class FlareService:
         """The token ids of a prompt, or of a conversation rendered by the chat template."""
         check_model(params.model, self.model_names)
         if params.messages is not None and params.add_generation_prompt:
+            images = [image for message in params.messages for image in message.images]
             return tokenize_chat(self.template, self.codec, params.messages,
                                  max_chars=self.max_text_chars,
-                                 tools=params.tools.offered if params.tools else ()).token_ids
+                                 tools=params.tools.offered if params.tools else (),
+                                 image=self._image_prompting(images)).token_ids
         return tuple(self.codec.encode(tokenize_text(self.template, params, self.body_limits)))
 
     def detokenize(self, model: str | None, token_ids: tuple[int, ...]) -> str:
@@ -259,9 +269,13 @@ class FlareService:
     def prepare_chat(self, params: ChatParams, *, arrived: float,
                      request_id: str | None = None) -> PreparedRequest:
         check_model(params.common.model, self.model_names)
+        images = [image for message in params.messages for image in message.images]
+        prompting = self._image_prompting(images)
         chat = tokenize_chat(self.template, self.codec, params.messages,
                              max_chars=self.max_text_chars,
-                             tools=params.tools.offered if params.tools else ())
+                             tools=params.tools.offered if params.tools else (),
+                             image=prompting)
+        spans = image_spans(images, chat.image_starts, prompting)
         max_tokens = params.common.max_tokens
         if max_tokens is None:
             max_tokens = context_room(prompt_len=len(chat.token_ids),
@@ -271,9 +285,20 @@ class FlareService:
         request = self._request(params.common, chat.token_ids, max_tokens, prefix="chatcmpl",
                                 message_ends=chat.message_ends, system_end=chat.system_end,
                                 logprobs=params.logprobs, request_id=request_id,
-                                top_logprobs=params.top_logprobs)
+                                top_logprobs=params.top_logprobs, images=spans)
         return PreparedRequest(request=request, prompt_text="", arrived=arrived,
                                created=int(time.time()))
+
+    def _image_prompting(self, images: Sequence[ImageInput]) -> ImagePrompting | None:
+        """How this model reads images; a 400 naming the first image when it reads none."""
+        if not images:
+            return None
+        prompting: ImagePrompting | None = getattr(self.runtime, "image_prompting", None)
+        if prompting is None:
+            raise bad_request(f"{images[0].field}: this model reads no images (it is not a "
+                              "vision-language checkpoint); send text only.",
+                              param=images[0].field)
+        return prompting
 
     def _too_long(self, prompt_tokens: int, max_tokens: int, *,
                   param: str = "messages") -> ApiError:
@@ -286,7 +311,8 @@ class FlareService:
     def _request(self, common: CommonParams, prompt_ids: tuple[int, ...], max_tokens: int, *,
                  prefix: str, message_ends: tuple[int, ...] = (), system_end: int | None = None,
                  prompt_logprobs: bool = False, logprobs: bool = False,
-                 request_id: str | None = None, top_logprobs: int = 0) -> GenerationRequest:
+                 request_id: str | None = None, top_logprobs: int = 0,
+                 images: tuple[ImageSpan, ...] = ()) -> GenerationRequest:
         """``request_id``: the client's ``X-Request-Id``; the id is ``<prefix>-<it>``
         (``<prefix>-<random hex>`` without one)."""
         if not prompt_ids:
@@ -310,6 +336,7 @@ class FlareService:
             client=common.user,
             request_id=f"{prefix}-{request_id or uuid.uuid4().hex}",
             grammar=common.grammar,
+            images=images,
         )
 
     # -- shutdown -----------------------------------------------------------------------

@@ -45,6 +45,7 @@ from gpu.frames import (
     DecodeFrame,
     Frame,
     FrameError,
+    ImageSpan,
     LaneSample,
     MixedFrame,
     PageAppend,
@@ -60,6 +61,7 @@ from gpu.frames import (
 )
 from gpu.model.config import ModelConfig, ModelLoadError, load_model_config
 from gpu.model.tokenizer import Tokenizer
+from gpu.model.vision_config import load_served_config
 from gpu.preparation import prepare_catalog
 from gpu.program import PreparedProgram
 from gpu.programs.speculative_frames import (
@@ -89,6 +91,7 @@ __all__ = [
     "DecodeFrame",
     "Frame",
     "FrameError",
+    "ImageSpan",
     "LaneSample",
     "LaunchHandle",
     "MixedFrame",
@@ -116,6 +119,7 @@ __all__ = [
     "device_memory",
     "fixed_width_shapes",
     "load_model_config",
+    "load_served_config",
     "open_backend",
     "plan_catalog",
     "prepare_catalog",

@@ -37,6 +37,7 @@ from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation, is_speculative_shape
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StepProgram
+from gpu.programs.vision import DEFAULT_STORED_IMAGES, VisionProgram
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
 from gpu.speculative.copy_proposals import COPY_MAX_NGRAM
@@ -122,6 +123,7 @@ class ModelEngine:
         speculation_source: str | None = None,
         draft_model_dir: str | Path | None = None,
         draft_catch_up: int = 0,
+        vision_feature_images: int = DEFAULT_STORED_IMAGES,
     ) -> ModelEngine:
         """Load ``model_dir`` onto ``device`` and prepare one program per catalog shape.
 
@@ -170,7 +172,9 @@ class ModelEngine:
                               sink_row=state.sink_row, sink_page=geometry.sink_page,
                               top_width=min(TOP_LOGPROBS, config.vocab_size))
         parts = EngineParts(decoder=decoder, cache=cache, state=state, workspace=workspace,
-                            execution=execution)
+                            execution=execution,
+                            vision=None if vision is None else VisionProgram(
+                                vision, stored_images=vision_feature_images))
         speculative = [s for s in shapes if is_speculative_shape(s)]
         if speculative and speculation_source is None:
             raise UnsupportedShapeError(
@@ -210,7 +214,8 @@ def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
                               workspace=parts.workspace)
     if kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE):
         return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-                           workspace=parts.workspace, execution=parts.execution)
+                           workspace=parts.workspace, execution=parts.execution,
+                           vision=parts.vision)
     if kind is GraphKind.MIXED:
         if shape.token_capacity != 1 or shape.speculation_enabled:
             raise UnsupportedShapeError(
@@ -218,5 +223,6 @@ def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
                 "state (wider or speculating mixed programs load with the speculative engine)"
             )
         return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-                           workspace=parts.workspace, execution=parts.execution)
+                           workspace=parts.workspace, execution=parts.execution,
+                           vision=parts.vision)
     raise UnsupportedShapeError(f"{shape.label()}: {kind.value} programs are not built yet")

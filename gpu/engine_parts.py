@@ -16,6 +16,7 @@ from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
+from gpu.programs.vision import VisionProgram
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
 from policy.descriptors import GraphShape
@@ -34,6 +35,8 @@ class EngineParts:
     state: RequestState
     workspace: Workspace
     execution: ExecutionOptions = field(default_factory=ExecutionOptions.static)
+    vision: VisionProgram | None = None
+    """The vision program and feature storage (vision-language checkpoints only)."""
 
 
 class ProgramHost(Protocol):

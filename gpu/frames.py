@@ -209,6 +209,19 @@ class PageAppend:
 StateUpdate = RowInit | PageAppend
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageSpan:
+    """One image of a prompt: its feature tokens fill prompt positions
+    ``start..start+tokens-1`` (the expanded placeholder). ``digest`` identifies its
+    pixels (equal pixels, equal digest); ``image`` is the decoded image (a Pillow
+    image) the vision program preprocesses and encodes."""
+
+    digest: str
+    image: Any
+    start: int
+    tokens: int
+
+
 # ---------------------------------------------------------------- frames (inputs)
 
 
@@ -231,6 +244,9 @@ class PrefillFrame:
     token_masks: tuple[tuple[int, bytes], ...] = ()
     """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
+    images: tuple[ImageSpan, ...] = ()
+    """The prompt's images this chunk covers (their features replace those
+    positions' token embeddings; ``gpu.programs.vision``)."""
     grammar_rows: tuple[int, ...] = ()
     """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
     sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
@@ -273,6 +289,8 @@ class MixedFrame:
     token_masks: tuple[tuple[int, bytes], ...] = ()
     """``(row, bitmask)`` for the lanes whose grammar constrains the token they sample
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
+    images: tuple[ImageSpan, ...] = ()
+    """The prompt lane's images this chunk covers (as ``PrefillFrame.images``)."""
     grammar_rows: tuple[int, ...] = ()
     """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
     sample: the program computes their masks in ``bind``, from the tokens sampled so far."""

@@ -35,6 +35,7 @@ from actors.config import (
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DEFAULT_MAX_BATCH,
+    DEFAULT_WINDOW_IMAGES,
     DTYPE_CHOICES,
     LOGPROBS_MODES,
     SCHEDULER_POLICIES,
@@ -231,7 +232,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(default: none, browsers refuse cross-origin calls)")
     http.add_argument("--limit-mm-per-prompt", type=_image_limit, default=DEFAULT_IMAGE_LIMITS.max_images,
                       metavar="N", help='images per request, N or {"image": N} (default '
-                      f'{DEFAULT_IMAGE_LIMITS.max_images}); image prompts are not served (docs/vision.md)')
+                      f'{DEFAULT_IMAGE_LIMITS.max_images}; docs/vision.md)')
+    http.add_argument("--vision-feature-images", type=int, default=DEFAULT_WINDOW_IMAGES,
+                      metavar="N",
+                      help="vision-language checkpoints: images whose encoded features the "
+                           "feature storage keeps, the images of one prefill window (default "
+                           f"{DEFAULT_WINDOW_IMAGES}; a stored image is not re-encoded)")
     http.add_argument("--allowed-media-domains", nargs="+", default=(), metavar="DOMAIN",
                       help="domains image URLs may name; flare fetches no remote image, so "
                            "such URLs are still refused, saying fetching is not supported")
@@ -286,6 +292,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         copy_counterfactuals=not args.no_copy_counterfactuals,
         draft_counterfactuals=not args.no_draft_counterfactuals,
         draft_catch_up=args.draft_catch_up,
+        vision_feature_images=args.vision_feature_images,
         speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,
         kv_pages=args.kv_pages,

@@ -20,6 +20,7 @@ from typing import Any
 from ops.loadgen.metrics import MetricOptions
 from ops.loadgen.workload import LengthSpec, parse_clients
 from policy.baselines.factory import COMPARED_POLICIES
+from policy.vision_windows import DEFAULT_WINDOW_IMAGES
 
 DEFAULT_POLICIES = COMPARED_POLICIES
 SPECULATIVE_POLICIES = ("balanced", "spec-adaptive", "spec-fixed", "fixed-spec-1",
@@ -69,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="per-client acceptance rates, e.g. 'code:0.9,chat:0.3'")
     work.add_argument("--acceptance-spread", type=float, default=None,
                       help="spread each request's acceptance uniformly by +-this much")
+    work.add_argument("--images-per-request", type=int, default=0,
+                      help="images in every prompt (evenly spaced; as many as fit), served as "
+                           "flare serves image prompts (docs/vision.md)")
+    work.add_argument("--tokens-per-image", type=int, default=576,
+                      help="placeholder positions of one image (default 576, LLaVA-1.5)")
     work.add_argument("--seed", type=int, default=0)
 
     dev = parser.add_argument_group("simulated server")
@@ -96,6 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--cold-estimates", action="store_true",
                      help="start with no duration estimates (the seed discovers shapes)")
     dev.add_argument("--horizon", type=float, default=None, help="stop at this simulated time (s)")
+    dev.add_argument("--vision-feature-images", type=int, default=DEFAULT_WINDOW_IMAGES,
+                     help="feature storage in images: the images of one prefill window "
+                          f"(default {DEFAULT_WINDOW_IMAGES}, as flare run)")
+    dev.add_argument("--vision-ms-per-image", type=float, default=4.0,
+                     help="synthetic duration of encoding one image (ms)")
 
     met = parser.add_argument_group("metrics and output")
     met.add_argument("--ttft-slo", type=float, default=None)
@@ -165,6 +176,7 @@ def main(args: argparse.Namespace) -> int:
     from ops.sim.costs import CostTableError
     from ops.sim.engine import SimOptions, SimulationError
     from ops.sim.runs import run_policies, write_outputs
+    from ops.sim.vision import VisionLoad
     from ops.sim.workloads import build_workload
     from policy.types import PolicyError
 
@@ -182,6 +194,10 @@ def main(args: argparse.Namespace) -> int:
         spec = _workload(args)
         requests = build_workload(spec)
         running = max_running(args)
+        vision = VisionLoad(images_per_request=args.images_per_request,
+                            tokens_per_image=args.tokens_per_image,
+                            window_images=args.vision_feature_images,
+                            ms_per_image=args.vision_ms_per_image)
     except (CatalogError, CostTableError, ValueError, OSError) as exc:
         return fail(str(exc))
     if not math.isfinite(args.noise) or args.noise < 0:
@@ -190,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
                          dispatch_ns=round(args.dispatch_us * 1000),
                          output_limit=args.max_tokens, noise=args.noise,
                          warm_estimates=not args.cold_estimates, seed=args.seed,
-                         horizon_s=args.horizon)
+                         horizon_s=args.horizon, vision=vision)
     metrics = MetricOptions(ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
                             qoe_expected_ttft_s=args.qoe_ttft,
                             qoe_reading_tokens_per_s=args.qoe_reading_speed)

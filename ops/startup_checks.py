@@ -19,7 +19,7 @@ from typing import TextIO
 
 from actors.config import ConfigError
 from app.chat_template import ChatTemplateError
-from gpu import BackendUnavailable, ModelConfig, ModelLoadError, load_model_config
+from gpu import BackendUnavailable, ModelConfig, ModelLoadError, load_served_config
 from gpu.backends.cuda_probe import probe_cuda
 from gpu.model.config import UnsupportedModelError
 from ops.failure_line import found_in, write_failure
@@ -42,7 +42,7 @@ def check_model_dir(path: pathlib.Path, *, flag: str,
     if not path.is_dir():
         raise StartupError(f"{flag}: no such directory: {path}")
     try:
-        config = load_model_config(path)
+        config = load_served_config(path)[0]
     except UnsupportedModelError as exc:
         raise StartupError(f"{flag} {path}: unsupported model: {exc} "
                            f"(in {path / 'config.json'})") from None

@@ -54,8 +54,15 @@ from policy.types import (
     UnknownRequestError,
     WindowNotReady,
 )
+from policy.vision_windows import (
+    DEFAULT_WINDOW_IMAGES,
+    ImagePlan,
+    smallest_prompt_capacity,
+    window_spans,
+)
 
 __all__ = [
+    "DEFAULT_WINDOW_IMAGES",
     "FIXED_SPEC_POLICIES",
     "FRAME_SLOTS",
     "PRESET_POLICIES",
@@ -72,6 +79,7 @@ __all__ = [
     "GeneratedToken",
     "GraphKind",
     "GraphShape",
+    "ImagePlan",
     "Lane",
     "LaneRole",
     "MixedRole",
@@ -104,4 +112,6 @@ __all__ = [
     "fits_context",
     "make_policy",
     "policy_preset",
+    "smallest_prompt_capacity",
+    "window_spans",
 ]

@@ -34,6 +34,7 @@ from policy.types import (
     SchedulerStatistics,
     TraceRecord,
 )
+from policy.vision_windows import ImagePlan
 
 __all__ = [
     "Confidence",
@@ -112,11 +113,12 @@ class SchedulingPolicy(Protocol):
     def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
-              grammar_constrained: bool = False, grammar_resident: bool = False
-              ) -> RequestHandle:
+              grammar_constrained: bool = False, grammar_resident: bool = False,
+              images: ImagePlan | None = None) -> RequestHandle:
         """Make a request resident; ``grammar_constrained``: its output follows a
         grammar (QUEUE-13, SEL-13: ``policy.grammar_feedback``); ``grammar_resident``:
-        that grammar's matcher is held where the frames run (no feedback needed)."""
+        that grammar's matcher is held where the frames run (no feedback needed);
+        ``images``: its prompt's image dependencies (``policy.vision_windows``)."""
         ...
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:

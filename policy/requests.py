@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from policy.descriptors import StateOp
 from policy.service import ServiceHistory
 from policy.types import Fence, Phase, RequestHandle, RestoreNeed
+from policy.vision_windows import ImagePlan, image_chunk_end
 
 
 @dataclass(slots=True)
@@ -51,6 +52,9 @@ class RequestRecord:
     max_output_tokens: int
     message_ends: tuple[int, ...] = ()
     system_end: int | None = None
+    images: ImagePlan | None = None
+    """The prompt's image dependencies: prefill chunks stop at their windows and
+    never split an image (``policy.vision_windows``, PRE-26..29)."""
     scored_prompt: bool = False
     history: ServiceHistory
     phase: Phase = Phase.PREFILL
@@ -113,10 +117,14 @@ class RequestRecord:
 
     def logical_prompt_end(self) -> int:
         """Where the next prefill chunk must stop: the system boundary if the cursor
-        is before it, else the prompt end (SEL-40, OPEN-36)."""
+        is before it, else the prompt end (SEL-40, OPEN-36), and earlier where an
+        image window or span says so (PRE-28, PRE-29)."""
+        end = self.prompt_len
         if self.system_end is not None and self.prompt_cursor < self.system_end:
-            return min(self.system_end, self.prompt_len)
-        return self.prompt_len
+            end = min(self.system_end, self.prompt_len)
+        if self.images is not None:
+            end = image_chunk_end(self.images, self.prompt_cursor, end)
+        return end
 
     def prompt_ends(self) -> tuple[int, int]:
         """``(logical_prompt_end(), next_endpoint())``, recomputed only when the cursor

@@ -90,6 +90,7 @@ from policy.types import (
     TraceRecord,
 )
 from policy.utility import NS_PER_MS
+from policy.vision_windows import ImagePlan
 
 
 class Scheduler:
@@ -196,23 +197,22 @@ class Scheduler:
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               restore: RestoreNeed = RestoreNeed.NONE,
-              further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False, grammar_resident: bool = False) -> RequestHandle:
+              further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False,
+              grammar_resident: bool = False, images: ImagePlan | None = None) -> RequestHandle:
         """Make a request resident and return its handle.
 
         ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
         prompt service (SEL-1). ``message_ends`` are message-end token offsets
-        (DUR-20's endpoints); ``system_end`` ends the system prompt, a boundary no
-        prefill chunk crosses (SEL-40, OPEN-36). A reused ``handle`` gets a larger epoch,
-        so its old fences can never charge it (ACCT-5).
+        (DUR-20's endpoints); ``system_end`` ends the system prompt, a boundary no prefill
+        chunk crosses (SEL-40, OPEN-36). A reused ``handle`` gets a larger epoch (ACCT-5).
 
-        ``restore``: READY when the request's saved state must first be restored by a
-        prepared restore graph (selected as a prerequisite pair, PRE-1..19); AWAITING
-        while an external restoration is still running (call ``restoration_ready``);
-        such a request is outside every participant set meanwhile (ACCT-4).
+        ``restore``: READY when its saved state must first be restored by a prepared
+        restore graph (a prerequisite pair, PRE-1..19); AWAITING while an external
+        restoration runs (``restoration_ready``), outside every participant set (ACCT-4).
         ``further_stages``: prerequisite stages after the restore (initialization), each
-        run by its own prepared state graph before the request is ready; such a request
-        is ranked by the continuation index (PRE-21..25). ``grammar_constrained``, ``grammar_resident``: see ``policy.grammar_feedback``.
-        """
+        run by its own prepared state graph; such a request is ranked by the continuation
+        index (PRE-21..25). ``grammar_constrained``, ``grammar_resident``:
+        ``policy.grammar_feedback``; ``images``: ``policy.vision_windows``."""
         ends = check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                                cached_prefix_len=cached_prefix_len,
                                message_ends=message_ends, system_end=system_end)
@@ -225,7 +225,7 @@ class Scheduler:
             message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
             history=new_history(norms), prompt_cursor=cached_prefix_len,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
-            grammar_constrained=grammar_constrained, grammar_resident=grammar_resident))
+            grammar_constrained=grammar_constrained, grammar_resident=grammar_resident, images=images))
         self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
                                uncached_tokens=prompt_len - cached_prefix_len,
                                catalog=self._catalog, estimates=self._estimates)
@@ -234,7 +234,6 @@ class Scheduler:
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:
         """The seed's scheduler does not rank by client: nothing to record."""
-        return None
 
     def restoration_ready(self, handle: RequestHandle) -> None:
         """External restoration finished: a restore graph may now bind the state."""

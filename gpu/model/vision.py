@@ -21,10 +21,20 @@ from PIL import Image
 from gpu.model.image_processor import ImageProcessorConfig, parse_image_processor_config, preprocess
 from gpu.model.vision_config import VisionConfig
 
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# named functions, not lambdas: the tower travels to the device process by pickling
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "quick_gelu": _quick_gelu,
     "gelu": F.gelu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": _gelu_tanh,
 }
 
 

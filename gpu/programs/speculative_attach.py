@@ -95,4 +95,4 @@ def _width_one_mixed(shape: GraphShape, engine: ProgramHost) -> StepProgram:
             sink_page=parts.cache.geometry.sink_page,
             top_width=min(TOP_LOGPROBS, parts.decoder.config.vocab_size))
     return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
-                       workspace=workspace, execution=parts.execution)
+                       workspace=workspace, execution=parts.execution, vision=parts.vision)

@@ -28,6 +28,7 @@ from gpu.frames import (
     RESULT_KEY,
     DecodeFrame,
     FrameError,
+    ImageSpan,
     LaneSample,
     MixedFrame,
     PrefillFrame,
@@ -41,6 +42,7 @@ from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
+from gpu.programs.vision import ChunkImage, VisionProgram, chunk_images
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
 from gpu.sampling import reported_log_probs, sample, top_alternatives
@@ -59,6 +61,10 @@ class StagedFrame:
     block: np.ndarray
     token_masks: np.ndarray | None = None
     """The frame's grammar masks (``TokenMasks.stage``), None when unconstrained."""
+    images: tuple[ChunkImage, ...] = ()
+    """The image positions the prompt lane covers, at their packed rows."""
+    window: tuple[ImageSpan, ...] = ()
+    """The images the frame asks the vision program for (its active window)."""
     grammar_lanes: tuple[tuple[int, int], ...] = ()
     """``(lane, row)`` of the lanes whose resident grammar masks them (``bind``
     computes those masks, ``execute`` advances the matchers; ``gpu.grammar_rows``)."""
@@ -76,6 +82,7 @@ class StepProgram:
         state: RequestState,
         workspace: Workspace,
         execution: ExecutionOptions | None = None,
+        vision: VisionProgram | None = None,
     ) -> None:
         if shape.kind not in _STEP_KINDS:
             raise ValueError(f"StepProgram cannot run {shape.kind}")
@@ -102,6 +109,9 @@ class StepProgram:
             tokens, lanes, prompt_capacity=prompt_capacity, decode_width=shape.token_capacity
         )
         self._workspace = workspace
+        self._vision = vision
+        self._image_features: tuple[torch.Tensor, torch.Tensor] | None = None
+        """The bound frame's image feature rows (``PackedBatch.image_features``)."""
         self._bound: HostPack | None = None
         self._host_outputs = (_OutputArrays.of(self.buffers)
                               if self.buffers.out_token.device.type == "cpu" else None)
@@ -159,8 +169,28 @@ class StepProgram:
         pack, updates = self.pack(inputs, out=block)
         masks = self._token_masks.stage(pack.rows, getattr(frame, "token_masks", ()))
         return StagedFrame(program=self, pack=pack, updates=updates, block=block,
-                           token_masks=masks, grammar_lanes=self._grammar_lanes_of(
+                           token_masks=masks, images=self._chunk_images(frame, pack),
+                           window=getattr(frame, "images", ()),
+                           grammar_lanes=self._grammar_lanes_of(
                                pack.rows, getattr(frame, "grammar_rows", ()), masks))
+
+    def _chunk_images(self, frame: Any, pack: HostPack) -> tuple[ChunkImage, ...]:
+        """Where the frame's image positions sit in the packed layout; a frame with
+        images needs a vision tower and an uncaptured execution (a CUDA graph replays
+        the token embeddings it was captured with)."""
+        spans = getattr(frame, "images", ())
+        if not spans:
+            return ()
+        if self._vision is None:
+            raise FrameError("a frame with images needs a vision-language checkpoint")
+        if self.buffers.out_token.device.type == "cuda":
+            raise FrameError("captured CUDA programs do not read image features")
+        if isinstance(frame, PrefillFrame):
+            lane, start, count = 0, frame.start_position, len(frame.tokens)
+        else:
+            lane, start, count = frame.prefill_row, frame.prompt_start, len(frame.prompt_tokens)
+        return chunk_images(spans, prompt_start=start, prompt_len=count,
+                            packed_offset=int(pack.offsets[lane]))
 
     def _grammar_lanes_of(self, rows: tuple[int, ...], grammar_rows: tuple[int, ...],
                           masks: np.ndarray | None) -> tuple[tuple[int, int], ...]:
@@ -233,6 +263,8 @@ class StepProgram:
                                                          staged.grammar_lanes))
         else:
             self._token_masks.upload(staged.token_masks)
+        self._image_features = (self._vision.feature_rows(staged.window, staged.images)
+                                if staged.window and self._vision is not None else None)
         self._choose_bounds(staged.pack)
         self._bound = staged.pack
 
@@ -303,6 +335,7 @@ class StepProgram:
             token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
             lane_block_tables=st.block_table[:, :self.context_blocks].index_select(0, rows),
             lane_major_width=self._lane_major_width, phase_split=split,
+            image_features=self._image_features,
         )
         hidden = self._decoder.forward(batch, cache)
 

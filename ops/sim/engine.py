@@ -36,6 +36,10 @@ Runtime semantics reproduced:
   ``r - 1``: a geometric prefix with ``P(accepted >= m) = a**m``, and every policy sees
   the same draws for the same request. Device-allocated programs are not simulated.
 
+Image prompts (``SimOptions.vision``, ``ops.sim.vision``): requests are admitted with
+their image plan, so chunks follow the policy's window and atomic-span rules, and a
+prompt frame's duration includes encoding its active window's new images.
+
 Options: ``output_limit`` is the ``max_tokens`` a request is admitted with (at least its
 target; 0 admits exactly the target, so requests end by length, not EOS);
 ``warm_estimates`` preloads each shape's mean into the policy's duration estimates at
@@ -62,6 +66,7 @@ import numpy as np
 from ops.loadgen.records import RequestRecord
 from ops.loadgen.workload import RequestPlan
 from ops.sim.costs import CostTable
+from ops.sim.vision import VisionLoad, VisionWork
 from ops.sim.workloads import DEFAULT_ACCEPTANCE
 from policy.descriptors import ExecutionTiming, GraphKind, TargetBinding
 from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
@@ -97,13 +102,16 @@ class SimOptions:
     draft_counterfactuals: bool = False
     """Learned-draft counterfactual observations for a policy that learns acceptance
     (module docstring); off: real rounds only (the seed's ACC-9)."""
+    vision: VisionLoad = field(default_factory=VisionLoad)
+    """Images in every prompt and the vision program's cost (``ops.sim.vision``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"max_resident": self.max_resident, "max_queue": self.max_queue,
                 "dispatch_ns": self.dispatch_ns, "output_limit": self.output_limit,
                 "noise": self.noise, "warm_estimates": self.warm_estimates,
                 "seed": self.seed, "horizon_s": self.horizon_s,
-                "draft_counterfactuals": self.draft_counterfactuals}
+                "draft_counterfactuals": self.draft_counterfactuals,
+                "vision": self.vision.to_json()}
 
 
 @dataclass(slots=True)
@@ -153,6 +161,8 @@ class SimResult:
     cpu_s: float
     """Process CPU seconds it took (robust to a shared machine)."""
     unfinished: int
+    vision: dict[str, Any] = field(default_factory=dict)
+    """Images the simulated vision program encoded and its device time (with images)."""
 
     def stats_json(self) -> dict[str, Any]:
         return {"makespan_s": self.makespan_s, "frames": self.frames, "busy_s": self.busy_s,
@@ -161,7 +171,8 @@ class SimResult:
                 "speculation": {**self.speculation, "acceptance_rate":
                                 self.speculation["accepted"] / self.speculation["drafted"]
                                 if self.speculation["drafted"] else None},
-                "simulation_wall_s": self.wall_s, "simulation_cpu_s": self.cpu_s, "unfinished": self.unfinished}
+                "simulation_wall_s": self.wall_s, "simulation_cpu_s": self.cpu_s, "unfinished": self.unfinished,
+                **({"vision": self.vision} if self.vision else {})}
 
 
 def _drains(plan: ScheduledPlan) -> bool:
@@ -202,6 +213,7 @@ class _Simulation:
         self.finishing = 0
         """Requests that finished output and were not released yet."""
         self.speculation = {"rounds": 0, "lanes": 0, "drafted": 0, "accepted": 0}
+        self.vision = VisionWork(options.vision)
         self.counterfactuals = options.draft_counterfactuals and planner.learns_acceptance
         """Whether the planner takes learned counterfactual observations."""
 
@@ -244,6 +256,7 @@ class _Simulation:
             wall_s=time.perf_counter() - started,
             cpu_s=time.process_time() - cpu_started,
             unfinished=unfinished,
+            vision=self.vision.stats(self.frames) if self.o.vision.images_per_request else {},
         )
 
     # ---- events ----------------------------------------------------------------------
@@ -259,7 +272,11 @@ class _Simulation:
             q = self.waiting.popleft()
             target = q.plan.output_tokens
             limit = target if self.o.output_limit <= 0 else max(target, self.o.output_limit)
-            h = self.p.admit(prompt_len=q.plan.prompt_tokens, max_output_tokens=limit)
+            images = self.o.vision.plan_for(q.plan.prompt_tokens, self.costs.mean_ns)
+            h = self.p.admit(prompt_len=q.plan.prompt_tokens, max_output_tokens=limit,
+                             images=images)
+            if images is not None:
+                self.vision.plans[h] = images
             self.p.assign_client(h, q.plan.client)
             q.handle = h
             self.by_handle[h] = q
@@ -283,6 +300,7 @@ class _Simulation:
             fence = Fence(self.fence)
             self.p.commit(plan, fence)
             duration = self.costs.duration_ns(plan.shape, self.rng, self.o.noise)
+            duration += self.vision.frame_ns(plan)
             start = self.now + self.o.dispatch_ns
             if self.flights:
                 start = max(start, self.flights[-1].end_ns)
@@ -357,6 +375,7 @@ class _Simulation:
         if self.finishing or terminal:
             for h in self.p.take_released():
                 by_handle.pop(h, None)
+                self.vision.release(h)
                 self.resident -= 1
                 self.finishing = max(self.finishing - 1, 0)
 

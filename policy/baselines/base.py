@@ -11,7 +11,6 @@ on the seed scheduler's own pieces wherever they exist as modules:
   programs drain the window). Baselines never call ``observe_time``: they have no
   overrun rule (OPEN-31 is the seed's);
 - execution time per frame is ``policy.credit_ledgers.episode_charge_ns``, as the seed counts it.
-
 - admission checks, commit rechecks (fence order, window, capacity, each lane's epoch and
   cursors), completion validation (every lane before any update, ACCT-6) and applying a
   valid lane's progress are ``policy.lifecycle``'s, as for the seed's ``Scheduler``.
@@ -69,6 +68,7 @@ from policy.types import (
     SelectionReason,
     TraceRecord,
 )
+from policy.vision_windows import ImagePlan
 
 DEFAULT_CLIENT = ""
 """The client of a request nobody tagged."""
@@ -239,10 +239,10 @@ class BaselinePolicy(abc.ABC):
     def admit(self, *, prompt_len: int, max_output_tokens: int, cached_prefix_len: int = 0,
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
-              grammar_constrained: bool = False, grammar_resident: bool = False) -> RequestHandle:
-        """Make a request resident (same contract as ``Scheduler.admit``; message ends
-        are checked and scored prompts accepted, then both ignored: baselines run
-        ordinary prefill; a constrained request's plans need completion feedback)."""
+              grammar_constrained: bool = False, grammar_resident: bool = False,
+              images: ImagePlan | None = None) -> RequestHandle:
+        """As ``Scheduler.admit``; message ends are checked and scored prompts accepted,
+        then ignored: baselines run ordinary prefill within image windows."""
         check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
                         cached_prefix_len=cached_prefix_len, message_ends=message_ends,
                         system_end=system_end)
@@ -253,8 +253,8 @@ class BaselinePolicy(abc.ABC):
             prompt_len=prompt_len, cached_prefix_len=cached_prefix_len,
             max_output_tokens=max_output_tokens, system_end=system_end,
             history=new_history(_UNPRICED), prompt_cursor=cached_prefix_len,
-            last_visible_ns=self._now_ns, grammar_constrained=grammar_constrained, grammar_resident=grammar_resident,
-        )
+            last_visible_ns=self._now_ns, grammar_constrained=grammar_constrained,
+            grammar_resident=grammar_resident, images=images)
         self._on_admitted(req)
         self._residency.add(req)
         self._admitted_any = True

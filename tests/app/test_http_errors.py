@@ -125,7 +125,7 @@ CASES = [
          param="messages[0].content[0].image_url"),
     Case("chat_too_many_images", 400, chat([{"role": "user", "content": [
         image_part(PNG_DATA_URL)] * 5}]), path=CHAT, param="messages[0].content[4].image_url"),
-    Case("chat_image_well_formed", 400, chat([{"role": "user", "content": [
+    Case("chat_image_on_a_text_model", 400, chat([{"role": "user", "content": [
         image_part(PNG_DATA_URL)]}]), path=CHAT, param="messages[0].content[0].image_url"),
     Case("chat_content_number", 400, chat([{"role": "user", "content": 5}]), path=CHAT,
          param="messages"),

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from app.errors import ApiError
-from app.image_parts import ImageLimits, parse_image_part
+from app.image_parts import IMAGE_PLACEHOLDER, ImageLimits, parse_image_part
 from app.request_parsing import parse_chat
 
 FIELD = "messages[0].content[1].image_url"
@@ -92,12 +92,13 @@ def _chat(*content: object) -> dict[str, object]:
 
 
 def test_chat_with_an_image_names_its_field() -> None:
-    """A well-formed image part is refused naming its own field; a bad one after it in
-    a later message names that one's field; text parts alone parse as before."""
+    """A well-formed image part parses into the message's images, standing as the
+    placeholder in its text; a bad one after it in a later message names that one's
+    field; text parts alone parse as before."""
     text = {"type": "text", "text": "look: "}
-    with pytest.raises(ApiError) as info:
-        parse_chat(_chat(text, _part(_encoded())))
-    assert info.value.status == 400 and info.value.param == FIELD
+    message = parse_chat(_chat(text, _part(_encoded()))).messages[0]
+    assert message.content == "look: " + IMAGE_PLACEHOLDER
+    assert len(message.images) == 1 and message.images[0].field == FIELD
     with pytest.raises(ApiError) as info:
         parse_chat({"model": "m", "messages": [
             {"role": "user", "content": "hi"},

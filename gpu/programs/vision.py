@@ -1,0 +1,156 @@
+"""The prepared vision program and the feature storage the prompt programs read.
+
+Owns three rules:
+
+- **A fixed shape.** ``VisionProgram`` encodes exactly ``batch_capacity`` images per
+  execution (``GraphKind.VISION``; ``token_capacity`` = that many images' feature
+  tokens): its static pixel input and feature output are allocated once; unused image
+  slots hold zeros and their features are discarded (CLIP attends within one image,
+  so padding never changes another image's features).
+- **Bounded feature storage, keyed by pixels.** Encoded features are kept by the
+  image's pixel digest (``ImageSpan.digest``), at most ``stored_images`` images, the
+  least recently used dropped first. A repeated image is read from storage, not
+  re-encoded; a different image has a different digest and never matches.
+- **Feature rows at the prompt's packed offset.** ``feature_rows`` maps the image
+  positions a prompt chunk covers to packed rows (the prompt lane's packed offset plus
+  the position's offset in the chunk) and their feature vectors: what
+  ``PackedBatch.image_features`` puts in place of the placeholder embeddings. A chunk
+  may cover part of an image; it reads that part's features.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpu.frames import RESULT_KEY, FrameError, ImageSpan
+from gpu.model.vision import VisionTower
+from policy.descriptors import GraphKind, GraphShape
+
+DEFAULT_STORED_IMAGES = 8
+"""Images whose features feature storage keeps (``--vision-feature-images``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkImage:
+    """The part of one image a prompt chunk covers: feature tokens ``first..last-1``
+    of the image land at packed rows ``row..``."""
+
+    span: ImageSpan
+    first: int
+    last: int
+    row: int
+
+
+def chunk_images(spans: Sequence[ImageSpan], *, prompt_start: int, prompt_len: int,
+                 packed_offset: int) -> tuple[ChunkImage, ...]:
+    """The images a chunk at prompt positions ``prompt_start..+prompt_len`` covers,
+    located in the packed layout (its prompt lane starts at ``packed_offset``)."""
+    end = prompt_start + prompt_len
+    parts = []
+    for span in spans:
+        lo, hi = max(span.start, prompt_start), min(span.start + span.tokens, end)
+        if lo < hi:
+            parts.append(ChunkImage(span=span, first=lo - span.start, last=hi - span.start,
+                                    row=packed_offset + lo - prompt_start))
+    return tuple(parts)
+
+
+class VisionProgram:
+    """The vision tower as a prepared program of ``images`` images per execution,
+    plus the feature storage it fills."""
+
+    def __init__(self, tower: VisionTower, *, images: int = 1,
+                 stored_images: int = DEFAULT_STORED_IMAGES) -> None:
+        if images < 1 or stored_images < 1:
+            raise ValueError("a vision program encodes and stores at least one image")
+        cfg = tower.config
+        self.tower = tower
+        self._shape = GraphShape(kind=GraphKind.VISION, batch_capacity=images,
+                                 token_capacity=images * cfg.tokens_per_image)
+        weight = tower.w["embeddings.patch_embedding.weight"]
+        self._pixels = torch.zeros(images, cfg.num_channels, cfg.image_size, cfg.image_size,
+                                   device=weight.device, dtype=weight.dtype)
+        self._features = torch.zeros(images, cfg.tokens_per_image, cfg.text_hidden_size,
+                                     device=weight.device, dtype=weight.dtype)
+        self._bound: tuple[str, ...] = ()
+        self.stored_images = stored_images
+        self._store: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.encoded_images = 0
+        """Images run through the tower so far (storage hits do not count)."""
+
+    @property
+    def shape(self) -> GraphShape:
+        return self._shape
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.tower.config.tokens_per_image
+
+    # ------------------------------------------------------------ the program
+
+    def bind(self, inputs: Mapping[str, Any]) -> None:
+        """``inputs["images"]``: at most ``batch_capacity`` spans to encode."""
+        spans: Sequence[ImageSpan] = inputs["images"]
+        capacity = self._shape.batch_capacity
+        if not 0 < len(spans) <= capacity:
+            raise FrameError(f"{self._shape.label()} encodes 1..{capacity} images, "
+                             f"got {len(spans)}")
+        self._pixels.zero_()
+        self._pixels[:len(spans)] = self.tower.pixels([s.image for s in spans])
+        self._bound = tuple(s.digest for s in spans)
+
+    def execute(self) -> None:
+        self._features.copy_(self.tower.encode(self._pixels))
+
+    def read_outputs(self) -> dict[str, Any]:
+        return {RESULT_KEY: {d: self._features[i].clone() for i, d in enumerate(self._bound)}}
+
+    # ------------------------------------------------------------ storage
+
+    def features_of(self, spans: Sequence[ImageSpan]) -> list[torch.Tensor]:
+        """Each span's features ``[tokens_per_image, hidden]``: from storage, else
+        encoded (the missing images in executions of ``batch_capacity``)."""
+        missing = list({s.digest: s for s in spans if s.digest not in self._store}.values())
+        if len(missing) > self.stored_images:
+            raise FrameError(f"{len(missing)} images exceed the feature storage of "
+                             f"{self.stored_images}")
+        for s in spans:
+            if s.tokens != self.tokens_per_image:
+                raise FrameError(f"an image span of {s.tokens} tokens; this tower writes "
+                                 f"{self.tokens_per_image}")
+        capacity = self._shape.batch_capacity
+        fresh: dict[str, torch.Tensor] = {}
+        for i in range(0, len(missing), capacity):
+            self.bind({"images": missing[i:i + capacity]})
+            self.execute()
+            fresh.update(self.read_outputs()[RESULT_KEY])
+            self.encoded_images += len(missing[i:i + capacity])
+        for s in spans:
+            if s.digest in fresh:
+                self._store[s.digest] = fresh[s.digest]
+            self._store.move_to_end(s.digest)
+        out = [self._store[s.digest] for s in spans]
+        while len(self._store) > self.stored_images:
+            self._store.popitem(last=False)
+        return out
+
+    def feature_rows(self, window: Sequence[ImageSpan], parts: Sequence[ChunkImage]
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Populate storage with the ``window``'s images (the frame's active window,
+        PRE-27), then the packed rows int64 ``[M]`` and features ``[M, hidden]`` of
+        ``parts`` (None when the chunk covers no image position)."""
+        stored = dict(zip((s.digest for s in window), self.features_of(window), strict=True))
+        if not parts:
+            return None
+        features = [stored[p.span.digest] if p.span.digest in stored
+                    else self.features_of([p.span])[0] for p in parts]
+        device = self._features.device
+        rows = torch.cat([torch.arange(p.row, p.row + p.last - p.first, device=device)
+                          for p in parts])
+        values = torch.cat([f[p.first:p.last] for p, f in zip(parts, features, strict=True)])
+        return rows, values

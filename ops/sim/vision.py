@@ -1,0 +1,99 @@
+"""Image prompts in ``flare sim``: where a simulated prompt's images sit and what the
+vision program costs, as flare runs it (``docs/vision.md``).
+
+With ``VisionLoad.images_per_request > 0`` every request's prompt holds that many
+images of ``tokens_per_image`` positions, evenly spaced (the first at the start of its
+share of the prompt; a prompt too short for them holds as many as fit). The request is
+admitted with its ``policy.vision_windows.ImagePlan`` (windows of ``window_images``,
+the catalog's smallest prompt capacity), so the policy's chunks stop at windows and
+never split an image, exactly as in ``flare run``. A prompt frame encodes the images
+of its active window not yet encoded for its request, inside the frame: each adds
+``ms_per_image`` to the frame's duration (a synthetic figure: vision programs are not
+in the measured cost tables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from policy.descriptors import GraphShape
+from policy.types import LaneRole, RequestHandle, ScheduledPlan
+from policy.vision_windows import (
+    DEFAULT_WINDOW_IMAGES,
+    ImagePlan,
+    smallest_prompt_capacity,
+    window_spans,
+)
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionLoad:
+    """The simulated image traffic and vision cost (off with no images)."""
+
+    images_per_request: int = 0
+    tokens_per_image: int = 576
+    """LLaVA-1.5's 24x24 patches."""
+    window_images: int = DEFAULT_WINDOW_IMAGES
+    """Feature storage in images (``flare run --vision-feature-images``)."""
+    ms_per_image: float = 4.0
+    """Synthetic duration of encoding one image, added to the frame that does it."""
+
+    def __post_init__(self) -> None:
+        if self.images_per_request < 0 or self.tokens_per_image < 1 or \
+                self.window_images < 1 or not self.ms_per_image >= 0:
+            raise ValueError("vision load: images >= 0, tokens per image and window images "
+                             ">= 1, a non-negative cost per image")
+
+    def plan_for(self, prompt_tokens: int, shapes: Iterable[GraphShape]) -> ImagePlan | None:
+        """The image plan of a prompt of ``prompt_tokens`` (None: no image fits)."""
+        count = min(self.images_per_request, prompt_tokens // self.tokens_per_image)
+        if count <= 0:
+            return None
+        share = prompt_tokens // count
+        spans = tuple((k * share, k * share + self.tokens_per_image) for k in range(count))
+        return ImagePlan(spans=spans, window_images=self.window_images,
+                         atomic_capacity=smallest_prompt_capacity(tuple(shapes)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"images_per_request": self.images_per_request,
+                "tokens_per_image": self.tokens_per_image,
+                "window_images": self.window_images, "ms_per_image": self.ms_per_image}
+
+
+@dataclass(slots=True)
+class VisionWork:
+    """What the simulated vision program did, and what each request has encoded."""
+
+    load: VisionLoad
+    plans: dict[RequestHandle, ImagePlan] = field(default_factory=dict)
+    encoded: dict[RequestHandle, set[int]] = field(default_factory=dict)
+    images: int = 0
+    busy_ns: int = 0
+
+    def frame_ns(self, plan: ScheduledPlan) -> int:
+        """Vision time the prompt lanes of ``plan`` add: the images of each lane's
+        active window that its request has not encoded yet (PRE-27)."""
+        extra = 0
+        for lane in plan.lanes:
+            image_plan = self.plans.get(lane.handle)
+            if lane.role is not LaneRole.PROMPT or image_plan is None:
+                continue
+            done = self.encoded.setdefault(lane.handle, set())
+            fresh = [i for i in window_spans(image_plan, lane.prompt_start) if i not in done]
+            done.update(fresh)
+            extra += round(len(fresh) * self.load.ms_per_image * NS_PER_MS)
+            self.images += len(fresh)
+        self.busy_ns += extra
+        return extra
+
+    def release(self, handle: RequestHandle) -> None:
+        self.plans.pop(handle, None)
+        self.encoded.pop(handle, None)
+
+    def stats(self, frames: Mapping[str, int]) -> dict[str, Any]:
+        return {"images_encoded": self.images, "busy_s": self.busy_ns / 1e9,
+                "prefill_frames": frames.get("prefill", 0) + frames.get("mixed", 0)}
