@@ -33,9 +33,17 @@ from actors.messages import (
 )
 from actors.public import GenerationRequest
 from actors.resource_book import ResourceBook
-from gpu.frames import GREEDY, ImageSpan, PrefillFrame, RowCopy
+from gpu.frames import GREEDY, ImageSpan, MixedFrame, PrefillFrame, RowCopy
 from policy.descriptors import GraphKind, GraphShape
-from policy.types import Lane, LaneRole, ScheduledPlan, ScheduledStep, SelectionReason
+from policy.types import (
+    DecodeMode,
+    Lane,
+    LaneRole,
+    MixedRole,
+    ScheduledPlan,
+    ScheduledStep,
+    SelectionReason,
+)
 from policy.vision_windows import ImagePlan
 
 PAGE = 4
@@ -177,3 +185,28 @@ def test_pre_31_a_later_window_is_snapshotted_and_restored_only_when_drained() -
         assert lane_extent(plan.lanes[0], quiet).window_snapshot_at is None
         frame, _ = pack_frame(plan, {RequestHandle(0): quiet}, [PAGES])
         assert isinstance(frame, PrefillFrame) and frame.copies == ()
+
+
+def test_pre_31_a_mixed_frame_carries_its_prompt_lanes_window_copies() -> None:
+    """Covers PRE-31: a boundary chunk in a mixed frame (after a decode lane) carries the
+    same snapshot and restore copies, for its prompt row only."""
+    mixed = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1,
+                       prefill_capacity=64, packed_capacity=65)
+    prompt = _plan(6, 4).lanes[0]
+    decode = Lane(handle=RequestHandle(1), epoch=1, role=LaneRole.DECODE, token_ceiling=1)
+    plan = ScheduledPlan(
+        step=ScheduledStep(shape=mixed, lanes=(decode, prompt),
+                           mixed=MixedRole(prefill_row=1, decode_mode=DecodeMode.ORDINARY)),
+        estimated_duration_ns=1, scaled_score=1.0, scale_exponent=0, duration_known=True,
+        stale=False, reason=SelectionReason.ORDINARY, requires_empty_window=False,
+        planned_at_ns=0, start_ns=0, useful_value=1.0)
+    decoder = LaneSource(handle=RequestHandle(1), epoch=1, row=StateRow(1),
+                         request=GenerationRequest(prompt_token_ids=(3, 4), max_tokens=4),
+                         cached_tokens=0, cached_pages=(), sampling=GREEDY,
+                         eos_token_ids=(2,), initialised=True, output_ids=[5], in_flight=1)
+    sources = {RequestHandle(0): _source(initialised=True, window=0),
+               RequestHandle(1): decoder}
+    frame, _ = pack_frame(plan, sources, [PAGES], [SNAP])
+    assert isinstance(frame, MixedFrame) and frame.prefill_row == 1
+    assert frame.copies == (RowCopy(src_row=0, dst_row=3, dst_page=12),
+                            RowCopy(src_row=3, dst_row=0, dst_page=9))
