@@ -389,8 +389,6 @@ def pack_frame(
         frame = _mixed_frame(plan, sources, updates, copies)
     else:
         raise PackingError(f"{plan.shape.label()}: the runtime does not run {kind.value} frames")
-    if copies and kind not in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.MIXED):
-        raise PackingError(f"{plan.shape.label()}: a window snapshot rides a prompt frame")
     return frame, contexts
 
 

@@ -179,9 +179,8 @@ def copy_rows(state: RequestState, cache: PagedKVCache, *, src: torch.Tensor,
     not -1 (PRE-37), block-table entries past the copied extent cleared; lanes with
     ``override`` take ``sampling_values`` in place of the copied sampling (and neutral
     logit processing). ``processing``: copy the logit-processing state too."""
-    st, geo = state, cache.geometry
+    st, geo, dpage = state, cache.geometry, dst_page
     ps, sink = geo.page_size, geo.sink_page
-    dpage = dst_page
     pos = st.position[src]
     partial_block = torch.div(pos, ps, rounding_mode="floor").clamp(max=geo.blocks_per_row - 1)
     has_partial = (pos % ps != 0) & (dpage >= 0)
