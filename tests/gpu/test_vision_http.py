@@ -161,14 +161,16 @@ async def test_bad_image_inputs_are_4xx_and_serving_continues(llava: Path) -> No
 
 
 async def _served(llava: Path, window_images: int, bodies: list[dict[str, Any]]
-                  ) -> tuple[list[httpx.Response], RuntimeStatistics]:
-    """Without the prefix cache, so every request prefills all of its windows."""
+                  ) -> tuple[list[httpx.Response], RuntimeStatistics, str]:
+    """Without the prefix cache, so every request prefills all of its windows; with the
+    statistics and the ``/metrics`` text after the last."""
     config = RuntimeConfig(model_dir=llava, backend="cpu", max_batch=2,
                            prefill_capacities=(64,), page_size=16, max_context=256,
                            vision_feature_images=window_images, prefix_caching=False)
     async with open_runtime(config) as runtime, serve_app(runtime) as server, \
             httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-        return [await _chat(client, body) for body in bodies], runtime.statistics()
+        answers = [await _chat(client, body) for body in bodies]
+        return answers, runtime.statistics(), (await client.get("/metrics")).text
 
 
 async def test_three_images_over_one_image_windows_equal_transformers(llava: Path) -> None:
@@ -186,11 +188,14 @@ async def test_three_images_over_one_image_windows_equal_transformers(llava: Pat
     greedy = _body(three, [_url(_png(i)) for i in images])
     sampled = {**greedy, "temperature": 1.0, "seed": 7}
     with trio.fail_after(300):
-        windowed, windowed_stats = await _served(llava, 1, [sampled, greedy])
-        whole, whole_stats = await _served(llava, 8, [sampled, greedy])
+        windowed, windowed_stats, metrics = await _served(llava, 1, [sampled, greedy])
+        whole, whole_stats, _ = await _served(llava, 8, [sampled, greedy])
     assert all(r.status_code == 200 for r in (*windowed, *whole)), windowed[0].text
     assert windowed_stats.window_snapshots == 4  # two boundaries per request
     assert whole_stats.window_snapshots == 0
+    counted = [line for line in metrics.splitlines()
+               if line.startswith("flare_window_snapshots_total")]
+    assert len(counted) == 1 and counted[0].endswith(" 4.0")
     ids = _reference_ids(three, 3)
     assert len(ids) <= 64  # one chunk would hold it: the windows split it
     assert _tokens(windowed[1].json()) == _hf_greedy(llava, ids, images)
