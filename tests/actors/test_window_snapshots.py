@@ -147,11 +147,17 @@ def _source(*, initialised: bool, window: int | None, in_flight: int = 0) -> Lan
                       in_flight=in_flight)
 
 
-def _plan(start: int, tokens: int) -> ScheduledPlan:
+def _plan(start: int, tokens: int, *, shape: GraphShape = PREFILL,
+          before: tuple[Lane, ...] = ()) -> ScheduledPlan:
+    """A plan whose prompt lane (request 0) follows the lanes ``before`` (a mixed plan
+    when there are any)."""
     lane = Lane(handle=RequestHandle(0), epoch=1, role=LaneRole.PROMPT, prompt_start=start,
                 prompt_tokens=tokens, token_ceiling=0)
+    mixed = MixedRole(prefill_row=len(before), decode_mode=DecodeMode.ORDINARY) \
+        if before else None
     return ScheduledPlan(
-        step=ScheduledStep(shape=PREFILL, lanes=(lane,)), estimated_duration_ns=1,
+        step=ScheduledStep(shape=shape, lanes=(*before, lane), mixed=mixed),
+        estimated_duration_ns=1,
         scaled_score=1.0, scale_exponent=0, duration_known=True, stale=False,
         reason=SelectionReason.ORDINARY, requires_empty_window=False, planned_at_ns=0,
         start_ns=0, useful_value=1.0)
@@ -192,14 +198,8 @@ def test_pre_31_a_mixed_frame_carries_its_prompt_lanes_window_copies() -> None:
     same snapshot and restore copies, for its prompt row only."""
     mixed = GraphShape(kind=GraphKind.MIXED, batch_capacity=2, token_capacity=1,
                        prefill_capacity=64, packed_capacity=65)
-    prompt = _plan(6, 4).lanes[0]
     decode = Lane(handle=RequestHandle(1), epoch=1, role=LaneRole.DECODE, token_ceiling=1)
-    plan = ScheduledPlan(
-        step=ScheduledStep(shape=mixed, lanes=(decode, prompt),
-                           mixed=MixedRole(prefill_row=1, decode_mode=DecodeMode.ORDINARY)),
-        estimated_duration_ns=1, scaled_score=1.0, scale_exponent=0, duration_known=True,
-        stale=False, reason=SelectionReason.ORDINARY, requires_empty_window=False,
-        planned_at_ns=0, start_ns=0, useful_value=1.0)
+    plan = _plan(6, 4, shape=mixed, before=(decode,))
     decoder = LaneSource(handle=RequestHandle(1), epoch=1, row=StateRow(1),
                          request=GenerationRequest(prompt_token_ids=(3, 4), max_tokens=4),
                          cached_tokens=0, cached_pages=(), sampling=GREEDY,
