@@ -284,6 +284,7 @@ class Runtime:
             counterfactual_rounds=counters.counterfactual_rounds,
             counterfactual_drafted_tokens=counters.counterfactual_drafted_tokens,
             counterfactual_accepted_tokens=counters.counterfactual_accepted_tokens,
+            window_snapshots=counters.window_snapshots,
         )
 
     @property
@@ -333,7 +334,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
                                 page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
-        prefix_caching=parts.prefix_caching,
+        prefix_caching=parts.prefix_caching, window_images=parts.window_images,
         grammar=parts.grammar, structured_output=structured_output_problem(parts)))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())

@@ -247,6 +247,9 @@ class PrefillFrame:
     images: tuple[ImageSpan, ...] = ()
     """The prompt's images this chunk covers (their features replace those
     positions' token embeddings; ``gpu.programs.vision``)."""
+    copies: tuple[RowCopy, ...] = ()
+    """Row copies run in order before ``updates`` (a window snapshot of the row into
+    its private snapshot row, then the restore; their sampling is the copied row's)."""
     grammar_rows: tuple[int, ...] = ()
     """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
     sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
@@ -291,6 +294,8 @@ class MixedFrame:
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
     images: tuple[ImageSpan, ...] = ()
     """The prompt lane's images this chunk covers (as ``PrefillFrame.images``)."""
+    copies: tuple[RowCopy, ...] = ()
+    """Row copies run before ``updates`` (as ``PrefillFrame.copies``)."""
     grammar_rows: tuple[int, ...] = ()
     """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
     sample: the program computes their masks in ``bind``, from the tokens sampled so far."""

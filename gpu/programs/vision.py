@@ -1,6 +1,6 @@
 """The prepared vision program and the feature storage the prompt programs read.
 
-Owns three rules:
+Owns four rules:
 
 - **A fixed shape.** ``VisionProgram`` encodes exactly ``batch_capacity`` images per
   execution (``GraphKind.VISION``; ``token_capacity`` = that many images' feature
@@ -11,6 +11,14 @@ Owns three rules:
   image's pixel digest (``ImageSpan.digest``), at most ``stored_images`` images, the
   least recently used dropped first. A repeated image is read from storage, not
   re-encoded; a different image has a different digest and never matches.
+- **Compact placement per row generation** (PRE-33). A prompt reads its features from
+  its row generation's *placement*: the active window's distinct images at compact
+  offsets ``0, T, 2T, ...`` (``T`` feature tokens per image), in window order, built
+  when the generation's first frame with images binds (from the encoded store). A
+  generation begins whenever a frame initialises the row (``RowInit``: a new request)
+  or restores it (a ``RowCopy`` into it: a window snapshot's restore), and its
+  placement ends with the prompt. A frame asking for an image outside its generation's window is refused: the
+  next window needs a fresh generation, so its offsets start from zero again.
 - **Feature rows at the prompt's packed offset.** ``feature_rows`` maps the image
   positions a prompt chunk covers to packed rows (the prompt lane's packed offset plus
   the position's offset in the chunk) and their feature vectors: what
@@ -27,7 +35,7 @@ from typing import Any
 
 import torch
 
-from gpu.frames import RESULT_KEY, FrameError, ImageSpan
+from gpu.frames import RESULT_KEY, FrameError, ImageSpan, RowCopy, RowInit, StateUpdate
 from gpu.model.vision import VisionTower
 from policy.descriptors import GraphKind, GraphShape
 
@@ -60,6 +68,14 @@ def chunk_images(spans: Sequence[ImageSpan], *, prompt_start: int, prompt_len: i
     return tuple(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    offsets: dict[str, int]
+    """Each window image's first feature row in ``values``: 0, T, 2T, ..."""
+    values: torch.Tensor
+    """``[images * T, hidden]``: the window's features, compact from row zero."""
+
+
 class VisionProgram:
     """The vision tower as a prepared program of ``images`` images per execution,
     plus the feature storage it fills."""
@@ -82,6 +98,8 @@ class VisionProgram:
         self._store: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.encoded_images = 0
         """Images run through the tower so far (storage hits do not count)."""
+        self._placements: dict[int, _Placement] = {}
+        """Each row's current generation's window features (compact offsets)."""
 
     @property
     def shape(self) -> GraphShape:
@@ -139,18 +157,50 @@ class VisionProgram:
             self._store.popitem(last=False)
         return out
 
-    def feature_rows(self, window: Sequence[ImageSpan], parts: Sequence[ChunkImage]
-                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Populate storage with the ``window``'s images (the frame's active window,
-        PRE-27), then the packed rows int64 ``[M]`` and features ``[M, hidden]`` of
-        ``parts`` (None when the chunk covers no image position)."""
-        stored = dict(zip((s.digest for s in window), self.features_of(window), strict=True))
+    def initialised(self, updates: Sequence[StateUpdate], copies: Sequence[RowCopy] = ()
+                    ) -> None:
+        """A frame's copies and updates were applied: each row they initialise, or a
+        row copy writes (a restore), begins a fresh generation, whose placement starts
+        again from offset zero."""
+        for row in (*(u.row for u in updates if isinstance(u, RowInit)),
+                    *(c.dst_row for c in copies)):
+            self._placements.pop(row, None)
+
+    def placement(self, row: int) -> dict[str, int]:
+        """The feature offset of each image of ``row``'s current generation (empty
+        before its first frame with images and after its prompt)."""
+        placed = self._placements.get(row)
+        return dict(placed.offsets) if placed is not None else {}
+
+    def feature_rows(self, lane: tuple[int, bool], window: Sequence[ImageSpan],
+                     parts: Sequence[ChunkImage]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The packed rows int64 ``[M]`` and features ``[M, hidden]`` of ``parts``
+        (None when the chunk covers no image position), read from the placement of
+        ``lane``'s row (``(row, the chunk ends the prompt)``); the generation's first
+        frame with images populates storage with its ``window`` (the active window,
+        PRE-27) and places it."""
+        row, ends_prompt = lane
+        placed = self._placements.get(row)
+        digests = tuple(dict.fromkeys(s.digest for s in window))
+        if placed is None:
+            unique = list({s.digest: s for s in window}.values())
+            t = self.tokens_per_image
+            placed = _Placement(offsets={d: i * t for i, d in enumerate(digests)},
+                                values=torch.cat(self.features_of(unique)))
+            self._placements[row] = placed
+        outside = [d for d in (*digests, *(p.span.digest for p in parts))
+                   if d not in placed.offsets]
+        if outside:
+            raise FrameError(f"row {row}: {len(outside)} images outside its generation's "
+                             "window (a new window starts a fresh generation)")
+        if ends_prompt:
+            del self._placements[row]
         if not parts:
             return None
-        features = [stored[p.span.digest] if p.span.digest in stored
-                    else self.features_of([p.span])[0] for p in parts]
         device = self._features.device
         rows = torch.cat([torch.arange(p.row, p.row + p.last - p.first, device=device)
                           for p in parts])
-        values = torch.cat([f[p.first:p.last] for p, f in zip(parts, features, strict=True)])
+        values = torch.cat([placed.values[placed.offsets[p.span.digest] + p.first:
+                                          placed.offsets[p.span.digest] + p.last]
+                            for p in parts])
         return rows, values
