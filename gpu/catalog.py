@@ -47,6 +47,12 @@ Rules:
   which a host length already expresses.
 
 - Fixed-width speculation (MIX-7) serves ``fixed_width_shapes`` of the speculative load.
+- Vision programs (CAT-9; ``vision_shapes``), for a vision-language load only: one per
+  image bucket, the powers of two up to the images one window holds (the feature
+  storage, ``--vision-feature-images``), each encoding that many images
+  (``batch_capacity`` I, ``token_capacity`` I x tokens per image). The scheduler runs
+  them as prerequisites of the prompt chunks that read their features
+  (``policy/vision_prerequisites.py``).
 
 The whole catalog is computed before any preparation; preparation must cover exactly
 it and the planner receives the same value (MIX-39, MIX-48).
@@ -257,6 +263,18 @@ def check_envelope(shape: GraphShape, envelope: int) -> None:
             raise CatalogError(f"{shape.label()}: B*W = {rows} exceeds R = {envelope} (MIX-41)")
 
 
+def vision_shapes(*, window_images: int, tokens_per_image: int) -> tuple[GraphShape, ...]:
+    """Vision programs of 1, 2, 4, ... images, up to ``window_images`` (always
+    included): a frame never encodes more than one window (PRE-26, PRE-27)."""
+    if window_images < 1 or tokens_per_image < 1:
+        raise CatalogError("vision programs need a window of at least one image and "
+                           "at least one token per image")
+    buckets = {1 << k for k in range(window_images.bit_length())
+               if 1 << k <= window_images} | {window_images}
+    return tuple(GraphShape(kind=GraphKind.VISION, batch_capacity=i,
+                            token_capacity=i * tokens_per_image) for i in sorted(buckets))
+
+
 def state_shapes() -> tuple[GraphShape, ...]:
     """One program per state operation, for one request row (OPEN-39)."""
     return tuple(
@@ -300,6 +318,10 @@ class CatalogFlags:
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
     scored_prefill: bool = True
     state_operations: bool = True
+    vision_window_images: int = 0
+    """Images one vision window holds; with ``tokens_per_image`` it adds the vision
+    programs (``vision_shapes``). 0: no vision programs (a text-only load)."""
+    tokens_per_image: int = 0
 
     def validate(self) -> None:
         request_buckets(self.max_batch)
@@ -349,7 +371,8 @@ class Catalog:
 
 def build_catalog(flags: CatalogFlags) -> Catalog:
     """Every shape to prepare, in a stable order: decode, prefill, scored prefill,
-    mixed, speculative (host-allocated, then device-allocated), state operations."""
+    mixed, speculative (host-allocated, then device-allocated), vision, state
+    operations."""
     flags.validate()
     capacities = sorted(set(flags.prefill_capacities))
     shapes: list[GraphShape] = [
@@ -380,6 +403,9 @@ def build_catalog(flags: CatalogFlags) -> Catalog:
             envelope=flags.speculative_token_capacity,
             completion_token_capacity=flags.completion_token_capacity,
         )
+    if flags.vision_window_images:
+        shapes += vision_shapes(window_images=flags.vision_window_images,
+                                tokens_per_image=flags.tokens_per_image)
     if flags.state_operations:
         shapes += state_shapes()
     return Catalog(tuple(shapes))

@@ -49,6 +49,7 @@ from policy.types import (
     SelectionReason,
 )
 from policy.utility import NS_PER_MS, BoolArray, IntArray, optimistic_rate
+from policy.vision_prerequisites import ImageChoice, best_image_choice, vision_plan
 
 __all__ = [
     "BoolArray",
@@ -71,21 +72,41 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     """The winning plan of this decision, or None when nothing is runnable."""
     table = Candidates(ctx)
     pair = best_prerequisite(ctx)
+    image = best_image_choice(ctx)
+    if image is not None and (pair is None or image.key() < pair.key()):
+        pair = None  # the better of the two prerequisite-like candidates competes
+    else:
+        image = None
     win = table.best() if table.families else None
     if win is None:
-        return _restore_plan(ctx, pair) if pair is not None else None
-    if pair is not None:
-        # The pair competes on the same footing: unknown first, then value (PRE-2).
-        pair_key = (0, pair.value) if pair.rate is None else (1, pair.rate)
+        return _restore_plan(ctx, pair) if pair is not None else _image_plan(ctx, image)
+    other = pair if pair is not None else image
+    if other is not None:
+        # Prerequisites and held rows compete on the same footing: unknown first, then
+        # value (PRE-2).
+        pair_key = (0, other.value) if other.rate is None else (1, other.rate)
         win_key = (1, win.rate) if win.known else (0, win.base)
         if (-pair_key[0], pair_key[1]) > (-win_key[0], win_key[1]):
-            return _restore_plan(ctx, pair)
+            return _restore_plan(ctx, pair) if pair is not None else _image_plan(ctx, image)
     reason = SelectionReason.ORDINARY if win.known else SelectionReason.DISCOVERY
     if ctx.refresh_funded and win.known:
         alternative = table.refresh(win.shape)
         if alternative is not None:
             win, reason = alternative, SelectionReason.TIMING_REFRESH
     return _build_plan(ctx, win, reason)
+
+
+def _image_plan(ctx: DecisionContext, choice: ImageChoice | None) -> ScheduledPlan | None:
+    """A held row's plan (``policy.vision_prerequisites``): a vision frame, or a chunk
+    at a capacity holding the image at its cursor, built as an ordinary table row."""
+    if choice is None:
+        return None
+    if choice.chunk is None:
+        return vision_plan(ctx, choice)
+    rate = choice.rate
+    chunk = choice.chunk._replace(rate=0.0 if rate is None else rate, known=rate is not None)
+    return _build_plan(ctx, chunk, SelectionReason.DISCOVERY if rate is None
+                       else SelectionReason.ORDINARY)
 
 
 def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPlan:
