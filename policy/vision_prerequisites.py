@@ -62,7 +62,8 @@ class ImageChoice(NamedTuple):
     following shape (None for a chunk or the continuation index); ``rows``: prompt
     positions (``ctx.prompts``) the vision shape encodes for, the scored one first;
     ``value``, ``rate`` (None: unknown duration) as in ``PrerequisiteChoice``;
-    ``chunk``: the ordinary-table row of a chunk candidate (None for vision)."""
+    ``images``: how many images a vision frame encodes (0 for a chunk); ``chunk``: the
+    ordinary-table row of a chunk candidate (None for vision)."""
 
     shape: int
     following_shape: int | None
@@ -70,14 +71,16 @@ class ImageChoice(NamedTuple):
     value: float
     rate: float | None
     basis: str
+    images: int = 0
     chunk: Candidate | None = None
 
     def key(self) -> tuple[int, float, int]:
         """Smaller first: unknown durations first, then by value or rate, then more
-        advanced rows (PRE-16), as ``PrerequisiteChoice.key``."""
+        advanced work (PRE-16: images encoded, else rows), as ``PrerequisiteChoice.key``."""
+        advanced = self.images or len(self.rows)
         if self.rate is None:
-            return (0, -self.value, -len(self.rows))
-        return (1, -self.rate, -len(self.rows))
+            return (0, -self.value, -advanced)
+        return (1, -self.rate, -advanced)
 
 
 def _largest_capacity(catalog: CatalogIndex, scored: bool) -> int:
@@ -159,10 +162,10 @@ def _chunk_choice(ctx: DecisionContext, pos: int) -> ImageChoice | None:
         if ms > 0:
             value = col.base + col.n_dec * slope * ms
             choice = ImageChoice(col.shape, None, (pos,), value, value / ms - ms / 2.0 * w,
-                                 "chunk", col.candidate._replace(base=value))
+                                 "chunk", chunk=col.candidate._replace(base=value))
         else:
             choice = ImageChoice(col.shape, None, (pos,), col.base, None, "chunk",
-                                 col.candidate)
+                                 chunk=col.candidate)
         if best is None or choice.key() < best.key():
             best = choice
     return best
@@ -193,25 +196,26 @@ def _vision_choices(ctx: DecisionContext, pos: int, due: int, spare: list[int]
     for v in ctx.catalog.vision.tolist():
         t_ms = int(ctx.estimate_ns[v]) / NS_PER_MS
         slots = int(ctx.catalog.batch[v])
-        rows = _fill(ctx, pos, min(due, slots), slots, spare)
+        rows, images = _fill(ctx, pos, min(due, slots), slots, spare)
         for col in cols:
             f_ms = col.est_ns / NS_PER_MS
             value = col.base + col.n_dec * slope * (t_ms + f_ms)
             if due <= slots:
                 rate = sequence_rate(value=value, first_ms=t_ms, following_ms=f_ms,
                                      waiting=w) if t_ms > 0 else None
-                out.append(ImageChoice(v, col.shape, rows, value, rate, "pair"))
+                out.append(ImageChoice(v, col.shape, rows, value, rate, "pair", images))
                 continue
             further = _fastest_vision_ms(ctx, due - slots) + f_ms
             contribution = continuation_index(value, t_ms, further) if t_ms > 0 else value
             rate = multistage_rate([contribution], t_ms, w) if t_ms > 0 else None
-            out.append(ImageChoice(v, None, rows, contribution, rate, "multistage"))
+            out.append(ImageChoice(v, None, rows, contribution, rate, "multistage", images))
     return out
 
 
 def _fill(ctx: DecisionContext, pos: int, used: int, slots: int, spare: list[int]
-          ) -> tuple[int, ...]:
-    """The scored row, then other due rows whose images fit the spare slots (PRE-15)."""
+          ) -> tuple[tuple[int, ...], int]:
+    """The scored row, then other due rows whose images fit the spare slots (PRE-15);
+    and how many images they encode."""
     rows = [pos]
     for other in spare:
         if other == pos:
@@ -220,7 +224,7 @@ def _fill(ctx: DecisionContext, pos: int, used: int, slots: int, spare: list[int
         if used + n <= slots:
             rows.append(other)
             used += n
-    return tuple(rows)
+    return tuple(rows), used
 
 
 def best_image_choice(ctx: DecisionContext) -> ImageChoice | None:

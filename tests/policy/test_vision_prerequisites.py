@@ -46,8 +46,8 @@ def _scheduler(shapes: tuple[GraphShape, ...], measured: bool = True) -> Schedul
 
 
 def _context(s: Scheduler):  # type: ignore[no-untyped-def]
-    return build_context(records=s._records, catalog=s._catalog,  # noqa: SLF001
-                         times=s._shape_times(), config=s.config, queue=s._queue,  # noqa: SLF001
+    return build_context(records=s._records, catalog=s._catalog,
+                         times=s._shape_times(), config=s.config, queue=s._queue,
                          now_ns=s.now_ns, ttl_ns=s.estimates.ttl_ns, refresh_funded=False)
 
 
