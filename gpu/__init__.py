@@ -56,6 +56,7 @@ from gpu.frames import (
     StateOpFrame,
     StateUpdate,
     StepResult,
+    VisionFrame,
     as_inputs,
     result_of,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "StateUpdate",
     "StepResult",
     "Tokenizer",
+    "VisionFrame",
     "as_inputs",
     "build_catalog",
     "device_memory",

@@ -47,9 +47,10 @@ Rules:
   which a host length already expresses.
 
 - Fixed-width speculation (MIX-7) serves ``fixed_width_shapes`` of the speculative load.
-- Vision programs (CAT-9; ``vision_shapes``), for a vision-language load only: one per
-  image bucket, the powers of two up to the images one window holds (the feature
-  storage, ``--vision-feature-images``), each encoding that many images
+- Vision programs (CAT-9; ``vision_shapes``), for a vision-language load only
+  (``actors.catalog_setup.served_shapes`` adds them to what ``build_catalog`` gives):
+  one per image bucket, the powers of two up to the images one window holds (the
+  feature storage, ``--vision-feature-images``), each encoding that many images
   (``batch_capacity`` I, ``token_capacity`` I x tokens per image). The scheduler runs
   them as prerequisites of the prompt chunks that read their features
   (``policy/vision_prerequisites.py``).
@@ -318,10 +319,6 @@ class CatalogFlags:
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
     scored_prefill: bool = True
     state_operations: bool = True
-    vision_window_images: int = 0
-    """Images one vision window holds; with ``tokens_per_image`` it adds the vision
-    programs (``vision_shapes``). 0: no vision programs (a text-only load)."""
-    tokens_per_image: int = 0
 
     def validate(self) -> None:
         request_buckets(self.max_batch)
@@ -371,8 +368,7 @@ class Catalog:
 
 def build_catalog(flags: CatalogFlags) -> Catalog:
     """Every shape to prepare, in a stable order: decode, prefill, scored prefill,
-    mixed, speculative (host-allocated, then device-allocated), vision, state
-    operations."""
+    mixed, speculative (host-allocated, then device-allocated), state operations."""
     flags.validate()
     capacities = sorted(set(flags.prefill_capacities))
     shapes: list[GraphShape] = [
@@ -403,9 +399,6 @@ def build_catalog(flags: CatalogFlags) -> Catalog:
             envelope=flags.speculative_token_capacity,
             completion_token_capacity=flags.completion_token_capacity,
         )
-    if flags.vision_window_images:
-        shapes += vision_shapes(window_images=flags.vision_window_images,
-                                tokens_per_image=flags.tokens_per_image)
     if flags.state_operations:
         shapes += state_shapes()
     return Catalog(tuple(shapes))
