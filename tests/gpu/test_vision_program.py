@@ -18,7 +18,15 @@ from model_fixtures import DECODE, MIXED_2, PREFILL_64, build_engine, prompt_of
 from PIL import Image
 from vision_fixtures import IMAGE_TOKEN, TOKENS_PER_IMAGE, build_llava, reference_greedy
 
-from gpu.frames import FrameError, ImageSpan, PrefillFrame
+from gpu.frames import (
+    RESULT_KEY,
+    FrameError,
+    ImageSpan,
+    PrefillFrame,
+    StateOpResult,
+    VisionFrame,
+    as_inputs,
+)
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.vision import VisionProgram, chunk_images
 
@@ -126,3 +134,32 @@ def test_feature_storage_is_keyed_by_pixels_and_bounded(llava: Path) -> None:
     assert not torch.allclose(first[0], first[1], atol=1e-3)
     with pytest.raises(FrameError, match="tokens"):
         program.features_of([ImageSpan(digest="y", image=_image(5), start=0, tokens=3)])
+
+
+def test_a_vision_frame_fills_the_storage_prompt_frames_read(llava: Path) -> None:
+    """Covers PRE-1, PRE-27 on the program side: a ``VisionFrame`` bound to a program of
+    two images encodes its images into the storage every vision program of the load
+    shares (``with_images``) and returns a setup result; the prompt side then reads
+    them without encoding, a frame of stored images encodes nothing, and a frame of
+    more images than the program holds is refused."""
+    engine = build_engine(llava)
+    assert engine.vision is not None
+    single = VisionProgram(engine.vision, images=1, stored_images=4)
+    pair = single.with_images(2)
+    assert pair.shape.batch_capacity == 2 and pair.storage is single.storage
+    a, b, c = (ImageSpan(digest=f"v{i}", image=_image(i), start=0, tokens=TOKENS_PER_IMAGE)
+               for i in range(3))
+    pair.bind(as_inputs(VisionFrame(images=(a, b))))
+    pair.execute()
+    assert pair.read_outputs()[RESULT_KEY] == StateOpResult(lanes=2)
+    assert single.encoded_images == 2
+    features = single.features_of([a, b])
+    assert single.encoded_images == 2
+    expected = engine.vision.encode(engine.vision.pixels([a.image, b.image]))
+    assert torch.allclose(features[1], expected[1], atol=1e-5)
+    pair.bind(as_inputs(VisionFrame(images=(b,))))
+    pair.execute()
+    pair.read_outputs()
+    assert single.encoded_images == 2
+    with pytest.raises(FrameError, match="at most 2"):
+        pair.bind(as_inputs(VisionFrame(images=(a, b, c))))
