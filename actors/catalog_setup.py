@@ -14,9 +14,7 @@ from collections.abc import Sequence
 
 from actors.config import RuntimeConfig
 from actors.page_pool import pages_for
-from gpu import fixed_width_shapes
-from gpu.catalog import vision_shapes
-from gpu.model.vision_config import VisionConfig
+from gpu import VisionConfig, fixed_width_shapes, vision_shapes
 from policy import GraphKind, GraphShape, StateOp
 
 

@@ -78,8 +78,16 @@ from gpu import (
     StateUpdate,
     VisionFrame,
 )
-from policy import DecodeMode, GraphKind, ImagePlan, Lane, LaneRole, ScheduledPlan, StateOp
-from policy.vision_windows import vision_lane_images
+from policy import (
+    DecodeMode,
+    GraphKind,
+    ImagePlan,
+    Lane,
+    LaneRole,
+    ScheduledPlan,
+    StateOp,
+    vision_lane_images,
+)
 
 PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
 """Every frame value ``pack_frame`` produces."""
