@@ -264,14 +264,20 @@ def check_envelope(shape: GraphShape, envelope: int) -> None:
             raise CatalogError(f"{shape.label()}: B*W = {rows} exceeds R = {envelope} (MIX-41)")
 
 
+VISION_PROGRAM_IMAGES = 8
+"""The most images one vision program encodes (its pixel input is allocated once): a
+larger window is encoded by several vision frames."""
+
+
 def vision_shapes(*, window_images: int, tokens_per_image: int) -> tuple[GraphShape, ...]:
     """Vision programs of 1, 2, 4, ... images, up to ``window_images`` (always
-    included): a frame never encodes more than one window (PRE-26, PRE-27)."""
+    included; a frame never encodes more than one window, PRE-26, PRE-27) or
+    ``VISION_PROGRAM_IMAGES``, whichever is smaller."""
     if window_images < 1 or tokens_per_image < 1:
         raise CatalogError("vision programs need a window of at least one image and "
                            "at least one token per image")
-    buckets = {1 << k for k in range(window_images.bit_length())
-               if 1 << k <= window_images} | {window_images}
+    top = min(window_images, VISION_PROGRAM_IMAGES)
+    buckets = {1 << k for k in range(top.bit_length()) if 1 << k <= top} | {top}
     return tuple(GraphShape(kind=GraphKind.VISION, batch_capacity=i,
                             token_capacity=i * tokens_per_image) for i in sorted(buckets))
 

@@ -109,10 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="synthetic duration of encoding one image (ms)")
     dev.add_argument("--vision-ms-per-execution", type=float, default=0.0,
                      help="synthetic fixed cost of one vision program execution (ms)")
-    dev.add_argument("--vision", choices=("fused", "scheduled"), default="fused",
-                     help="fused: prompt frames encode their window's images; scheduled: "
-                          "vision programs in the catalog, run as prerequisites "
-                          "(docs/vision.md)")
+    dev.add_argument("--vision", choices=("scheduled", "fused"), default="scheduled",
+                     help="scheduled (default, as flare run on the CPU backend): vision "
+                          "programs in the catalog, run as prerequisite frames; fused: "
+                          "prompt frames encode their window's images (docs/vision.md)")
 
     met = parser.add_argument_group("metrics and output")
     met.add_argument("--ttft-slo", type=float, default=None)

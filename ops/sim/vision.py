@@ -8,11 +8,11 @@ admitted with its ``policy.vision_windows.ImagePlan`` (windows of ``window_image
 the catalog's smallest prompt capacity), so the policy's chunks stop at windows and
 never split an image, exactly as in ``flare run``. Vision runs one of two ways:
 
-- **fused** (``scheduled`` False): a prompt frame encodes the images of its active
+- **fused** (``scheduled`` False, the only way without vision programs): a prompt frame encodes the images of its active
   window not yet encoded for its request, inside the frame, one image per execution
   as ``flare run``'s in-frame vision program does: each adds ``ms_per_execution +
   ms_per_image`` to the frame's duration;
-- **scheduled**: the catalog also holds ``gpu.catalog.vision_shapes`` (programs of
+- **scheduled** (the default, as ``flare run`` on the CPU backend): the catalog also holds ``gpu.catalog.vision_shapes`` (programs of
   1, 2, 4, ... images up to a window) and the policy runs them as prerequisites of
   the chunks (``policy.vision_prerequisites``); a vision frame of I images takes
   ``ms_per_execution + I * ms_per_image`` (unused slots cost as much as used ones)
@@ -56,8 +56,9 @@ class VisionLoad:
     """Synthetic duration of encoding one image, added to the frame that does it."""
     ms_per_execution: float = 0.0
     """Synthetic fixed cost of one vision program execution (launch, preprocessing)."""
-    scheduled: bool = False
-    """Vision programs in the catalog, run as scheduled prerequisites."""
+    scheduled: bool = True
+    """Vision programs in the catalog, run as scheduled prerequisites (as ``flare run``
+    on the CPU backend); False: fused into the prompt frames."""
 
     def __post_init__(self) -> None:
         if self.images_per_request < 0 or self.tokens_per_image < 1 or \

@@ -82,8 +82,8 @@ def test_a_vision_lane_without_images_is_a_packing_error() -> None:
 
 def test_a_vision_checkpoint_on_the_cpu_serves_vision_programs() -> None:
     """Covers CAT-9: a vision-language load serves vision programs of 1, 2, 4, ... images
-    up to one window (``--vision-feature-images``); a text checkpoint and the CUDA
-    backend (which refuses image frames) serve none."""
+    up to one window (``--vision-feature-images``) or eight; a text checkpoint and the
+    CUDA backend (which refuses image frames) serve none."""
 
     class Tower:
         tokens_per_image = 576
@@ -97,6 +97,9 @@ def test_a_vision_checkpoint_on_the_cpu_serves_vision_programs() -> None:
         == [1, 2, 4, 6]
     assert all(s.token_capacity == 576 * s.batch_capacity
                for s in vision_shapes(window_images=8, tokens_per_image=576))
+    # a larger window takes several frames of at most eight images
+    assert [s.batch_capacity for s in vision_shapes(window_images=100, tokens_per_image=1)] \
+        == [1, 2, 4, 8]
     assert served_shapes(base, config) == base
     cuda = replace(config, backend="cuda")
     assert served_shapes(base, cuda, Tower()) == base  # type: ignore[arg-type]
