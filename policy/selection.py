@@ -49,7 +49,7 @@ from policy.types import (
     SelectionReason,
 )
 from policy.utility import NS_PER_MS, BoolArray, IntArray, optimistic_rate
-from policy.vision_prerequisites import ImageChoice, best_image_choice, vision_plan
+from policy.vision_prerequisites import ImageChoice, best_image_choice, vision_lanes
 
 __all__ = [
     "BoolArray",
@@ -102,7 +102,8 @@ def _image_plan(ctx: DecisionContext, choice: ImageChoice | None) -> ScheduledPl
     if choice is None:
         return None
     if choice.chunk is None:
-        return vision_plan(ctx, choice)
+        return _prerequisite_plan(ctx, choice.shape, vision_lanes(ctx, choice), choice.value,
+                                  choice.rate, choice.following_shape)
     rate = choice.rate
     chunk = choice.chunk._replace(rate=0.0 if rate is None else rate, known=rate is not None)
     return _build_plan(ctx, chunk, SelectionReason.DISCOVERY if rate is None
@@ -125,21 +126,30 @@ def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPl
         + [Lane(handle=term.records[j].handle, epoch=term.records[j].epoch,
                 role=LaneRole.TERMINAL, value=term.base_list[j] + term.slope * t_ms)
            for j in range(pair.terminals)])
+    return _prerequisite_plan(ctx, pair.shape, lanes, pair.value, pair.rate,
+                              pair.following_shape)
+
+
+def _prerequisite_plan(ctx: DecisionContext, index: int, lanes: tuple[Lane, ...],
+                       value: float, rate: float | None, following: int | None
+                       ) -> ScheduledPlan:
+    """A prerequisite's plan (restore, initialization or vision): its own duration, an
+    empty window, the scored following shape kept as ``lookahead_shape`` only."""
+    est = int(ctx.estimate_ns[index])
     known = est > 0
     return ScheduledPlan(
-        step=ScheduledStep(shape=shape, lanes=lanes),
+        step=ScheduledStep(shape=ctx.catalog.shapes[index], lanes=lanes),
         estimated_duration_ns=est,
-        scaled_score=pair.rate if pair.rate is not None else optimistic_rate(pair.value),
+        scaled_score=rate if rate is not None else optimistic_rate(value),
         scale_exponent=ctx.exponent,
         duration_known=known,
-        stale=bool(ctx.stale[pair.shape]),
+        stale=bool(ctx.stale[index]),
         reason=SelectionReason.ORDINARY if known else SelectionReason.DISCOVERY,
         requires_empty_window=True,
         planned_at_ns=ctx.now_ns,
         start_ns=ctx.start_ns,
-        useful_value=pair.value,
-        lookahead_shape=(None if pair.following_shape is None
-                         else ctx.catalog.shapes[pair.following_shape]),
+        useful_value=value,
+        lookahead_shape=None if following is None else ctx.catalog.shapes[following],
     )
 
 

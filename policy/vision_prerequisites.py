@@ -43,15 +43,15 @@ from policy.candidate_families import (
 )
 from policy.prerequisites import continuation_index, multistage_rate, sequence_rate
 from policy.requests import RequestRecord
-from policy.types import Lane, LaneRole, ScheduledPlan, ScheduledStep, SelectionReason
-from policy.utility import NS_PER_MS, optimistic_rate
+from policy.types import Lane, LaneRole
+from policy.utility import NS_PER_MS
 from policy.vision_windows import head_image
 
 if TYPE_CHECKING:
     from policy.catalog_index import CatalogIndex
     from policy.decision_context import DecisionContext
 
-__all__ = ["ImageChoice", "best_image_choice", "held_rows", "vision_plan"]
+__all__ = ["ImageChoice", "best_image_choice", "held_rows", "vision_lanes"]
 
 
 class ImageChoice(NamedTuple):
@@ -245,28 +245,11 @@ def best_image_choice(ctx: DecisionContext) -> ImageChoice | None:
     return best
 
 
-def vision_plan(ctx: DecisionContext, choice: ImageChoice) -> ScheduledPlan:
-    """The vision frame: one VISION lane per row, its ``prompt_start`` the row's first
-    due image (it encodes ``vision_windows.vision_lane_images``); only it executes
-    before replanning (PRE-19), with its own duration (PRE-17), in an empty window."""
-    shape = ctx.catalog.shapes[choice.shape]
-    est = int(ctx.estimate_ns[choice.shape])
-    lanes = tuple(Lane(handle=r.handle, epoch=r.epoch, role=LaneRole.VISION,
-                       prompt_start=r.vision_due().start)
-                  for r in (ctx.prompts.records[i] for i in choice.rows))
-    known = est > 0
-    return ScheduledPlan(
-        step=ScheduledStep(shape=shape, lanes=lanes),
-        estimated_duration_ns=est,
-        scaled_score=choice.rate if choice.rate is not None else optimistic_rate(choice.value),
-        scale_exponent=ctx.exponent,
-        duration_known=known,
-        stale=bool(ctx.stale[choice.shape]),
-        reason=SelectionReason.ORDINARY if known else SelectionReason.DISCOVERY,
-        requires_empty_window=True,
-        planned_at_ns=ctx.now_ns,
-        start_ns=ctx.start_ns,
-        useful_value=choice.value,
-        lookahead_shape=(None if choice.following_shape is None
-                         else ctx.catalog.shapes[choice.following_shape]),
-    )
+def vision_lanes(ctx: DecisionContext, choice: ImageChoice) -> tuple[Lane, ...]:
+    """The vision frame's lanes: one VISION lane per row, its ``prompt_start`` the row's
+    first due image (it encodes ``vision_windows.vision_lane_images``). The plan
+    (``selection``) keeps the vision program's own duration (PRE-17), needs an empty
+    window, and only it executes before replanning (PRE-19)."""
+    return tuple(Lane(handle=r.handle, epoch=r.epoch, role=LaneRole.VISION,
+                      prompt_start=r.vision_due().start)
+                 for r in (ctx.prompts.records[i] for i in choice.rows))
