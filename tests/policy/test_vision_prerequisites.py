@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import pytest
 from selection_setup import make_decoder
-from synthetic_catalog import MS, Driver, duration_ns, measured_scheduler, prefill, records_for
+from synthetic_catalog import (
+    MS,
+    Driver,
+    decode,
+    duration_ns,
+    measured_scheduler,
+    mixed,
+    prefill,
+    records_for,
+)
 
 from policy import ExecutionTiming, Fence, GraphKind, GraphShape, LaneRole, Scheduler
 from policy.decision import build_context
 from policy.prerequisites import continuation_index, multistage_rate, sequence_rate
 from policy.vision_prerequisites import best_image_choice
-from policy.vision_windows import ImagePlan
+from policy.vision_windows import ImagePlan, head_image, images_due, vision_lane_images
 
 
 def vision(i: int) -> GraphShape:
@@ -201,3 +210,47 @@ def test_pre_29_a_capacity_holding_the_image_runs_its_chunk() -> None:
     prompt without the image runs in a smaller chunk."""
     assert _first_chunk(None) < 576
     assert _first_chunk(_image(((0, 576),), atomic=64)) >= 576
+
+
+def test_pre_5_pre_12_every_following_shape_is_scored_with_ready_decoders() -> None:
+    """Covers PRE-2, PRE-5, PRE-9, PRE-12: beside a waiting decoder, the vision pair is
+    the best over every following prefill and mixed shape, a mixed one also serving the
+    ready decoder with its value aged to T + F (checked against every pair by hand)."""
+    shapes = (prefill(64), prefill(128), mixed(2, 64), mixed(2, 128), decode(1), decode(2),
+              vision(1))
+    s = _scheduler(shapes)
+    make_decoder(s, token_rate=0.001, delivery_rate=0.001, age_ms=200.0)
+    s.admit(prompt_len=100, max_output_tokens=4, images=_image())
+    ctx = _context(s)
+    choice = best_image_choice(ctx)
+    assert choice is not None and choice.basis == "pair"
+    p, dec = ctx.prompts, ctx.decoders
+    pos = p.held[0]
+    t = durations(vision(1)) / MS
+    rates = {}
+    for shape in shapes[:4]:
+        cap = shape.prefill_capacity or shape.token_capacity
+        tokens = min(cap, 100)
+        f = durations(shape) / MS
+        value = tokens * p.price[pos] + (p.finish[pos] if tokens == 100 else 0.0)
+        if shape.kind is GraphKind.MIXED:
+            value += dec.base_list[0] + dec.slope * (t + f)
+        rates[shape] = sequence_rate(value=value, first_ms=t, following_ms=f,
+                                     waiting=ctx.waiting)
+    best = max(rates, key=rates.__getitem__)
+    assert best.kind is GraphKind.MIXED
+    assert ctx.catalog.shapes[choice.following_shape] == best  # type: ignore[index]
+    assert choice.rate == pytest.approx(rates[best])
+
+
+def test_window_helpers() -> None:
+    """``images_due``, ``head_image`` and ``vision_lane_images`` (PRE-27, PRE-29)."""
+    plan = _image(((0, 20), (20, 40), (50, 70)), window=2, atomic=16)
+    assert images_due(plan, 0, 0) == range(0, 2) and images_due(plan, 0, 1) == range(1, 2)
+    assert images_due(plan, 0, 2) == range(0) and images_due(plan, 40, 2) == range(2, 3)
+    assert head_image(plan, 0) == 20 and head_image(plan, 5) == 0
+    assert head_image(_image(((0, 10),), atomic=16), 0) == 0  # a chunk holds it anyway
+    assert vision_lane_images(plan, 0, 8) == range(0, 2)
+    assert vision_lane_images(plan, 1, 8) == range(1, 2)
+    assert vision_lane_images(plan, 0, 1) == range(0, 1)
+    assert vision_lane_images(plan, 2, 8) == range(2, 3)
