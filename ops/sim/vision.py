@@ -25,6 +25,7 @@ not in the measured cost tables.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,27 +95,30 @@ class VisionLoad:
 
 @dataclass(slots=True)
 class VisionWork:
-    """What the simulated vision program did, and what each request has encoded."""
+    """What the simulated vision programs did, and the feature storage they fill: at
+    most ``window_images`` images, least recently used out first, as flare's
+    storage (an image is one request's: simulated requests share no image)."""
 
     load: VisionLoad
     plans: dict[RequestHandle, ImagePlan] = field(default_factory=dict)
-    encoded: dict[RequestHandle, set[int]] = field(default_factory=dict)
+    stored: OrderedDict[tuple[RequestHandle, int], None] = field(default_factory=OrderedDict)
     images: int = 0
+    """Images encoded (again, after an eviction)."""
     busy_ns: int = 0
 
     def frame_ns(self, plan: ScheduledPlan) -> int:
         """Vision time of ``plan``: a vision frame's whole duration (its lanes' images
-        become encoded), else what its prompt lanes add: the images of each lane's
-        active window that its request has not encoded yet (PRE-27)."""
+        enter storage), else what its prompt lanes add: encoding the images of each
+        lane's active window that storage lacks (PRE-27)."""
+        load = self.load
         if plan.shape.kind is GraphKind.VISION:
             capacity = plan.shape.batch_capacity
             for lane in plan.lanes:
                 images = vision_lane_images(self.plans[lane.handle], lane.prompt_start,
                                             capacity)
-                self.encoded.setdefault(lane.handle, set()).update(images)
+                self._keep(lane.handle, images)
                 self.images += len(images)
                 capacity -= len(images)
-            load = self.load
             ns = round((load.ms_per_execution + plan.shape.batch_capacity * load.ms_per_image)
                        * NS_PER_MS)
             self.busy_ns += ns
@@ -124,18 +128,27 @@ class VisionWork:
             image_plan = self.plans.get(lane.handle)
             if lane.role is not LaneRole.PROMPT or image_plan is None:
                 continue
-            done = self.encoded.setdefault(lane.handle, set())
-            fresh = [i for i in window_spans(image_plan, lane.prompt_start) if i not in done]
-            done.update(fresh)
-            extra += round(len(fresh) * (self.load.ms_per_execution + self.load.ms_per_image)
+            window = window_spans(image_plan, lane.prompt_start)
+            fresh = [i for i in window if (lane.handle, i) not in self.stored]
+            self._keep(lane.handle, window)
+            extra += round(len(fresh) * (load.ms_per_execution + load.ms_per_image)
                            * NS_PER_MS)
             self.images += len(fresh)
         self.busy_ns += extra
         return extra
 
+    def _keep(self, handle: RequestHandle, images: Iterable[int]) -> None:
+        for i in images:
+            self.stored[(handle, i)] = None
+            self.stored.move_to_end((handle, i))
+        while len(self.stored) > self.load.window_images:
+            self.stored.popitem(last=False)
+
     def release(self, handle: RequestHandle) -> None:
+        """A finished request's features leave storage (its handle may be reused)."""
         self.plans.pop(handle, None)
-        self.encoded.pop(handle, None)
+        for key in [k for k in self.stored if k[0] == handle]:
+            del self.stored[key]
 
     def stats(self, frames: Mapping[str, int]) -> dict[str, Any]:
         return {"images_encoded": self.images, "busy_s": self.busy_ns / 1e9,
