@@ -20,7 +20,12 @@ decoders' waiting cost (``sequence_rate``, PRE-11). A row whose due images excee
 vision shape's capacity needs further vision stages: it is ranked by the continuation
 index ``V*T/(T+F)`` with F the remaining vision executions plus its chunk (PRE-21..23).
 Unknown durations rank by useful value (PRE-24). Spare image slots encode more due rows
-at no extra cost (PRE-15). The plan keeps the vision shape's own duration (PRE-17) and
+at no extra cost (PRE-15). Feature storage bounds every vision frame: the images it
+encodes, plus the row's own encoded images and those the ready prompt rows (windows
+wholly encoded) still read, fit the storage (``window_images``), so scheduled vision
+never evicts features a ready chunk needs; a frame that would is not offered, and
+those chunks run first (a window always fits storage, so a frame is offered once
+they have). The plan keeps the vision shape's own duration (PRE-17) and
 only the vision frame executes before replanning (PRE-19); it earns no tokens
 (PRE-20). Without vision programs in the catalog, image rows are not held for vision:
 the prompt frame encodes its window's images itself (the fused path).
@@ -45,7 +50,7 @@ from policy.prerequisites import continuation_index, multistage_rate, sequence_r
 from policy.requests import RequestRecord
 from policy.types import Lane, LaneRole
 from policy.utility import NS_PER_MS
-from policy.vision_windows import head_image
+from policy.vision_windows import head_image, stored_ahead
 
 if TYPE_CHECKING:
     from policy.catalog_index import CatalogIndex
@@ -184,10 +189,11 @@ def _fastest_vision_ms(ctx: DecisionContext, images: int) -> float:
     return full * est[-1] + tail
 
 
-def _vision_choices(ctx: DecisionContext, pos: int, due: int, spare: list[int]
-                    ) -> list[ImageChoice]:
+def _vision_choices(ctx: DecisionContext, pos: int, due: int, spare: list[int],
+                    room: int) -> list[ImageChoice]:
     """Every vision shape for a row with ``due`` images to encode: a pair with each
-    following column when the shape holds them all, else the continuation index."""
+    following column when the shape holds them all, else the continuation index.
+    ``room``: the images storage can take without evicting what resident rows read."""
     cols = _columns(ctx, pos)
     if not cols:
         return []
@@ -196,7 +202,9 @@ def _vision_choices(ctx: DecisionContext, pos: int, due: int, spare: list[int]
     for v in ctx.catalog.vision.tolist():
         t_ms = int(ctx.estimate_ns[v]) / NS_PER_MS
         slots = int(ctx.catalog.batch[v])
-        rows, images = _fill(ctx, pos, min(due, slots), slots, spare)
+        if min(due, slots) > room:
+            continue
+        rows, images = _fill(ctx, pos, min(due, slots), min(slots, room), spare)
         for col in cols:
             f_ms = col.est_ns / NS_PER_MS
             value = col.base + col.n_dec * slope * (t_ms + f_ms)
@@ -235,9 +243,17 @@ def best_image_choice(ctx: DecisionContext) -> ImageChoice | None:
     vision = len(ctx.catalog.vision) > 0
     due = {pos: len(p.records[pos].vision_due()) if vision else 0 for pos in p.held}
     spare = [pos for pos in p.held if due[pos]]
+    kept = {i: stored_ahead(r.images, r.prompt_cursor, r.images_encoded)
+            for i, r in enumerate(p.records) if r.images is not None} if spare else {}
+    # What ready chunks read (rows whose windows are encoded); a due row's partly
+    # encoded window may be evicted (it is encoded again), so rows never wait on each
+    # other's partial windows.
+    in_use = sum(n for i, n in kept.items() if not due.get(i))
     best: ImageChoice | None = None
     for pos in p.held:
-        options = (_vision_choices(ctx, pos, due[pos], spare) if due[pos]
+        images = p.records[pos].images
+        room = images.window_images - in_use - kept.get(pos, 0) if images is not None else 0
+        options = (_vision_choices(ctx, pos, due[pos], spare, room) if due[pos]
                    else [_chunk_choice(ctx, pos)])
         for option in options:
             if option is not None and (best is None or option.key() < best.key()):

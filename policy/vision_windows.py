@@ -145,3 +145,11 @@ def vision_lane_images(plan: ImagePlan, first: int, capacity: int) -> range:
     k = plan.window_images
     stop = min((first // k + 1) * k, len(plan.spans))
     return range(first, min(stop, first + capacity))
+
+
+def stored_ahead(plan: ImagePlan, cursor: int, encoded: int) -> int:
+    """How many encoded images of the active window a chunk from ``cursor`` still
+    reads (images ``0..encoded-1`` are encoded): what the request needs kept in
+    feature storage."""
+    window = active_window(plan, cursor)
+    return sum(1 for i in window if i < encoded and plan.spans[i][1] > cursor)

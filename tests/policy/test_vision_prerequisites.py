@@ -128,11 +128,26 @@ def test_pre_15_spare_vision_slots_encode_more_requests() -> None:
     """Covers PRE-15, PRE-16: with only a two-image vision program, one frame encodes
     both requests' windows."""
     s = _scheduler((prefill(64), prefill(128), vision(2)))
-    a = s.admit(prompt_len=100, max_output_tokens=4, images=_image())
-    b = s.admit(prompt_len=100, max_output_tokens=4, images=_image())
+    a = s.admit(prompt_len=100, max_output_tokens=4, images=_image(window=2))
+    b = s.admit(prompt_len=100, max_output_tokens=4, images=_image(window=2))
     plan = s.plan()
     assert plan is not None and plan.shape == vision(2)
     assert sorted(lane.handle for lane in plan.lanes) == sorted([a, b])
+
+
+def test_pre_26_vision_never_evicts_what_a_ready_chunk_reads() -> None:
+    """Covers PRE-26, PRE-27: with storage for one image, once A's image is encoded B's
+    vision waits until A's chunk has read it, although B's prompt is worth more (its
+    request has had far less service): vision A, prefill A, vision B, prefill B,
+    never vision A then vision B (which would evict A's features)."""
+    s = _scheduler(CATALOG)
+    a = s.admit(prompt_len=100, max_output_tokens=4, images=_image())
+    s.request(a).images_encoded = 1  # A's vision frame has run
+    b = s.admit(prompt_len=100, max_output_tokens=4, images=_image())
+    s.request(b).history.token_rate = 1e-6
+    trace = Driver(s, durations).run(3)
+    steps = [(p.shape.kind, p.lanes[0].handle) for p in trace.plans]
+    assert steps == [(GraphKind.PREFILL, a), (GraphKind.VISION, b), (GraphKind.PREFILL, b)]
 
 
 def test_pre_21_pre_23_a_window_larger_than_the_program_is_a_multistage_chain() -> None:
