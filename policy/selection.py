@@ -4,7 +4,9 @@ This module owns the ordinary selector: given a ``DecisionContext`` (scaled lane
 of the runnable requests, built by ``policy/decision.py``; the types live in
 ``policy/decision_context.py`` and ``policy/catalog_index.py`` and are re-exported here),
 it ranks every ordinary candidate (``policy/candidates.py``) against the best
-prerequisite candidate (``policy/prerequisites.py``) and returns the winner as a frozen
+prerequisite candidate (``policy/prerequisites.py``, or for prompt rows with images,
+``policy/vision_prerequisites.py``: vision frames and chunks that hold an image whole)
+and returns the winner as a frozen
 ``ScheduledPlan`` with its lanes. The candidate table as first written, one numpy table
 ranked by one lexsort, is kept as the executable specification in
 ``tests/policy/selection_reference.py``.
