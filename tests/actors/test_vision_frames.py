@@ -1,5 +1,5 @@
-"""Vision prerequisites in the runtime: the served catalog's vision programs and the
-``VisionFrame`` a vision plan packs into (``actors.frame_inputs``).
+"""Vision prerequisites in the runtime: the ``VisionFrame`` a vision plan packs into
+(``actors.frame_inputs``).
 
 Two requests with 2-position images: A's window holds its images 0..2 (image 0 is
 encoded), B's its image 0. A vision plan on a program of four images packs A's two
@@ -14,13 +14,10 @@ from dataclasses import replace
 
 import pytest
 
-from actors.catalog_setup import served_shapes
-from actors.config import RuntimeConfig
 from actors.frame_inputs import LaneSource, PackingError, kv_extent, mark_submitted, pack_frame
 from actors.messages import RequestHandle, StateRow
 from actors.public import GenerationRequest
 from gpu import GREEDY, ImageSpan, VisionFrame
-from gpu.catalog import CatalogFlags, build_catalog, vision_shapes
 from policy import (
     GraphKind,
     GraphShape,
@@ -78,28 +75,3 @@ def test_a_vision_lane_without_images_is_a_packing_error() -> None:
     sources = {RequestHandle(0): replace(_source(0, (0,), window=1), image_plan=None)}
     with pytest.raises(PackingError, match="no images"):
         pack_frame(_plan(_vision(1), ((0, 0),)), sources, ())
-
-
-def test_a_vision_checkpoint_on_the_cpu_serves_vision_programs() -> None:
-    """Covers CAT-9: a vision-language load serves vision programs of 1, 2, 4, ... images
-    up to one window (``--vision-feature-images``) or eight; a text checkpoint and the
-    CUDA backend (which refuses image frames) serve none."""
-
-    class Tower:
-        tokens_per_image = 576
-
-    base = build_catalog(CatalogFlags(max_batch=2, prefill_capacities=(64,))).shapes
-    config = RuntimeConfig(model_dir="m", vision_feature_images=6)
-    served = served_shapes(base, config, Tower())  # type: ignore[arg-type]
-    assert [s for s in served if s.kind is GraphKind.VISION] == list(
-        vision_shapes(window_images=6, tokens_per_image=576))
-    assert [s.batch_capacity for s in vision_shapes(window_images=6, tokens_per_image=576)] \
-        == [1, 2, 4, 6]
-    assert all(s.token_capacity == 576 * s.batch_capacity
-               for s in vision_shapes(window_images=8, tokens_per_image=576))
-    # a larger window takes several frames of at most eight images
-    assert [s.batch_capacity for s in vision_shapes(window_images=100, tokens_per_image=1)] \
-        == [1, 2, 4, 8]
-    assert served_shapes(base, config) == base
-    cuda = replace(config, backend="cuda")
-    assert served_shapes(base, cuda, Tower()) == base  # type: ignore[arg-type]
