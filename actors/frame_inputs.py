@@ -35,6 +35,11 @@ Owns three rules:
   constrained rows that sample in ``grammar_rows``: the program computes their masks
   from the tokens it sampled, so the frame may queue behind another. Speculative
   frames carry neither: constrained requests never speculate (SEL-13).
+- **Vision frames** (``GraphKind.VISION``, the scheduler's vision prerequisite):
+  each lane's images (``policy.vision_windows.vision_lane_images``: from its first due
+  image to its window's end, within the slots the lanes before it left), in lane
+  order, as one ``VisionFrame``; it touches no request state, so a vision lane
+  neither initialises its row nor reserves pages.
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
   scratch row and its partial last page into the snapshot destination (without an
@@ -84,8 +89,18 @@ from gpu import (
     SpeculativeMixedFrame,
     StateOpFrame,
     StateUpdate,
+    VisionFrame,
 )
-from policy import DecodeMode, GraphKind, ImagePlan, Lane, LaneRole, ScheduledPlan, StateOp
+from policy import (
+    DecodeMode,
+    GraphKind,
+    ImagePlan,
+    Lane,
+    LaneRole,
+    ScheduledPlan,
+    StateOp,
+    vision_lane_images,
+)
 
 PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
 """Every frame value ``pack_frame`` produces."""
@@ -285,6 +300,19 @@ def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSou
     return StateOpFrame(copies=tuple(copies), updates=tuple(updates))
 
 
+def _vision_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource]
+                  ) -> VisionFrame:
+    slots, images = plan.shape.batch_capacity, []
+    for lane in plan.lanes:
+        source = sources[lane.handle]
+        if lane.role is not LaneRole.VISION or source.image_plan is None:
+            raise PackingError(f"{plan.shape.label()}: lane {lane.handle} has no images")
+        lane_images = vision_lane_images(source.image_plan, lane.prompt_start, slots)
+        images += [source.request.images[i] for i in lane_images]
+        slots -= len(lane_images)
+    return VisionFrame(images=tuple(images))
+
+
 def runs_speculative_mixed(plan: ScheduledPlan) -> bool:
     """Whether ``plan`` is a mixed step with speculative decode rows (packed as a
     ``SpeculativeMixedFrame``, validated as one)."""
@@ -358,6 +386,9 @@ def pack_frame(
                                "snapshots among state operations")
         contexts = tuple(_context(lane, sources[lane.handle]) for lane in plan.lanes)
         return _snapshot_frame(plan, sources, snapshots), contexts
+    if plan.shape.kind is GraphKind.VISION:
+        contexts = tuple(_context(lane, sources[lane.handle]) for lane in plan.lanes)
+        return _vision_frame(plan, sources), contexts
     by_handle = {p.handle: p for p in pages}
     lanes = plan.lanes
     updates = _updates(lanes, sources, by_handle)
@@ -394,11 +425,15 @@ def pack_frame(
 
 def mark_submitted(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource]) -> int:
     """After commit: rows are initialised, decode counts include this frame, and prompt
-    lanes' row generations hold their active windows. Returns the window snapshots the
-    frame runs."""
+    lanes' row generations hold their active windows. A vision lane touches no row, so
+    it neither initialises one nor counts as the request's frame in flight (a window
+    snapshot drains only frames that read or write the row). Returns the window
+    snapshots the frame runs."""
     snapshots = 0
     for lane in plan.lanes:
         source = sources[lane.handle]
+        if lane.role is LaneRole.VISION:
+            continue
         snapshots += snapshot_point(lane, source.image_plan, window=source.window,
                                     initialised=source.initialised) is not None
         source.initialised = True
@@ -416,7 +451,8 @@ def settled(lane: Lane, source: LaneSource, *, ok: bool) -> bool:
     epoch, and the lane succeeded)."""
     if source.epoch != lane.epoch:
         return False
-    source.in_flight -= 1
+    if lane.role is not LaneRole.VISION:
+        source.in_flight -= 1
     return ok
 
 

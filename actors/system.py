@@ -439,7 +439,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
 
 
 def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
-    model = load_served_config(config.model_dir)[0]  # a vision checkpoint's language model
+    model, vision = load_served_config(config.model_dir)  # a vision checkpoint: its parts
     sizing = serving_context(config, model_max_context=model.max_context,
                              memory=device_memory_for(config, device, model))
     max_context = sizing.max_context
@@ -460,7 +460,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         # adaptive selection may add device-allocated ragged programs (SPEC-17, SPEC-22)
         device_allocation=speculative and config.speculative_allocation == "device",
     ))
-    shapes = served_shapes(catalog.shapes, config)
+    shapes = served_shapes(catalog.shapes, config, vision)
     num_pages = sizing.num_pages
     engine = ModelEngine.load(
         config.model_dir, device=device, dtype=config.dtype, catalog=shapes,

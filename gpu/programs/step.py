@@ -35,6 +35,7 @@ from gpu.frames import (
     RowCopy,
     StateUpdate,
     StepResult,
+    VisionFrame,
     frame_of,
 )
 from gpu.grammar_mask import TokenMasks
@@ -170,6 +171,8 @@ class StepProgram:
         shared state, so a backend may call it at launch, off the stream, while earlier
         frames still run (``bind_staged`` then only uploads it, in stream order)."""
         frame = frame_of(inputs)
+        if isinstance(frame, VisionFrame):
+            raise FrameError(f"{self._shape.label()}: a vision frame runs on a vision program")
         self._state.validate_updates(frame.updates)
         block = self._workspace.host_block()
         pack, updates = self.pack(inputs, out=block)

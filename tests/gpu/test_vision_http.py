@@ -8,7 +8,8 @@ ids and the same preprocessed pixels, token for token; usage counts each image a
 its expanded placeholder (as ``/tokenize`` does). A repeated image is served from the prefix cache (hit
 tokens rise) with the same output; a different image with the same text never
 matches it (its output is transformers' for that image). Bad image inputs get a 4xx
-naming the field and the server keeps serving.
+naming the field and the server keeps serving. Vision runs as scheduled frames of
+its own (the catalog's vision programs, PRE-1), each measured by its own interval.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from actors.config import RuntimeConfig
 from actors.public import RuntimeStatistics
 from actors.system import open_runtime
 from ops.testing import serve_app
+from policy import GraphKind
 
 NEW_TOKENS = 8
 SPECIAL = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -121,6 +123,12 @@ async def test_image_chats_equal_transformers(llava: Path) -> None:
             tokenized = (await client.post("/tokenize", json={
                 "messages": _body(three, urls[:3])["messages"],
                 "add_generation_prompt": True})).json()
+            vision = [t.shape for t in runtime.scheduler.traces()
+                      if t.shape.kind is GraphKind.VISION]
+            measured = {shape: runtime.scheduler.estimates.estimate_ns(shape)
+                        for shape in vision}
+    # PRE-1, PRE-18: vision ran as frames of its own, each measured by its own interval
+    assert vision and all(ns > 0 for ns in measured.values())
     ids_one, ids_three = _reference_ids(one, 1), _reference_ids(three, 3)
     assert first["usage"]["prompt_tokens"] == len(ids_one)
     assert triple["usage"]["prompt_tokens"] == len(ids_three) > 64

@@ -20,7 +20,18 @@ from model_fixtures import DECODE, MIXED_2, PREFILL_64, build_engine, prompt_of
 from PIL import Image
 from vision_fixtures import IMAGE_TOKEN, TOKENS_PER_IMAGE, build_llava, reference_greedy
 
-from gpu.frames import FrameError, ImageSpan, PrefillFrame, RowCopy, StateUpdate, StepResult
+from gpu.frames import (
+    RESULT_KEY,
+    FrameError,
+    ImageSpan,
+    PrefillFrame,
+    RowCopy,
+    StateOpResult,
+    StateUpdate,
+    StepResult,
+    VisionFrame,
+    as_inputs,
+)
 from gpu.programs.driver import ReferenceDriver, RowMirror
 from gpu.programs.vision import VisionProgram, chunk_images
 
@@ -185,3 +196,32 @@ def test_window_restore_places_the_next_window_from_offset_zero(llava: Path) -> 
     assert out == _expected(engine, prompt, spans)
     with pytest.raises(FrameError, match="outside its generation's window"):
         _windowed_prefill(ReferenceDriver(build_engine(llava)), prompt, spans, restore=False)
+
+
+def test_a_vision_frame_fills_the_storage_prompt_frames_read(llava: Path) -> None:
+    """Covers PRE-1, PRE-27 on the program side: a ``VisionFrame`` bound to a program of
+    two images encodes its images into the storage every vision program of the load
+    shares (``with_images``) and returns a setup result; the prompt side then reads
+    them without encoding, a frame of stored images encodes nothing, and a frame of
+    more images than the program holds is refused."""
+    engine = build_engine(llava)
+    assert engine.vision is not None
+    single = VisionProgram(engine.vision, images=1, stored_images=4)
+    pair = single.with_images(2)
+    assert pair.shape.batch_capacity == 2 and pair.storage is single.storage
+    a, b, c = (ImageSpan(digest=f"v{i}", image=_image(i), start=0, tokens=TOKENS_PER_IMAGE)
+               for i in range(3))
+    pair.bind(as_inputs(VisionFrame(images=(a, b))))
+    pair.execute()
+    assert pair.read_outputs()[RESULT_KEY] == StateOpResult(lanes=2)
+    assert single.encoded_images == 2
+    features = single.features_of([a, b])
+    assert single.encoded_images == 2
+    expected = engine.vision.encode(engine.vision.pixels([a.image, b.image]))
+    assert torch.allclose(features[1], expected[1], atol=1e-5)
+    pair.bind(as_inputs(VisionFrame(images=(b,))))
+    pair.execute()
+    pair.read_outputs()
+    assert single.encoded_images == 2
+    with pytest.raises(FrameError, match="at most 2"):
+        pair.bind(as_inputs(VisionFrame(images=(a, b, c))))
