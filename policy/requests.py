@@ -56,6 +56,9 @@ class RequestRecord:
     """The prompt's image dependencies: prefill chunks stop at their windows and
     never split an image (``policy.vision_windows``, PRE-26..29)."""
     scored_prompt: bool = False
+    client: str = ""
+    """The request's client tag (``assign_client``; empty: untagged). Only flare's
+    per-client fairness reads it (``policy/client_shares.py``)."""
     history: ServiceHistory
     phase: Phase = Phase.PREFILL
     prompt_cursor: int = 0

@@ -70,6 +70,7 @@ VARIANT_CONFIGURATIONS = (
     Configuration("balanced-retire-10k", "balanced",
                   preferences=(("terminal_value", 10_000.0),)),
     Configuration("first-token", "first-token"),
+    Configuration("client-fair", "client-fair"),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
