@@ -162,6 +162,7 @@ def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
     metrics["rate"] = rate
     metrics["policy"] = config.policy
     metrics["simulation_cpu_s"] = result.cpu_s
+    metrics["slots"] = result.slots
     return metrics
 
 
