@@ -8,7 +8,10 @@ bench serve`` runs), stops the server with SIGTERM and writes the run file
 by ``ops.sim.workloads.build_workload`` from a named scenario, so the same traffic
 description drives ``flare sim`` and the real server (the long-prompt interference
 scenario needs that: ``flare bench serve`` alone has no periodic long prompts). Every
-run is bounded in request count and time (``--time-limit``).
+run is bounded in request count and time (``--time-limit``). ``--concurrency N`` sends the
+same requests from N closed-loop streams instead (each sends its next request when the
+last one ends, as an external benchmark client's fixed-concurrency mode does), and
+``--prompt-tokens``/``--output-tokens`` fix every request's lengths.
 
 ``--tabulate DIR`` prints the Markdown comparison table of the run files already in
 ``DIR`` (``flare sim`` output directories too, including the speculative policies and
@@ -31,7 +34,7 @@ from functools import partial
 from typing import Any
 
 from ops import launch
-from policy.baselines.factory import COMPARED_POLICIES
+from policy.baselines.factory import COMPARED_POLICIES, RUNTIME_POLICIES
 
 POLICIES = COMPARED_POLICIES
 
@@ -51,11 +54,17 @@ CHAT_OUTPUT_MAX = 32
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", choices=tuple(REAL_SCENARIOS), default="interference")
-    parser.add_argument("--policy", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--policy", nargs="+", choices=RUNTIME_POLICIES, default=list(POLICIES))
     parser.add_argument("--num-requests", type=int, default=None, help="chat requests")
     parser.add_argument("--rate", type=float, default=None, help="chat requests per second")
     parser.add_argument("--prompt-max", type=int, default=CHAT_PROMPT_MAX)
     parser.add_argument("--output-max", type=int, default=CHAT_OUTPUT_MAX)
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="every prompt this long (with --output-tokens: fixed lengths)")
+    parser.add_argument("--output-tokens", type=int, default=None,
+                        help="every answer this long (with --prompt-tokens)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="closed-loop streams instead of the scenario's arrivals")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit", type=float, default=240.0,
                         help="seconds one policy's load may run")
@@ -103,7 +112,14 @@ def _workload(args: argparse.Namespace) -> Any:
         preset["count"] = args.num_requests
     if args.rate is not None:
         preset["rate"] = args.rate
-    lengths = LengthSpec(kind="sharegpt", prompt_max=args.prompt_max, output_max=args.output_max)
+    if (args.prompt_tokens is None) != (args.output_tokens is None):
+        raise ValueError("--prompt-tokens and --output-tokens go together")
+    if args.prompt_tokens is not None:
+        lengths = LengthSpec(kind="fixed", prompt_tokens=args.prompt_tokens,
+                             output_tokens=args.output_tokens)
+    else:
+        lengths = LengthSpec(kind="sharegpt", prompt_max=args.prompt_max,
+                             output_max=args.output_max)
     # The named scenario keeps its arrivals and clients (fairness: heavy:3, light:1).
     return scenario(args.scenario, lengths=lengths, seed=args.seed, **preset)
 
@@ -128,7 +144,8 @@ def run_policy(policy: str, args: argparse.Namespace, spec: Any, plans: Sequence
         target = Target(base_url=f"http://127.0.0.1:{port}", endpoint="completions", model=None,
                         request_timeout_s=args.time_limit, ignore_eos=True)
         result = trio.run(partial(run_load, target, plans, builder,
-                                  time_limit_s=args.time_limit, seed=args.seed))
+                                  time_limit_s=args.time_limit, seed=args.seed,
+                                  concurrency=args.concurrency))
         metrics = scheduler_metrics(f"http://127.0.0.1:{port}")
     finally:
         launch.stop(proc)
@@ -139,7 +156,8 @@ def run_policy(policy: str, args: argparse.Namespace, spec: Any, plans: Sequence
     summary["server_scheduler_metrics"] = metrics
     config = {"scenario": args.scenario, "policy": policy, "workload": spec.to_json(),
               "server_args": args.server_args, "startup_s": startup_s,
-              "load_average": os.getloadavg(), "time_limit_s": args.time_limit}
+              "load_average": os.getloadavg(), "time_limit_s": args.time_limit,
+              "concurrency": args.concurrency}
     return RunFile(label=policy, config=config, summary=summary, records=result.records)
 
 
@@ -296,7 +314,13 @@ def main(args: argparse.Namespace) -> int:
     from ops.loadgen.report import write_run
     from ops.sim.workloads import build_workload
 
-    spec = _workload(args)
+    try:
+        if args.concurrency is not None and args.concurrency < 1:
+            raise ValueError("--concurrency must be at least 1")
+        spec = _workload(args)
+    except ValueError as exc:
+        print(f"flare bench compare: {exc}", file=sys.stderr)
+        return 2
     plans = build_workload(spec)
     summaries: dict[str, Any] = {}
     for policy in args.policy:

@@ -78,6 +78,10 @@ class PolicyConfig:
     """flare's first-token urgency u, value per prompt token per ms waited since
     admission, added to the prefill token price (``1 + f/x + u*A``). Not a seed
     preference: 0 (every seed preset) is the seed's price (SEL-5)."""
+    client_fairness: float = 0.0
+    """flare's per-client fairness exponent s: fairness prices weighted by the request's
+    client share ``(n / (k * n_c)) ** s`` (``policy/client_shares.py``). Not a seed
+    preference: 0 (every seed preset) is the seed's per-request price (SEL-5..7)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,6 +114,9 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     # flare's extension (docs/scheduling-utility.md, *First-token urgency*): balanced,
     # plus a prompt-age price and a retirement worth a freed request slot.
     "first-token": PolicyConfig(prompt_age_price=0.03, terminal_value=10_000.0),
+    # flare's extension (docs/scheduling-utility.md, *Per-client fairness*): balanced,
+    # with every client's requests together holding one client's fairness weight.
+    "client-fair": PolicyConfig(client_fairness=1.0),
 }
 """The ``--scheduler-policy`` presets by name."""
 

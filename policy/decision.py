@@ -31,6 +31,7 @@ import numpy as np
 
 from policy.candidate_families import PREFILL, family_shapes, family_times
 from policy.catalog_index import CatalogIndex, ShapeTimes
+from policy.client_shares import client_rate_views
 from policy.config import PolicyConfig
 from policy.decision_context import DecisionContext, LaneGroup, PromptGroup, RestoreGroup
 from policy.descriptors import StateOp
@@ -119,6 +120,8 @@ def build_context(
     """Everything ``selection.select`` needs for a decision at the queue's expected end."""
     start_ns = queue.expected_end_ns(now_ns)
     histories = projected_histories(records, queue, config) if len(queue) else {}
+    if config.client_fairness:
+        histories = client_rate_views(records, histories, config)
 
     n_active = 0
     n_pending_terminals = 0

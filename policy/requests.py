@@ -59,6 +59,9 @@ class RequestRecord:
     """Images ``0..images_encoded-1`` were encoded by scheduled vision programs
     (``policy.vision_prerequisites``)."""
     scored_prompt: bool = False
+    client: str = ""
+    """The request's client tag (``assign_client``; empty: untagged). Only flare's
+    per-client fairness reads it (``policy/client_shares.py``)."""
     history: ServiceHistory
     phase: Phase = Phase.PREFILL
     prompt_cursor: int = 0

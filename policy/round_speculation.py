@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from policy.catalog_index import CatalogIndex, ShapeTimes
+from policy.client_shares import client_rate_views
 from policy.config import PolicyConfig
 from policy.credit_ledgers import (
     CreditLedger,
@@ -241,6 +242,8 @@ class RoundSpeculation:
         stale = times.stale(now_ns, view.estimates.ttl_ns)
         histories = projected_histories(view.records, view.queue, config) \
             if len(view.queue) else {}
+        if config.client_fairness:
+            histories = client_rate_views(view.records, histories, config)
         depth = max(s.proposal_depth for s in shapes)
         room = {}
         limit = self.settings.context_limit

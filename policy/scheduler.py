@@ -233,7 +233,7 @@ class Scheduler:
         return handle
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:
-        """The seed's scheduler does not rank by client: nothing to record."""
+        self._records[handle].client = client  # priced only by client_fairness
 
     def restoration_ready(self, handle: RequestHandle) -> None:
         """External restoration finished: a restore graph may now bind the state."""

@@ -70,6 +70,7 @@ VARIANT_CONFIGURATIONS = (
     Configuration("balanced-retire-10k", "balanced",
                   preferences=(("terminal_value", 10_000.0),)),
     Configuration("first-token", "first-token"),
+    Configuration("client-fair", "client-fair"),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
@@ -161,6 +162,7 @@ def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
     metrics["rate"] = rate
     metrics["policy"] = config.policy
     metrics["simulation_cpu_s"] = result.cpu_s
+    metrics["slots"] = result.slots
     return metrics
 
 

@@ -139,6 +139,8 @@ class _Req:
     """The reusable record of a one-token, non-final output lane."""
     accept_runs: np.ndarray | None = None
     """``accept_runs[j]``: consecutive accepted draft positions from output position j."""
+    admitted_s: float | None = None
+    released_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,6 +165,9 @@ class SimResult:
     unfinished: int
     vision: dict[str, Any] = field(default_factory=dict)
     """Images the simulated vision program encoded and its device time (with images)."""
+    slots: dict[str, float] = field(default_factory=dict)
+    """Mean resident requests (running slots held) by stage: ``prompt`` (admitted, no
+    token yet), ``streaming`` (first to last token), ``retiring`` (last token to release)."""
 
     def stats_json(self) -> dict[str, Any]:
         return {"makespan_s": self.makespan_s, "frames": self.frames, "busy_s": self.busy_s,
@@ -172,7 +177,20 @@ class SimResult:
                                 self.speculation["accepted"] / self.speculation["drafted"]
                                 if self.speculation["drafted"] else None},
                 "simulation_wall_s": self.wall_s, "simulation_cpu_s": self.cpu_s, "unfinished": self.unfinished,
-                **({"vision": self.vision} if self.vision else {})}
+                "slots": self.slots, **({"vision": self.vision} if self.vision else {})}
+
+
+def _slot_occupancy(reqs: Sequence[_Req], makespan_s: float) -> dict[str, float]:
+    """``SimResult.slots``: each stage's slot-seconds over the makespan."""
+    held = {"prompt": 0.0, "streaming": 0.0, "retiring": 0.0}
+    for q in reqs:
+        if q.admitted_s is None or q.released_s is None or not q.chunk_times_s:
+            continue
+        first, last = q.chunk_times_s[0], q.chunk_times_s[-1]
+        held["prompt"] += first - q.admitted_s
+        held["streaming"] += last - first
+        held["retiring"] += q.released_s - last
+    return {k: v / makespan_s if makespan_s > 0 else 0.0 for k, v in held.items()}
 
 
 def _drains(plan: ScheduledPlan) -> bool:
@@ -257,6 +275,7 @@ class _Simulation:
             cpu_s=time.process_time() - cpu_started,
             unfinished=unfinished,
             vision=self.vision.stats(self.frames) if self.o.vision.images_per_request else {},
+            slots=_slot_occupancy(self.reqs, self.now / NS_PER_S),
         )
 
     # ---- events ----------------------------------------------------------------------
@@ -279,6 +298,7 @@ class _Simulation:
                 self.vision.plans[h] = images
             self.p.assign_client(h, q.plan.client)
             q.handle = h
+            q.admitted_s = self.now / NS_PER_S
             self.by_handle[h] = q
             self.resident += 1
 
@@ -375,7 +395,9 @@ class _Simulation:
         # (the simulator never cancels), so skip the policy's scan otherwise.
         if self.finishing or terminal:
             for h in self.p.take_released():
-                by_handle.pop(h, None)
+                released = by_handle.pop(h, None)
+                if released is not None:
+                    released.released_s = now_s
                 self.vision.release(h)
                 self.resident -= 1
                 self.finishing = max(self.finishing - 1, 0)

@@ -122,10 +122,12 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
 
-def test_the_first_token_extension_preset_is_a_scheduler_policy(model_dir: pathlib.Path) -> None:
-    argv = ["run", "--model", str(model_dir), "--scheduler-policy", "first-token"]
+@pytest.mark.parametrize("preset", ["first-token", "client-fair"])
+def test_the_extension_presets_are_scheduler_policies(model_dir: pathlib.Path,
+                                                       preset: str) -> None:
+    argv = ["run", "--model", str(model_dir), "--scheduler-policy", preset]
     config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
-    assert config.scheduler_policy == "first-token"
+    assert config.scheduler_policy == preset
     config.validate()
 
 

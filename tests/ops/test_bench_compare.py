@@ -46,3 +46,30 @@ def test_sweep_table_rows_per_run_and_policy(tmp_path: pathlib.Path) -> None:
 def test_tabulate_refuses_a_directory_without_runs(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match=r"no <policy>\.json run files"):
         bench_compare.tabulate(tmp_path)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_compare.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_fixed_lengths_and_streams_and_the_extension_presets_are_accepted() -> None:
+    from ops.sim.workloads import build_workload
+
+    args = _args("--scenario", "poisson", "--num-requests", "12", "--prompt-tokens", "64",
+                 "--output-tokens", "32", "--concurrency", "4",
+                 "--policy", "balanced", "client-fair", "first-token", "fcfs")
+    plans = build_workload(bench_compare._workload(args))
+    assert len(plans) == 12
+    assert {(p.prompt_tokens, p.output_tokens) for p in plans} == {(64, 32)}
+    assert args.concurrency == 4
+    assert args.policy == ["balanced", "client-fair", "first-token", "fcfs"]
+
+
+def test_bad_stream_or_length_flags_exit_2_naming_the_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_compare.main(_args("--prompt-tokens", "64")) == 2
+    assert "--prompt-tokens and --output-tokens" in capsys.readouterr().err
+    assert bench_compare.main(_args("--concurrency", "0")) == 2
+    assert "--concurrency" in capsys.readouterr().err

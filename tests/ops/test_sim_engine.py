@@ -84,6 +84,10 @@ def test_resident_limit_and_release_after_terminal_snapshot() -> None:
     assert b.ttft_s == pytest.approx(0.027)
     assert result.frames == {"decode": 2, "prefill": 2, "state": 2}
     assert result.makespan_s == pytest.approx(0.034)
+    # Slots held, each request: 10 ms before its first token (B from its admission at
+    # 17 ms, not its arrival), 5 ms streaming, 2 ms retiring after its last token.
+    assert result.slots == pytest.approx({"prompt": 20 / 34, "streaming": 10 / 34,
+                                          "retiring": 4 / 34})
 
 
 def test_queue_limit_refuses_arrivals() -> None:

@@ -127,5 +127,5 @@ def test_every_policy_takes_client_tags_and_vtc_keeps_them() -> None:
     assert vtc.client_of(h) == "a"
     seed = make_policy("balanced", catalog=CATALOG)
     h = seed.admit(prompt_len=8, max_output_tokens=4)
-    seed.assign_client(h, "a")  # the seed's scheduler does not rank by client
+    seed.assign_client(h, "a")  # recorded; ranked by client only by client_fairness
     assert seed.phase(h) is Phase.PREFILL

@@ -1,6 +1,6 @@
 """Service history, prices and normalizers, as docs/scheduling-utility.md defines them.
 
-Formula ids U-1..U-10 refer to docs/scheduling-utility.md (CAT-6: each formula is tested).
+Formula ids U-1..U-11 refer to docs/scheduling-utility.md (CAT-6: each formula is tested).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def test_copy_is_independent() -> None:
 def test_cat_6_doc_formulas_are_all_cited_by_tests() -> None:
     """Covers CAT-6, OPEN-1: every U-n formula id in the doc is cited by this test file."""
     ids = set(re.findall(r"\*\*(U-\d+)[ab]?\*\*", DOC.read_text()))
-    assert ids == {f"U-{i}" for i in range(1, 11)}
+    assert ids == {f"U-{i}" for i in range(1, 12)}
     source = pathlib.Path(__file__).read_text()
     for formula in ids:
         assert re.search(rf"Covers[^\n]*\b{formula}\b", source), formula
@@ -341,3 +341,29 @@ def test_first_token_urgency_price() -> None:
     assert first_token_prices([4.0], [100.0], CONFIG) == [prefill_token_price(history(4.0, 1.0),
                                                                               CONFIG)]
     assert first_token_prices([4.0], [100.0], urgent) == [pytest.approx(1 + 16 / 4 + 3.0)]
+
+
+def test_client_share_prices() -> None:
+    """Covers U-11: with client weight ``w_c`` the prices are ``1 + w_c f/x``,
+    ``beta + w_c f/x`` and ``w_c g/z``; s = 0 (the seed presets) leaves every price."""
+    from dataclasses import replace
+
+    from synthetic_catalog import decode, measured_scheduler
+
+    from policy.client_shares import client_rate_views
+
+    fair = replace(CONFIG, client_fairness=1.0)
+    s = measured_scheduler((decode(4),), fair)
+    handles = [s.admit(prompt_len=8, max_output_tokens=4) for _ in range(4)]
+    for h, client in zip(handles, ("heavy", "heavy", "heavy", "light"), strict=True):
+        s.assign_client(h, client)
+        s.request(h).history.token_rate = 2.0
+        s.request(h).history.delivery_rate = 0.5
+    views = client_rate_views(s._records, {}, fair)
+    light, heavy = views[handles[3]], views[handles[0]]
+    w_light, w_heavy = 4 / 2, 4 / 6
+    assert prefill_token_price(light, fair) == pytest.approx(1 + w_light * 16 / 2.0)
+    assert output_token_price(heavy, fair) == pytest.approx(64 + w_heavy * 16 / 2.0)
+    assert delivery_price(light, fair) == pytest.approx(w_light * 4 / 0.5)
+    # Weight one everywhere: no view, every request is priced from its stored history.
+    assert client_rate_views(s._records, {}, CONFIG) == {}
