@@ -472,6 +472,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         speculation_source=config.draft_source if speculative else None,
         draft_model_dir=config.draft_model_dir,
         draft_catch_up=config.draft_catch_up, vision_feature_images=config.vision_feature_images,
+        hold_model=config.tensor_parallel_size == 1,  # ranks read their own shards
     )
     return engine, shapes
 
@@ -481,7 +482,6 @@ def image_prompting(engine: ModelEngine) -> ImagePrompting | None:
     return None if vision is None else ImagePrompting(
         image_token_id=vision.config.image_token_id,
         tokens_per_image=vision.config.tokens_per_image)
-
 
 
 def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:

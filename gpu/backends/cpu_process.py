@@ -152,6 +152,9 @@ class DeviceProcessBackend:
         self.stream_name = f"flare-cpu-device-{next(_stream_ids)}"
         self.start_s: float | None = None
         """Seconds ``prepare`` took to start the device process and map the programs."""
+        self.held_bytes: dict[str, int] = {}
+        """What the device process's programs hold once prepared: bytes of decoder
+        parameters (``weights``) and of KV pools (``kv``), ``rank_programs.held_bytes``."""
         self._lock = threading.Lock()
         self._indices: dict[int, int] = {}
         """Prepared program identity -> its index in the device process."""
@@ -236,6 +239,7 @@ class DeviceProcessBackend:
             self._stop_process(kill=True)
             raise BackendError(f"the cpu device process could not load the programs:\n{reply[1]}")
         self.num_threads = reply[1]
+        self.held_bytes = reply[2]
         self.start_s = time.perf_counter() - started
         self._reader = threading.Thread(target=self._read, name=f"{self.stream_name}-reader",
                                         daemon=True)

@@ -37,6 +37,7 @@ import torch
 from gpu.backends.cpu import CpuStream, stage_launch
 from gpu.backends.host_allocator import keep_freed_memory
 from gpu.backends.protocol import LaunchHandle
+from gpu.backends.rank_programs import held_bytes
 from gpu.backends.ranks import RankSpec, join_group, leave_group
 from gpu.backends.shared_pickling import loads_shared
 
@@ -108,7 +109,7 @@ def main(conn: Any, num_threads: int, rank: RankSpec | None = None) -> None:
     except Exception as exc:
         replies.send(("failed", "".join(traceback.format_exception(exc))))
         return
-    replies.send(("ready", torch.get_num_threads()))
+    replies.send(("ready", torch.get_num_threads(), held_bytes(programs)))
     stream = CpuStream("flare-device-stream")
     try:
         while True:

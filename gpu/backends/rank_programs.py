@@ -6,9 +6,11 @@ Every rank's device process maps the host's programs from shared memory
 workspaces and draft state are written by each rank's programs, so a rank cannot run
 on the shared pages; ``rank_programs`` copies the object graph once, in process
 (pickling with every tensor storage cloned once, numpy views of tensor memory kept as
-views of the clones), and substitutes on the way each ``Decoder`` by its shard and
-each ``PagedKVCache`` by a pool of the rank's KV heads (``gpu.model.sharding``). The
-full weights are never copied: the shards slice them.
+views of the clones), and substitutes on the way each ``Decoder`` by its shard, read
+from the checkpoint files (``gpu.model.sharding.load_shard``), and each
+``PagedKVCache`` by a pool of the rank's KV heads. The host's decoders and pools are
+placeholders without memory (``ModelEngine.load(hold_model=False)``), so no process
+holds the whole model. ``held_bytes`` says what a set of programs holds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from gpu.backends.shared_pickling import _rebuild_view, _tensor_base
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
-from gpu.model.sharding import AllReduce, shard_cache, shard_decoder
+from gpu.model.sharding import Collectives, load_shard, shard_cache
 
 _LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
@@ -112,16 +114,43 @@ def model_parts(obj: Any) -> list[Decoder | PagedKVCache]:
     return list(found.values())
 
 
-def rank_programs(programs: list[Any], rank: int, world: int, all_reduce: AllReduce
-                  ) -> list[Any]:
+def rank_programs(programs: list[Any], rank: int, world: int, collectives: Collectives, *,
+                  vocab_parallel: bool = False) -> list[Any]:
     """Rank ``rank``'s private programs over its shards (the module doc)."""
+    parts = model_parts(programs)
+    device = next((p.device for p in parts if isinstance(p, Decoder)), "cpu")
     substitutes = {
-        id(part): (shard_decoder(part, rank, world, all_reduce) if isinstance(part, Decoder)
-                   else shard_cache(part, rank, world))
-        for part in model_parts(programs)}
+        id(part): (load_shard(part, rank, world, collectives, vocab_parallel=vocab_parallel)
+                   if isinstance(part, Decoder) else shard_cache(part, rank, world,
+                                                                 device=device))
+        for part in parts}
     buffer = io.BytesIO()
     copier = _Copier(buffer, substitutes)
     copier.dump(programs)
     buffer.seek(0)
     copied: list[Any] = _Paster(buffer, copier).load()
     return copied
+
+
+def held_bytes(programs: list[Any]) -> dict[str, int]:
+    """Bytes of memory the decoders' parameters (``weights``) and the KV pools (``kv``)
+    reachable from ``programs`` hold, each storage once (placeholders hold none)."""
+    seen: set[int] = set()
+    held = {"weights": 0, "kv": 0}
+
+    def count(kind: str, tensors: list[torch.Tensor | None]) -> None:
+        for tensor in tensors:
+            if tensor is None or tensor.is_meta:
+                continue
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                held[kind] += storage.nbytes()
+
+    for part in model_parts(programs):
+        if isinstance(part, Decoder):
+            count("weights", [part.embed, part.lm_head, *part.qkv_weight, *part.qkv_bias, *part.gate_up_weight,
+                              *part.w.values()])
+        else:
+            count("kv", [part.keys, part.values])
+    return held

@@ -33,6 +33,10 @@ RENDEZVOUS_TIMEOUT_S = 120.0
 
 LOOPBACK = "127.0.0.1"
 
+VOCAB_PARALLEL = False
+"""The default layout of the embedding and logits: replicated (docs/tensor-parallel.md,
+*Embedding and logits*, measured)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankSpec:
@@ -43,6 +47,9 @@ class RankSpec:
     address: str
     port: int
     timeout_s: float = COLLECTIVE_TIMEOUT_S
+    vocab_parallel: bool = False
+    """Split the embedding and the vocabulary projection over the ranks
+    (``gpu.model.sharding``) instead of replicating them."""
 
 
 def collective_timeout_s(environ: Mapping[str, str] | None = None) -> float:
@@ -55,6 +62,16 @@ def collective_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     if not value > 0:
         raise ValueError(f"FLARE_TP_TIMEOUT_S must be positive seconds, got {text!r}")
     return value
+
+
+def vocab_parallel_default(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the ranks split the embedding and logits: ``FLARE_TP_VOCAB`` is
+    ``parallel`` or ``replicated`` (the default, ``VOCAB_PARALLEL``)."""
+    env = os.environ if environ is None else environ
+    text = env.get("FLARE_TP_VOCAB") or ("parallel" if VOCAB_PARALLEL else "replicated")
+    if text not in ("parallel", "replicated"):
+        raise ValueError(f"FLARE_TP_VOCAB must be parallel or replicated, got {text!r}")
+    return text == "parallel"
 
 
 def rendezvous(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
@@ -78,11 +95,24 @@ def join_group(programs: list[Any], spec: RankSpec) -> list[Any]:
         "gloo", init_method=f"tcp://{spec.address}:{spec.port}", rank=spec.rank,
         world_size=spec.world, timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
     group = dist.new_group(timeout=datetime.timedelta(seconds=spec.timeout_s))
+    return rank_programs(programs, spec.rank, spec.world, GroupCollectives(group, spec.world),
+                         vocab_parallel=spec.vocab_parallel)
 
-    def all_reduce(tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor, group=group)
 
-    return rank_programs(programs, spec.rank, spec.world, all_reduce)
+class GroupCollectives:
+    """``gpu.model.sharding.Collectives`` over a torch.distributed group."""
+
+    def __init__(self, group: Any, world: int) -> None:
+        self._group = group
+        self._world = world
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor, group=self._group)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(tensor) for _ in range(self._world)]
+        dist.all_gather(parts, tensor, group=self._group)
+        return torch.cat(parts, dim=-1)
 
 
 def leave_group() -> None:

@@ -52,7 +52,12 @@ from gpu.backends.protocol import (
     ProgramFault,
 )
 from gpu.backends.rank_programs import model_parts
-from gpu.backends.ranks import RankSpec, collective_timeout_s, rendezvous
+from gpu.backends.ranks import (
+    RankSpec,
+    collective_timeout_s,
+    rendezvous,
+    vocab_parallel_default,
+)
 from gpu.frames import PEER_OUTPUTS_KEY
 from gpu.model.decoder import Decoder
 from gpu.model.sharding import check_shardable
@@ -117,19 +122,24 @@ class TensorParallelBackend:
     name = "cpu"
     device = "cpu"
 
-    def __init__(self, *, size: int, num_threads: int | None = None) -> None:
+    def __init__(self, *, size: int, num_threads: int | None = None,
+                 vocab_parallel: bool | None = None) -> None:
         """``num_threads``: each rank's intra-op threads (``None``: the machine's
-        default share, ``default_cpu_threads() // size``, at least 1)."""
+        default share, ``default_cpu_threads() // size``, at least 1).
+        ``vocab_parallel``: split the embedding and logits over the ranks (``None``:
+        ``gpu.backends.ranks.vocab_parallel_default``)."""
         if size < 2:
             raise ValueError(f"a tensor-parallel group needs >= 2 ranks, got {size}")
         threads = max(default_cpu_threads() // size, 1) if num_threads is None else num_threads
         address, port = rendezvous()
         timeout_s = collective_timeout_s()
+        if vocab_parallel is None:
+            vocab_parallel = vocab_parallel_default()
         self.size = size
         sharing = SharedSending()
         self.ranks = [DeviceProcessBackend(num_threads=threads, sharing=sharing, rank=RankSpec(
-            rank=r, world=size, address=address, port=port, timeout_s=timeout_s))
-            for r in range(size)]
+            rank=r, world=size, address=address, port=port, timeout_s=timeout_s,
+            vocab_parallel=vocab_parallel)) for r in range(size)]
         self._lock = threading.Lock()
         self._sequence = 0
         self._closed = False
@@ -153,6 +163,11 @@ class TensorParallelBackend:
             if backend.lost is not None:
                 return DeviceLost(f"rank {rank}: {backend.lost}")
         return None
+
+    @property
+    def held_bytes(self) -> tuple[dict[str, int], ...]:
+        """What each rank holds once prepared (``DeviceProcessBackend.held_bytes``)."""
+        return tuple(r.held_bytes for r in self.ranks)
 
     @property
     def pids(self) -> tuple[int | None, ...]:
