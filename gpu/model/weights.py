@@ -131,8 +131,10 @@ def load_weights(
                     if selection is not None:
                         shape[selection[0]] = sum(len(s) for s in selection[1])
                     tensors[name] = torch.empty(shape, dtype=dtype, device="meta")
-                elif selection is None:
+                elif selection is None and select is None:
                     tensors[name] = f.get_tensor(stored)
+                elif selection is None:  # memory of its own: a view would keep the
+                    tensors[name] = f.get_tensor(stored).clone()  # file's touched pages
                 else:
                     tensors[name] = _read(f.get_slice(stored), selection)
     return checked_weights(tensors, wanted, device=device, dtype=dtype)

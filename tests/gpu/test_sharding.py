@@ -26,6 +26,7 @@ from model_fixtures import CATALOG, DECODE, PAGE_SIZE, PREFILL_64, prompt_of
 from safetensors import safe_open
 
 from gpu.backends.rank_programs import held_bytes, model_parts, rank_programs
+from gpu.backends.ranks import vocab_parallel_default
 from gpu.engine import ModelEngine
 from gpu.frames import Frame, Result, as_inputs, result_of
 from gpu.model.config import ModelConfig, load_model_config
@@ -186,3 +187,11 @@ def test_each_rank_holds_its_share_and_the_host_none(kind: str, world: int,
             for name, shape in shapes.items())
         assert held["kv"] * config.num_kv_heads == \
             full["kv"] * len(kv_heads_of_rank(config.num_kv_heads, rank, world))
+
+
+def test_the_vocabulary_layout_is_replicated_unless_flare_tp_vocab_says() -> None:
+    assert vocab_parallel_default({}) is False
+    assert vocab_parallel_default({"FLARE_TP_VOCAB": "parallel"}) is True
+    assert vocab_parallel_default({"FLARE_TP_VOCAB": "replicated"}) is False
+    with pytest.raises(ValueError, match="FLARE_TP_VOCAB"):
+        vocab_parallel_default({"FLARE_TP_VOCAB": "sharded"})
