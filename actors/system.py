@@ -388,7 +388,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     # cpu: the stream is a device process unless ``--no-device-process``
     backend = open_backend(config.backend, **(
         {"device_process": config.device_process,
-         "tensor_parallel": config.tensor_parallel_size} if config.backend == "cpu" else {}))
+         **config.tensor_parallel_options} if config.backend == "cpu" else {}))
     try:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
         if config.resident_grammars:  # where the backend's stream allows them

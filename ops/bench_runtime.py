@@ -206,7 +206,7 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         memory = serving_memory()
         held = {"server": held_bytes(list(rt._parts.programs.values()))}
         devices = getattr(rt._parts.backend, "held_bytes", ())  # device processes only
-        for i, device in enumerate([devices] if isinstance(devices, dict) else devices):
+        for i, device in enumerate(devices):
             held[f"device {i}"] = device
     result: dict[str, object] = dict(summarize(frames))
     result["tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0

@@ -1,6 +1,7 @@
 """Megatron-style shards (``gpu.model.sharding``) and a rank's own programs
-(``gpu.backends.rank_programs``), in one process: the ranks run as threads whose
-all-reduce is a plain sum, so the sharded math is checked without a process group.
+(``gpu.backends.rank_programs``: rebuilt from the payload rank 0 broadcasts), in one
+process: the ranks run as threads whose collectives are plain sums and
+concatenations, so the sharded math is checked without a process group.
 
 - which KV heads a rank holds: its share when there are at least as many KV heads as
   ranks, else the one its query heads read, replicated;
@@ -25,7 +26,12 @@ import torch
 from model_fixtures import CATALOG, DECODE, PAGE_SIZE, PREFILL_64, prompt_of
 from safetensors import safe_open
 
-from gpu.backends.rank_programs import held_bytes, model_parts, rank_programs
+from gpu.backends.rank_programs import (
+    held_bytes,
+    model_parts,
+    programs_payload,
+    rank_programs,
+)
 from gpu.backends.ranks import vocab_parallel_default
 from gpu.engine import ModelEngine
 from gpu.frames import Frame, Result, as_inputs, result_of
@@ -92,9 +98,10 @@ class _GroupDriver(ReferenceDriver):
         super().__init__(engine)
         group = _ThreadGroup(world)
         shapes = list(engine.programs)
+        payload = programs_payload(list(engine.programs.values()))
         self.ranks = [dict(zip(shapes, rank_programs(
-            list(engine.programs.values()), r, world, group.of_rank(r),
-            vocab_parallel=vocab_parallel), strict=True)) for r in range(world)]
+            payload, r, world, group.of_rank(r), vocab_parallel=vocab_parallel), strict=True))
+            for r in range(world)]
 
     def run(self, shape: GraphShape, frame: Frame) -> Result:  # type: ignore[override]
         results: list[Result | None] = [None] * len(self.ranks)
