@@ -10,6 +10,7 @@ process exits with 0 (OPEN-37, ACC-16).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -49,25 +50,32 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+async def output_of(process: trio.Process) -> str:
+    """Everything ``process`` writes to its stdout, once it closes it."""
+    assert process.stdout is not None
+    chunks = []
+    while chunk := await process.stdout.receive_some():
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
 async def test_a_rank_started_apart_serves_with_the_runtime_and_stops_with_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     port = str(free_port())
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
            "PYTHONPATH": os.getcwd()}
-    rank = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "rank", "-tp", "2", "--nnodes", "2",
-         "--node-rank", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    try:
-        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-        monkeypatch.setenv("MASTER_PORT", port)
-        with trio.fail_after(DEADLINE_S):
+    command = [sys.executable, "-m", "ops.cli", "rank", "-tp", "2", "--nnodes", "2",
+               "--node-rank", "1"]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", port)
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            rank: trio.Process = await nursery.start(functools.partial(
+                trio.run_process, command, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, check=False))
             across = await completions(2, nnodes=2)
-        output, _ = rank.communicate(timeout=DEADLINE_S)
-    finally:
-        rank.kill()
-        rank.wait()
-    assert rank.returncode == 0, output
+            output = await output_of(rank)  # the rank stops with the runtime
+            assert await rank.wait() == 0, output
     assert "rank 1 of 2: joined" in output and "stopped the group" in output
     monkeypatch.delenv("MASTER_PORT")
     with trio.fail_after(DEADLINE_S):
