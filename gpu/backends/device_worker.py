@@ -19,6 +19,11 @@ inputs or outputs a program takes: a program that gains an input or an output ne
 nothing from this module. Torch's intra-op threads are set here (``num_threads``), and
 the allocator keeps freed memory for the next launch (``gpu.backends.host_allocator``).
 
+A rank of a tensor-parallel group (``rank``) runs the same stream, fed through the
+group instead (``gpu.backends.rank_worker``): rank 0 receives the programs' payload
+and the launches here and passes them on, and replies once per launch for every rank;
+the other ranks use the pipe only to say they are ready.
+
 Signals: the process ignores SIGINT and SIGTERM, which a terminal or a supervisor
 sends to the whole process group; the serving process decides when it stops (it
 drains first), and if that process dies outright the pipe closes and this one exits.
