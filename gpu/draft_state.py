@@ -147,7 +147,7 @@ def load_draft_model(model_dir: str | Path, *, target: Decoder, target_cache: Pa
     weights = load_weights(directory, config, device=model_device, dtype=target.dtype)
     decoder = Decoder(config, weights, max_context=geometry.max_context, device=target.device,
                       dtype=target.dtype)
-    decoder.source = WeightSource(directory)
+    decoder.source = WeightSource(directory, role="draft")
     if target.capture is not None:  # the draft forward is captured like the target's
         decoder.enable_capture()
     cache = PagedKVCache(config, geometry, device=model_device, dtype=target.dtype)

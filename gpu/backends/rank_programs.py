@@ -19,10 +19,13 @@ of the rank's KV heads. ``held_bytes`` says what a set of programs holds.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,10 +61,14 @@ class DecoderSpec:
         return cls(decoder.config, decoder.source, decoder.device, decoder.dtype,
                    decoder.rope_cos.shape[0])
 
-    def placeholder(self) -> Decoder:
-        """A decoder of this description without weights, for ``load_shard``."""
+    def placeholder(self, checkpoints: Mapping[str, Path]) -> Decoder:
+        """A decoder of this description without weights, for ``load_shard``, its
+        checkpoint at ``checkpoints[role]`` where given."""
         decoder = Decoder.__new__(Decoder)
         decoder.config, decoder.source = self.config, self.source
+        if self.source is not None and self.source.role in checkpoints:
+            decoder.source = dataclasses.replace(
+                self.source, directory=checkpoints[self.source.role])
         decoder.device, decoder.dtype = self.device, self.dtype
         decoder.rope_cos = torch.empty(self.max_context, 0, device="meta")
         return decoder
@@ -187,12 +194,15 @@ def model_parts(obj: Any) -> list[Decoder | PagedKVCache]:
 
 
 def rank_programs(payload: bytes, rank: int, world: int, collectives: Collectives, *,
-                  vocab_parallel: bool = False) -> list[Any]:
-    """Rank ``rank``'s private programs over its shards (the module doc)."""
+                  vocab_parallel: bool = False, checkpoints: Mapping[str, Path] | None = None
+                  ) -> list[Any]:
+    """Rank ``rank``'s private programs over its shards (the module doc).
+    ``checkpoints``: where this machine keeps a checkpoint, by its role (``model``,
+    ``draft``), where the serving process's path does not hold."""
     graph, parts, storages = pickle.loads(payload)
     device = next((p.device for p in parts.values() if isinstance(p, DecoderSpec)), "cpu")
     substitutes = {
-        key: (load_shard(part.placeholder(), rank, world, collectives,
+        key: (load_shard(part.placeholder(checkpoints or {}), rank, world, collectives,
                          vocab_parallel=vocab_parallel) if isinstance(part, DecoderSpec)
               else shard_cache(part.placeholder(), rank, world, device=device))
         for key, part in parts.items()}

@@ -38,8 +38,9 @@ import pickle
 import queue
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -138,9 +139,11 @@ class Member:
     fail, in launch order, without reaching the group."""
 
 
-def join(spec: RankSpec, payload: bytes | None) -> Member:
+def join(spec: RankSpec, payload: bytes | None,
+         checkpoints: Mapping[str, Path] | None = None) -> Member:
     """Join the group (waits up to ``RENDEZVOUS_TIMEOUT_S`` for every rank); rank 0
-    passes the programs' ``payload``, which the others receive from it."""
+    passes the programs' ``payload``, which the others receive from it.
+    ``checkpoints``: this machine's checkpoint paths by role (``rank_programs``)."""
     dist.init_process_group(
         "gloo", init_method=f"tcp://{spec.address}:{spec.port}", rank=spec.rank,
         world_size=spec.world, timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
@@ -157,7 +160,8 @@ def join(spec: RankSpec, payload: bytes | None) -> Member:
     try:
         programs = rank_programs(payload, spec.rank, spec.world,
                                  GroupCollectives(forward, spec.world),
-                                 vocab_parallel=settings.vocab_parallel)
+                                 vocab_parallel=settings.vocab_parallel,
+                                 checkpoints=checkpoints)
         status = (None, held_bytes(programs))
     except Exception as exc:
         status = (f"rank {spec.rank}: " + "".join(traceback.format_exception(exc)), {})

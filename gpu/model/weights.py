@@ -91,6 +91,9 @@ class WeightSource:
 
     directory: Path
     rename: Callable[[str], str | None] | None = None
+    role: str = "model"
+    """``model`` (the served model) or ``draft`` (a learned draft): what a rank on
+    another machine names the checkpoint by (``flare rank --model``)."""
 
 
 Selection = tuple[int, tuple[range, ...]]

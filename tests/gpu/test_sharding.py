@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import threading
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from gpu.backends.rank_programs import (
 from gpu.backends.ranks import vocab_parallel_default
 from gpu.engine import ModelEngine
 from gpu.frames import Frame, Result, as_inputs, result_of
-from gpu.model.config import ModelConfig, load_model_config
+from gpu.model.config import ModelConfig, ModelLoadError, load_model_config
 from gpu.model.kv_cache import PagedKVCache
 from gpu.model.sharding import Collectives, ShardError, check_shardable, kv_heads_of_rank
 from gpu.programs.driver import ReferenceDriver
@@ -202,3 +203,19 @@ def test_the_vocabulary_layout_is_replicated_unless_flare_tp_vocab_says() -> Non
     assert vocab_parallel_default({"FLARE_TP_VOCAB": "replicated"}) is False
     with pytest.raises(ValueError, match="FLARE_TP_VOCAB"):
         vocab_parallel_default({"FLARE_TP_VOCAB": "sharded"})
+
+
+def test_a_rank_reads_its_checkpoint_where_its_machine_keeps_it(
+        tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """``flare rank --model DIR``: a rank whose machine keeps the served checkpoint
+    elsewhere than the serving process reads its shard there."""
+    served, elsewhere = tmp_path / "served", tmp_path / "elsewhere"
+    shutil.copytree(tiny_checkpoints["llama"], served)
+    shutil.copytree(served, elsewhere)
+    payload = programs_payload(list(_load(served, hold_model=False).programs.values()))
+    (served / "model.safetensors").unlink()  # not on the rank's machine
+    with pytest.raises(ModelLoadError):
+        rank_programs(payload, 0, 2, _ThreadGroup(2).of_rank(0))
+    programs = rank_programs(payload, 0, 2, _ThreadGroup(2).of_rank(0),
+                             checkpoints={"model": elsewhere})
+    assert held_bytes(programs)["weights"] > 0

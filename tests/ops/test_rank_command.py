@@ -13,7 +13,7 @@ from ops.rank_command import main
 
 def args(tp: int = 2, nnodes: int = 2, node_rank: int = 1) -> argparse.Namespace:
     return argparse.Namespace(tensor_parallel_size=tp, nnodes=nnodes, node_rank=node_rank,
-                              threads=None)
+                              threads=None, model=None, draft_model=None)
 
 
 @pytest.mark.parametrize(("environ", "namespace", "says"), [
