@@ -57,7 +57,7 @@ from gpu.backends.protocol import (
     ProgramFault,
     ProgramNotPrepared,
 )
-from gpu.backends.ranks import RankSpec
+from gpu.backends.ranks import RENDEZVOUS_TIMEOUT_S, RankSpec
 from gpu.backends.shared_pickling import dumps_shared
 from gpu.preparation import PreparationReport, ProgressSink, prepare_in_order
 from gpu.program import PreparedProgram
@@ -67,7 +67,8 @@ CLOSE_TIMEOUT_S = 30.0
 and exit before killing it (a frame is at most a few hundred ms on the CPU)."""
 
 START_TIMEOUT_S = 120.0
-"""How long ``prepare`` waits for the device process to map the programs."""
+"""How long ``prepare`` waits for the device process to map the programs (a rank of a
+tensor-parallel group: to build its shard, plus the rendezvous's own wait)."""
 
 EXIT_REPORT_S = 5.0
 """How long the reader waits for a vanished device process's exit status."""
@@ -212,9 +213,10 @@ class DeviceProcessBackend:
         self._process, self._conn = process, host_end
         try:
             host_end.send_bytes(self._dumps(programs))
-            if not host_end.poll(START_TIMEOUT_S):
+            start_s = START_TIMEOUT_S + (RENDEZVOUS_TIMEOUT_S if self.rank else 0.0)
+            if not host_end.poll(start_s):
                 raise BackendError(f"the cpu device process did not start in "
-                                   f"{START_TIMEOUT_S:.0f} s")
+                                   f"{start_s:.0f} s")
             reply = pickle.loads(host_end.recv_bytes())
         except (EOFError, OSError) as exc:
             self._stop_process(kill=True)
