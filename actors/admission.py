@@ -54,7 +54,8 @@ from actors.messages import (
 )
 from actors.public import TOP_LOGPROBS, Finished, GenerationRequest
 from actors.reported_logprobs import scheduled_output_tokens
-from policy import fits_context
+from actors.window_snapshots import needs_snapshot_row
+from policy import DEFAULT_WINDOW_IMAGES, fits_context
 
 MAX_STOP_STRINGS = 16
 """More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""
@@ -74,6 +75,8 @@ class AdmissionLimits:
     """The vocabulary grammar-constrained requests run on (None: they are refused)."""
     structured_output: str = ""
     """Why grammar-constrained requests cannot run here ("" when they can)."""
+    window_images: int = DEFAULT_WINDOW_IMAGES
+    """Images one window holds: a prompt with more needs a private snapshot row."""
 
 
 def _end(msg: Admit, message: str) -> None:
@@ -164,6 +167,7 @@ class AdmissionState:
             message_ends=head.request.message_ends,
             use_prefix_cache=self.limits.prefix_caching and not head.request.prompt_logprobs,
             reply=reply, prompt_group=head.request.prefill_group,
+            window_snapshots=needs_snapshot_row(head.request.images, self.limits.window_images),
         )
 
     def on_withdraw(self, request_id: RequestId) -> str:

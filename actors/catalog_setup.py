@@ -1,7 +1,8 @@
 """How large the runtime's resources are, and which of the generated catalog it serves.
 
 ``open_runtime`` sizes the allocator from these rules: the shapes the configured
-speculation mode runs (``served_shapes``), the scratch rows terminal snapshots need
+speculation mode runs, with a vision-language checkpoint's vision programs
+(``served_shapes``), the scratch rows terminal snapshots need
 (``snapshot_lanes``), the request-state rows (``state_rows_for``), the prepared batch
 buckets for a batch limit that is no power of two (``program_batch``) and the default
 KV page count (``default_pages``).
@@ -13,11 +14,12 @@ from collections.abc import Sequence
 
 from actors.config import RuntimeConfig
 from actors.page_pool import pages_for
-from gpu import fixed_width_shapes
+from gpu import VisionConfig, fixed_width_shapes, vision_shapes
 from policy import GraphKind, GraphShape, StateOp
 
 
-def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[GraphShape, ...]:
+def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig,
+                  vision: VisionConfig | None = None) -> tuple[GraphShape, ...]:
     """The generated catalog less what the configured mode does not run.
 
     A speculative load serves every ``speculation_enabled`` mixed program: width one
@@ -27,9 +29,17 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig) -> tuple[
     the fixed width ``D + 1`` (the widest speculative width the envelope allows at
     that bucket), mixed and separate speculative alike, and no ordinary decode: every
     decode row is verified at that width, so width-one mixed programs go too (a
-    mixed batch bucket without a wider mixed program of that width keeps none)."""
+    mixed batch bucket without a wider mixed program of that width keeps none).
+
+    A vision-language checkpoint (``vision``) on the CPU backend adds its vision
+    programs (``gpu.catalog.vision_shapes``, up to one window of
+    ``--vision-feature-images``): the scheduler runs vision as a prerequisite frame
+    (``policy.vision_prerequisites``). CUDA refuses image frames, so it has none."""
     kept = list(shapes)
     kept += [s for s in config.extra_speculative_shapes if s not in kept]
+    if vision is not None and config.backend == "cpu":
+        kept += vision_shapes(window_images=config.vision_feature_images,
+                              tokens_per_image=vision.tokens_per_image)
     if config.speculation != "fixed":
         return tuple(kept)
     return fixed_width_shapes(kept)

@@ -68,7 +68,8 @@ class AllocatorState:
             grant = self.book.acquire(head.prompt_token_ids, head.max_tokens,
                                       message_ends=head.message_ends,
                                       use_prefix_cache=head.use_prefix_cache,
-                                      prompt_group=head.prompt_group)
+                                      prompt_group=head.prompt_group,
+                                      window_snapshots=head.window_snapshots)
             if grant is None:
                 return
             self.parked.popleft()

@@ -35,6 +35,11 @@ Owns three rules:
   constrained rows that sample in ``grammar_rows``: the program computes their masks
   from the tokens it sampled, so the frame may queue behind another. Speculative
   frames carry neither: constrained requests never speculate (SEL-13).
+- **Vision frames** (``GraphKind.VISION``, the scheduler's vision prerequisite):
+  each lane's images (``policy.vision_windows.vision_lane_images``: from its first due
+  image to its window's end, within the slots the lanes before it left), in lane
+  order, as one ``VisionFrame``; it touches no request state, so a vision lane
+  neither initialises its row nor reserves pages.
 - **Terminal snapshots** (``GraphKind.STATE``, ``StateOp.SNAPSHOT``; PRE-38, PRE-39).
   A terminal lane copies the request's state at its validated KV extent into a
   scratch row and its partial last page into the snapshot destination (without an
@@ -43,6 +48,10 @@ Owns three rules:
   first re-initialises the source row from the host's view (position = written
   extent, block table = the pages covering it), so the copy never depends on device
   state that a discarded decode behind the final token advanced.
+- **Window snapshots** (PRE-30..36, ``actors.window_snapshots``). A prompt lane that
+  starts a later image window asks the allocator for a snapshot of its request at the
+  lane's start (``lane_extent``) and carries the snapshot and restore copies; it is
+  packed only when no frame of the request is in flight (PRE-31).
 
 Pure: no trio, no device.
 """
@@ -55,8 +64,17 @@ from dataclasses import dataclass, field, replace
 
 from actors.grammar import RequestGrammar
 from actors.image_content import content_ids, frame_images
-from actors.messages import LaneContext, PageId, PagePlan, RequestHandle, SnapshotPlan, StateRow
+from actors.messages import (
+    LaneContext,
+    LaneExtent,
+    PageId,
+    PagePlan,
+    RequestHandle,
+    SnapshotPlan,
+    StateRow,
+)
 from actors.public import GenerationRequest
+from actors.window_snapshots import snapshot_point, window_copies, window_of
 from gpu import (
     NO_PROMPT_ROW,
     DecodeFrame,
@@ -71,8 +89,18 @@ from gpu import (
     SpeculativeMixedFrame,
     StateOpFrame,
     StateUpdate,
+    VisionFrame,
 )
-from policy import DecodeMode, GraphKind, ImagePlan, Lane, LaneRole, ScheduledPlan, StateOp
+from policy import (
+    DecodeMode,
+    GraphKind,
+    ImagePlan,
+    Lane,
+    LaneRole,
+    ScheduledPlan,
+    StateOp,
+    vision_lane_images,
+)
 
 PackedFrame = Frame | SpeculativeFrame | SpeculativeMixedFrame
 """Every frame value ``pack_frame`` produces."""
@@ -103,6 +131,10 @@ class LaneSource:
     """Its prompt's image windows (``actors.image_content.image_plan``)."""
     grammar_resident: bool = False
     """The programs hold a copy of that grammar per row (``gpu.grammar_rows``)."""
+    window: int | None = None
+    """The image window its row generation holds (``actors.window_snapshots``)."""
+    in_flight: int = 0
+    """Its lanes submitted and not yet completed (a window snapshot needs none)."""
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -163,6 +195,34 @@ def kv_extent(lane: Lane, source: LaneSource) -> int:
     if lane.role is LaneRole.DECODE:
         return len(source.prompt) + source.decodes_submitted + lane.token_ceiling
     return 0
+
+
+def lane_extent(lane: Lane, source: LaneSource) -> LaneExtent:
+    """What the allocator must provide for a non-terminal ``lane``: pages for its KV
+    extent, and a window snapshot where it starts a later image window."""
+    return LaneExtent(handle=lane.handle, kv_tokens=kv_extent(lane, source),
+                      window_snapshot_at=snapshot_point(
+                          lane, source.image_plan, window=source.window,
+                          initialised=source.initialised))
+
+
+def _copies(lanes: Sequence[Lane], sources: Mapping[RequestHandle, LaneSource],
+            snapshots: Sequence[SnapshotPlan]) -> tuple[RowCopy, ...]:
+    """The window snapshot and restore copies of the frame's prompt lane, if it starts
+    a later window; refused while a frame of that request is in flight (PRE-31)."""
+    by_handle = {s.handle: s for s in snapshots}
+    for lane in lanes:
+        source = sources[lane.handle]
+        at = snapshot_point(lane, source.image_plan, window=source.window,
+                            initialised=source.initialised)
+        if at is None:
+            continue
+        snap = by_handle.get(lane.handle)
+        if source.in_flight or snap is None or snap.kv_tokens != at:
+            raise PackingError(f"request {lane.handle}: a window snapshot at {at} needs its "
+                               "reserved snapshot and no frame of the request in flight")
+        return window_copies(snap)
+    return ()
 
 
 def _updates(
@@ -240,6 +300,19 @@ def _snapshot_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSou
     return StateOpFrame(copies=tuple(copies), updates=tuple(updates))
 
 
+def _vision_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource]
+                  ) -> VisionFrame:
+    slots, images = plan.shape.batch_capacity, []
+    for lane in plan.lanes:
+        source = sources[lane.handle]
+        if lane.role is not LaneRole.VISION or source.image_plan is None:
+            raise PackingError(f"{plan.shape.label()}: lane {lane.handle} has no images")
+        lane_images = vision_lane_images(source.image_plan, lane.prompt_start, slots)
+        images += [source.request.images[i] for i in lane_images]
+        slots -= len(lane_images)
+    return VisionFrame(images=tuple(images))
+
+
 def runs_speculative_mixed(plan: ScheduledPlan) -> bool:
     """Whether ``plan`` is a mixed step with speculative decode rows (packed as a
     ``SpeculativeMixedFrame``, validated as one)."""
@@ -249,7 +322,8 @@ def runs_speculative_mixed(plan: ScheduledPlan) -> bool:
 
 
 def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource],
-                 updates: tuple[StateUpdate, ...]) -> MixedFrame | SpeculativeMixedFrame:
+                 updates: tuple[StateUpdate, ...], copies: tuple[RowCopy, ...] = (),
+                 ) -> MixedFrame | SpeculativeMixedFrame:
     """An ordinary ``MixedFrame``, or with speculative decode rows a
     ``SpeculativeMixedFrame``; the prompt lane is located by its role (MIX-9)."""
     lanes = plan.lanes
@@ -281,9 +355,9 @@ def _mixed_frame(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource
         return MixedFrame(rows=rows, prefill_row=prompt_row, prompt_tokens=prompt_tokens,
                           prompt_start=prompt_start, prompt_ends=ends, updates=updates,
                           token_masks=_token_masks(lanes, sources), images=images,
-                          grammar_rows=_grammar_rows(lanes, sources))
+                          copies=copies, grammar_rows=_grammar_rows(lanes, sources))
     assert mixed is not None
-    if images:
+    if images or copies:
         raise PackingError(f"{plan.shape.label()}: speculative mixed programs do not read "
                            "image features (docs/vision.md)")
     if mixed.prefill_row != prompt_row:
@@ -312,9 +386,13 @@ def pack_frame(
                                "snapshots among state operations")
         contexts = tuple(_context(lane, sources[lane.handle]) for lane in plan.lanes)
         return _snapshot_frame(plan, sources, snapshots), contexts
+    if plan.shape.kind is GraphKind.VISION:
+        contexts = tuple(_context(lane, sources[lane.handle]) for lane in plan.lanes)
+        return _vision_frame(plan, sources), contexts
     by_handle = {p.handle: p for p in pages}
     lanes = plan.lanes
     updates = _updates(lanes, sources, by_handle)
+    copies = _copies(lanes, sources, snapshots)
     contexts = tuple(_context(lane, sources[lane.handle]) for lane in lanes)
     kind = plan.shape.kind
     frame: PackedFrame
@@ -332,26 +410,50 @@ def pack_frame(
             following_token=source.prompt[end] if end < len(source.prompt) else -1,
             updates=updates, token_masks=_token_masks(lanes, sources),
             images=frame_images(source.request.images, source.image_plan, lane.prompt_start),
-            grammar_rows=_grammar_rows(lanes, sources),
+            copies=copies, grammar_rows=_grammar_rows(lanes, sources),
         )
     elif kind is GraphKind.DECODE:
         frame = DecodeFrame(rows=tuple(sources[lane.handle].row for lane in lanes),
                             updates=updates, token_masks=_token_masks(lanes, sources),
                             grammar_rows=_grammar_rows(lanes, sources))
     elif kind is GraphKind.MIXED:
-        frame = _mixed_frame(plan, sources, updates)
+        frame = _mixed_frame(plan, sources, updates, copies)
     else:
         raise PackingError(f"{plan.shape.label()}: the runtime does not run {kind.value} frames")
     return frame, contexts
 
 
-def mark_submitted(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource]) -> None:
-    """After commit: rows are initialised and decode counts include this frame."""
+def mark_submitted(plan: ScheduledPlan, sources: Mapping[RequestHandle, LaneSource]) -> int:
+    """After commit: rows are initialised, decode counts include this frame, and prompt
+    lanes' row generations hold their active windows. A vision lane touches no row, so
+    it neither initialises one nor counts as the request's frame in flight (a window
+    snapshot drains only frames that read or write the row). Returns the window
+    snapshots the frame runs."""
+    snapshots = 0
     for lane in plan.lanes:
         source = sources[lane.handle]
+        if lane.role is LaneRole.VISION:
+            continue
+        snapshots += snapshot_point(lane, source.image_plan, window=source.window,
+                                    initialised=source.initialised) is not None
         source.initialised = True
+        source.in_flight += 1
         if lane.role is LaneRole.DECODE:
             source.decodes_submitted += lane.token_ceiling
+        window = window_of(source.image_plan, lane.prompt_start)
+        if lane.role is LaneRole.PROMPT and window is not None:
+            source.window = window
+    return snapshots
+
+
+def settled(lane: Lane, source: LaneSource, *, ok: bool) -> bool:
+    """A completed frame's ``lane`` left flight; whether it applies to ``source`` (its
+    epoch, and the lane succeeded)."""
+    if source.epoch != lane.epoch:
+        return False
+    if lane.role is not LaneRole.VISION:
+        source.in_flight -= 1
+    return ok
 
 
 def settle_decodes(lane: Lane, source: LaneSource, emitted: int) -> None:

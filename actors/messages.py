@@ -113,6 +113,9 @@ class Grant:
     row: StateRow
     cached_pages: tuple[PageId, ...]
     cached_tokens: int
+    snapshot_row: StateRow | None = None
+    """The request's private window snapshot row, when its images span several
+    windows (PRE-30, ``actors.window_snapshots``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +132,8 @@ class Acquire:
     reply: trio.MemorySendChannel[Grant | None]
     prompt_group: str = ""
     """Requests of one group with one prompt share its prefill (``ResourceBook``)."""
+    window_snapshots: bool = False
+    """Its images span several windows: it needs a private snapshot row (PRE-30)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,14 +154,19 @@ class LaneExtent:
     """A terminal snapshot lane (PRE-38, PRE-39): the request keeps its pages and
     needs a snapshot destination for the partial page at ``kv_tokens``; the reply
     carries a ``SnapshotPlan`` for it."""
+    window_snapshot_at: int | None = None
+    """A prompt lane that starts a new image window: the request is snapshotted into
+    its private row at this consumed extent and restored first (PRE-31); the reply
+    carries that ``SnapshotPlan`` before the lane's pages."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotPlan:
-    """What a terminal snapshot lane copies: the request's state at ``kv_tokens``
-    (its row, re-initialised from the host's view: ``page_ids`` cover the written
-    positions) into ``scratch_row``, and the partial last page into ``dst_page``
-    (-1: ``kv_tokens`` ends on a page boundary, nothing to copy)."""
+    """What a snapshot copies: the request's state at ``kv_tokens`` (``page_ids``
+    cover the written positions) into ``scratch_row``, and the partial last page into
+    ``dst_page`` (-1: ``kv_tokens`` ends on a page boundary, or no destination). A
+    terminal lane re-initialises its row from the host's view first; a window
+    snapshot's ``scratch_row`` is the request's private snapshot row (PRE-30)."""
 
     handle: RequestHandle
     row: StateRow

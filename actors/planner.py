@@ -48,10 +48,11 @@ from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
     admitted_source,
-    kv_extent,
+    lane_extent,
     mark_submitted,
     pack_frame,
     settle_decodes,
+    settled,
 )
 from actors.grammar import GrammarVocabulary, request_matcher
 from actors.image_content import ImageWindowing, image_plan
@@ -310,7 +311,7 @@ class Planner:
     def _apply_extents(self, frame: ValidatedFrame) -> None:
         for lane, record in zip(frame.plan.lanes, frame.records, strict=True):
             resident = self._residents.get(lane.handle)
-            if resident is None or resident.source.epoch != lane.epoch or not record.ok:
+            if resident is None or not settled(lane, resident.source, ok=record.ok):
                 continue
             if lane.role is LaneRole.PROMPT:
                 resident.kv_done = lane.prompt_start + lane.prompt_tokens
@@ -456,7 +457,7 @@ class Planner:
                 log.info("plan rejected at commit; replanning later", reason=str(exc))
                 return
             self._next_fence += 1
-            mark_submitted(plan, sources)
+            self.counters.window_snapshots += mark_submitted(plan, sources)
             for lane in plan.lanes:
                 resident = self._residents[lane.handle]
                 if resident.scheduled_ns is None:
@@ -480,7 +481,7 @@ class Planner:
             # The snapshot copies what validated frames wrote (PRE-38).
             return LaneExtent(handle=lane.handle, kv_tokens=self._residents[lane.handle].kv_done,
                               snapshot=True)
-        return LaneExtent(handle=lane.handle, kv_tokens=kv_extent(lane, sources[lane.handle]))
+        return lane_extent(lane, sources[lane.handle])
 
 
 async def run(

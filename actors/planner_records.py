@@ -40,6 +40,8 @@ class PlannerCounters:
     prefix_query_tokens: int = 0
     """Prompt tokens of admitted requests that looked their prompt up in the cache."""
     frames: int = 0
+    window_snapshots: int = 0
+    """Window snapshots run (each with its restore, ``actors.window_snapshots``)."""
     speculative_frames: int = 0
     """Complete speculative programs run and validated."""
     drafted_tokens: int = 0

@@ -194,6 +194,9 @@ class RuntimeStatistics:
     prefix_cache_query_tokens: int = 0
     """Prompt tokens looked up in the prefix cache (every admitted prompt but scored
     ones); ``prefix_cache_hit_tokens`` of them were found."""
+    window_snapshots: int = 0
+    """Window snapshots (each restored at once) of requests whose images span several
+    windows (``actors.window_snapshots``)."""
     preemptions: int = 0
     """Resident requests sent back to the queue. Always 0: a request becomes resident
     only with pages for its worst case, so nothing is ever preempted (OPEN-3)."""

@@ -57,6 +57,15 @@ QUEUE-49/50, PRE-39, PRE-54):
   ends first (or whose prefill lane was rejected) lets them go once its release is
   final, with whatever it published then.
 
+- **Window snapshots** (PRE-30, PRE-35, PRE-36; ``actors.window_snapshots``). A
+  request acquired with ``window_snapshots`` (its images span several windows) is
+  granted a second state row, its private snapshot row, and one page more in its
+  budget: the destination of its snapshots' partial page, taken at its first
+  window boundary and kept until its release. A lane extent with
+  ``window_snapshot_at`` gets a ``SnapshotPlan`` into that row. Window snapshots are
+  never published and never leave the device: the prefix cache sees only what the
+  request's release publishes, as for any request.
+
 Pure bookkeeping: no trio, no device.
 """
 
@@ -111,6 +120,10 @@ class _Ownership:
     """The fence after which its shareable prompt pages are written."""
     group_failed: bool = False
     """A lane of its prefill was rejected: it publishes nothing early."""
+    snapshot_row: StateRow | None = None
+    """Its private window snapshot row (PRE-30)."""
+    window_page: PageId | None = None
+    """The destination page of its window snapshots' partial page."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +140,8 @@ class ResourceStatistics:
     """Unarmed destination guards (claims on spare pages, QUEUE-27)."""
     armed_destinations: int = 0
     """Destination pages taken for captures and not yet returned (QUEUE-29)."""
+    snapshot_rows: int = 0
+    """Private window snapshot rows held by resident requests (PRE-30)."""
 
 
 class ResourceBook:
@@ -163,20 +178,20 @@ class ResourceBook:
 
     def acquire(
         self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = (),
-        use_prefix_cache: bool = True, prompt_group: str = "",
+        use_prefix_cache: bool = True, prompt_group: str = "", window_snapshots: bool = False,
     ) -> Grant | None:
         """A grant if a row and the request's budget are available now, else None.
 
         ``prompt_group``: a shared prefill (module docstring); ignored without the
-        prefix cache."""
+        prefix cache. ``window_snapshots``: it also needs a private snapshot row."""
         group = (prompt_group, tuple(prompt)) if prompt_group and use_prefix_cache else None
-        if (self.rows.free_count == 0 or self._continues_a_finishing_request(prompt)
+        if (self.rows.free_count < 1 + window_snapshots or self._continues_a_finishing_request(prompt)
                 or (group is not None and self._group_prefilling(group))):
             return None
         # At least one prompt token must run so the first output has logits.
         limit = len(prompt) - 1 if use_prefix_cache else 0
         hit = self.cache.lookup(prompt, limit_tokens=limit)
-        budget = self.budget_for(len(prompt), max_tokens) - len(hit.pages)
+        budget = self.budget_for(len(prompt), max_tokens) - len(hit.pages) + window_snapshots
         if budget > self._available_pages():
             self.cache.give_back(hit)
             return None
@@ -188,6 +203,8 @@ class ResourceBook:
             handle=handle, epoch=epoch, row=row, pages=list(hit.pages), budget=budget,
             prompt_len=len(prompt), message_ends=tuple(message_ends),
         )
+        if window_snapshots:
+            owner.snapshot_row = self.rows.take()[0]
         self._owners[handle] = owner
         shareable = (len(prompt) - 1) // self.page_size * self.page_size
         if group is not None and hit.tokens < shareable:
@@ -196,7 +213,7 @@ class ResourceBook:
             self._guard_sequence += 1
             owner.guard = self._guard_sequence
         return Grant(handle=handle, epoch=epoch, row=row, cached_pages=hit.pages,
-                     cached_tokens=hit.tokens)
+                     cached_tokens=hit.tokens, snapshot_row=owner.snapshot_row)
 
     def _available_pages(self) -> int:
         """Pages mandatory work may still claim: free and evictable, less budgets."""
@@ -279,17 +296,12 @@ class ResourceBook:
                 scratch = sum(1 for p in plans if isinstance(p, SnapshotPlan))
                 plans.append(self._snapshot_plan(owner, extent.kv_tokens, scratch))
                 continue
+            if extent.window_snapshot_at is not None:
+                plans.append(self._window_snapshot_plan(owner, extent.window_snapshot_at))
             needed = pages_for(extent.kv_tokens, self.page_size) - len(owner.pages)
             if needed <= 0:
                 continue
-            if needed > owner.budget:
-                raise ResourceError(
-                    f"request {extent.handle} needs {needed} pages beyond its budget"
-                )
-            if needed > self.pages.free_count:
-                self.cache.evict(needed - self.pages.free_count)
-            taken = self.pages.take(needed)
-            owner.budget -= needed
+            taken = self._take_pages(owner, needed)
             plans.append(PagePlan(handle=extent.handle, row=owner.row,
                                   first_block=len(owner.pages), page_ids=taken))
             owner.pages.extend(taken)
@@ -317,6 +329,31 @@ class ResourceBook:
         return SnapshotPlan(handle=owner.handle, row=owner.row, scratch_row=self.scratch_rows[lane],
                             kv_tokens=kv_tokens, page_ids=tuple(owner.pages[:covered]),
                             dst_page=dst)
+
+    def _window_snapshot_plan(self, owner: _Ownership, kv_tokens: int) -> SnapshotPlan:
+        """The request's state at ``kv_tokens`` into its private snapshot row: full
+        pages by reference, the partial page into its window page (PRE-37)."""
+        covered = pages_for(kv_tokens, self.page_size)
+        if owner.snapshot_row is None or covered > len(owner.pages):
+            raise ResourceError(f"request {owner.handle} has no private snapshot row or "
+                                f"no pages covering {kv_tokens} tokens")
+        dst = -1
+        if kv_tokens % self.page_size:
+            if owner.window_page is None:
+                (owner.window_page,) = self._take_pages(owner, 1)
+            dst = int(owner.window_page)
+        return SnapshotPlan(handle=owner.handle, row=owner.row, scratch_row=owner.snapshot_row,
+                            kv_tokens=kv_tokens, page_ids=tuple(owner.pages[:covered]),
+                            dst_page=dst)
+
+    def _take_pages(self, owner: _Ownership, needed: int) -> tuple[PageId, ...]:
+        """``needed`` pages out of ``owner``'s budget, evicting cache pages if short."""
+        if needed > owner.budget:
+            raise ResourceError(f"request {owner.handle} needs {needed} pages beyond its budget")
+        if needed > self.pages.free_count:
+            self.cache.evict(needed - self.pages.free_count)
+        owner.budget -= needed
+        return self.pages.take(needed)
 
     def arm_destination(self, handle: RequestHandle, *, mandatory: bool = False
                         ) -> PageId | None:
@@ -403,6 +440,10 @@ class ResourceBook:
         owner.snapshot_page = None
         if spare is not None:
             self.pages.drop((spare,))
+        if owner.window_page is not None:
+            self.pages.drop((owner.window_page,))  # the private snapshot's: never published
+        if owner.snapshot_row is not None:
+            self.rows.give_back(owner.snapshot_row)
         if owner.publish and owner.publish_kv_tokens > 0:
             kv = owner.publish_kv_tokens
             roles = checkpoint_roles(
@@ -442,4 +483,5 @@ class ResourceBook:
             prefix_hit_tokens=cache.hit_tokens, destination_guards=self._guard_count(),
             armed_destinations=sum(1 for o in self._owners.values()
                                    if o.snapshot_page is not None),
+            snapshot_rows=sum(1 for o in self._owners.values() if o.snapshot_row is not None),
         )

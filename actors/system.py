@@ -284,6 +284,7 @@ class Runtime:
             counterfactual_rounds=counters.counterfactual_rounds,
             counterfactual_drafted_tokens=counters.counterfactual_drafted_tokens,
             counterfactual_accepted_tokens=counters.counterfactual_accepted_tokens,
+            window_snapshots=counters.window_snapshots,
         )
 
     @property
@@ -333,7 +334,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
                                 page_size=parts.page_size)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
-        prefix_caching=parts.prefix_caching,
+        prefix_caching=parts.prefix_caching, window_images=parts.window_images,
         grammar=parts.grammar, structured_output=structured_output_problem(parts)))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())
@@ -438,7 +439,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
 
 
 def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple[GraphShape, ...]]:
-    model = load_served_config(config.model_dir)[0]  # a vision checkpoint's language model
+    model, vision = load_served_config(config.model_dir)  # a vision checkpoint: its parts
     sizing = serving_context(config, model_max_context=model.max_context,
                              memory=device_memory_for(config, device, model))
     max_context = sizing.max_context
@@ -459,7 +460,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         # adaptive selection may add device-allocated ragged programs (SPEC-17, SPEC-22)
         device_allocation=speculative and config.speculative_allocation == "device",
     ))
-    shapes = served_shapes(catalog.shapes, config)
+    shapes = served_shapes(catalog.shapes, config, vision)
     num_pages = sizing.num_pages
     engine = ModelEngine.load(
         config.model_dir, device=device, dtype=config.dtype, catalog=shapes,

@@ -138,7 +138,9 @@ class RuntimeCollector(Collector):
                 ("flare_scheduler_prompt_tokens", "Prompt tokens processed by the runtime.",
                  stats.prompt_tokens_total),
                 ("flare_scheduler_generation_tokens", "Output tokens committed by the runtime.",
-                 stats.generation_tokens_total)):
+                 stats.generation_tokens_total),
+                ("flare_window_snapshots", "Window snapshots (each restored at once) of "
+                 "requests whose images span several windows.", stats.window_snapshots)):
             yield CounterMetricFamily(name, text, value=value)
         if stats.speculative_source:
             yield from _speculative_metrics(stats)

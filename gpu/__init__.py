@@ -33,6 +33,7 @@ from gpu.catalog import (
     build_catalog,
     fixed_width_shapes,
     plan_catalog,
+    vision_shapes,
 )
 from gpu.frames import (
     FRAME_KEY,
@@ -56,12 +57,13 @@ from gpu.frames import (
     StateOpFrame,
     StateUpdate,
     StepResult,
+    VisionFrame,
     as_inputs,
     result_of,
 )
 from gpu.model.config import ModelConfig, ModelLoadError, load_model_config
 from gpu.model.tokenizer import Tokenizer
-from gpu.model.vision_config import load_served_config
+from gpu.model.vision_config import VisionConfig, load_served_config
 from gpu.preparation import prepare_catalog
 from gpu.program import PreparedProgram
 from gpu.programs.speculative_frames import (
@@ -114,6 +116,8 @@ __all__ = [
     "StateUpdate",
     "StepResult",
     "Tokenizer",
+    "VisionConfig",
+    "VisionFrame",
     "as_inputs",
     "build_catalog",
     "device_memory",
@@ -125,4 +129,5 @@ __all__ = [
     "prepare_catalog",
     "result_of",
     "speculative_result_of",
+    "vision_shapes",
 ]

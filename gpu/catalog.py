@@ -47,6 +47,13 @@ Rules:
   which a host length already expresses.
 
 - Fixed-width speculation (MIX-7) serves ``fixed_width_shapes`` of the speculative load.
+- Vision programs (CAT-9; ``vision_shapes``), for a vision-language load only
+  (``actors.catalog_setup.served_shapes`` adds them to what ``build_catalog`` gives):
+  one per image bucket, the powers of two up to the images one window holds (the
+  feature storage, ``--vision-feature-images``), each encoding that many images
+  (``batch_capacity`` I, ``token_capacity`` I x tokens per image). The scheduler runs
+  them as prerequisites of the prompt chunks that read their features
+  (``policy/vision_prerequisites.py``).
 
 The whole catalog is computed before any preparation; preparation must cover exactly
 it and the planner receives the same value (MIX-39, MIX-48).
@@ -255,6 +262,24 @@ def check_envelope(shape: GraphShape, envelope: int) -> None:
         rows = shape.batch_capacity * shape.token_capacity
         if rows > envelope:
             raise CatalogError(f"{shape.label()}: B*W = {rows} exceeds R = {envelope} (MIX-41)")
+
+
+VISION_PROGRAM_IMAGES = 8
+"""The most images one vision program encodes (its pixel input is allocated once): a
+larger window is encoded by several vision frames."""
+
+
+def vision_shapes(*, window_images: int, tokens_per_image: int) -> tuple[GraphShape, ...]:
+    """Vision programs of 1, 2, 4, ... images, up to ``window_images`` (always
+    included; a frame never encodes more than one window, PRE-26, PRE-27) or
+    ``VISION_PROGRAM_IMAGES``, whichever is smaller."""
+    if window_images < 1 or tokens_per_image < 1:
+        raise CatalogError("vision programs need a window of at least one image and "
+                           "at least one token per image")
+    top = min(window_images, VISION_PROGRAM_IMAGES)
+    buckets = {1 << k for k in range(top.bit_length()) if 1 << k <= top} | {top}
+    return tuple(GraphShape(kind=GraphKind.VISION, batch_capacity=i,
+                            token_capacity=i * tokens_per_image) for i in sorted(buckets))
 
 
 def state_shapes() -> tuple[GraphShape, ...]:

@@ -173,9 +173,10 @@ class ModelEngine:
         state = RequestState(state_rows, geometry, vocab_size=config.vocab_size,
                              device=device)
         shapes = list(dict.fromkeys(catalog))
-        max_tokens = max([s.max_packed_extent for s in shapes if s.kind is not GraphKind.STATE],
-                         default=1)
-        max_lanes = max([s.batch_capacity for s in shapes], default=1)
+        token_shapes = [s for s in shapes if s.kind not in (GraphKind.STATE, GraphKind.VISION)]
+        max_tokens = max([s.max_packed_extent for s in token_shapes], default=1)
+        max_lanes = max([s.batch_capacity for s in shapes if s.kind is not GraphKind.VISION],
+                        default=1)
         workspace = Workspace(max_tokens=max_tokens, max_lanes=max_lanes, device=device,
                               sink_row=state.sink_row, sink_page=geometry.sink_page,
                               top_width=min(TOP_LOGPROBS, config.vocab_size))
@@ -233,4 +234,7 @@ def build_program(shape: GraphShape, parts: EngineParts) -> PreparedProgram:
         return StepProgram(shape, decoder=parts.decoder, cache=parts.cache, state=parts.state,
                            workspace=parts.workspace, execution=parts.execution,
                            vision=parts.vision)
+    if kind is GraphKind.VISION and parts.vision is not None:
+        # one per image bucket, sharing the tower and the feature storage
+        return parts.vision.with_images(shape.batch_capacity)
     raise UnsupportedShapeError(f"{shape.label()}: {kind.value} programs are not built yet")

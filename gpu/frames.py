@@ -247,6 +247,9 @@ class PrefillFrame:
     images: tuple[ImageSpan, ...] = ()
     """The prompt's images this chunk covers (their features replace those
     positions' token embeddings; ``gpu.programs.vision``)."""
+    copies: tuple[RowCopy, ...] = ()
+    """Row copies run in order before ``updates`` (a window snapshot of the row into
+    its private snapshot row, then the restore; their sampling is the copied row's)."""
     grammar_rows: tuple[int, ...] = ()
     """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
     sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
@@ -291,6 +294,8 @@ class MixedFrame:
     (``gpu.grammar_mask``: one bit per vocabulary entry, little-endian int32 words)."""
     images: tuple[ImageSpan, ...] = ()
     """The prompt lane's images this chunk covers (as ``PrefillFrame.images``)."""
+    copies: tuple[RowCopy, ...] = ()
+    """Row copies run before ``updates`` (as ``PrefillFrame.copies``)."""
     grammar_rows: tuple[int, ...] = ()
     """Rows whose resident grammar (``gpu.grammar_rows``) constrains the token they
     sample: the program computes their masks in ``bind``, from the tokens sampled so far."""
@@ -328,7 +333,16 @@ class StateOpFrame:
     updates: tuple[StateUpdate, ...] = ()
 
 
-Frame = PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionFrame:
+    """``GraphKind.VISION``: encode ``images`` (at most the program's image capacity)
+    into feature storage, where the prompt frames that cover them read their features
+    (``gpu.programs.vision``). Its result is a ``StateOpResult`` (setup, no samples)."""
+
+    images: tuple[ImageSpan, ...]
+
+
+Frame = PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame | VisionFrame
 
 
 # ---------------------------------------------------------------- results (outputs)
@@ -377,7 +391,8 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateOpResult:
-    """Result of a state operation: how many lanes it applied."""
+    """Result of a state operation or a vision execution: how many lanes (images) it
+    applied."""
 
     lanes: int
 
@@ -393,7 +408,8 @@ def as_inputs(frame: Frame) -> dict[str, Any]:
 def frame_of(inputs: Mapping[str, Any]) -> Frame:
     """The frame value inside a ``bind`` inputs mapping (raises ``FrameError``)."""
     frame = inputs.get(FRAME_KEY)
-    if not isinstance(frame, PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame):
+    if not isinstance(frame, PrefillFrame | DecodeFrame | MixedFrame | StateOpFrame
+                      | VisionFrame):
         raise FrameError(f"inputs must map {FRAME_KEY!r} to a gpu.frames frame value")
     return frame
 

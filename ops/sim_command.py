@@ -107,6 +107,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           f"(default {DEFAULT_WINDOW_IMAGES}, as flare run)")
     dev.add_argument("--vision-ms-per-image", type=float, default=4.0,
                      help="synthetic duration of encoding one image (ms)")
+    dev.add_argument("--vision-ms-per-execution", type=float, default=0.0,
+                     help="synthetic fixed cost of one vision program execution (ms)")
+    dev.add_argument("--vision", choices=("scheduled", "fused"), default="scheduled",
+                     help="scheduled (default, as flare run on the CPU backend): vision "
+                          "programs in the catalog, run as prerequisite frames; fused: "
+                          "prompt frames encode their window's images (docs/vision.md)")
 
     met = parser.add_argument_group("metrics and output")
     met.add_argument("--ttft-slo", type=float, default=None)
@@ -197,7 +203,9 @@ def main(args: argparse.Namespace) -> int:
         vision = VisionLoad(images_per_request=args.images_per_request,
                             tokens_per_image=args.tokens_per_image,
                             window_images=args.vision_feature_images,
-                            ms_per_image=args.vision_ms_per_image)
+                            ms_per_image=args.vision_ms_per_image,
+                            ms_per_execution=args.vision_ms_per_execution,
+                            scheduled=args.vision == "scheduled")
     except (CatalogError, CostTableError, ValueError, OSError) as exc:
         return fail(str(exc))
     if not math.isfinite(args.noise) or args.noise < 0:

@@ -58,6 +58,7 @@ from policy.vision_windows import (
     DEFAULT_WINDOW_IMAGES,
     ImagePlan,
     smallest_prompt_capacity,
+    vision_lane_images,
     window_spans,
 )
 
@@ -113,5 +114,6 @@ __all__ = [
     "make_policy",
     "policy_preset",
     "smallest_prompt_capacity",
+    "vision_lane_images",
     "window_spans",
 ]

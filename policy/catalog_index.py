@@ -92,6 +92,8 @@ class CatalogIndex:
     """Initialization state operations, by batch capacity (prerequisites, PRE-1)."""
     delivery_family: IntArray
     """Decode and mixed shapes: the delivery reference family (SEL-16, MIX-23)."""
+    vision: IntArray
+    """Vision programs, by image capacity (prerequisites, ``vision_prerequisites``)."""
     prompt_layout: PromptLayout
     mixed_grid: MixedGrid
     cohort_memo: dict[tuple[int, int], CohortSizes] = field(
@@ -156,6 +158,7 @@ class CatalogIndex:
                 lambda s: s.kind in (GraphKind.DECODE, GraphKind.MIXED),
                 lambda s: s.batch_capacity,
             ),
+            vision=pick(lambda s: s.kind is GraphKind.VISION, lambda s: s.batch_capacity),
             prompt_layout=layout,
             mixed_grid=grid,
         )

@@ -43,6 +43,7 @@ from policy.service import (
 )
 from policy.types import Phase, RequestHandle, RestoreNeed
 from policy.utility import NS_PER_MS, IntArray, scaled
+from policy.vision_prerequisites import held_rows
 
 _RETIRED, _DECODE = Phase.RETIRED, Phase.DECODE
 _TERMINAL, _PREFILL = Phase.TERMINAL, Phase.PREFILL
@@ -229,7 +230,7 @@ def build_context(
         reaches=reaches, price=[price * unit for price in prompt_price],
         finish=[(beta + tf / x + g / z) * unit
                 for x, z in zip(prompt_x, prompt_z, strict=True)],
-        last_served=last_served, scored=scored_rows)
+        last_served=last_served, scored=scored_rows, held=held_rows(prompts, catalog))
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
                                    e=e, start_ns=start_ns, dec_slope=dec_slope,
                                    c_dec=c_dec, sigma_dec=sigma_dec)

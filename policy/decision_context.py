@@ -105,15 +105,17 @@ class PromptGroup:
     ``reaches``: consuming all of ``remaining`` finishes the prompt; ``price``: the
     scaled prefill token price ``1 + f/x``; ``finish``: the scaled value of the first
     output (output token price + delivery price); ``ordinary``/``scored_list``: the
-    positions of the rows without and with scoring."""
+    positions of the rows without and with scoring; ``held``: rows in neither, whose
+    next chunk waits for a vision prerequisite or must hold an image whole
+    (``policy.vision_prerequisites`` scores them)."""
 
-    __slots__ = ("_arrays", "cursor_list", "endpoint", "finish", "last_served_list",
+    __slots__ = ("_arrays", "cursor_list", "endpoint", "finish", "held", "last_served_list",
                  "ordinary", "price", "reaches", "records", "remaining", "scored_list")
 
     def __init__(self, records: tuple[RequestRecord, ...], *, cursor: list[int],
                  remaining: list[int], endpoint: list[int], reaches: list[bool],
                  price: list[float], finish: list[float], last_served: list[int],
-                 scored: list[int]) -> None:
+                 scored: list[int], held: list[int] | None = None) -> None:
         self.records = records
         self.cursor_list = cursor
         self.remaining = remaining
@@ -122,9 +124,13 @@ class PromptGroup:
         self.price = price
         self.finish = finish
         self.last_served_list = last_served
+        self.held = held or []
+        if self.held:
+            scored = [i for i in scored if i not in self.held]
         self.scored_list = scored
-        self.ordinary = [i for i in range(len(records)) if i not in scored] if scored \
-            else list(range(len(records)))
+        self.ordinary = [i for i in range(len(records))
+                         if i not in scored and i not in self.held] \
+            if scored or self.held else list(range(len(records)))
         self._arrays: dict[str, npt.NDArray[np.generic]] = {}
 
     def _array(self, name: str, values: list[float] | list[int] | list[bool],

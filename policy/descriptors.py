@@ -94,7 +94,8 @@ class GraphShape:
     - MIXED: B (2..64), W (decode width), ``prefill_capacity`` (a multiple of 64),
       ``packed_capacity`` = the maximum packed extent ``prefill + (B - 1) * W``.
     - STATE: ``batch_capacity`` rows, ``state_op`` names the operation.
-    - VISION: deferred (OPEN-24); the kind exists with an empty catalog.
+    - VISION: ``batch_capacity`` I images encoded per execution, ``token_capacity``
+      their feature tokens (I x tokens per image); a lane is one request's images.
     """
 
     kind: GraphKind
@@ -161,6 +162,8 @@ class GraphShape:
         if k is GraphKind.STATE:
             op = self.state_op.value if self.state_op else "?"
             return f"state.{op}[B={self.batch_capacity}]"
+        if k is GraphKind.VISION:
+            return f"vision[I={self.batch_capacity}]"
         return f"{k.value}[B={self.batch_capacity}]"
 
 

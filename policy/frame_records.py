@@ -11,7 +11,7 @@ function of the records it changes:
 - ``settle_in_flight``: the frame leaves its lanes' in-flight lists and queued outputs;
   a request's queued delivery end stays only while a frame still queued ends there
   (QUEUE-43);
-- ``apply_setup_lane``: terminal, restore and initialize lanes change phase and
+- ``apply_setup_lane``: terminal, restore, initialize and vision lanes change phase and
   prerequisites only (PRE-20, PRE-32, PRE-41);
 - ``charge_service``: the frame's interval feeds every live participant's service
   history, zero service for unselected ones, and deliveries as zero until publication
@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from policy.config import PolicyConfig
+from policy.descriptors import GraphShape
 from policy.frame_queue import QueuedFrame
 from policy.requests import PendingDelivery, RequestRecord
 from policy.residency import Residency
@@ -39,6 +40,7 @@ from policy.types import (
     RestoreNeed,
     ScheduledPlan,
 )
+from policy.vision_windows import vision_lane_images
 
 __all__ = [
     "apply_setup_lane",
@@ -93,8 +95,14 @@ def settle_in_flight(head: QueuedFrame, fence: Fence,
 
 
 def apply_setup_lane(rec: RequestRecord, lane: Lane,
-                     residency: Residency[RequestRecord]) -> bool:
-    """Apply a terminal, restore or initialize lane (True); False for any other lane."""
+                     residency: Residency[RequestRecord], shape: GraphShape) -> bool:
+    """Apply a terminal, restore, initialize or vision lane (True); False for any other
+    lane. A vision lane's images are encoded (``vision_windows.vision_lane_images`` in
+    ``shape``); setup earns no tokens (PRE-20)."""
+    if lane.role is LaneRole.VISION and rec.images is not None:
+        rec.images_encoded = vision_lane_images(rec.images, lane.prompt_start,
+                                                shape.batch_capacity).stop
+        return True
     if lane.role is LaneRole.TERMINAL:
         rec.phase = Phase.RETIRED
         return True

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from policy.descriptors import GraphShape
 from policy.frame_records import apply_setup_lane
 from policy.lifecycle import apply_progress
 from policy.requests import RequestRecord
@@ -48,8 +49,8 @@ class LaneResults:
 def apply_lane_results(verdicts: Sequence[tuple[Lane, bool]],
                        by_handle: Mapping[RequestHandle, CompletionRecord], fence: Fence, *,
                        residency: Residency[RequestRecord], captures: TerminalCaptures,
-                       cost_sample_ns: int, retire: Callable[[RequestRecord], None]
-                       ) -> LaneResults:
+                       cost_sample_ns: int, retire: Callable[[RequestRecord], None],
+                       shape: GraphShape) -> LaneResults:
     """The validated ``verdicts`` (lane, valid) of the frame at ``fence``, applied."""
     records = residency.records
     served_tokens: dict[RequestHandle, int] = {}
@@ -73,7 +74,7 @@ def apply_lane_results(verdicts: Sequence[tuple[Lane, bool]],
         if lane.role is LaneRole.DECODE and allowance is not None:
             allowance.earn_decode(cost_sample_ns)
         served_tokens[rec.handle] = lane.prompt_tokens + len(record.token_ids)
-        if apply_setup_lane(rec, lane, residency):
+        if apply_setup_lane(rec, lane, residency, shape):
             continue
         progress = apply_progress(rec, lane, record)
         if not progress.emitted:

@@ -132,6 +132,10 @@ def check_lane(rec: RequestRecord | None, lane: Lane) -> None:
     elif role in (LaneRole.RESTORE, LaneRole.INITIALIZE):
         wanted = StateOp.RESTORE if role is LaneRole.RESTORE else StateOp.INITIALIZE
         ok = rec.restorable and rec.next_stage is wanted
+    elif role is LaneRole.VISION:  # its due images, unchanged since planning
+        due = rec.vision_due()
+        ok = rec.phase is Phase.PREFILL and not rec.in_flight and bool(due) \
+            and due.start == lane.prompt_start
     else:
         ok = rec.phase is Phase.TERMINAL and not rec.in_flight
     if not ok:

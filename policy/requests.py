@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from policy.descriptors import StateOp
 from policy.service import ServiceHistory
 from policy.types import Fence, Phase, RequestHandle, RestoreNeed
-from policy.vision_windows import ImagePlan, image_chunk_end
+from policy.vision_windows import ImagePlan, image_chunk_end, images_due
 
 
 @dataclass(slots=True)
@@ -55,6 +55,9 @@ class RequestRecord:
     images: ImagePlan | None = None
     """The prompt's image dependencies: prefill chunks stop at their windows and
     never split an image (``policy.vision_windows``, PRE-26..29)."""
+    images_encoded: int = 0
+    """Images ``0..images_encoded-1`` were encoded by scheduled vision programs
+    (``policy.vision_prerequisites``)."""
     scored_prompt: bool = False
     history: ServiceHistory
     phase: Phase = Phase.PREFILL
@@ -108,6 +111,13 @@ class RequestRecord:
         if not self.restored:
             return (StateOp.RESTORE, *self.further_stages)
         return self.further_stages
+
+    def vision_due(self) -> range:
+        """The images a vision prerequisite must encode before the next prompt chunk
+        (empty without images or once the active window is encoded)."""
+        if self.images is None:
+            return range(0)
+        return images_due(self.images, self.prompt_cursor, self.images_encoded)
 
     # ---- prompt work -------------------------------------------------------------
 

@@ -435,7 +435,7 @@ class Scheduler:
         interval_ms = interval_ns / NS_PER_MS
         results = apply_lane_results(
             verdicts, by_handle, fence, residency=self._residency, captures=self._captures,
-            cost_sample_ns=timing.cost_sample_ns, retire=self._retire)
+            cost_sample_ns=timing.cost_sample_ns, retire=self._retire, shape=head.plan.shape)
         self._execution.failed_lanes += results.failed_lanes
         if interval_ns > 0:
             charge_service(head, self._records, results.served_tokens, results.tokens, fence,

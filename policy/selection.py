@@ -4,7 +4,9 @@ This module owns the ordinary selector: given a ``DecisionContext`` (scaled lane
 of the runnable requests, built by ``policy/decision.py``; the types live in
 ``policy/decision_context.py`` and ``policy/catalog_index.py`` and are re-exported here),
 it ranks every ordinary candidate (``policy/candidates.py``) against the best
-prerequisite candidate (``policy/prerequisites.py``) and returns the winner as a frozen
+prerequisite candidate (``policy/prerequisites.py``, or for prompt rows with images,
+``policy/vision_prerequisites.py``: vision frames and chunks that hold an image whole)
+and returns the winner as a frozen
 ``ScheduledPlan`` with its lanes. The candidate table as first written, one numpy table
 ranked by one lexsort, is kept as the executable specification in
 ``tests/policy/selection_reference.py``.
@@ -49,6 +51,7 @@ from policy.types import (
     SelectionReason,
 )
 from policy.utility import NS_PER_MS, BoolArray, IntArray, optimistic_rate
+from policy.vision_prerequisites import ImageChoice, best_image_choice, vision_lanes
 
 __all__ = [
     "BoolArray",
@@ -71,21 +74,42 @@ def select(ctx: DecisionContext) -> ScheduledPlan | None:
     """The winning plan of this decision, or None when nothing is runnable."""
     table = Candidates(ctx)
     pair = best_prerequisite(ctx)
+    image = best_image_choice(ctx)
+    if image is not None and (pair is None or image.key() < pair.key()):
+        pair = None  # the better of the two prerequisite-like candidates competes
+    else:
+        image = None
     win = table.best() if table.families else None
     if win is None:
-        return _restore_plan(ctx, pair) if pair is not None else None
-    if pair is not None:
-        # The pair competes on the same footing: unknown first, then value (PRE-2).
-        pair_key = (0, pair.value) if pair.rate is None else (1, pair.rate)
+        return _restore_plan(ctx, pair) if pair is not None else _image_plan(ctx, image)
+    other = pair if pair is not None else image
+    if other is not None:
+        # Prerequisites and held rows compete on the same footing: unknown first, then
+        # value (PRE-2).
+        pair_key = (0, other.value) if other.rate is None else (1, other.rate)
         win_key = (1, win.rate) if win.known else (0, win.base)
         if (-pair_key[0], pair_key[1]) > (-win_key[0], win_key[1]):
-            return _restore_plan(ctx, pair)
+            return _restore_plan(ctx, pair) if pair is not None else _image_plan(ctx, image)
     reason = SelectionReason.ORDINARY if win.known else SelectionReason.DISCOVERY
     if ctx.refresh_funded and win.known:
         alternative = table.refresh(win.shape)
         if alternative is not None:
             win, reason = alternative, SelectionReason.TIMING_REFRESH
     return _build_plan(ctx, win, reason)
+
+
+def _image_plan(ctx: DecisionContext, choice: ImageChoice | None) -> ScheduledPlan | None:
+    """A held row's plan (``policy.vision_prerequisites``): a vision frame, or a chunk
+    at a capacity holding the image at its cursor, built as an ordinary table row."""
+    if choice is None:
+        return None
+    if choice.chunk is None:
+        return _prerequisite_plan(ctx, choice.shape, vision_lanes(ctx, choice), choice.value,
+                                  choice.rate, choice.following_shape)
+    rate = choice.rate
+    chunk = choice.chunk._replace(rate=0.0 if rate is None else rate, known=rate is not None)
+    return _build_plan(ctx, chunk, SelectionReason.DISCOVERY if rate is None
+                       else SelectionReason.ORDINARY)
 
 
 def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPlan:
@@ -104,21 +128,30 @@ def _restore_plan(ctx: DecisionContext, pair: PrerequisiteChoice) -> ScheduledPl
         + [Lane(handle=term.records[j].handle, epoch=term.records[j].epoch,
                 role=LaneRole.TERMINAL, value=term.base_list[j] + term.slope * t_ms)
            for j in range(pair.terminals)])
+    return _prerequisite_plan(ctx, pair.shape, lanes, pair.value, pair.rate,
+                              pair.following_shape)
+
+
+def _prerequisite_plan(ctx: DecisionContext, index: int, lanes: tuple[Lane, ...],
+                       value: float, rate: float | None, following: int | None
+                       ) -> ScheduledPlan:
+    """A prerequisite's plan (restore, initialization or vision): its own duration, an
+    empty window, the scored following shape kept as ``lookahead_shape`` only."""
+    est = int(ctx.estimate_ns[index])
     known = est > 0
     return ScheduledPlan(
-        step=ScheduledStep(shape=shape, lanes=lanes),
+        step=ScheduledStep(shape=ctx.catalog.shapes[index], lanes=lanes),
         estimated_duration_ns=est,
-        scaled_score=pair.rate if pair.rate is not None else optimistic_rate(pair.value),
+        scaled_score=rate if rate is not None else optimistic_rate(value),
         scale_exponent=ctx.exponent,
         duration_known=known,
-        stale=bool(ctx.stale[pair.shape]),
+        stale=bool(ctx.stale[index]),
         reason=SelectionReason.ORDINARY if known else SelectionReason.DISCOVERY,
         requires_empty_window=True,
         planned_at_ns=ctx.now_ns,
         start_ns=ctx.start_ns,
-        useful_value=pair.value,
-        lookahead_shape=(None if pair.following_shape is None
-                         else ctx.catalog.shapes[pair.following_shape]),
+        useful_value=value,
+        lookahead_shape=None if following is None else ctx.catalog.shapes[following],
     )
 
 

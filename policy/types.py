@@ -52,6 +52,9 @@ class LaneRole(IdentityEnum):
     INITIALIZE = "initialize"
     """A state-operation row that initializes the request's state (a prerequisite stage
     after a restore, PRE-1, PRE-21)."""
+    VISION = "vision"
+    """Encodes images of the request's active window into feature storage (a
+    prerequisite of its next prompt chunk, ``policy.vision_prerequisites``)."""
 
 
 class RestoreNeed(IdentityEnum):

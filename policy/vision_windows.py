@@ -19,6 +19,12 @@ This module owns four rules, all over prompt positions:
   chunk, it ends outside every image. An image longer than ``atomic_capacity`` that
   starts at the cursor cannot be atomic and is split by the capacity.
 
+Where the catalog has vision programs, two more (``images_due``, ``head_image``):
+the images a vision prerequisite must encode before the next chunk (the active
+window's, from the first not yet encoded), and the image a chunk starting at the
+cursor must hold whole (PRE-29: ``policy.vision_prerequisites`` gives such a row only
+the capacities that hold it).
+
 Pure: no clocks, no I/O.
 """
 
@@ -109,3 +115,41 @@ def window_spans(plan: ImagePlan, cursor: int) -> tuple[int, ...]:
     """The image indices a prompt frame from ``cursor`` asks the vision program for:
     the active window's (PRE-27)."""
     return tuple(active_window(plan, cursor))
+
+
+def images_due(plan: ImagePlan, cursor: int, encoded: int) -> range:
+    """The active window's images from ``encoded`` on (images ``0..encoded-1`` are
+    encoded, in prompt order): what a vision prerequisite must encode before a chunk
+    from ``cursor`` may run (empty: none)."""
+    window = active_window(plan, cursor)
+    return range(max(window.start, encoded), window.stop) if window else range(0)
+
+
+def head_image(plan: ImagePlan, cursor: int) -> int:
+    """The length of the image starting at ``cursor`` when a chunk of
+    ``atomic_capacity`` could not hold it whole (0: none), the tokens a chunk from
+    ``cursor`` must consume to keep it atomic (PRE-29)."""
+    for start, end in plan.spans:
+        if start == cursor:
+            return end - start if end - start > plan.atomic_capacity else 0
+        if start > cursor:
+            break
+    return 0
+
+
+def vision_lane_images(plan: ImagePlan, first: int, capacity: int) -> range:
+    """The images a vision lane whose first image is ``first`` encodes in a program of
+    ``capacity`` images: the rest of that image's window, at most ``capacity`` (a
+    frame's later lanes are whole windows that fit beside the first,
+    ``policy.vision_prerequisites``)."""
+    k = plan.window_images
+    stop = min((first // k + 1) * k, len(plan.spans))
+    return range(first, min(stop, first + capacity))
+
+
+def stored_ahead(plan: ImagePlan, cursor: int, encoded: int) -> int:
+    """How many encoded images of the active window a chunk from ``cursor`` still
+    reads (images ``0..encoded-1`` are encoded): what the request needs kept in
+    feature storage."""
+    window = active_window(plan, cursor)
+    return sum(1 for i in window if i < encoded and plan.spans[i][1] > cursor)

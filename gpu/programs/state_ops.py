@@ -8,17 +8,19 @@ the one thing a continuation would overwrite, into a destination page, so snapsh
 and restores preserve partial pages (PRE-37). Block-table entries past the cached
 extent are cleared in the destination, so pages reserved ahead are never shared.
 PAGE_COPY copies whole pages; INITIALIZE only applies its frame's state updates.
-Inactive lanes copy the sink onto itself and mutate nothing.
+Inactive lanes copy the sink onto itself and mutate nothing. ``copy_rows`` is the one
+row copy: SNAPSHOT and RESTORE lanes run it, and so do the row copies a prompt frame
+carries (``apply_copies``: a window snapshot and its restore, ``actors.window_snapshots``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from gpu.frames import RESULT_KEY, FrameError, StateOpFrame, StateOpResult, frame_of
+from gpu.frames import RESULT_KEY, FrameError, RowCopy, StateOpFrame, StateOpResult, frame_of
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.workspace import Workspace
 from gpu.request_state import NEUTRAL_PROCESSING, RequestState, StateError
@@ -64,13 +66,7 @@ class StateOpProgram:
                 if frame.page_pairs:
                     raise FrameError("snapshot/restore frames carry copies, not page pairs")
                 lanes = len(frame.copies)
-                for c in frame.copies:
-                    st.check_row(c.src_row)
-                    st.check_row(c.dst_row)
-                    if c.src_row == c.dst_row:
-                        raise FrameError("a row copy needs distinct source and destination")
-                    if c.dst_page != -1:
-                        st.check_page(c.dst_page)
+                check_copies(st, frame.copies)
                 dsts = [c.dst_row for c in frame.copies]
                 if len(set(dsts)) != len(dsts):
                     raise FrameError("two copies write the same destination row")
@@ -136,39 +132,82 @@ class StateOpProgram:
             self._cache.copy_pages(self.page_src, self.page_dst)
 
     def _copy_rows(self) -> None:
-        st, geo = self._state, self._cache.geometry
-        ps, sink = geo.page_size, geo.sink_page
-        src, dst, dpage = self.src_row, self.dst_row, self.dst_page
-        pos = st.position[src]
-        partial_block = torch.div(pos, ps, rounding_mode="floor").clamp(max=geo.blocks_per_row - 1)
-        has_partial = (pos % ps != 0) & (dpage >= 0)
-        src_tables = st.block_table[src]
-        src_page = src_tables.gather(1, partial_block[:, None]).squeeze(1)
-        sink_t = torch.full_like(dpage, sink)
-        self._cache.copy_pages(
-            torch.where(has_partial, src_page, sink_t), torch.where(has_partial, dpage, sink_t)
-        )
-        fields = st.fields()
-        if not self._copies_processing:
-            for name in st.processing_fields():
-                del fields[name]
-        copied = {name: t[src] for name, t in fields.items()}
-        block_index = torch.arange(geo.blocks_per_row, device=pos.device)[None, :]
-        full_blocks = torch.div(pos, ps, rounding_mode="floor")[:, None]
-        tables = torch.where(block_index < full_blocks, src_tables, sink)
-        tables = torch.where(
-            (block_index == partial_block[:, None]) & has_partial[:, None], dpage[:, None], tables
-        )
-        copied["block_table"] = tables
-        for name, value in self.sampling_values.items():
-            copied[name] = torch.where(self.override, value, copied[name])
-        for name in st.processing_fields() if self._copies_processing else ():
-            value = copied[name]  # a replaced sampling has no processing
-            override = self.override.view(-1, *([1] * (value.dim() - 1)))
-            copied[name] = torch.where(override, torch.full_like(value, NEUTRAL_PROCESSING.get(
-                name, 0)), value)
-        for name, tensor in fields.items():
-            tensor.index_copy_(0, dst, copied[name])
+        copy_rows(self._state, self._cache, src=self.src_row, dst=self.dst_row,
+                  dst_page=self.dst_page, override=self.override,
+                  sampling_values=self.sampling_values,
+                  processing=self._copies_processing)
 
     def read_outputs(self) -> dict[str, Any]:
         return {RESULT_KEY: StateOpResult(lanes=self._lanes)}
+
+
+def check_copies(state: RequestState, copies: Sequence[RowCopy]) -> None:
+    """Refuse copies naming a row or page the state does not have, or a row onto
+    itself (``FrameError``)."""
+    try:
+        for c in copies:
+            state.check_row(c.src_row)
+            state.check_row(c.dst_row)
+            if c.src_row == c.dst_row:
+                raise FrameError("a row copy needs distinct source and destination")
+            if c.dst_page != -1:
+                state.check_page(c.dst_page)
+    except StateError as exc:
+        raise FrameError(str(exc)) from exc
+
+
+def apply_copies(state: RequestState, cache: PagedKVCache, copies: Sequence[RowCopy]) -> None:
+    """Run ``copies`` one after another (each may read what the one before wrote), as
+    a SNAPSHOT or RESTORE lane would: the copies a prompt frame carries (a window
+    snapshot and its restore, ``gpu.frames.PrefillFrame.copies``). Their sampling is
+    the copied row's own."""
+    device = state.position.device
+    for c in copies:
+        src, dst, page = (torch.tensor([v], dtype=torch.int64, device=device)
+                          for v in (c.src_row, c.dst_row, c.dst_page))
+        processing = state.host_views is None or state.any_processing([c.src_row, c.dst_row])
+        copy_rows(state, cache, src=src, dst=dst, dst_page=page,
+                  override=torch.zeros(1, dtype=torch.bool, device=device),
+                  sampling_values={}, processing=processing)
+
+
+def copy_rows(state: RequestState, cache: PagedKVCache, *, src: torch.Tensor,
+              dst: torch.Tensor, dst_page: torch.Tensor, override: torch.Tensor,
+              sampling_values: Mapping[str, torch.Tensor], processing: bool) -> None:
+    """Copy rows ``src -> dst`` (int64 ``[L]`` each): every state field, full pages
+    shared by reference, the partial last page copied into ``dst_page`` where it is
+    not -1 (PRE-37), block-table entries past the copied extent cleared; lanes with
+    ``override`` take ``sampling_values`` in place of the copied sampling (and neutral
+    logit processing). ``processing``: copy the logit-processing state too."""
+    st, geo, dpage = state, cache.geometry, dst_page
+    ps, sink = geo.page_size, geo.sink_page
+    pos = st.position[src]
+    partial_block = torch.div(pos, ps, rounding_mode="floor").clamp(max=geo.blocks_per_row - 1)
+    has_partial = (pos % ps != 0) & (dpage >= 0)
+    src_tables = st.block_table[src]
+    src_page = src_tables.gather(1, partial_block[:, None]).squeeze(1)
+    sink_t = torch.full_like(dpage, sink)
+    cache.copy_pages(
+        torch.where(has_partial, src_page, sink_t), torch.where(has_partial, dpage, sink_t)
+    )
+    fields = st.fields()
+    if not processing:
+        for name in st.processing_fields():
+            del fields[name]
+    copied = {name: t[src] for name, t in fields.items()}
+    block_index = torch.arange(geo.blocks_per_row, device=pos.device)[None, :]
+    full_blocks = torch.div(pos, ps, rounding_mode="floor")[:, None]
+    tables = torch.where(block_index < full_blocks, src_tables, sink)
+    tables = torch.where(
+        (block_index == partial_block[:, None]) & has_partial[:, None], dpage[:, None], tables
+    )
+    copied["block_table"] = tables
+    for name, value in sampling_values.items():
+        copied[name] = torch.where(override, value, copied[name])
+    for name in st.processing_fields() if processing else ():
+        value = copied[name]  # a replaced sampling has no processing
+        flag = override.view(-1, *([1] * (value.dim() - 1)))
+        copied[name] = torch.where(flag, torch.full_like(value, NEUTRAL_PROCESSING.get(
+            name, 0)), value)
+    for name, tensor in fields.items():
+        tensor.index_copy_(0, dst, copied[name])

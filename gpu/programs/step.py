@@ -32,8 +32,10 @@ from gpu.frames import (
     LaneSample,
     MixedFrame,
     PrefillFrame,
+    RowCopy,
     StateUpdate,
     StepResult,
+    VisionFrame,
     frame_of,
 )
 from gpu.grammar_mask import TokenMasks
@@ -42,6 +44,7 @@ from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
+from gpu.programs.state_ops import apply_copies, check_copies
 from gpu.programs.vision import ChunkImage, VisionProgram, chunk_images
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
@@ -65,6 +68,10 @@ class StagedFrame:
     """The image positions the prompt lane covers, at their packed rows."""
     window: tuple[ImageSpan, ...] = ()
     """The images the frame asks the vision program for (its active window)."""
+    image_row: tuple[int, bool] = (-1, False)
+    """The prompt lane's row and whether the chunk ends its prompt (``VisionProgram``)."""
+    copies: tuple[RowCopy, ...] = ()
+    """Row copies run before ``updates`` (a window snapshot and its restore)."""
     grammar_lanes: tuple[tuple[int, int], ...] = ()
     """``(lane, row)`` of the lanes whose resident grammar masks them (``bind``
     computes those masks, ``execute`` advances the matchers; ``gpu.grammar_rows``)."""
@@ -164,33 +171,44 @@ class StepProgram:
         shared state, so a backend may call it at launch, off the stream, while earlier
         frames still run (``bind_staged`` then only uploads it, in stream order)."""
         frame = frame_of(inputs)
+        if isinstance(frame, VisionFrame):
+            raise FrameError(f"{self._shape.label()}: a vision frame runs on a vision program")
         self._state.validate_updates(frame.updates)
         block = self._workspace.host_block()
         pack, updates = self.pack(inputs, out=block)
         masks = self._token_masks.stage(pack.rows, getattr(frame, "token_masks", ()))
-        return StagedFrame(program=self, pack=pack, updates=updates, block=block,
-                           token_masks=masks, images=self._chunk_images(frame, pack),
+        images, image_row = self._chunk_images(frame, pack)
+        copies = getattr(frame, "copies", ())
+        check_copies(self._state, copies)
+        if any(c.sampling is not None for c in copies):
+            raise FrameError("a prompt frame's row copies keep the copied sampling")
+        return StagedFrame(program=self, pack=pack, updates=updates, block=block, copies=copies,
+                           token_masks=masks, images=images, image_row=image_row,
                            window=getattr(frame, "images", ()),
                            grammar_lanes=self._grammar_lanes_of(
                                pack.rows, getattr(frame, "grammar_rows", ()), masks))
 
-    def _chunk_images(self, frame: Any, pack: HostPack) -> tuple[ChunkImage, ...]:
-        """Where the frame's image positions sit in the packed layout; a frame with
-        images needs a vision tower and an uncaptured execution (a CUDA graph replays
-        the token embeddings it was captured with)."""
+    def _chunk_images(self, frame: Any, pack: HostPack
+                      ) -> tuple[tuple[ChunkImage, ...], tuple[int, bool]]:
+        """Where the frame's image positions sit in the packed layout, and the prompt
+        lane's row and prompt end; a frame with images needs a vision tower and an
+        uncaptured execution (a CUDA graph replays the token embeddings it was
+        captured with)."""
         spans = getattr(frame, "images", ())
         if not spans:
-            return ()
+            return (), (-1, False)
         if self._vision is None:
             raise FrameError("a frame with images needs a vision-language checkpoint")
         if self.buffers.out_token.device.type == "cuda":
             raise FrameError("captured CUDA programs do not read image features")
         if isinstance(frame, PrefillFrame):
             lane, start, count = 0, frame.start_position, len(frame.tokens)
+            row, ends = frame.row, frame.ends_prompt
         else:
             lane, start, count = frame.prefill_row, frame.prompt_start, len(frame.prompt_tokens)
+            row, ends = frame.rows[lane], frame.prompt_ends
         return chunk_images(spans, prompt_start=start, prompt_len=count,
-                            packed_offset=int(pack.offsets[lane]))
+                            packed_offset=int(pack.offsets[lane])), (row, ends)
 
     def _grammar_lanes_of(self, rows: tuple[int, ...], grammar_rows: tuple[int, ...],
                           masks: np.ndarray | None) -> tuple[tuple[int, int], ...]:
@@ -254,7 +272,10 @@ class StepProgram:
         if staged.program is not self:
             raise FrameError(f"frame staged for {staged.program.shape.label()}, "
                              f"bound to {self._shape.label()}")
+        apply_copies(self._state, self._cache, staged.copies)
         self._state.apply_updates(staged.updates)
+        if self._vision is not None:
+            self._vision.initialised(staged.updates, staged.copies)
         self._workspace.upload(staged.block)
         grammars = self._state.grammars
         self._grammar_lanes = staged.grammar_lanes
@@ -263,7 +284,8 @@ class StepProgram:
                                                          staged.grammar_lanes))
         else:
             self._token_masks.upload(staged.token_masks)
-        self._image_features = (self._vision.feature_rows(staged.window, staged.images)
+        self._image_features = (self._vision.feature_rows(staged.image_row, staged.window,
+                                                          staged.images)
                                 if staged.window and self._vision is not None else None)
         self._choose_bounds(staged.pack)
         self._bound = staged.pack

@@ -67,7 +67,7 @@ def run_policies(
     runs = []
     for name in policies:
         started, cpu_started = time.perf_counter(), time.process_time()
-        planner = make_policy(name, catalog=catalogs.for_policy(name),
+        planner = make_policy(name, catalog=options.vision.catalog(catalogs.for_policy(name)),
                               token_budget=token_budget)
         if isinstance(planner, BaselinePolicy):
             # the simulator admits at most max_resident requests for every policy; a

@@ -8,7 +8,8 @@ ids and the same preprocessed pixels, token for token; usage counts each image a
 its expanded placeholder (as ``/tokenize`` does). A repeated image is served from the prefix cache (hit
 tokens rise) with the same output; a different image with the same text never
 matches it (its output is transformers' for that image). Bad image inputs get a 4xx
-naming the field and the server keeps serving.
+naming the field and the server keeps serving. Vision runs as scheduled frames of
+its own (the catalog's vision programs, PRE-1), each measured by its own interval.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from PIL import Image
 from vision_fixtures import IMAGE_TOKEN, TOKENS_PER_IMAGE, build_llava
 
 from actors.config import RuntimeConfig
+from actors.public import RuntimeStatistics
 from actors.system import open_runtime
 from ops.testing import serve_app
+from policy import GraphKind
 
 NEW_TOKENS = 8
 SPECIAL = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -120,6 +123,12 @@ async def test_image_chats_equal_transformers(llava: Path) -> None:
             tokenized = (await client.post("/tokenize", json={
                 "messages": _body(three, urls[:3])["messages"],
                 "add_generation_prompt": True})).json()
+            vision = [t.shape for t in runtime.scheduler.traces()
+                      if t.shape.kind is GraphKind.VISION]
+            measured = {shape: runtime.scheduler.estimates.estimate_ns(shape)
+                        for shape in vision}
+    # PRE-1, PRE-18: vision ran as frames of its own, each measured by its own interval
+    assert vision and all(ns > 0 for ns in measured.values())
     ids_one, ids_three = _reference_ids(one, 1), _reference_ids(three, 3)
     assert first["usage"]["prompt_tokens"] == len(ids_one)
     assert triple["usage"]["prompt_tokens"] == len(ids_three) > 64
@@ -159,35 +168,46 @@ async def test_bad_image_inputs_are_4xx_and_serving_continues(llava: Path) -> No
     assert len(after.json()["choices"][0]["logprobs"]["content"]) == NEW_TOKENS
 
 
-async def _served(llava: Path, window_images: int,
-                  bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+async def _served(llava: Path, window_images: int, bodies: list[dict[str, Any]]
+                  ) -> tuple[list[httpx.Response], RuntimeStatistics, str]:
+    """Without the prefix cache, so every request prefills all of its windows; with the
+    statistics and the ``/metrics`` text after the last."""
     config = RuntimeConfig(model_dir=llava, backend="cpu", max_batch=2,
                            prefill_capacities=(64,), page_size=16, max_context=256,
-                           vision_feature_images=window_images)
+                           vision_feature_images=window_images, prefix_caching=False)
     async with open_runtime(config) as runtime, serve_app(runtime) as server, \
             httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-        return [await _chat(client, body) for body in bodies]
+        answers = [await _chat(client, body) for body in bodies]
+        return answers, runtime.statistics(), (await client.get("/metrics")).text
 
 
 async def test_three_images_over_one_image_windows_equal_transformers(llava: Path) -> None:
-    """Covers PRE-26, PRE-27, PRE-28, PRE-34: with feature storage for one image
-    (``--vision-feature-images 1``) the three images form three windows; each prompt
-    frame asks only for its active window's image and prefill stops before the next
-    window (a frame asking for more images than storage holds fails its request), and
-    the greedy output equals transformers'. The logical request keeps its prompt,
-    seed, sampling and usage across windows: a seeded sampled request gives the same
-    tokens and usage as with storage for all three images (one window)."""
+    """Covers PRE-26, PRE-27, PRE-28, PRE-30, PRE-31, PRE-33, PRE-34: with feature
+    storage for one image (``--vision-feature-images 1``) the three images form three
+    windows; each prompt frame asks only for its active window's image, prefill stops
+    before the next window, and each of the two boundaries runs a window snapshot and
+    its restore (a frame asking for an image outside its row generation's window fails
+    its request). The logical request keeps its prompt, seed, sampling and usage across
+    windows: greedy output equals transformers' and the single-window run's, and a
+    seeded sampled request gives the same tokens and usage as with storage for all
+    three images (one window, no snapshot)."""
     images = [_image(i) for i in range(3)]
     three = ["w11 w12 w21", "w13 w26", "w14 w15 w27", "w16"]
     greedy = _body(three, [_url(_png(i)) for i in images])
     sampled = {**greedy, "temperature": 1.0, "seed": 7}
     with trio.fail_after(300):
-        windowed = await _served(llava, 1, [sampled, greedy])
-        whole = await _served(llava, 8, [sampled])
+        windowed, windowed_stats, metrics = await _served(llava, 1, [sampled, greedy])
+        whole, whole_stats, _ = await _served(llava, 8, [sampled, greedy])
     assert all(r.status_code == 200 for r in (*windowed, *whole)), windowed[0].text
+    assert windowed_stats.window_snapshots == 4  # two boundaries per request
+    assert whole_stats.window_snapshots == 0
+    counted = [line for line in metrics.splitlines()
+               if line.startswith("flare_window_snapshots_total")]
+    assert len(counted) == 1 and counted[0].endswith(" 4.0")
     ids = _reference_ids(three, 3)
     assert len(ids) <= 64  # one chunk would hold it: the windows split it
     assert _tokens(windowed[1].json()) == _hf_greedy(llava, ids, images)
+    assert _tokens(windowed[1].json()) == _tokens(whole[1].json())
     assert _tokens(windowed[0].json()) == _tokens(whole[0].json())
     assert windowed[0].json()["usage"] == whole[0].json()["usage"]
     assert windowed[0].json()["usage"]["prompt_tokens"] == len(ids)

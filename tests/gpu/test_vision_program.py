@@ -4,7 +4,9 @@ Prefill chunks (one splitting an image's positions) and a mixed frame whose prom
 lane sits after a decode lane (a nonzero packed offset) read each image's features at
 its positions: the greedy tokens equal the one-lane reference with the features in
 place. Feature storage is keyed by the pixel digest: a repeated image is not
-re-encoded, a different one is, and storage keeps at most its bound.
+re-encoded, a different one is, and storage keeps at most its bound. A window
+snapshot's restore starts a fresh row generation whose features sit at compact offsets
+from zero (PRE-33).
 """
 
 from __future__ import annotations
@@ -18,8 +20,19 @@ from model_fixtures import DECODE, MIXED_2, PREFILL_64, build_engine, prompt_of
 from PIL import Image
 from vision_fixtures import IMAGE_TOKEN, TOKENS_PER_IMAGE, build_llava, reference_greedy
 
-from gpu.frames import FrameError, ImageSpan, PrefillFrame
-from gpu.programs.driver import ReferenceDriver
+from gpu.frames import (
+    RESULT_KEY,
+    FrameError,
+    ImageSpan,
+    PrefillFrame,
+    RowCopy,
+    StateOpResult,
+    StateUpdate,
+    StepResult,
+    VisionFrame,
+    as_inputs,
+)
+from gpu.programs.driver import ReferenceDriver, RowMirror
 from gpu.programs.vision import VisionProgram, chunk_images
 
 NEW_TOKENS = 6
@@ -126,3 +139,89 @@ def test_feature_storage_is_keyed_by_pixels_and_bounded(llava: Path) -> None:
     assert not torch.allclose(first[0], first[1], atol=1e-3)
     with pytest.raises(FrameError, match="tokens"):
         program.features_of([ImageSpan(digest="y", image=_image(5), start=0, tokens=3)])
+
+
+def _windowed_prefill(driver: ReferenceDriver, prompt: list[int], spans: tuple[ImageSpan, ...],
+                      *, restore: bool) -> tuple[int, list[dict[str, int]]]:
+    """Prefill one window (one image) per chunk, each chunk stopping before the next
+    image; a chunk that starts a later window first snapshots row 0 into the private
+    row 1 and restores it (``restore``), as the runtime's window snapshots do. Returns
+    the first output token and row 0's feature placement after each chunk but the last."""
+    ends = [s.start for s in spans[1:]] + [len(prompt)]
+    program = driver.engine.parts.vision
+    assert program is not None
+    placements = []
+    updates: tuple[StateUpdate, ...] = (driver.init_row(0),)
+    start = token = 0
+    for i, end in enumerate(ends):
+        copies: tuple[RowCopy, ...] = ()
+        if i and restore:
+            ps = driver.page_size
+            partial = start % ps != 0
+            snapshot_page = driver.free_pages.pop(0) if partial else -1
+            own = driver.rows[0].pages[start // ps] if partial else -1
+            copies = (RowCopy(src_row=0, dst_row=1, dst_page=snapshot_page),
+                      RowCopy(src_row=1, dst_row=0, dst_page=own))
+        updates += driver.pages_for(0, end)
+        result = driver.run(PREFILL_64, PrefillFrame(
+            row=0, tokens=tuple(prompt[start:end]), start_position=start,
+            ends_prompt=end == len(prompt), updates=updates, images=(spans[i],),
+            copies=copies))
+        updates = ()
+        driver.rows[0].position = start = end
+        if end < len(prompt):
+            placements.append(program.placement(0))
+        elif isinstance(result, StepResult):
+            token = result.samples[0].token
+    return token, placements
+
+
+def test_window_restore_places_the_next_window_from_offset_zero(llava: Path) -> None:
+    """Covers PRE-33, PRE-37, PRE-34: three images, one per window. Each later window's
+    first chunk snapshots the row into a private row (partial page copied) and restores
+    it: the restore begins a fresh row generation, whose placement puts the window's
+    image at offset 0, and the restored state continues exactly (greedy tokens equal the
+    reference). Without the restore the next window's image lies outside the row
+    generation's window and the frame is refused."""
+    engine = build_engine(llava)
+    prompt, spans = _prompt_and_spans([1, 2, 3])
+    driver = ReferenceDriver(engine)
+    driver.rows[1] = RowMirror()
+    assert any(s.start % driver.page_size for s in spans[1:])  # a partial page is copied
+    token, placements = _windowed_prefill(driver, prompt, spans, restore=True)
+    assert placements == [{"d1": 0}, {"d2": 0}]
+    out = [token]
+    while len(out) < NEW_TOKENS:
+        out += driver.decode(DECODE[1], [0])
+    assert out == _expected(engine, prompt, spans)
+    with pytest.raises(FrameError, match="outside its generation's window"):
+        _windowed_prefill(ReferenceDriver(build_engine(llava)), prompt, spans, restore=False)
+
+
+def test_a_vision_frame_fills_the_storage_prompt_frames_read(llava: Path) -> None:
+    """Covers PRE-1, PRE-27 on the program side: a ``VisionFrame`` bound to a program of
+    two images encodes its images into the storage every vision program of the load
+    shares (``with_images``) and returns a setup result; the prompt side then reads
+    them without encoding, a frame of stored images encodes nothing, and a frame of
+    more images than the program holds is refused."""
+    engine = build_engine(llava)
+    assert engine.vision is not None
+    single = VisionProgram(engine.vision, images=1, stored_images=4)
+    pair = single.with_images(2)
+    assert pair.shape.batch_capacity == 2 and pair.storage is single.storage
+    a, b, c = (ImageSpan(digest=f"v{i}", image=_image(i), start=0, tokens=TOKENS_PER_IMAGE)
+               for i in range(3))
+    pair.bind(as_inputs(VisionFrame(images=(a, b))))
+    pair.execute()
+    assert pair.read_outputs()[RESULT_KEY] == StateOpResult(lanes=2)
+    assert single.encoded_images == 2
+    features = single.features_of([a, b])
+    assert single.encoded_images == 2
+    expected = engine.vision.encode(engine.vision.pixels([a.image, b.image]))
+    assert torch.allclose(features[1], expected[1], atol=1e-5)
+    pair.bind(as_inputs(VisionFrame(images=(b,))))
+    pair.execute()
+    pair.read_outputs()
+    assert single.encoded_images == 2
+    with pytest.raises(FrameError, match="at most 2"):
+        pair.bind(as_inputs(VisionFrame(images=(a, b, c))))

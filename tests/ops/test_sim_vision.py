@@ -65,3 +65,28 @@ def test_no_images_no_vision_stats() -> None:
     planner = make_policy("balanced", catalog=(PREFILL_64, DECODE_1))
     result = simulate(planner, [REQUEST], COSTS, SimOptions(dispatch_ns=1 * MS))
     assert result.vision == {} and "vision" not in result.stats_json()
+
+
+def _scheduled(scheduled: bool):  # type: ignore[no-untyped-def]
+    load = VisionLoad(images_per_request=3, tokens_per_image=20, window_images=8,
+                      ms_per_image=4.0, ms_per_execution=2.0, scheduled=scheduled)
+    planner = make_policy("balanced", catalog=load.catalog((PREFILL_64, DECODE_1)))
+    return simulate(planner, [REQUEST], COSTS,
+                    SimOptions(dispatch_ns=1 * MS, output_limit=0, vision=load))
+
+
+def test_scheduled_vision_runs_its_own_frame() -> None:
+    """Covers PRE-1, PRE-24, PRE-27 in the simulator: with vision programs in the
+    catalog (1, 2, 4 and 8 images, unmeasured), the window's three images are encoded by
+    one discovered vision frame, the four-image program (2 + 16 ms; the smallest that
+    holds them), before the two 10 ms prompt frames (first token at 1.041). Fused, the
+    first prompt frame encodes them one per execution (3 x 6 ms; first token at
+    1.040)."""
+    scheduled, fused = _scheduled(True), _scheduled(False)
+    assert scheduled.frames["vision"] == 1 and scheduled.frames["prefill"] == 2
+    assert scheduled.vision["images_encoded"] == fused.vision["images_encoded"] == 3
+    assert scheduled.vision["busy_s"] == pytest.approx(0.018)
+    assert fused.vision["busy_s"] == pytest.approx(0.018)
+    assert scheduled.records[0].ttft_s == pytest.approx(0.041)
+    assert fused.records[0].ttft_s == pytest.approx(0.040)
+    assert "vision" not in fused.frames
