@@ -138,6 +138,10 @@ class RuntimeConfig:
     """vLLM's ``--tensor-parallel-size`` (``-tp``): CPU backend, run every frame on that
     many ranks, a device process each holding a shard of the model and of the KV pool
     (``gpu.backends.tensor_parallel``, docs/tensor-parallel.md)."""
+    nnodes: int = 1
+    """torchrun's ``--nnodes``: machines the tensor-parallel group spans; this one
+    serves with the first ``tensor_parallel_size / nnodes`` ranks, the others run
+    ``flare rank`` and meet at ``MASTER_ADDR``/``MASTER_PORT``."""
     resident_grammars: bool = True
     """Hold constrained requests' grammar matchers with the programs where the backend's
     stream allows it (the ``cpu`` backend; ``gpu.grammar_rows``), so their frames need
@@ -160,6 +164,11 @@ class RuntimeConfig:
     scheduler_terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tensor_parallel_options(self) -> dict[str, int]:
+        """The cpu backend's options for the tensor-parallel group (``open_backend``)."""
+        return {"tensor_parallel": self.tensor_parallel_size, "nnodes": self.nnodes}
 
     def validate(self) -> None:
         """Raise ``ConfigError`` with a message naming the first invalid value."""
@@ -185,6 +194,10 @@ class RuntimeConfig:
         if self.tensor_parallel_size > 1 and (self.backend != "cpu" or not self.device_process):
             raise ConfigError("--tensor-parallel-size above 1 runs on the cpu backend's "
                               "device processes (not with --no-device-process or cuda)")
+        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes or (
+                self.nnodes > 1 and self.tensor_parallel_size == 1):
+            raise ConfigError(f"--nnodes {self.nnodes} must divide --tensor-parallel-size "
+                              f"{self.tensor_parallel_size} (above 1) evenly")
         if not self.prefill_capacities:
             raise ConfigError("--prefill-capacity needs at least one capacity")
         for c in self.prefill_capacities:

@@ -389,7 +389,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
     # cpu: the stream is a device process unless ``--no-device-process``
     backend = open_backend(config.backend, **(
         {"device_process": config.device_process,
-         "tensor_parallel": config.tensor_parallel_size} if config.backend == "cpu" else {}))
+         **config.tensor_parallel_options} if config.backend == "cpu" else {}))
     try:
         engine, catalog = await trio.to_thread.run_sync(_load_engine, config, backend.device)
         if config.resident_grammars:  # where the backend's stream allows them
@@ -473,6 +473,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         speculation_source=config.draft_source if speculative else None,
         draft_model_dir=config.draft_model_dir,
         draft_catch_up=config.draft_catch_up, vision_feature_images=config.vision_feature_images,
+        hold_model=config.tensor_parallel_size == 1,  # ranks read their own shards
     )
     return engine, shapes
 
@@ -482,7 +483,6 @@ def image_prompting(engine: ModelEngine) -> ImagePrompting | None:
     return None if vision is None else ImagePrompting(
         image_token_id=vision.config.image_token_id,
         tokens_per_image=vision.config.tokens_per_image)
-
 
 
 def partial_kw(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:

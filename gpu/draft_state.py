@@ -49,7 +49,7 @@ from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.model.config import load_model_config
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
-from gpu.model.weights import load_weights
+from gpu.model.weights import WeightSource, load_weights
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StagedFrame, StepProgram, StepReadout
 from gpu.request_state import RequestState
@@ -142,12 +142,15 @@ def load_draft_model(model_dir: str | Path, *, target: Decoder, target_cache: Pa
             f"draft vocabulary {config.vocab_size} differs from the target's "
             f"{target.config.vocab_size}")
     geometry = target_cache.geometry
-    weights = load_weights(directory, config, device=target.device, dtype=target.dtype)
+    # placeholders (meta) where the target's are: tensor-parallel ranks load their shards
+    model_device = "meta" if target.embed.is_meta else target.device
+    weights = load_weights(directory, config, device=model_device, dtype=target.dtype)
     decoder = Decoder(config, weights, max_context=geometry.max_context, device=target.device,
                       dtype=target.dtype)
+    decoder.source = WeightSource(directory, role="draft")
     if target.capture is not None:  # the draft forward is captured like the target's
         decoder.enable_capture()
-    cache = PagedKVCache(config, geometry, device=target.device, dtype=target.dtype)
+    cache = PagedKVCache(config, geometry, device=model_device, dtype=target.dtype)
     return DraftModel(decoder=decoder, cache=cache)
 
 

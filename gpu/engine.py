@@ -31,7 +31,7 @@ from gpu.model.sharding import ShardError, check_shardable
 from gpu.model.tokenizer import Tokenizer
 from gpu.model.vision import VisionTower
 from gpu.model.vision_config import load_served_config
-from gpu.model.vision_weights import load_served_weights
+from gpu.model.vision_weights import load_served_weights, served_source
 from gpu.program import PreparedProgram
 from gpu.programs.execution import ExecutionOptions
 from gpu.programs.speculative_attach import attach_speculation, is_speculative_shape
@@ -124,6 +124,7 @@ class ModelEngine:
         draft_model_dir: str | Path | None = None,
         draft_catch_up: int = 0,
         vision_feature_images: int = DEFAULT_STORED_IMAGES,
+        hold_model: bool = True,
     ) -> ModelEngine:
         """Load ``model_dir`` onto ``device`` and prepare one program per catalog shape.
 
@@ -137,6 +138,11 @@ class ModelEngine:
         the ordinary shapes are built first, then ``attach_speculation`` adds the
         speculative programs and wraps the ordinary ones to keep the draft context
         (``draft_catch_up > 0``: let it lag behind decodes, ``gpu.draft_state``).
+
+        ``hold_model=False``: the decoders' weights and the KV pools are placeholders
+        (``meta`` tensors: shapes, no memory) for the ranks of a tensor-parallel group,
+        each of which reads its own shard from the checkpoint
+        (``gpu.backends.rank_programs``).
         """
         execution = execution or ExecutionOptions.for_device(device)
         if (execution.host_bounds or execution.capture_forward) and \
@@ -155,13 +161,15 @@ class ModelEngine:
         context = min(max_context or config.max_context, config.max_context,
                       num_pages * page_size)
         geometry = CacheGeometry(page_size=page_size, num_pages=num_pages, max_context=context)
+        model_device = device if hold_model else "meta"
         weights, vision = load_served_weights(directory, config, vision_config, device=device,
-                                              dtype=serving_dtype)
+                                              dtype=serving_dtype, text_device=model_device)
         decoder = Decoder(config, weights, max_context=context, device=device,
                           dtype=serving_dtype)
+        decoder.source = served_source(directory, vision_config)
         if execution.capture_forward:
             decoder.enable_capture()
-        cache = PagedKVCache(config, geometry, device=device, dtype=serving_dtype)
+        cache = PagedKVCache(config, geometry, device=model_device, dtype=serving_dtype)
         state = RequestState(state_rows, geometry, vocab_size=config.vocab_size,
                              device=device)
         shapes = list(dict.fromkeys(catalog))

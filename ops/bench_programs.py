@@ -397,6 +397,7 @@ def main(args: argparse.Namespace) -> int:
                                                    capture_forward=args.capture_forward)),
             speculation_source=args.speculation if speculative else None,
             draft_model_dir=args.draft_model if args.speculation == "draft" else None,
+            hold_model=args.tensor_parallel_size == 1,  # ranks read their own shards
         )
         timed = args.backend == "cpu" and args.tensor_parallel_size == 1
         programs = {s: ThreadTimed(engine.programs[s]) if timed else engine.programs[s]

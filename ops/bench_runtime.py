@@ -44,6 +44,8 @@ from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.planner_records import FrameRecord
 from actors.public import Finished, GenerationRequest, SamplingParams
 from actors.system import Runtime, open_runtime
+from gpu.backends.rank_programs import held_bytes
+from ops.process_memory import DEVICE_PROCESS_PREFIX, serving_memory
 from ops.tiny_model import TinyLlama, write_tiny_llama
 from ops.training.llama import LlamaShape
 
@@ -53,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HF-format model directory (default: the embedded model)")
     parser.add_argument("--tiny", action="store_true",
                         help="build a random tiny Llama (d=256, 4 layers) in a temp dir")
+    parser.add_argument("--tiny-hidden", type=int, default=256, metavar="D",
+                        help="with --tiny: its hidden size (a multiple of 64; heads of 32, "
+                             "half as many KV heads, MLP 11/4 D), e.g. 1536 for a model of "
+                             "112 M parameters whose memory is plain to see")
     parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16,
@@ -76,10 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-TINY = TinyLlama(shape=LlamaShape(
-    vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024), seed=0)
-"""A random Llama (d=256, 4 layers, vocab 4096) with a word-level tokenizer."""
+def tiny(hidden: int = 256) -> TinyLlama:
+    """A random Llama (``hidden`` wide, 4 layers, vocab 4096) with a word-level
+    tokenizer."""
+    if hidden < 64 or hidden % 64:
+        raise SystemExit(f"--tiny-hidden must be a positive multiple of 64, got {hidden}")
+    return TinyLlama(shape=LlamaShape(
+        vocab_size=4096, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=4, num_attention_heads=hidden // 32,
+        num_key_value_heads=hidden // 64, max_position_embeddings=1024), seed=0)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -129,10 +140,6 @@ def cpu_worker_ns() -> int | None:
             except (OSError, AttributeError):
                 continue
     return total if found else None
-
-
-DEVICE_PROCESS_PREFIX = "flare-cpu-device-"
-"""Name prefix of the CPU backend's device processes (``DeviceProcessBackend``)."""
 
 
 def device_process_ns() -> int | None:
@@ -196,6 +203,11 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         device_end, host_end = device_process_ns(), time.process_time_ns()
         elapsed = trio.current_time() - start
         frames = [f for f in rt.frame_log() if f.fence > first_fence]
+        memory = serving_memory()
+        held = {"server": held_bytes(list(rt._parts.programs.values()))}
+        devices = getattr(rt._parts.backend, "held_bytes", ())  # device processes only
+        for i, device in enumerate(devices):
+            held[f"device {i}"] = device
     result: dict[str, object] = dict(summarize(frames))
     result["tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
     if worker_start is not None and worker_end is not None and elapsed > 0:
@@ -204,6 +216,8 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
         result["server_cpu_fraction"] = (host_end - host_start) / 1e9 / elapsed
     if device_start is not None and device_end is not None and elapsed > 0:
         result["device_process_cpu_fraction"] = (device_end - device_start) / 1e9 / elapsed
+    result["memory"] = memory
+    result["held_bytes"] = held
     result["graphs"] = graph_counts(frames)
     result["frame_records"] = frames
     result["mean_device_ms"] = (sum(f.device_ns for f in frames) / len(frames) / 1e6
@@ -252,7 +266,7 @@ def main(args: argparse.Namespace) -> int:
     # The planner logs a debug trace record per frame; keep the benchmark's output clean.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_tiny_llama(TINY, Path(tmp)) if args.tiny else args.model
+        model_dir = write_tiny_llama(tiny(args.tiny_hidden), Path(tmp)) if args.tiny else args.model
         result = trio.run(bench, args, model_dir)
         if not args.no_isolated:
             in_server = in_server_intervals(result.pop("frame_records"))  # type: ignore[arg-type]
@@ -278,7 +292,19 @@ def main(args: argparse.Namespace) -> int:
         print(f"device process CPU/wall {result['device_process_cpu_fraction']:.3f}   "
               "(share of the wall the device process computed, bind and read included; "
               "summed over the ranks under -tp)")
+    print_memory(result)
     if "worker_cpu_fraction" in result:
         print(f"cpu worker CPU/wall  {result['worker_cpu_fraction']:.3f}   "
               "(share of the wall the worker computed, bind and read included)")
     return 0
+
+
+def print_memory(result: dict[str, object]) -> None:
+    """Each process's RSS and PSS, and what each device process's programs hold."""
+    mib = 1 << 20
+    for name, memory in result["memory"].items():  # type: ignore[attr-defined]
+        print(f"{name + ' memory':<20} RSS {memory['rss'] / mib:.1f} MiB, "
+              f"PSS {memory['pss'] / mib:.1f} MiB")
+    for name, held in result["held_bytes"].items():  # type: ignore[attr-defined]
+        print(f"{name + ' holds':<20} {held['weights'] / mib:.2f} MiB of parameters, "
+              f"{held['kv'] / mib:.2f} MiB of KV pool")

@@ -18,6 +18,8 @@ from ops.failure_line import EXIT_STATUS, failure_line
 # (command path, module, one-line help)
 COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("run",), "ops.run_command", "serve a model (the embedded default with no arguments)"),
+    (("rank",), "ops.rank_command",
+     "this machine's ranks of a tensor-parallel group served from another (flare run --nnodes)"),
     (("bench", "programs"), "ops.bench_programs", "time every prepared program shape"),
     (("bench", "forward"), "ops.bench_forward",
      "each step program beside the same forward in plain torch (SDPA, contiguous cache)"),

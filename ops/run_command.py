@@ -155,6 +155,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "device process each holding a shard of the model and KV pool "
                             "(docs/tensor-parallel.md; MASTER_ADDR/MASTER_PORT choose the "
                             "rendezvous)")
+    model.add_argument("--nnodes", type=int, default=1, metavar="M",
+                       help="CPU, with -tp: the group spans M machines; this one serves "
+                            "with the first N/M ranks, each other machine runs flare rank "
+                            "--node-rank K (MASTER_ADDR/MASTER_PORT: an address all reach)")
     model.add_argument("--host-grammars", action="store_true",
                        help="CPU: keep structured-output grammars on the host (every "
                             "constrained frame waits for the previous token) instead of "
@@ -280,7 +284,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         dtype=args.dtype,
         capture_forward=not args.eager_forward,
         device_process=not args.no_device_process,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes,
         resident_grammars=not args.host_grammars,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),

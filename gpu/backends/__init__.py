@@ -44,7 +44,8 @@ def open_backend(name: str, **options: Any) -> Backend:
 
     ``cpu`` runs prepared programs in a device process unless
     ``device_process=False`` (then on a worker thread of this process);
-    ``tensor_parallel=N`` (N >= 2) runs them on N ranks, a device process each.
+    ``tensor_parallel=N`` (N >= 2) runs them on N ranks, a device process each
+    (``nnodes=M``: this machine's N/M of them; the others run ``flare rank``).
 
     Raises ``BackendUnavailable`` with a message saying why (unknown name, no CUDA
     device, cuda-python missing); never crashes at import.
@@ -53,11 +54,12 @@ def open_backend(name: str, **options: Any) -> Backend:
         # the default: prepared programs run in a device process (``cpu_process``);
         # ``device_process=False`` keeps the stream a thread of this process
         size = options.pop("tensor_parallel", 1)
+        nnodes = options.pop("nnodes", 1)
         if size > 1:
             from gpu.backends.tensor_parallel import TensorParallelBackend
 
             options.pop("device_process", None)
-            return TensorParallelBackend(size=size, **options)
+            return TensorParallelBackend(size=size, nnodes=nnodes, **options)
         if options.pop("device_process", True):
             from gpu.backends.cpu_process import DeviceProcessBackend
 

@@ -41,7 +41,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,7 +57,7 @@ from gpu.backends.protocol import (
     ProgramFault,
     ProgramNotPrepared,
 )
-from gpu.backends.ranks import RankSpec
+from gpu.backends.ranks import RENDEZVOUS_TIMEOUT_S, RankSpec
 from gpu.backends.shared_pickling import dumps_shared
 from gpu.preparation import PreparationReport, ProgressSink, prepare_in_order
 from gpu.program import PreparedProgram
@@ -67,7 +67,8 @@ CLOSE_TIMEOUT_S = 30.0
 and exit before killing it (a frame is at most a few hundred ms on the CPU)."""
 
 START_TIMEOUT_S = 120.0
-"""How long ``prepare`` waits for the device process to map the programs."""
+"""How long ``prepare`` waits for the device process to map the programs (a rank of a
+tensor-parallel group: to build its shard, plus the rendezvous's own wait)."""
 
 EXIT_REPORT_S = 5.0
 """How long the reader waits for a vanished device process's exit status."""
@@ -113,19 +114,6 @@ def exit_text(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
-class SharedSending:
-    """Pickles programs for device processes one at a time, remembering where their
-    storages lived before the first pickling moved them (``dumps_shared``)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._addresses: dict[int, int] = {}
-
-    def dumps(self, programs: list[PreparedProgram]) -> bytes:
-        with self._lock:
-            return dumps_shared(programs, self._addresses)
-
-
 class DeviceProcessBackend:
     """The ``cpu`` backend with its stream in a device process (the default)."""
 
@@ -136,11 +124,11 @@ class DeviceProcessBackend:
     may hold grammar matchers per row (``gpu.grammar_rows``)."""
 
     def __init__(self, *, num_threads: int | None = None, rank: RankSpec | None = None,
-                 sharing: SharedSending | None = None) -> None:
+                 dumps: Callable[[list[PreparedProgram]], bytes] | None = None) -> None:
         """``num_threads``: the device process's torch intra-op threads (``None``:
         ``default_cpu_threads()``; 0: torch's default there). ``rank``: the process is
-        that rank of a tensor-parallel group (``gpu.backends.tensor_parallel``), whose
-        ranks pickle the same programs in turn through one ``sharing``."""
+        that rank of a tensor-parallel group (``gpu.backends.tensor_parallel``), sent
+        the programs as ``dumps`` pickles them (default: into shared memory)."""
         threads = default_cpu_threads() if num_threads is None else num_threads
         if threads < 0:
             raise ValueError(f"num_threads must be >= 0, got {threads}")
@@ -148,10 +136,14 @@ class DeviceProcessBackend:
         self.num_threads = threads
         """The device process's intra-op thread count (set once it has started)."""
         self.rank = rank
-        self._sharing = sharing or SharedSending()
+        self._dumps = dumps or dumps_shared
         self.stream_name = f"flare-cpu-device-{next(_stream_ids)}"
         self.start_s: float | None = None
         """Seconds ``prepare`` took to start the device process and map the programs."""
+        self.held_bytes: tuple[dict[str, int], ...] = ()
+        """What the device process's programs hold once prepared, per rank of its
+        group (one entry without a group; every rank's on rank 0): bytes of decoder
+        parameters (``weights``) and of KV pools (``kv``), ``rank_programs.held_bytes``."""
         self._lock = threading.Lock()
         self._indices: dict[int, int] = {}
         """Prepared program identity -> its index in the device process."""
@@ -220,10 +212,11 @@ class DeviceProcessBackend:
         device_end.close()
         self._process, self._conn = process, host_end
         try:
-            host_end.send_bytes(self._sharing.dumps(programs))
-            if not host_end.poll(START_TIMEOUT_S):
+            host_end.send_bytes(self._dumps(programs))
+            start_s = START_TIMEOUT_S + (RENDEZVOUS_TIMEOUT_S if self.rank else 0.0)
+            if not host_end.poll(start_s):
                 raise BackendError(f"the cpu device process did not start in "
-                                   f"{START_TIMEOUT_S:.0f} s")
+                                   f"{start_s:.0f} s")
             reply = pickle.loads(host_end.recv_bytes())
         except (EOFError, OSError) as exc:
             self._stop_process(kill=True)
@@ -236,6 +229,7 @@ class DeviceProcessBackend:
             self._stop_process(kill=True)
             raise BackendError(f"the cpu device process could not load the programs:\n{reply[1]}")
         self.num_threads = reply[1]
+        self.held_bytes = tuple(reply[2])
         self.start_s = time.perf_counter() - started
         self._reader = threading.Thread(target=self._read, name=f"{self.stream_name}-reader",
                                         daemon=True)

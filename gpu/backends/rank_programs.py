@@ -1,30 +1,42 @@
-"""One rank's own programs: a private copy of the prepared programs with the model
+"""One rank's own programs, rebuilt from a payload any process can read, with the model
 and its KV pool replaced by the rank's shards.
 
-Every rank's device process maps the host's programs from shared memory
-(``gpu.backends.shared_pickling``): the same pages in every process. Request state,
-workspaces and draft state are written by each rank's programs, so a rank cannot run
-on the shared pages; ``rank_programs`` copies the object graph once, in process
-(pickling with every tensor storage cloned once, numpy views of tensor memory kept as
-views of the clones), and substitutes on the way each ``Decoder`` by its shard and
-each ``PagedKVCache`` by a pool of the rank's KV heads (``gpu.model.sharding``). The
-full weights are never copied: the shards slice them.
+``programs_payload(programs)`` pickles the prepared programs for the ranks: every
+tensor storage once, by value (request state, workspaces, draft state: each rank
+writes its own), numpy views of tensor memory as views of those storages, locks
+fresh, and each ``Decoder`` and ``PagedKVCache`` as a description only (its
+configuration, checkpoint, device and dtype; the pool's geometry and shape). No
+weight and no KV page travels: the host's decoders and pools may be placeholders
+without memory (``ModelEngine.load(hold_model=False)``). Rank 0 receives the payload
+from the serving process and broadcasts it to the other ranks over the group
+(``gpu.backends.rank_worker``), so a rank on another machine gets the same bytes.
+
+``rank_programs(payload, rank, world, collectives)`` rebuilds the graph in one rank's
+process, substituting each described decoder by the rank's shard, read from the
+checkpoint files (``gpu.model.sharding.load_shard``), and each pool by a fresh pool
+of the rank's KV heads. ``held_bytes`` says what a set of programs holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from gpu.backends.shared_pickling import _rebuild_view, _tensor_base
+from gpu.model.config import ModelConfig
 from gpu.model.decoder import Decoder
-from gpu.model.kv_cache import PagedKVCache
-from gpu.model.sharding import AllReduce, shard_cache, shard_decoder
+from gpu.model.kv_cache import CacheGeometry, PagedKVCache
+from gpu.model.sharding import Collectives, load_shard, shard_cache
+from gpu.model.weights import WeightSource
 
 _LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
@@ -34,17 +46,63 @@ def _rebuild_tensor(storage: torch.UntypedStorage, offset: int, size: tuple[int,
     return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)
 
 
-class _Copier(pickle.Pickler):
-    """Pickles a graph for ``_Paster``: storages and substitutes travel by reference."""
+@dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """What a rank needs to read its shard of a decoder."""
 
-    def __init__(self, file: Any, substitutes: dict[int, Any]) -> None:
+    config: ModelConfig
+    source: WeightSource | None
+    device: str
+    dtype: torch.dtype
+    max_context: int
+
+    @classmethod
+    def of(cls, decoder: Decoder) -> DecoderSpec:
+        return cls(decoder.config, decoder.source, decoder.device, decoder.dtype,
+                   decoder.rope_cos.shape[0])
+
+    def placeholder(self, checkpoints: Mapping[str, Path]) -> Decoder:
+        """A decoder of this description without weights, for ``load_shard``, its
+        checkpoint at ``checkpoints[role]`` where given."""
+        decoder = Decoder.__new__(Decoder)
+        decoder.config, decoder.source = self.config, self.source
+        if self.source is not None and self.source.role in checkpoints:
+            decoder.source = dataclasses.replace(
+                self.source, directory=checkpoints[self.source.role])
+        decoder.device, decoder.dtype = self.device, self.dtype
+        decoder.rope_cos = torch.empty(self.max_context, 0, device="meta")
+        return decoder
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """What a rank needs to allocate its share of a KV pool."""
+
+    geometry: CacheGeometry
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def placeholder(self) -> PagedKVCache:
+        keys = torch.empty(self.shape, dtype=self.dtype, device="meta")
+        return PagedKVCache.over(self.geometry, keys, keys)
+
+
+class _Payload(pickle.Pickler):
+    """Pickles programs for ``_Rebuild``: storages and model parts by reference."""
+
+    def __init__(self, file: Any) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self.substitutes = substitutes
+        self.parts: dict[int, DecoderSpec | PoolSpec] = {}
         self.storages: dict[int, torch.UntypedStorage] = {}
 
     def persistent_id(self, obj: Any) -> Any:
-        if id(obj) in self.substitutes:
-            return ("object", id(obj))
+        if isinstance(obj, Decoder):
+            self.parts.setdefault(id(obj), DecoderSpec.of(obj))
+            return ("part", id(obj))
+        if isinstance(obj, PagedKVCache):
+            self.parts.setdefault(id(obj), PoolSpec(obj.geometry, tuple(obj.keys.shape),
+                                                    obj.keys.dtype))
+            return ("part", id(obj))
         if isinstance(obj, torch.UntypedStorage):
             self.storages[obj._cdata] = obj
             return ("storage", obj._cdata)
@@ -68,20 +126,43 @@ class _Copier(pickle.Pickler):
         return NotImplemented
 
 
-class _Paster(pickle.Unpickler):
-    def __init__(self, file: Any, copier: _Copier) -> None:
-        super().__init__(file)
-        self.copier = copier
-        self.clones: dict[int, torch.UntypedStorage] = {}
+def _storage_bytes(storage: torch.UntypedStorage) -> bytes:
+    if storage.device.type == "meta":
+        raise pickle.PicklingError("a placeholder tensor outside a decoder or KV pool "
+                                   "cannot travel to the ranks")
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+    return bytes(whole.numpy().tobytes())
+
+
+def programs_payload(programs: list[Any]) -> bytes:
+    """The bytes every rank rebuilds its programs from (the module doc)."""
+    buffer = io.BytesIO()
+    payload = _Payload(buffer)
+    payload.dump(programs)
+    storages = {key: _storage_bytes(s) for key, s in payload.storages.items()}
+    return pickle.dumps((buffer.getvalue(), payload.parts, storages), pickle.HIGHEST_PROTOCOL)
+
+
+class _Rebuild(pickle.Unpickler):
+    def __init__(self, graph: bytes, substitutes: dict[int, Any],
+                 storages: dict[int, bytes]) -> None:
+        super().__init__(io.BytesIO(graph))
+        self.substitutes = substitutes
+        self.storages = storages
+        self.built: dict[int, torch.UntypedStorage] = {}
 
     def persistent_load(self, pid: Any) -> Any:
         kind, key = pid
-        if kind == "object":
-            return self.copier.substitutes[key]
-        clone = self.clones.get(key)
-        if clone is None:
-            clone = self.clones[key] = self.copier.storages[key].clone()  # type: ignore[no-untyped-call]
-        return clone
+        if kind == "part":
+            return self.substitutes[key]
+        storage = self.built.get(key)
+        if storage is None:
+            data = self.storages[key]
+            whole = torch.empty(len(data), dtype=torch.uint8)
+            if data:
+                whole.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            storage = self.built[key] = whole.untyped_storage()
+        return storage
 
 
 def model_parts(obj: Any) -> list[Decoder | PagedKVCache]:
@@ -112,16 +193,42 @@ def model_parts(obj: Any) -> list[Decoder | PagedKVCache]:
     return list(found.values())
 
 
-def rank_programs(programs: list[Any], rank: int, world: int, all_reduce: AllReduce
+def rank_programs(payload: bytes, rank: int, world: int, collectives: Collectives, *,
+                  vocab_parallel: bool = False, checkpoints: Mapping[str, Path] | None = None
                   ) -> list[Any]:
-    """Rank ``rank``'s private programs over its shards (the module doc)."""
+    """Rank ``rank``'s private programs over its shards (the module doc).
+    ``checkpoints``: where this machine keeps a checkpoint, by its role (``model``,
+    ``draft``), where the serving process's path does not hold."""
+    graph, parts, storages = pickle.loads(payload)
+    device = next((p.device for p in parts.values() if isinstance(p, DecoderSpec)), "cpu")
     substitutes = {
-        id(part): (shard_decoder(part, rank, world, all_reduce) if isinstance(part, Decoder)
-                   else shard_cache(part, rank, world))
-        for part in model_parts(programs)}
-    buffer = io.BytesIO()
-    copier = _Copier(buffer, substitutes)
-    copier.dump(programs)
-    buffer.seek(0)
-    copied: list[Any] = _Paster(buffer, copier).load()
-    return copied
+        key: (load_shard(part.placeholder(checkpoints or {}), rank, world, collectives,
+                         vocab_parallel=vocab_parallel) if isinstance(part, DecoderSpec)
+              else shard_cache(part.placeholder(), rank, world, device=device))
+        for key, part in parts.items()}
+    programs: list[Any] = _Rebuild(graph, substitutes, storages).load()
+    return programs
+
+
+def held_bytes(programs: list[Any]) -> dict[str, int]:
+    """Bytes of memory the decoders' parameters (``weights``) and the KV pools (``kv``)
+    reachable from ``programs`` hold, each storage once (placeholders hold none)."""
+    seen: set[int] = set()
+    held = {"weights": 0, "kv": 0}
+
+    def count(kind: str, tensors: list[torch.Tensor | None]) -> None:
+        for tensor in tensors:
+            if tensor is None or tensor.is_meta:
+                continue
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                held[kind] += storage.nbytes()
+
+    for part in model_parts(programs):
+        if isinstance(part, Decoder):
+            count("weights", [part.embed, part.lm_head, *part.qkv_weight, *part.qkv_bias, *part.gate_up_weight,
+                              *part.w.values()])
+        else:
+            count("kv", [part.keys, part.values])
+    return held

@@ -1,10 +1,12 @@
-"""The ranks of a tensor-parallel group: rendezvous and joining torch.distributed.
+"""The ranks of a tensor-parallel group: who each is, where they meet, where they run.
 
-Each rank is one device process (``gpu.backends.device_worker``). The host picks the
-rendezvous (``rendezvous``): ``MASTER_ADDR`` and ``MASTER_PORT`` when set, otherwise
-the loopback address and a free port. A rank joins the group with the ``gloo``
-backend (the CPU's; ``nccl`` would serve CUDA ranks) after it has mapped the host's
-programs, then runs its own shard of them (``gpu.backends.rank_programs``).
+Each rank is one process (``gpu.backends.rank_worker``): a device process of the
+serving process, or ``flare rank`` on another machine. The host picks the rendezvous
+(``rendezvous``): ``MASTER_ADDR`` and ``MASTER_PORT`` when set, otherwise the
+loopback address and a free port. The ranks join the group with the ``gloo`` backend
+(the CPU's; ``nccl`` would serve CUDA ranks). Over ``nnodes`` machines each runs
+``world / nnodes`` ranks, machine ``k`` ranks ``k * world / nnodes ..``
+(``node_ranks``); the serving process runs on machine 0, with rank 0.
 
 ``collective_timeout_s()`` bounds every collective (``RENDEZVOUS_TIMEOUT_S`` the
 rendezvous): a rank whose
@@ -14,15 +16,10 @@ forever (``COLLECTIVE_TIMEOUT_S``, or ``FLARE_TP_TIMEOUT_S`` seconds).
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_S = 30.0
 """How long a rank waits in one collective for its peers (a frame is at most a few
@@ -32,6 +29,10 @@ RENDEZVOUS_TIMEOUT_S = 120.0
 """How long a rank waits for the others to join (each maps the programs first)."""
 
 LOOPBACK = "127.0.0.1"
+
+VOCAB_PARALLEL = False
+"""The default layout of the embedding and logits: replicated (docs/tensor-parallel.md,
+*Embedding and logits*, measured)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +44,9 @@ class RankSpec:
     address: str
     port: int
     timeout_s: float = COLLECTIVE_TIMEOUT_S
+    vocab_parallel: bool = False
+    """Split the embedding and the vocabulary projection over the ranks
+    (``gpu.model.sharding``) instead of replicating them."""
 
 
 def collective_timeout_s(environ: Mapping[str, str] | None = None) -> float:
@@ -57,6 +61,16 @@ def collective_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def vocab_parallel_default(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the ranks split the embedding and logits: ``FLARE_TP_VOCAB`` is
+    ``parallel`` or ``replicated`` (the default, ``VOCAB_PARALLEL``)."""
+    env = os.environ if environ is None else environ
+    text = env.get("FLARE_TP_VOCAB") or ("parallel" if VOCAB_PARALLEL else "replicated")
+    if text not in ("parallel", "replicated"):
+        raise ValueError(f"FLARE_TP_VOCAB must be parallel or replicated, got {text!r}")
+    return text == "parallel"
+
+
 def rendezvous(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
     """``(address, port)``: ``MASTER_ADDR``/``MASTER_PORT`` if set, else loopback and
     a port that was free a moment ago."""
@@ -69,23 +83,12 @@ def rendezvous(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
         return address, int(probe.getsockname()[1])
 
 
-def join_group(programs: list[Any], spec: RankSpec) -> list[Any]:
-    """Join the group (blocks until every rank has, at most ``RENDEZVOUS_TIMEOUT_S``)
-    and return this rank's programs, whose collectives wait ``spec.timeout_s``."""
-    from gpu.backends.rank_programs import rank_programs
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{spec.address}:{spec.port}", rank=spec.rank,
-        world_size=spec.world, timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
-    group = dist.new_group(timeout=datetime.timedelta(seconds=spec.timeout_s))
-
-    def all_reduce(tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor, group=group)
-
-    return rank_programs(programs, spec.rank, spec.world, all_reduce)
-
-
-def leave_group() -> None:
-    """Leave the group, if this process joined one."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def node_ranks(world: int, nnodes: int, node_rank: int) -> range:
+    """The ranks machine ``node_rank`` of ``nnodes`` runs (``ValueError`` if the
+    ranks do not split evenly over the machines)."""
+    if nnodes < 1 or world % nnodes:
+        raise ValueError(f"{world} ranks do not split evenly over {nnodes} machines")
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node rank {node_rank} is not one of 0..{nnodes - 1}")
+    per = world // nnodes
+    return range(node_rank * per, (node_rank + 1) * per)

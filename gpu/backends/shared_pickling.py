@@ -56,10 +56,10 @@ def _rebuild_view(storage: torch.Tensor, offset: int, shape: tuple[int, ...],
 class SharedPickler(ForkingPickler):
     """torch.multiprocessing's pickler, plus numpy views of tensor memory as views."""
 
-    def __init__(self, file: Any, addresses: dict[int, int] | None = None) -> None:
+    def __init__(self, file: Any) -> None:
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
-        self._addresses: dict[int, int] = {} if addresses is None else addresses
-        """Storage identity -> its data address before the first pickling moved it."""
+        self._addresses: dict[int, int] = {}
+        """Storage identity -> its data address before the pickling moved it."""
 
     def _remember(self, storage: torch.UntypedStorage) -> None:
         self._addresses.setdefault(storage._cdata, storage.data_ptr())
@@ -93,15 +93,10 @@ class SharedPickler(ForkingPickler):
         return (_rebuild_view, (whole, offset, array.shape, array.strides, array.dtype.str))
 
 
-def dumps_shared(obj: Any, addresses: dict[int, int] | None = None) -> bytes:
-    """Pickle ``obj`` moving its CPU tensors into shared memory (see the module doc).
-
-    To send the same graph to several processes (the ranks of a tensor-parallel
-    group), pickle it once per receiver, in turn, with one ``addresses`` dict: it keeps
-    the storages' addresses from before the first pickling moved them, against which
-    the numpy views are still measured."""
+def dumps_shared(obj: Any) -> bytes:
+    """Pickle ``obj`` moving its CPU tensors into shared memory (see the module doc)."""
     buffer = io.BytesIO()
-    SharedPickler(buffer, addresses).dump(obj)
+    SharedPickler(buffer).dump(obj)
     return buffer.getvalue()
 
 

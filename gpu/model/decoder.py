@@ -33,6 +33,7 @@ from gpu.model.capture import ForwardCapture
 from gpu.model.config import ModelConfig
 from gpu.model.kv_cache import PagedKVCache
 from gpu.model.rope import rope_tables
+from gpu.model.weights import WeightSource
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -90,6 +91,9 @@ class Decoder:
         self._act = _ACTIVATIONS[config.hidden_act]
         self._fuse_projections()
         self.capture: ForwardCapture | None = None
+        self.source: WeightSource | None = None
+        """The checkpoint the weights came from, which a tensor-parallel rank reads its
+        shard from (``gpu.model.sharding.load_shard``); None when built from tensors."""
 
     def _fuse_projections(self) -> None:
         """One q/k/v and one gate/up matrix per layer (fewer, larger matmuls). The
@@ -166,9 +170,7 @@ class Decoder:
         masks = {window: attention_masks(batch, cache.geometry.page_size, window, group,
                                          self.dtype)
                  for window in dict.fromkeys(cfg.layer_windows or (None,))}
-        h = self.embed[batch.token_ids]
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
+        h = self._embed(batch.token_ids)
         if batch.image_features is not None:
             rows, features = batch.image_features
             h = h.index_copy(0, rows, features.to(h.dtype))
@@ -223,6 +225,12 @@ class Decoder:
                                                         self._layer(i, "mlp.down_proj.weight")),
                                "post_feedforward_layernorm")
         return _rms_norm(h, self.w["model.norm.weight"], eps, gemma=gemma)
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings (scaled where the family scales them); a
+        vocabulary-parallel shard sums the ranks' rows here (``gpu.model.sharding``)."""
+        h = self.embed[token_ids]
+        return h if self.embed_scale is None else h * self.embed_scale
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The output projections (attention ``o_proj``, MLP ``down_proj``); a tensor-

@@ -9,21 +9,27 @@ Rank ``r`` of ``N`` holds:
   output projection's matching input columns, row-parallel;
 - rows ``r * I/N ..`` of the gate and up projections (column-parallel) and the same
   input columns of the down projection (row-parallel), ``I % N == 0``;
-- the embedding table, every norm and the vocabulary projection whole (replicated):
-  every rank computes the full logits from the same hidden state, so sampling needs
-  no gather and draws the same token ids on every rank.
+- every norm whole, and the embedding table and the vocabulary projection either
+  whole (replicated: every rank computes the full logits from the same hidden state)
+  or, vocabulary-parallel, rows ``r * V/N ..`` of each (``V % N == 0``): a rank looks
+  up only the tokens in its rows and the ranks sum the embeddings, and each computes
+  its slice of the logits, which the ranks gather. Either way every rank ends with
+  the same full logits, so the counter-based sampler draws the same token ids on
+  every rank.
 
 After each row-parallel projection the ranks' partial products are summed
 (``torch.distributed.all_reduce``, in float32) before the residual add, so every rank
-carries the same hidden state. The KV pool shard keeps the rank's KV heads only
-(``shard_cache``). A shard runs its forward op by op: forward capture
-(``gpu.model.capture``) traces no collectives.
+carries the same hidden state. A rank reads only its share of each tensor from the
+checkpoint files (``load_shard``: ``ShardPlan`` says which rows or columns), never
+the whole model. The KV pool shard keeps the rank's KV heads only (``shard_cache``).
+A shard runs its forward op by op: forward capture (``gpu.model.capture``) traces no
+collectives.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,18 +37,30 @@ import torch.nn.functional as F
 from gpu.model.config import ModelConfig, UnsupportedModelError
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
+from gpu.model.weights import Selection, load_weights
 
 __all__ = [
+    "Collectives",
     "ShardError",
+    "ShardPlan",
     "ShardedDecoder",
     "check_shardable",
     "kv_heads_of_rank",
+    "load_shard",
     "shard_cache",
-    "shard_decoder",
 ]
 
-AllReduce = Callable[[torch.Tensor], None]
-"""Sums a tensor in place over the ranks (``torch.distributed.all_reduce``)."""
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+class Collectives(Protocol):
+    """What a shard asks of its group (``torch.distributed`` over the ranks)."""
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` in place over the ranks."""
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The ranks' ``tensor`` concatenated along the last dimension, rank order."""
 
 
 class ShardError(UnsupportedModelError):
@@ -75,10 +93,63 @@ def kv_heads_of_rank(num_kv_heads: int, rank: int, world: int) -> range:
     return range(head, head + 1)
 
 
-class ShardedDecoder(Decoder):
-    """One rank's shard: the decoder forward with its row-parallel sums."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """Which part of each checkpoint tensor rank ``rank`` of ``world`` holds (element
+    ranges of the split dimension), and the shapes of its shard."""
 
-    all_reduce: AllReduce
+    config: ModelConfig
+    """The shard's configuration: its heads, KV heads and MLP width (full vocabulary)."""
+    q: range
+    kv: range
+    mlp: range
+    vocab: range | None
+    """The rank's vocabulary rows when vocabulary-parallel, else None (replicated)."""
+
+    @classmethod
+    def of(cls, config: ModelConfig, rank: int, world: int, *, vocab_parallel: bool = False
+           ) -> ShardPlan:
+        check_shardable(config, world)
+        hd, per_rank = config.head_dim, config.num_heads // world
+        kv_heads = kv_heads_of_rank(config.num_kv_heads, rank, world)
+        width = config.intermediate_size // world
+        vocab_per = config.vocab_size // world
+        vocab = (range(rank * vocab_per, (rank + 1) * vocab_per)
+                 if vocab_parallel and config.vocab_size % world == 0 else None)
+        return cls(
+            config=dataclasses.replace(config, num_heads=per_rank,
+                                       num_kv_heads=len(kv_heads), intermediate_size=width),
+            q=range(rank * per_rank * hd, (rank + 1) * per_rank * hd),
+            kv=range(kv_heads.start * hd, kv_heads.stop * hd),
+            mlp=range(rank * width, (rank + 1) * width), vocab=vocab)
+
+    @property
+    def stored_config(self) -> ModelConfig:
+        """The shard's configuration as its tensors' shapes read (its vocabulary rows)."""
+        if self.vocab is None:
+            return self.config
+        return dataclasses.replace(self.config, vocab_size=len(self.vocab))
+
+    def selection(self, name: str) -> Selection | None:
+        """The part of tensor ``name`` this rank holds (None: all of it)."""
+        if name in VOCAB_TENSORS:
+            return None if self.vocab is None else (0, (self.vocab,))
+        for projection, dim, part in ((".q_proj.", 0, self.q), (".k_proj.", 0, self.kv),
+                                      (".v_proj.", 0, self.kv), (".o_proj.", 1, self.q),
+                                      (".gate_proj.", 0, self.mlp),
+                                      (".up_proj.", 0, self.mlp),
+                                      (".down_proj.", 1, self.mlp)):
+            if projection in name:
+                return dim, (part,)
+        return None
+
+
+class ShardedDecoder(Decoder):
+    """One rank's shard: the decoder forward with its row-parallel sums and, when
+    vocabulary-parallel, its embedding sum and logits gather."""
+
+    collectives: Collectives
+    vocab: range | None = None
 
     def enable_capture(self) -> None:
         raise ValueError("a tensor-parallel shard runs op by op: a traced graph would "
@@ -86,61 +157,49 @@ class ShardedDecoder(Decoder):
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, weight).float()
-        self.all_reduce(partial)
+        self.collectives.all_reduce(partial)
         return partial.to(x.dtype)
 
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.vocab is None:
+            return super()._embed(token_ids)
+        local = token_ids - self.vocab.start
+        inside = (local >= 0) & (local < len(self.vocab))
+        rows = self.embed[local.clamp(0, len(self.vocab) - 1)].float()
+        rows *= inside[:, None]
+        self.collectives.all_reduce(rows)  # one rank holds each token's row: exact
+        h = rows.to(self.embed.dtype)
+        return h if self.embed_scale is None else h * self.embed_scale
 
-def _rows(t: torch.Tensor, spans: list[range], unit: int) -> torch.Tensor:
-    """The rows of ``t`` in ``spans`` (each a range of ``unit``-row blocks), private."""
-    return torch.cat([t[s.start * unit:s.stop * unit] for s in spans]).contiguous()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.vocab is None:
+            return super().logits(hidden)
+        return self.collectives.all_gather(super().logits(hidden).contiguous())
 
 
-def shard_decoder(decoder: Decoder, rank: int, world: int, all_reduce: AllReduce
-                  ) -> ShardedDecoder:
-    """Rank ``rank``'s shard of ``decoder`` (its layout: the module doc)."""
-    cfg = decoder.config
-    check_shardable(cfg, world)
-    heads, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    per_rank = heads // world
-    q_heads = range(rank * per_rank, (rank + 1) * per_rank)
-    kv_heads = kv_heads_of_rank(kv, rank, world)
-    # rows of the fused q/k/v matrix, in head units: q heads, then k heads, then v heads
-    qkv_spans = [q_heads, range(heads + kv_heads.start, heads + kv_heads.stop),
-                 range(heads + kv + kv_heads.start, heads + kv + kv_heads.stop)]
-    width = cfg.intermediate_size // world
-    mlp = range(rank, rank + 1)
-    gate_up_spans = [mlp, range(world + rank, world + rank + 1)]
-    shard = ShardedDecoder.__new__(ShardedDecoder)
-    shard.config = dataclasses.replace(cfg, num_heads=per_rank, num_kv_heads=len(kv_heads),
-                                       intermediate_size=width)
-    shard.device, shard.dtype = decoder.device, decoder.dtype
-    shard.embed, shard.lm_head = decoder.embed, decoder.lm_head
-    shard.rope_cos, shard.rope_sin = decoder.rope_cos, decoder.rope_sin
-    shard.embed_scale = decoder.embed_scale
-    shard._act = decoder._act
-    shard.capture = None
-    shard.all_reduce = all_reduce
-    split = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-    shard.w = {name: t for name, t in decoder.w.items()
-               if not any(f".{p}." in name for p in split)}
-    shard.qkv_weight, shard.qkv_bias, shard.gate_up_weight = [], [], []
-    for i in range(cfg.num_layers):
-        shard.qkv_weight.append(_rows(decoder.qkv_weight[i], qkv_spans, hd))
-        bias = decoder.qkv_bias[i]
-        shard.qkv_bias.append(None if bias is None else _rows(bias, qkv_spans, hd))
-        shard.gate_up_weight.append(_rows(decoder.gate_up_weight[i], gate_up_spans, width))
-        o_proj = f"model.layers.{i}.self_attn.o_proj.weight"
-        shard.w[o_proj] = decoder.w[o_proj][:, q_heads.start * hd:q_heads.stop * hd] \
-            .contiguous()
-        down = f"model.layers.{i}.mlp.down_proj.weight"
-        shard.w[down] = decoder.w[down][:, rank * width:(rank + 1) * width].contiguous()
+def load_shard(decoder: Decoder, rank: int, world: int, collectives: Collectives, *,
+               vocab_parallel: bool = False) -> ShardedDecoder:
+    """Rank ``rank``'s shard of ``decoder``, read from its checkpoint (``decoder.source``)
+    without the rest of the model; ``decoder``'s own weights may be placeholders."""
+    source = decoder.source
+    if source is None:
+        raise ShardError("a decoder without a checkpoint source cannot be sharded")
+    plan = ShardPlan.of(decoder.config, rank, world, vocab_parallel=vocab_parallel)
+    weights = load_weights(source.directory, plan.stored_config, device=decoder.device,
+                           dtype=decoder.dtype, select=plan.selection, rename=source.rename)
+    shard = ShardedDecoder(plan.config, weights, max_context=decoder.rope_cos.shape[0],
+                           device=decoder.device, dtype=decoder.dtype)
+    shard.source = source
+    shard.collectives = collectives
+    shard.vocab = plan.vocab
     return shard
 
 
-def shard_cache(cache: PagedKVCache, rank: int, world: int) -> PagedKVCache:
-    """A fresh page pool for rank ``rank``'s KV heads (same geometry, zeroed)."""
+def shard_cache(cache: PagedKVCache, rank: int, world: int, *, device: str) -> PagedKVCache:
+    """A fresh page pool on ``device`` for rank ``rank``'s KV heads (same geometry,
+    zeroed); ``cache`` may be a placeholder."""
     layers, pages, page_size, kv, hd = cache.keys.shape
     heads = len(kv_heads_of_rank(kv, rank, world))
     shape = (layers, pages, page_size, heads, hd)
-    keys = torch.zeros(shape, dtype=cache.keys.dtype, device=cache.keys.device)
+    keys = torch.zeros(shape, dtype=cache.keys.dtype, device=device)
     return PagedKVCache.over(cache.geometry, keys, torch.zeros_like(keys))

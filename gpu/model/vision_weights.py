@@ -19,7 +19,13 @@ from gpu.model.config import ModelConfig
 from gpu.model.image_processor import load_image_processor_config
 from gpu.model.vision import VisionTower
 from gpu.model.vision_config import VisionConfig
-from gpu.model.weights import checked_weights, expected_shapes, load_weights, read_checkpoint
+from gpu.model.weights import (
+    WeightSource,
+    checked_weights,
+    expected_shapes,
+    load_weights,
+    read_checkpoint,
+)
 
 _RENAMES = (
     ("model.vision_tower.vision_model.", ""),
@@ -41,6 +47,17 @@ def _renamed(name: str) -> str:
         if name.startswith(prefix):
             return replacement + name[len(prefix):]
     return name
+
+
+def text_name(stored: str) -> str | None:
+    """The language model's name for a stored tensor (None: the vision tower's)."""
+    renamed = _renamed(stored)
+    return renamed.removeprefix("text:") if renamed.startswith("text:") else None
+
+
+def served_source(model_dir: str | Path, vision: VisionConfig | None) -> WeightSource:
+    """Where the served language model's weights are stored, under their names."""
+    return WeightSource(Path(model_dir), rename=None if vision is None else text_name)
 
 
 def vision_shapes(config: VisionConfig) -> dict[str, tuple[int, ...]]:
@@ -94,12 +111,18 @@ def load_vision_weights(
 
 def load_served_weights(
     model_dir: str | Path, text: ModelConfig, vision: VisionConfig | None, *, device: str,
-    dtype: torch.dtype,
+    dtype: torch.dtype, text_device: str | None = None,
 ) -> tuple[dict[str, torch.Tensor], VisionTower | None]:
-    """The decoder's tensors and, for a vision checkpoint, its loaded vision tower."""
+    """The decoder's tensors and, for a vision checkpoint, its loaded vision tower.
+    ``text_device`` (default ``device``): where the decoder's tensors go; ``meta``
+    reads only their shapes (a serving process whose ranks load their shards)."""
+    text_device = text_device or device
     if vision is None:
-        return load_weights(model_dir, text, device=device, dtype=dtype), None
+        return load_weights(model_dir, text, device=text_device, dtype=dtype), None
     text_weights, vision_weights = load_vision_weights(model_dir, text, vision, device=device,
                                                        dtype=dtype)
+    if text_device != device:
+        text_weights = load_weights(model_dir, text, device=text_device, dtype=dtype,
+                                    rename=text_name)
     processor = load_image_processor_config(model_dir, vision.image_size)
     return text_weights, VisionTower(vision, vision_weights, processor=processor)

@@ -3,14 +3,24 @@
 Owns the mapping from HF parameter names to the decoder's tensors. It checks that
 every tensor the architecture needs is present with the expected shape, and casts to
 the serving dtype on the serving device. It never downloads anything.
+
+``load_weights`` can read part of a checkpoint without the rest: ``select`` names the
+slices of each tensor to read (a tensor-parallel rank's share,
+``gpu.model.sharding``), read through ``safetensors.safe_open(...).get_slice``; on the
+``meta`` device it reads only the files' headers and returns tensors with shapes and
+no data (a serving process whose ranks load their own shards).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from gpu.model.config import ModelConfig, ModelLoadError
@@ -73,17 +83,63 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+@dataclass(frozen=True, slots=True)
+class WeightSource:
+    """Where a decoder's weights are stored: a checkpoint directory and, for a
+    checkpoint that names them otherwise, the map from a stored name to the decoder's
+    (a module-level function, so a source pickles)."""
+
+    directory: Path
+    rename: Callable[[str], str | None] | None = None
+    role: str = "model"
+    """``model`` (the served model) or ``draft`` (a learned draft): what a rank on
+    another machine names the checkpoint by (``flare rank --model``)."""
+
+
+Selection = tuple[int, tuple[range, ...]]
+"""Part of a tensor: a dimension (0 or 1) and the index ranges of it to keep, in order."""
+
+
+def _read(part: Any, selection: Selection) -> torch.Tensor:
+    """``selection`` of a safetensors slice, in memory of its own (a slice is a view of
+    the whole tensor's mapped bytes)."""
+    dim, spans = selection
+    pieces = [part[s.start:s.stop] if dim == 0 else part[:, s.start:s.stop] for s in spans]
+    if len(pieces) > 1:
+        return torch.cat(pieces, dim)
+    return pieces[0].clone(memory_format=torch.contiguous_format)
+
+
 def load_weights(
-    model_dir: str | Path, config: ModelConfig, *, device: str, dtype: torch.dtype
+    model_dir: str | Path, config: ModelConfig, *, device: str, dtype: torch.dtype,
+    select: Callable[[str], Selection | None] | None = None,
+    rename: Callable[[str], str | None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Load, check and cast every tensor the decoder needs."""
+    """Load, check and cast every tensor the decoder of ``config`` needs: of each, the
+    part ``select`` names (``config`` then describes the shard: its shapes are checked),
+    or all of it. ``rename`` maps a stored name to the decoder's (None: not the
+    decoder's). On ``device="meta"`` only the files' headers are read."""
     directory = Path(model_dir)
     wanted = expected_shapes(config)
     tensors: dict[str, torch.Tensor] = {}
     for path in _checkpoint_files(directory):
-        for name, tensor in load_file(str(path), device="cpu").items():
-            if name in wanted:
-                tensors[name] = tensor
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for stored in f.keys():  # noqa: SIM118 (a safe_open handle is no dict)
+                name = stored if rename is None else rename(stored)
+                if name not in wanted:
+                    continue
+                selection = None if select is None else select(name)
+                if device == "meta":
+                    shape = list(f.get_slice(stored).get_shape())
+                    if selection is not None:
+                        shape[selection[0]] = sum(len(s) for s in selection[1])
+                    tensors[name] = torch.empty(shape, dtype=dtype, device="meta")
+                elif selection is None and select is None:
+                    tensors[name] = f.get_tensor(stored)
+                elif selection is None:  # memory of its own: a view would keep the
+                    tensors[name] = f.get_tensor(stored).clone()  # file's touched pages
+                else:
+                    tensors[name] = _read(f.get_slice(stored), selection)
     return checked_weights(tensors, wanted, device=device, dtype=dtype)
 
 

@@ -28,6 +28,7 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR
 from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
+from gpu.backends.rank_programs import held_bytes
 from ops.testing import serve_app
 from tests.actors.reference import hf_greedy
 from tests.actors.test_runtime_cpu import config_for, prompt_of
@@ -62,15 +63,23 @@ async def runs(model_dir: Path, tp: int, prompts: list[list[int]], max_tokens: i
 
 
 async def test_two_ranks_serve_the_embedded_model_as_one_over_http() -> None:
-    """OPEN-37, ACC-16: greedy completions over HTTP on two ranks equal one rank's."""
+    """OPEN-37, ACC-16: greedy completions over HTTP on two ranks equal one rank's.
+    The model's memory is divided: the serving process holds no parameter and no KV
+    page, each rank half the KV pool (one of the two KV heads) and less than the
+    whole model."""
     prompts = ["def add(a, b):", "import os\n"]
     texts: dict[int, list[str]] = {}
+    held: dict[int, tuple[dict[str, int], ...]] = {}
     with trio.fail_after(DEADLINE_S):
         for tp in (1, 2):
             config = config_for(DEFAULT_MODEL_DIR, capture_forward=False, max_context=128,
-                                tensor_parallel_size=tp, device_process=tp > 1)
+                                tensor_parallel_size=tp, device_process=True)
             async with open_runtime(config) as rt, serve_app(rt) as server, \
                     httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client:
+                held[tp] = getattr(rt._parts.backend, "held_bytes")  # noqa: B009
+                if tp > 1:  # the serving process's programs hold placeholders only
+                    assert held_bytes(list(rt._parts.programs.values())) == {
+                        "weights": 0, "kv": 0}
                 texts[tp] = []
                 for prompt in prompts:
                     reply = await client.post("/v1/completions", json={
@@ -82,6 +91,9 @@ async def test_two_ranks_serve_the_embedded_model_as_one_over_http() -> None:
                 assert health.status_code == 200
     assert texts[2] == texts[1]
     assert all(texts[1])
+    (whole,), ranks = held[1], held[2]
+    assert [r["kv"] for r in ranks] == [whole["kv"] // 2] * 2
+    assert all(0 < r["weights"] < whole["weights"] for r in ranks)
 
 
 async def test_replicated_kv_head_greedy_seeded_and_copy_speculation(tiny_draft: Path) -> None:

@@ -1,5 +1,6 @@
-"""The tensor-parallel cpu backend (``gpu.backends.tensor_parallel``): how a group
-completion is assembled from its ranks', and the engine's programs on two ranks.
+"""The tensor-parallel cpu backend (``gpu.backends.tensor_parallel``,
+``gpu.backends.rank_worker``): how a group completion is assembled from its ranks',
+and the engine's programs on two ranks.
 
 - timing (DUR-14, DUR-15, ACCT-9, OPEN-37): the group completion holds every rank's
   device interval, so a rank reporting a longer interval sets the estimate, a rank
@@ -7,18 +8,21 @@ completion is assembled from its ranks', and the engine's programs on two ranks.
   the readiness correction applies after the ranks are aggregated;
 - outputs: rank zero's, plus the peers' under ``PEER_OUTPUTS_KEY`` (ACC-16 is then the
   validator's: ``tests/actors/test_validator_ranks.py``);
-- a rank's fault fails the group launch at once, naming the rank;
+- rank 0 combines every rank's outcome: a peer's fault fails the group launch naming
+  the peer and stops the group, a fault in bind fails the launch alone;
 - on real device processes: prefill and decode frames on two ranks (queued back to
   back) give the tokens of one, with one positive interval per rank.
 """
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 from gpu.backends.cpu_process import DeviceLost
-from gpu.backends.protocol import Completion, LaunchHandle, ProgramFault
-from gpu.backends.tensor_parallel import _Gather, combine
+from gpu.backends.protocol import Completion, ProgramFault
+from gpu.backends.rank_worker import RankFault, combine, combined_outcome
+from gpu.backends.tensor_parallel import stops_group
 from gpu.frames import PEER_OUTPUTS_KEY, RESULT_KEY
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape
 from policy.duration_estimates import DurationEstimates
@@ -68,32 +72,33 @@ def test_outputs_are_rank_zeros_with_the_peers_beside() -> None:
     assert [p[RESULT_KEY] for p in group.outputs[PEER_OUTPUTS_KEY]] == ["one", "two"]
 
 
-def test_a_rank_fault_fails_the_group_launch_at_once_naming_the_rank() -> None:
-    """A lost rank stops the group and fails the launch without waiting for rank 0."""
-    lost: list[tuple[int, BaseException]] = []
+def fault(stage: str, cause: BaseException) -> bytes:
+    return pickle.dumps(("fault", 0, DECODE, stage, cause))
 
-    def on_lost(rank: int, cause: BaseException) -> DeviceLost:
-        lost.append((rank, cause))
-        return DeviceLost(f"group stopped: rank {rank}: {cause}")
 
-    group = LaunchHandle(DECODE, sequence=0, launched_ns=0)
-    gather = _Gather(group, 2, on_lost)
-    peer = LaunchHandle(DECODE, sequence=0, launched_ns=0)
-    peer.set_fault(ProgramFault(DECODE, "device", DeviceLost("was killed by SIGKILL")))
-    gather.rank_done(1, peer)
-    assert group.done()  # rank 0 has not answered: nobody waits for it
-    try:
-        group.result()
-    except ProgramFault as fault:
-        assert isinstance(fault.cause, DeviceLost)
-        assert "rank 1" in str(fault) and "SIGKILL" in str(fault)
-    else:
-        raise AssertionError("the group launch did not fail")
-    assert [rank for rank, _ in lost] == [1]
-    late = LaunchHandle(DECODE, sequence=0, launched_ns=0)
-    late.set_completion(rank(5))
-    gather.rank_done(0, late)  # a late rank changes nothing
-    assert group.done()
+def done(completion: Completion) -> bytes:
+    return pickle.dumps(("done", 0, completion))
+
+
+def test_a_peers_fault_fails_the_group_launch_naming_the_rank() -> None:
+    """Rank 0 answers for the group: a peer's fault fails the launch, naming the peer,
+    and stops the group (it happened past bind)."""
+    kind, _, shape, stage, cause = pickle.loads(combined_outcome(
+        [done(rank(5)), fault("execute", RuntimeError("Connection closed by peer"))]))
+    assert (kind, shape, stage) == ("fault", DECODE, "execute")
+    assert isinstance(cause, RankFault) and "rank 1: RuntimeError: Connection" in str(cause)
+    assert stops_group(ProgramFault(DECODE, stage, cause))
+    assert stops_group(ProgramFault(DECODE, "device", DeviceLost("killed by SIGKILL")))
+    kind, _, _, _, cause = pickle.loads(combined_outcome(
+        [fault("execute", ValueError("rank 0's")), fault("execute", ValueError("rank 1's"))]))
+    assert str(cause) == "rank 0's"  # rank zero's own fault first
+
+
+def test_a_completed_launch_combines_every_rank() -> None:
+    kind, _, completion = pickle.loads(combined_outcome([done(rank(5 * MS, result="zero")),
+                                                         done(rank(7 * MS, result="one"))]))
+    assert kind == "done" and completion.outputs[RESULT_KEY] == "zero"
+    assert completion.timing.device_intervals_ns == (5 * MS, 7 * MS)
 
 
 def test_two_ranks_run_the_engines_programs_as_one(tiny_checkpoints: dict[str, Path]) -> None:
@@ -112,18 +117,9 @@ def test_two_ranks_run_the_engines_programs_as_one(tiny_checkpoints: dict[str, P
 
 def test_a_bind_fault_fails_the_launch_alone() -> None:
     """A frame that does not fit fails in bind on every rank, before any collective:
-    the group keeps serving."""
-    lost: list[int] = []
-    group = LaunchHandle(DECODE, sequence=0, launched_ns=0)
-    gather = _Gather(group, 2, lambda rank, cause: lost.append(rank) or DeviceLost("x"))
-    for r in (0, 1):
-        handle = LaunchHandle(DECODE, sequence=0, launched_ns=0)
-        handle.set_fault(ProgramFault(DECODE, "bind", ValueError("row 9 out of range")))
-        gather.rank_done(r, handle)
-    assert lost == []
-    try:
-        group.result()
-    except ProgramFault as fault:
-        assert isinstance(fault.cause, ValueError) and fault.stage == "bind"
-    else:
-        raise AssertionError("the group launch did not fail")
+    the launch fails with rank zero's fault and the group keeps serving."""
+    bind = ValueError("row 9 out of range")
+    kind, _, _, stage, cause = pickle.loads(combined_outcome(
+        [fault("bind", bind), fault("bind", bind)]))
+    assert (kind, stage) == ("fault", "bind") and isinstance(cause, ValueError)
+    assert not stops_group(ProgramFault(DECODE, stage, cause))

@@ -9,7 +9,8 @@ its expanded placeholder (as ``/tokenize`` does). A repeated image is served fro
 tokens rise) with the same output; a different image with the same text never
 matches it (its output is transformers' for that image). Bad image inputs get a 4xx
 naming the field and the server keeps serving. Vision runs as scheduled frames of
-its own (the catalog's vision programs, PRE-1), each measured by its own interval.
+its own (the catalog's vision programs, PRE-1), each measured by its own interval. On two
+tensor-parallel ranks a chat gives transformers' output too.
 """
 
 from __future__ import annotations
@@ -211,3 +212,21 @@ async def test_three_images_over_one_image_windows_equal_transformers(llava: Pat
     assert _tokens(windowed[0].json()) == _tokens(whole[0].json())
     assert windowed[0].json()["usage"] == whole[0].json()["usage"]
     assert windowed[0].json()["usage"]["prompt_tokens"] == len(ids)
+
+
+async def test_an_image_chat_on_two_tensor_parallel_ranks_equals_transformers(
+        llava: Path) -> None:
+    """OPEN-37: a vision checkpoint on two ranks (``-tp 2``): each rank reads its shard
+    of the language model under the checkpoint's own tensor names, and the chat's
+    greedy output equals transformers'."""
+    images = [_image(5)]
+    one = ["w5 w6 w7", "w8 w9"]
+    config = RuntimeConfig(model_dir=llava, backend="cpu", max_batch=2,
+                           prefill_capacities=(64,), page_size=16, max_context=256,
+                           tensor_parallel_size=2, capture_forward=False)
+    with trio.fail_after(240):
+        async with open_runtime(config) as runtime, serve_app(runtime) as server, \
+                httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            reply = await _chat(client, _body(one, [_url(_png(images[0]))]))
+    assert reply.status_code == 200, reply.text
+    assert _tokens(reply.json()) == _hf_greedy(llava, _reference_ids(one, 1), images)

@@ -3,10 +3,13 @@ the run itself needs the model and is the command in docs/runtime.md)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from actors.planner_records import FrameRecord
-from ops.bench_runtime import in_server_intervals, interval_ratios
+from ops.bench_runtime import in_server_intervals, interval_ratios, tiny
+from ops.process_memory import memory_of, serving_memory
 from policy import Fence
 
 
@@ -30,3 +33,20 @@ def test_ratios_cover_graphs_timed_both_ways_most_run_first() -> None:
                                                           ("prefill[C=64]", 3)]
     assert rows[0]["ratio"] == pytest.approx(1.8)
     assert rows[1]["ratio"] == pytest.approx(1.25)
+
+
+def test_process_memory_reads_rss_and_pss_of_this_process() -> None:
+    """The memory figures of ``flare bench runtime`` (docs/tensor-parallel.md, *Memory*):
+    this process's RSS covers its PSS, both positive; a process that is gone has none."""
+    memory = memory_of(os.getpid())
+    assert memory is not None and memory["rss"] >= memory["pss"] > 0
+    assert serving_memory()["server"].keys() == {"rss", "pss"}
+    assert memory_of(2**22 + 1) is None  # above Linux's largest process id
+
+
+def test_tiny_models_scale_by_hidden_size() -> None:
+    shape = tiny(1536).shape
+    assert (shape.num_attention_heads, shape.num_key_value_heads,
+            shape.intermediate_size) == (48, 24, 4224)
+    with pytest.raises(SystemExit, match="multiple of 64"):
+        tiny(100)
