@@ -104,7 +104,8 @@ def _read(part: Any, selection: Selection) -> torch.Tensor:
     """``selection`` of a safetensors slice, in memory of its own (a slice is a view of
     the whole tensor's mapped bytes)."""
     dim, spans = selection
-    pieces = [part[s.start:s.stop] if dim == 0 else part[:, s.start:s.stop] for s in spans]
+    pieces: list[torch.Tensor] = [part[s.start:s.stop] if dim == 0 else part[:, s.start:s.stop]
+                                  for s in spans]
     if len(pieces) > 1:
         return torch.cat(pieces, dim)
     return pieces[0].clone(memory_format=torch.contiguous_format)
