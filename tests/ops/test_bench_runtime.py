@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actors.planner_records import FrameRecord
-from ops.bench_runtime import in_server_intervals, interval_ratios
+from ops.bench_runtime import in_server_intervals, interval_ratios, single_stream_ratio
 from policy import Fence
 
 
@@ -30,3 +30,9 @@ def test_ratios_cover_graphs_timed_both_ways_most_run_first() -> None:
                                                           ("prefill[C=64]", 3)]
     assert rows[0]["ratio"] == pytest.approx(1.8)
     assert rows[1]["ratio"] == pytest.approx(1.25)
+
+
+def test_single_stream_rate_is_over_the_isolated_decode_b1_rate() -> None:
+    # decode[B=1] alone: 2.5 ms, 400 tokens/s; a stream at 360 tokens/s is 0.9 of it
+    assert single_stream_ratio(360.0, {"decode[B=1]": 2.5}) == pytest.approx(0.9)
+    assert single_stream_ratio(360.0, {"decode[B=8]": 5.0}) is None
