@@ -177,7 +177,8 @@ def row_init(source: LaneSource, *, row: int, position: int, grammar: bool = Fal
     """A new state row for ``source``'s request: what the row's logit processing needs
     beyond the sampling (the prompt for ``repetition_penalty``, the ending ids for
     ``min_tokens``) travels only when that processing is on; with ``grammar``, a
-    resident grammar's compiled text."""
+    resident grammar's compiled text; the row carries as many top alternatives as the
+    request asked for."""
     sampling = source.sampling
     held = source.grammar if grammar and source.grammar_resident else None
     return RowInit(
@@ -185,6 +186,7 @@ def row_init(source: LaneSource, *, row: int, position: int, grammar: bool = Fal
         prompt_tokens=source.prompt if sampling.repetition_penalty != 1.0 else (),
         end_token_ids=source.eos_token_ids if sampling.min_tokens > 0 else (),
         grammar=held.source if held is not None else "",
+        top_logprobs=source.request.top_logprobs,
     )
 
 

@@ -37,9 +37,10 @@ PEER_OUTPUTS_KEY = "peer_outputs"
 (``gpu.backends.tensor_parallel``); absent on one rank."""
 
 TOP_LOGPROBS = 20
-"""Alternatives every program computes per sampled token and per scored prompt token
+"""Alternatives a program computes per sampled token and per scored prompt token
 (the most OpenAI ``logprobs`` / ``top_logprobs`` allow); the host keeps the first k a
-request asked for."""
+request asked for. Eager step programs compute only the most any row of the frame asks
+for (``RowInit.top_logprobs``)."""
 
 Alternatives = tuple[tuple[int, float], ...]
 """The most likely tokens at one place, best first: ``(token id, logprob)`` pairs."""
@@ -192,9 +193,16 @@ class RowInit:
     grammar: str = ""
     """The request's compiled grammar (llguidance's text) when the programs hold it
     resident (``gpu.grammar_rows``); empty: the row has no resident grammar."""
+    top_logprobs: int = TOP_LOGPROBS
+    """How many top alternatives the row's samples must carry (0..``TOP_LOGPROBS``):
+    eager programs compute only the most any row of a frame asks for, so a frame of
+    rows that ask for none skips them."""
 
     def __post_init__(self) -> None:
         self.sampling.check_row()
+        if not 0 <= self.top_logprobs <= TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must lie in 0..{TOP_LOGPROBS}, "
+                             f"got {self.top_logprobs}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

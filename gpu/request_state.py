@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from gpu.frames import MAX_LOGIT_BIAS_ENTRIES, FrameError, PageAppend, RowInit, StateUpdate
+from gpu.frames import (
+    MAX_LOGIT_BIAS_ENTRIES,
+    TOP_LOGPROBS,
+    FrameError,
+    PageAppend,
+    RowInit,
+    StateUpdate,
+)
 from gpu.model.kv_cache import CacheGeometry
 from gpu.sampling import RowProcessing
 
@@ -78,6 +85,8 @@ class RequestState:
         self.top_p = torch.ones(n, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(n, dtype=i64, device=device)
         self.seed = torch.zeros(n, dtype=i64, device=device)
+        self.top_logprobs = torch.full((n,), TOP_LOGPROBS, dtype=i64, device=device)
+        """Top alternatives each row's samples carry (``RowInit.top_logprobs``)."""
         f32, b8 = torch.float32, torch.bool
         self.processes = torch.zeros(n, dtype=b8, device=device)
         self.presence_penalty = torch.zeros(n, dtype=f32, device=device)
@@ -115,6 +124,7 @@ class RequestState:
             "top_p": self.top_p,
             "top_k": self.top_k,
             "seed": self.seed,
+            "top_logprobs": self.top_logprobs,
             **self.processing_fields(),
         }
 
@@ -220,6 +230,7 @@ class RequestState:
                 self.top_p[r] = s.top_p
                 self.top_k[r] = s.top_k
                 self.seed[r] = s.row_seed
+                self.top_logprobs[r] = update.top_logprobs
                 self.block_table[r] = self.geometry.sink_page
                 self._init_processing(update)
             elif isinstance(update, PageAppend):
@@ -275,6 +286,7 @@ def _apply_on_host(host: dict[str, np.ndarray], update: StateUpdate, sink_page: 
         host["top_p"][r] = s.top_p
         host["top_k"][r] = s.top_k
         host["seed"][r] = s.row_seed
+        host["top_logprobs"][r] = update.top_logprobs
         host["block_table"][r] = sink_page
         for name, value in _processing_values(update).items():
             if isinstance(value, tuple):  # a row: reset, then set the named columns

@@ -186,12 +186,13 @@ class Layout:
 def _reset(row: int, position: int, extent: int, layout: Layout,
            sampling: Any = None) -> tuple[Any, ...]:
     """Updates that give ``row`` a fresh context of ``position`` cached tokens with pages
-    for ``extent`` tokens (greedy unless ``sampling`` is given)."""
+    for ``extent`` tokens (greedy unless ``sampling`` is given), asking for no top
+    alternatives, as a request without ``logprobs`` does."""
     from gpu.frames import GREEDY, PageAppend, RowInit
 
     pages = layout.pages_of(row, max(extent, 1))
     return (RowInit(row=row, position=position, pending_token=5,
-                    sampling=sampling or GREEDY),
+                    sampling=sampling or GREEDY, top_logprobs=0),
             PageAppend(row=row, first_block=0, page_ids=pages))
 
 

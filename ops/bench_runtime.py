@@ -18,6 +18,8 @@ It then times the same programs alone (``flare bench programs`` in a fresh proce
 same batch limit, capacities, forward execution and the load's mean decode context) and
 prints, per graph the load ran, the in-server mean interval over the isolated median:
 host work that slows the "device" shows there instead of hiding inside the interval.
+With ``--requests 1`` it also prints the stream's output tokens/s over the isolated
+``decode[B=1]`` rate (one token per interval alone).
 
 With ``--tiny`` it builds a random tiny Llama (``ops.tiny_model``) in a temporary
 directory (no download), so the benchmark runs on a fresh machine.
@@ -187,7 +189,7 @@ async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
                            device_process=not args.no_device_process,
                            tensor_parallel_size=args.tensor_parallel_size,
                            max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
-                           max_queue=max(args.requests, 1))
+                           max_queue=max(args.requests, args.max_batch, 1))
     async with open_runtime(config) as rt:
         vocab = rt.codec.vocab_size
         # Warm-up: discover every shape the load will use (discovery drains the window).
@@ -262,6 +264,13 @@ def interval_ratios(in_server: dict[str, tuple[int, float]], isolated: dict[str,
     return sorted(rows, key=lambda r: -int(str(r["frames"])))
 
 
+def single_stream_ratio(tokens_per_s: float, isolated: dict[str, float]) -> float | None:
+    """One stream's output tokens/s over the rate of ``decode[B=1]`` timed alone (one
+    token per isolated interval); None when that program was not timed."""
+    alone_ms = isolated.get("decode[B=1]", 0.0)
+    return tokens_per_s * alone_ms / 1000.0 if alone_ms > 0 else None
+
+
 def main(args: argparse.Namespace) -> int:
     # The planner logs a debug trace record per frame; keep the benchmark's output clean.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
@@ -270,8 +279,11 @@ def main(args: argparse.Namespace) -> int:
         result = trio.run(bench, args, model_dir)
         if not args.no_isolated:
             in_server = in_server_intervals(result.pop("frame_records"))  # type: ignore[arg-type]
-            result["interval_ratios"] = interval_ratios(in_server,
-                                                        isolated_intervals(model_dir, args))
+            isolated = isolated_intervals(model_dir, args)
+            result["interval_ratios"] = interval_ratios(in_server, isolated)
+            if args.requests == 1:
+                result["single_stream_ratio"] = single_stream_ratio(
+                    float(result["tokens_per_s"]), isolated)  # type: ignore[arg-type]
         result.pop("frame_records", None)
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -287,6 +299,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"{row['graph']:<20} in server {row['in_server_ms']:.3f} ms over "
               f"{row['frames']} frames, alone {row['isolated_ms']:.3f} ms: "
               f"ratio {row['ratio']:.2f}")
+    if result.get("single_stream_ratio") is not None:
+        print(f"single stream / isolated decode[B=1] rate {result['single_stream_ratio']:.2f}"
+              "   (target >= 0.9)")
     print(f"server process CPU/wall {result['server_cpu_fraction']:.3f}")
     if "device_process_cpu_fraction" in result:
         print(f"device process CPU/wall {result['device_process_cpu_fraction']:.3f}   "

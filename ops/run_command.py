@@ -175,8 +175,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--prefill-capacity", type=_capacities, default=None,
                        help="prefill token capacities, comma separated multiples of 64 "
                             "(default 64,256,1024)")
-    sched.add_argument("--mixed-prefill", action="store_true",
-                       help="prepare mixed prefill/decode programs (families that declare them)")
+    sched.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
+                       help="prepare mixed prefill/decode programs (families that declare "
+                            "them; default: on without speculation, off with it)")
     sched.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default=None,
                        help="speculative decoding mode (default: adaptive with --draft-model "
                             "or --draft-source copy, otherwise off)")
@@ -273,6 +274,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_vllm_arguments(parser)
 
 
+def mixed_prefill(flag: bool | None, speculation: SpeculationSetting) -> bool:
+    """Whether ``flare run`` prepares mixed programs: ``--mixed-prefill`` or
+    ``--no-mixed-prefill`` when given, else on for a load without speculation. A prompt
+    then joins the running decode batch instead of waiting for a prefill frame of its own
+    to outprice it (docs/benchmarks.md, *Against another server*); speculative loads keep
+    them opt-in (their mixed programs triple the catalog and skip image features)."""
+    return flag if flag is not None else speculation == "off"
+
+
 def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     speculation: SpeculationSetting = args.speculation or (
         "adaptive" if args.draft_model is not None or args.draft_source == "copy" else "off")
@@ -288,7 +298,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         resident_grammars=not args.host_grammars,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
-        mixed_prefill=args.mixed_prefill,
+        mixed_prefill=mixed_prefill(args.mixed_prefill, speculation),
         speculation=speculation,
         speculative_token_capacity=args.speculative_token_capacity,
         draft_source=args.draft_source or "draft",

@@ -140,6 +140,8 @@ class StepProgram:
         """False when every active lane is greedy and the shortcut is enabled."""
         self.any_processing = True
         """False when no active lane has logit processing on (eager options only)."""
+        self.top_width = self.buffers.out_top_token.shape[1]
+        """Top alternatives computed per lane: the most any active row asks for (eager)."""
         self.lane_logits: torch.Tensor | None = None
         """The last execution's target logits ``[sampled lanes, V]`` in sample order,
         for a wrapper that compares them with a draft's (``gpu.draft_state``)."""
@@ -327,6 +329,9 @@ class StepProgram:
             # sample()'s greedy test is ``temperature <= 0``; NaN counts as sampled
             self.any_sampled = any(not t <= 0.0 for t in temperature)
             self.any_processing = st.any_processing(rows)
+            asked = (host["top_logprobs"][rows] if host is not None
+                     else _gather_to_host(st.top_logprobs, rows)).max(initial=0)
+            self.top_width = min(int(asked), self.buffers.out_top_token.shape[1])
 
     # --------------------------------------------------------------- execute
 
@@ -379,7 +384,7 @@ class StepProgram:
             lane_logits,
             temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
             seed=st.seed[rows], position=pos[b.sample_index] + 1,
-            greedy_only=not self.any_sampled, top_width=b.out_top_token.shape[1],
+            greedy_only=not self.any_sampled, top_width=self.top_width,
             processing=st.processing(rows) if self.any_processing else None,
             token_mask=self._token_masks.current,
             processed_logprobs=self.execution.processed_logprobs,
@@ -389,8 +394,8 @@ class StepProgram:
         b.out_token.copy_(token)
         b.out_logprob.copy_(logprob)
         b.out_finite.copy_(finite & in_context[b.sample_index])
-        b.out_top_token.copy_(top_id)
-        b.out_top_logprob.copy_(top_lp)
+        b.out_top_token[:, :self.top_width].copy_(top_id)
+        b.out_top_logprob[:, :self.top_width].copy_(top_lp)
         new_pending = torch.where(b.commits_token, token, st.pending_token[rows])
         new_position = torch.where(
             b.absolute_position >= 0, b.absolute_position, st.position[rows] + b.advance
@@ -420,8 +425,8 @@ class StepProgram:
         readout = StepReadout(
             rows=tuple(pack.rows[i] for i in sampled),
             tokens=out.tokens[lanes].copy(), logprobs=out.logprobs[lanes].copy(),
-            finite=out.finite[lanes].copy(), top_ids=out.top_ids[lanes].copy(),
-            top_logprobs=out.top_logprobs[lanes].copy())
+            finite=out.finite[lanes].copy(), top_ids=out.top_ids[lanes, :self.top_width].copy(),
+            top_logprobs=out.top_logprobs[lanes, :self.top_width].copy())
         if self.scored:
             n = int(pack.query_lengths[0])
             readout = replace(

@@ -136,7 +136,7 @@ def test_mix_9_ver_28_prompt_and_decode_lanes_pack_a_speculative_mixed_frame() -
     assert frame.prompt_tokens == PROMPT[8:20] and frame.prompt_start == 8
     assert frame.prompt_ends
     assert frame.updates == (
-        RowInit(row=4, position=0, sampling=GREEDY),
+        RowInit(row=4, position=0, sampling=GREEDY, top_logprobs=0),
         PageAppend(row=4, first_block=0, page_ids=(3, 5)),
         PageAppend(row=5, first_block=1, page_ids=(9,)))
     assert [c.samples for c in contexts] == [True, True, True]

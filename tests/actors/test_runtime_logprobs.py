@@ -5,7 +5,7 @@ Each generated token's logprob and its top alternatives are transformers' log-so
 and none when it asked for none; a sampled token's logprob is its entry in the list when
 it is there; speculative loads (learned draft and copy proposals) report what the plain
 load reports; a scored prompt with ``max_tokens`` 0 reports its prompt and generates
-nothing. Every program computes the same fixed ``TOP_LOGPROBS`` alternatives.
+nothing. A frame's program computes the most alternatives any of its rows asks for.
 """
 
 from __future__ import annotations

@@ -131,6 +131,22 @@ def test_the_extension_presets_are_scheduler_policies(model_dir: pathlib.Path,
     config.validate()
 
 
+@pytest.mark.parametrize(("flags", "mixed"), [
+    ([], True),
+    (["--no-mixed-prefill"], False),
+    (["--draft-source", "copy"], False),
+    (["--draft-source", "copy", "--mixed-prefill"], True),
+    (["--speculation", "off", "--draft-model", "{model}"], True),
+])
+def test_mixed_programs_by_default_without_speculation(
+        model_dir: pathlib.Path, flags: list[str], mixed: bool) -> None:
+    """CAT-12 as ``flare run`` ships it: mixed programs are prepared unless the flag turns
+    them off, except for speculative loads, where ``--mixed-prefill`` adds them."""
+    argv = ["run", "--model", str(model_dir),
+            *(flag.format(model=model_dir) for flag in flags)]
+    assert build_runtime_config(cli.build_parser(argv).parse_args(argv)).mixed_prefill is mixed
+
+
 @pytest.mark.parametrize(("flags", "mode", "source", "depth", "counterfactuals", "catch_up"), [
     ([], "off", "draft", 4, True, DEFAULT_DRAFT_CATCH_UP),
     (["--draft-source", "copy"], "adaptive", "copy", 4, True, DEFAULT_DRAFT_CATCH_UP),

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from actors.planner_records import FrameRecord
-from ops.bench_runtime import in_server_intervals, interval_ratios, tiny
+from ops.bench_runtime import in_server_intervals, interval_ratios, single_stream_ratio, tiny
 from ops.process_memory import memory_of, serving_memory
 from policy import Fence
 
@@ -50,3 +50,9 @@ def test_tiny_models_scale_by_hidden_size() -> None:
             shape.intermediate_size) == (48, 24, 4224)
     with pytest.raises(SystemExit, match="multiple of 64"):
         tiny(100)
+
+
+def test_single_stream_rate_is_over_the_isolated_decode_b1_rate() -> None:
+    # decode[B=1] alone: 2.5 ms, 400 tokens/s; a stream at 360 tokens/s is 0.9 of it
+    assert single_stream_ratio(360.0, {"decode[B=1]": 2.5}) == pytest.approx(0.9)
+    assert single_stream_ratio(360.0, {"decode[B=8]": 5.0}) is None
