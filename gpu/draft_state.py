@@ -51,7 +51,8 @@ from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.model.weights import WeightSource, load_weights
 from gpu.programs.state_ops import StateOpProgram
-from gpu.programs.step import StagedFrame, StepProgram, StepReadout
+from gpu.programs.step import StagedFrame, StepProgram
+from gpu.programs.step_readout import StepReadout
 from gpu.request_state import RequestState
 from gpu.speculative.distributions import acceptance_probability, filtered_probs
 from policy.descriptors import GraphKind, GraphShape, StateOp
