@@ -223,6 +223,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="vision-language checkpoints: images whose encoded features the "
                            "feature storage keeps, the images of one prefill window (default "
                            f"{DEFAULT_WINDOW_IMAGES}; a stored image is not re-encoded)")
+    http.add_argument("--max-image-bytes", type=int, default=DEFAULT_IMAGE_LIMITS.max_bytes,
+                      metavar="N", help="largest decoded image, in bytes (413 beyond it; "
+                                        f"default {DEFAULT_IMAGE_LIMITS.max_bytes})")
+    http.add_argument("--max-image-pixels", type=int, default=DEFAULT_IMAGE_LIMITS.max_pixels,
+                      metavar="N", help="largest image, width times height (413 beyond it, "
+                                        f"read from the header; default "
+                                        f"{DEFAULT_IMAGE_LIMITS.max_pixels})")
     http.add_argument("--allowed-media-domains", nargs="+", default=(), metavar="DOMAIN",
                       help="domains image URLs may name; flare fetches no remote image, so "
                            "such URLs are still refused, saying fetching is not supported")
@@ -303,6 +310,10 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
         raise ConfigError("--api-key must not be empty")
     if args.metrics_require_key and args.api_key is None:
         raise ConfigError("--metrics-require-key needs --api-key (or FLARE_API_KEY)")
+    for flag, value in (("--max-image-bytes", args.max_image_bytes),
+                        ("--max-image-pixels", args.max_image_pixels)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be positive, got {value}")
     names = tuple(dict.fromkeys(args.served_model_name or ()))
     if any(not name.strip() for name in names):
         raise ConfigError("--served-model-name: names must not be empty")
@@ -316,6 +327,7 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                        parse_workers=args.parse_workers,
                        image_limits=ImageLimits(
                            max_images=args.limit_mm_per_prompt,
+                           max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                            allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
 
 
