@@ -192,6 +192,12 @@ class DraftMaintainingProgram:
     def shape(self) -> GraphShape:
         return self.inner.shape
 
+    @property
+    def holds_grammars(self) -> bool:
+        """The wrapped program's capability (``StepProgram.holds_grammars``): its frames
+        reach the wrapped program whole, resident grammar rows included."""
+        return self.inner.holds_grammars
+
     def bind(self, inputs: Mapping[str, Any]) -> None:
         self.inner.bind(inputs)
 

@@ -22,7 +22,8 @@ far less than the device interval), the plain
 decode step (what ``--speculation off`` runs), the draft-maintaining decode step (what a
 speculative load runs between rounds) and every round's time with its ratio to the
 plain decode step. ``--sampled`` makes every lane sample at temperature 1 (default:
-greedy, which takes the argmax verification path on the CPU).
+greedy, which takes the argmax verification path on the CPU). With ``-tp N`` every
+program runs on N ranks and the times are the slowest rank's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.config import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
+from ops.engine_flags import add_engine_flags
 
 WAIT_S = 600.0
 
@@ -102,7 +104,7 @@ class ThreadTimed:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    add_engine_flags(parser, only=("backend", "tensor_parallel_size"))
     parser.add_argument("--model", type=pathlib.Path, default=DEFAULT_MODEL_DIR,
                         help="HF-format checkpoint directory (default: the embedded model)")
     parser.add_argument("--max-batch", type=int, default=8,
@@ -120,9 +122,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per shape")
     parser.add_argument("--repeats", type=int, default=15, help="timed runs per shape")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                        help="cpu: run every program on N ranks (device processes, gloo; "
-                             "docs/tensor-parallel.md); times are the slowest rank's")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: FLARE_CPU_THREADS, else cores - 1)")
     parser.add_argument("--static-context", action="store_true",

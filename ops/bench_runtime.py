@@ -47,6 +47,7 @@ from actors.planner_records import FrameRecord
 from actors.public import Finished, GenerationRequest, SamplingParams
 from actors.system import Runtime, open_runtime
 from gpu.backends.rank_programs import held_bytes
+from ops.engine_flags import add_engine_flags, engine_config
 from ops.process_memory import DEVICE_PROCESS_PREFIX, serving_memory
 from ops.tiny_model import TinyLlama, write_tiny_llama
 from ops.training.llama import LlamaShape
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --tiny: its hidden size (a multiple of 64; heads of 32, "
                              "half as many KV heads, MLP 11/4 D), e.g. 1536 for a model of "
                              "112 M parameters whose memory is plain to see")
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    add_engine_flags(parser)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16,
                         help="concurrent requests (keep above --max-batch to saturate)")
@@ -70,14 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output tokens per request (default 256: decode-heavy, eight "
                              "output tokens per prompt token; every prompt's prefill drains "
                              "the window, QUEUE-12)")
-    parser.add_argument("--eager-forward", action="store_true",
-                        help="CPU: run the decoder forward op by op instead of replaying "
-                             "captured graphs (A/B against the default)")
-    parser.add_argument("--no-device-process", action="store_true",
-                        help="CPU: run the programs on a worker thread of the server "
-                             "process instead of a device process (A/B)")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                        help="CPU: serve on N tensor-parallel ranks (docs/tensor-parallel.md)")
     parser.add_argument("--no-isolated", action="store_true",
                         help="skip timing the load's programs alone (flare bench programs) "
                              "for the in-server / isolated interval ratio")
@@ -184,10 +177,7 @@ async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: i
 
 
 async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
-    config = RuntimeConfig(model_dir=model_dir, backend=args.backend,
-                           capture_forward=not args.eager_forward,
-                           device_process=not args.no_device_process,
-                           tensor_parallel_size=args.tensor_parallel_size,
+    config = RuntimeConfig(model_dir=model_dir, **engine_config(args),
                            max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
                            max_queue=max(args.requests, args.max_batch, 1))
     async with open_runtime(config) as rt:

@@ -72,6 +72,7 @@ from actors.public import (
 from actors.system import Runtime, open_runtime
 from ops.bench_speculation_rows import Mode, Row, median_rows, render
 from ops.bench_verdicts import held_out_verdicts
+from ops.engine_flags import add_engine_flags, engine_config
 from ops.tiny_model import TinyLlama, write_tiny_pair
 from ops.training.llama import LlamaShape
 
@@ -92,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="learned draft model directory (default: the embedded draft)")
     parser.add_argument("--tiny", action="store_true",
                         help="build a random tiny Llama pair in a temp dir instead")
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    add_engine_flags(parser)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--loads", default="1,8",
                         help="comma-separated concurrent stream counts (default 1,8)")
@@ -147,9 +148,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every mode also loads mixed prefill/decode programs (as flare "
                              "run's flag): prompt chunks ride beside decode rows, with "
                              "speculative rows in speculative modes")
-    parser.add_argument("--eager-forward", action="store_true",
-                        help="CPU: run the decoder forward op by op instead of replaying "
-                             "captured graphs (A/B against the default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     from ops.bench_speculation_sim import add_simulation_arguments
 
@@ -287,8 +285,7 @@ def runtime_config(mode: Mode, args: argparse.Namespace, target: Path,
     loads = [int(n) for n in args.loads.split(",") if n]
     adaptive = mode.speculation == "adaptive"
     return RuntimeConfig(
-        model_dir=target, backend=args.backend, max_batch=args.max_batch,
-        capture_forward=not getattr(args, "eager_forward", False),
+        model_dir=target, **engine_config(args), max_batch=args.max_batch,
         mixed_prefill=getattr(args, "mixed_prefill", False),
         prefill_capacities=(64,), max_queue=max(max(loads), 1),
         scheduler_policy=mode.policy or args.scheduler_policy,  # type: ignore[arg-type]

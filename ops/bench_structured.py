@@ -32,6 +32,7 @@ import trio
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
 from actors.public import Finished, GenerationRequest, GrammarSpec, SamplingParams
 from actors.system import Runtime, open_runtime
+from ops.engine_flags import add_engine_flags, engine_config
 
 DEFAULT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -47,7 +48,7 @@ PROMPT = "List the records as JSON:"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    add_engine_flags(parser)
     parser.add_argument("--json-schema", type=Path, default=None,
                         help="a JSON Schema file (default: a list of records)")
     parser.add_argument("--streams", default="1,8", help="comma-separated stream counts")
@@ -56,11 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternations of unconstrained and constrained phases")
     parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--host-grammars", action="store_true",
-                        help="keep the grammars on the host (completion feedback per "
-                             "constrained frame) instead of with the programs")
-    parser.add_argument("--no-device-process", action="store_true",
-                        help="cpu: run the programs on a worker thread of this process")
 
 
 async def _phase(rt: Runtime, *, streams: int, per_stream: int, max_tokens: int,
@@ -93,11 +89,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
               else DEFAULT_SCHEMA)
     grammar = GrammarSpec("json_schema", json.dumps(schema))
     counts = [int(s) for s in args.streams.split(",")]
-    config = RuntimeConfig(model_dir=args.model, backend=args.backend,
+    config = RuntimeConfig(model_dir=args.model, **engine_config(args),
                            max_batch=args.max_batch, prefill_capacities=(64, 256),
-                           max_queue=max(max(counts), 1),
-                           resident_grammars=not args.host_grammars,
-                           device_process=not args.no_device_process)
+                           max_queue=max(max(counts), 1))
     rows = []
     async with open_runtime(config) as rt:
         for streams in counts:  # warm-up: every shape the phases use, both kinds

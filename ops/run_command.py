@@ -64,6 +64,7 @@ from app.image_parts import DEFAULT_IMAGE_LIMITS, ImageLimits
 from app.log_config import LOG_FORMATS
 from app.parse_workers import DEFAULT_PARSE_WORKERS, MAX_PARSE_WORKERS
 from app.service import DEFAULT_MAX_REQUEST_BYTES
+from ops.engine_flags import add_engine_flags, engine_config
 from ops.startup_checks import (
     STARTUP_FAILURES,
     StartupError,
@@ -136,33 +137,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="HF-format model directory (default: the embedded default model)")
     model.add_argument("--draft-model", type=pathlib.Path, default=None,
                        help="draft model directory for learned speculative proposals")
-    model.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     model.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                        help="serving dtype (default auto: the checkpoint's torch_dtype where "
                             "the backend runs it; float32 or bfloat16 or float16 on the CPU)")
     model.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
                        help="reported logprobs: raw_logprobs (the model's distribution, "
                             "default) or processed_logprobs (the one each token is drawn from)")
-    model.add_argument("--eager-forward", action="store_true",
-                       help="CPU: run the decoder forward op by op instead of replaying "
-                            "graphs captured at start-up (faster start, slower serving)")
-    model.add_argument("--no-device-process", action="store_true",
-                       help="CPU: run the prepared programs on a worker thread of the "
-                            "server process instead of a device process of their own")
-    model.add_argument("--tensor-parallel-size", "-tp", dest="tensor_parallel_size", type=int,
-                       default=1, metavar="N",
-                       help="CPU: run every frame on N ranks (torch.distributed, gloo), a "
-                            "device process each holding a shard of the model and KV pool "
-                            "(docs/tensor-parallel.md; MASTER_ADDR/MASTER_PORT choose the "
-                            "rendezvous)")
+    add_engine_flags(model)
     model.add_argument("--nnodes", type=int, default=1, metavar="M",
                        help="CPU, with -tp: the group spans M machines; this one serves "
                             "with the first N/M ranks, each other machine runs flare rank "
                             "--node-rank K (MASTER_ADDR/MASTER_PORT: an address all reach)")
-    model.add_argument("--host-grammars", action="store_true",
-                       help="CPU: keep structured-output grammars on the host (every "
-                            "constrained frame waits for the previous token) instead of "
-                            "with the programs")
     model.add_argument("--max-context", "--max-model-len", dest="max_context", type=int,
                        default=None,
                        help="context length (default: the model's max_position_embeddings; "
@@ -243,6 +228,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="vision-language checkpoints: images whose encoded features the "
                            "feature storage keeps, the images of one prefill window (default "
                            f"{DEFAULT_WINDOW_IMAGES}; a stored image is not re-encoded)")
+    http.add_argument("--max-image-bytes", type=int, default=DEFAULT_IMAGE_LIMITS.max_bytes,
+                      metavar="N", help="largest decoded image, in bytes (413 beyond it; "
+                                        f"default {DEFAULT_IMAGE_LIMITS.max_bytes})")
+    http.add_argument("--max-image-pixels", type=int, default=DEFAULT_IMAGE_LIMITS.max_pixels,
+                      metavar="N", help="largest image, width times height (413 beyond it, "
+                                        f"read from the header; default "
+                                        f"{DEFAULT_IMAGE_LIMITS.max_pixels})")
     http.add_argument("--allowed-media-domains", nargs="+", default=(), metavar="DOMAIN",
                       help="domains image URLs may name; flare fetches no remote image, so "
                            "such URLs are still refused, saying fetching is not supported")
@@ -289,13 +281,9 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
     return RuntimeConfig(
         model_dir=model_dir(args),
         draft_model_dir=args.draft_model,
-        backend=args.backend,
         logprobs_mode=args.logprobs_mode,
         dtype=args.dtype,
-        capture_forward=not args.eager_forward,
-        device_process=not args.no_device_process,
-        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes,
-        resident_grammars=not args.host_grammars,
+        **engine_config(args), nnodes=args.nnodes,
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=mixed_prefill(args.mixed_prefill, speculation),
@@ -336,6 +324,10 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
         raise ConfigError("--api-key must not be empty")
     if args.metrics_require_key and args.api_key is None:
         raise ConfigError("--metrics-require-key needs --api-key (or FLARE_API_KEY)")
+    for flag, value in (("--max-image-bytes", args.max_image_bytes),
+                        ("--max-image-pixels", args.max_image_pixels)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be positive, got {value}")
     names = tuple(dict.fromkeys(args.served_model_name or ()))
     if any(not name.strip() for name in names):
         raise ConfigError("--served-model-name: names must not be empty")
@@ -349,6 +341,7 @@ def build_app_settings(args: argparse.Namespace) -> AppSettings:
                        parse_workers=args.parse_workers,
                        image_limits=ImageLimits(
                            max_images=args.limit_mm_per_prompt,
+                           max_bytes=args.max_image_bytes, max_pixels=args.max_image_pixels,
                            allowed_domains=tuple(d.lower() for d in args.allowed_media_domains)))
 
 

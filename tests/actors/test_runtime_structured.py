@@ -117,3 +117,45 @@ def test_the_host_grammars_flag_reaches_the_runtime_config(
     argv = ["run", "--model", str(tmp_path), *flags]
     config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
     assert config.resident_grammars is resident
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["decode", "mixed"])
+async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
+    """Covers SEL-13 and QUEUE-13 (resident extension) in a speculative load: the
+    programs that keep the draft context current declare the resident grammars of the
+    programs they wrap, so constrained decodes use them (their frames queue behind one
+    another, which host grammars never allow) and every constrained output follows its
+    grammar while an unconstrained request speculates beside them."""
+    config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=4, capture_forward=False,
+                           prefill_capacities=(64,), mixed_prefill=mixed,
+                           speculation="adaptive", draft_source="copy", draft_depth=2)
+    with trio.fail_after(300):
+        async with open_runtime(config) as rt:
+            prompt = tuple(rt.codec.encode("Write a record:"))
+            _, text, alone = await _run(rt, GenerationRequest(
+                prompt_token_ids=prompt, max_tokens=120,
+                sampling=SamplingParams(temperature=1.0, seed=5),
+                grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+            queued = _queued_decodes(rt)
+            results: dict[int, tuple[list[int], str, Finished]] = {}
+
+            async def one(index: int, request: GenerationRequest) -> None:
+                results[index] = await _run(rt, request)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, 0, GenerationRequest(
+                    prompt_token_ids=prompt * 4, max_tokens=48, ignore_eos=True))
+                for seed in (1, 2, 3):
+                    nursery.start_soon(one, seed, GenerationRequest(
+                        prompt_token_ids=prompt, max_tokens=120,
+                        sampling=SamplingParams(temperature=1.0, seed=seed),
+                        grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+            graphs = dict(rt.statistics().executions_by_graph)
+    assert alone.reason == "stop", text
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert queued > 0, queued
+    assert any(g.startswith("spec") for g in graphs), graphs
+    for seed in (1, 2, 3):
+        _, text, final = results[seed]
+        assert final.reason == "stop", text
+        jsonschema.validate(json.loads(text), SCHEMA)

@@ -187,7 +187,8 @@ async def test_stream_chunks_are_timed_and_counted() -> None:
         assert record.finished_s is not None and record.finished_s >= record.chunk_times_s[-1]
         assert record.ttft_s is not None and record.ttft_s >= TOKEN_PACE_S
     assert result.duration_s >= max(r.finished_s or 0 for r in result.records)
-    assert [b["user"] for b in app.bodies] == ["a", "b", "a"]
+    # Arrival order at the server follows connection set-up, not the 20 ms plan spacing.
+    assert sorted(b["user"] for b in app.bodies) == ["a", "a", "b"]
     assert all(b["stream"] is True and b["max_tokens"] == 4 for b in app.bodies)
     assert result.model == SERVED_MODEL  # discovered from /v1/models
     assert all(b["model"] == SERVED_MODEL for b in app.bodies)
@@ -267,8 +268,9 @@ async def test_fixed_concurrency_is_a_closed_loop() -> None:
 
 async def test_time_limit_stops_the_run_and_cancels_in_flight_requests() -> None:
     app = FakeOpenAI()
-    # Request 0 needs 2.5 s (50 slow tokens); request 1 is planned after the limit.
-    plans = [plan(0, out=50), plan(1, at=30.0)]
+    # Request 0 needs 5 s (100 slow tokens); request 1 is planned after the limit. The
+    # limit leaves a loaded machine time to send the request and stream some of it.
+    plans = [plan(0, out=100), plan(1, at=30.0)]
     snapshots: list[Progress] = []
     with trio.fail_after(TEST_DEADLINE_S):
         async with serving(app) as url:
@@ -276,7 +278,7 @@ async def test_time_limit_stops_the_run_and_cancels_in_flight_requests() -> None
                 Target(base_url=url, model="slow"),
                 plans,
                 WordPrompts(),
-                time_limit_s=1.0,
+                time_limit_s=2.0,
                 on_progress=snapshots.append,
                 progress_interval_s=0.2,
             )
@@ -284,8 +286,8 @@ async def test_time_limit_stops_the_run_and_cancels_in_flight_requests() -> None
     assert result.planned == 2
     (record,) = result.records  # request 1 was never sent
     assert record.status == "cancelled" and record.finished_s is None
-    assert 1 <= len(record.chunk_times_s) < 50  # what arrived before the limit is kept
-    assert 1.0 <= result.duration_s < 50 * SLOW_PACE_S
+    assert 1 <= len(record.chunk_times_s) < 100  # what arrived before the limit is kept
+    assert 2.0 <= result.duration_s < 100 * SLOW_PACE_S
     # Progress snapshots came while the stream was open: one request sent, none finished.
     assert snapshots and all(s.planned == 2 and s.finished == 0 for s in snapshots)
     assert snapshots[-1].sent == 1
