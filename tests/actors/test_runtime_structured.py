@@ -125,7 +125,9 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
     programs that keep the draft context current declare the resident grammars of the
     programs they wrap, so constrained decodes use them (their frames queue behind one
     another, which host grammars never allow) and every constrained output follows its
-    grammar while an unconstrained request speculates beside them."""
+    grammar while an unconstrained request runs beside them (whether adaptive
+    speculation chooses rounds for it depends on measured durations, so the test does
+    not ask that it does)."""
     config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=4, capture_forward=False,
                            prefill_capacities=(64,), mixed_prefill=mixed,
                            speculation="adaptive", draft_source="copy", draft_depth=2)
@@ -150,11 +152,9 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
                         prompt_token_ids=prompt, max_tokens=120,
                         sampling=SamplingParams(temperature=1.0, seed=seed),
                         grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
-            graphs = dict(rt.statistics().executions_by_graph)
     assert alone.reason == "stop", text
     jsonschema.validate(json.loads(text), SCHEMA)
     assert queued > 0, queued
-    assert any(g.startswith("spec") for g in graphs), graphs
     for seed in (1, 2, 3):
         _, text, final = results[seed]
         assert final.reason == "stop", text

@@ -5,6 +5,7 @@ serves at most ``max_connections`` connections at once."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pathlib
@@ -143,6 +144,7 @@ async def test_used_connections_give_their_descriptors_back(codec: TinyCodec) ->
         # timeout is closed before its request, which on a loaded machine would race.
         async with running_server(FakeRuntime(codec), connections=ConnectionSettings(
                 keep_alive_timeout_s=2.0)) as server:
+            gc.collect()  # descriptors other tests left to the collector close now, not mid-test
             before = len(os.listdir("/proc/self/fd"))
             clients = []
             for _ in range(40):
@@ -160,7 +162,9 @@ async def test_used_connections_give_their_descriptors_back(codec: TinyCodec) ->
                     await sock.aclose()
             await trio.testing.wait_all_tasks_blocked()
             assert server.connections.open == 0
-            assert len(os.listdir("/proc/self/fd")) == before
+            # None of the forty is left open (a collection another test's garbage
+            # triggers may only lower the count).
+            assert len(os.listdir("/proc/self/fd")) <= before
 
 
 class BulkyCodec(TinyCodec):
