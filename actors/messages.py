@@ -12,7 +12,7 @@ Data flow (architecture: *Data flow of one request*, steps 1-7)::
     admission --Admitted/Cancel--> planner --Reserve/Release--> checkpoint-allocator
     planner --FrameOrder--> frame-dispatcher --FrameOutcome--> completion-validator
     completion-validator --ValidatedFrame--> planner, --FenceRetired--> checkpoint-allocator
-    planner --Track/PublishFrame/Drop--> publisher --Published--> planner
+    planner --Track/EpochRenewed/PublishFrame/Drop--> publisher --Published--> planner
 """
 
 from __future__ import annotations
@@ -452,4 +452,14 @@ class Drop:
     """Runtime clock when its first frame was submitted (``None``: it never ran)."""
 
 
-PublisherInbox = Track | PublishFrame | Drop
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochRenewed:
+    """The request at ``handle`` continues as the same stream under a fresh scheduler
+    ``epoch`` (a window snapshot's restore, PRE-32): later output carries it, and
+    output or a ``Drop`` of an earlier epoch no longer reaches the stream."""
+
+    handle: RequestHandle
+    epoch: int
+
+
+PublisherInbox = Track | EpochRenewed | PublishFrame | Drop

@@ -39,11 +39,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
-from actors.acceptance_observations import (
-    AcceptanceObservations,
-    count_round,
-    round_completion,
-)
+from actors.acceptance_observations import AcceptanceObservations, count_round, round_completion
 from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
@@ -82,6 +78,7 @@ from actors.messages import (
 from actors.planner_records import FRAME_LOG_LENGTH, FrameRecord, PlannerCounters, log_trace
 from actors.public import Alternatives, FinishReason
 from actors.reported_logprobs import kept_alternatives, scheduled_output_tokens, token_logprobs
+from actors.window_epochs import renew_window_epochs
 from policy import (
     FRAME_SLOTS,
     CommitRejected,
@@ -442,6 +439,7 @@ class Planner:
                 return
             fence = Fence(self._next_fence)
             sources = {h: r.source for h, r in self._residents.items()}
+            plan = await renew_window_epochs(plan, sources, self.scheduler, self._to_publisher)
             extents = tuple(self._extent(lane, sources) for lane in plan.lanes)
             plans = await self._reserve(fence, extents)
             pages = [p for p in plans if isinstance(p, PagePlan)]

@@ -30,6 +30,7 @@ import trio
 
 from actors.messages import (
     Drop,
+    EpochRenewed,
     EventSender,
     HostFinish,
     PlannerInbox,
@@ -140,6 +141,12 @@ class PublisherState:
                                 min_tokens=msg.request.sampling.min_tokens),
         )
 
+    def renew(self, msg: EpochRenewed) -> None:
+        """The stream follows its request into a fresh epoch (PRE-32, PRE-34)."""
+        stream = self._streams.get(msg.handle)
+        if stream is not None and stream.epoch < msg.epoch:
+            stream.epoch = msg.epoch
+
     def _stream(self, handle: RequestHandle, epoch: int) -> _Stream | None:
         stream = self._streams.get(handle)
         return stream if stream is not None and stream.epoch == epoch else None
@@ -221,6 +228,8 @@ async def run(
                     state.track(msg)
                 elif isinstance(msg, PublishFrame):
                     await to_planner.send(state.publish(msg))
+                elif isinstance(msg, EpochRenewed):
+                    state.renew(msg)
                 else:
                     state.drop(msg)
         finally:

@@ -24,9 +24,10 @@ row generation, through the snapshot and restore copies text checkpoints use
   page). A row copy into a row begins its fresh generation: the next window's features
   are placed from offset zero. Both copies run before the frame's page updates and
   forward, in stream order.
-- **One logical request** (PRE-34). The request keeps its handle, epoch, prompt,
-  seed, sampling and usage counters; the restored row samples with the snapshot's own
-  sampling state, so output equals a single-window run.
+- **A fresh generation, one logical request** (PRE-32, PRE-34). The boundary frame
+  runs in a fresh scheduler epoch (``actors.window_epochs``); the request keeps its
+  handle, stream, prompt, seed, sampling and usage counters, and the restored row
+  samples with the snapshot's own sampling state, so output equals a single-window run.
 - **Private** (PRE-35, PRE-36). A window snapshot publishes nothing to the prefix cache
   and never leaves the device: no host copy is made or needed.
 

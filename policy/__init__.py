@@ -23,6 +23,7 @@ from policy.descriptors import (
 from policy.frame_queue import FRAME_SLOTS
 from policy.lifecycle import context_limit, context_room, fits_context
 from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
+from policy.residency import with_epoch
 from policy.round_speculation import SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
@@ -116,4 +117,5 @@ __all__ = [
     "smallest_prompt_capacity",
     "vision_lane_images",
     "window_spans",
+    "with_epoch",
 ]

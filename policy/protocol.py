@@ -138,6 +138,12 @@ class SchedulingPolicy(Protocol):
 
     def window_open(self) -> bool: ...
 
+    def renew_epoch(self, handle: RequestHandle) -> int:
+        """Bind a drained resident request to a fresh generation (PRE-32: a restore
+        inside another frame, a window snapshot's); returns its new epoch. Plans made
+        before are rebound with ``policy.residency.with_epoch``."""
+        ...
+
     def commit(self, plan: ScheduledPlan, fence: Fence) -> TraceRecord: ...
 
     def complete(self, fence: Fence, records: Sequence[CompletionRecord],

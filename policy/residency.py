@@ -3,7 +3,9 @@
 ``Residency`` holds the resident request records by handle: handle and epoch
 assignment at admission (a reused handle gets a larger epoch, so its old fences can
 never charge it, ACCT-5), lookup, cancellation (QUEUE-8) and release of retired
-requests with no fence outstanding (PRE-39, PRE-54, QUEUE-9). ``ExecutionCounters``
+requests with no fence outstanding (PRE-39, PRE-54, QUEUE-9). ``EpochRenewal`` gives a
+policy ``renew_epoch``: a resident request bound to a fresh generation outside a restore
+lane (PRE-32), and ``with_epoch`` rebinds a plan's lanes to it. ``ExecutionCounters``
 holds what ``statistics()`` and ``traces()`` report: executions and their time by
 selection reason, committed plans, failed lanes and the recent committed-plan traces.
 The seed's ``Scheduler`` and the baselines keep their own record types
@@ -14,14 +16,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
 from policy.requests import RequestRecord
 from policy.types import (
     AdmissionRefused,
     Fence,
     Phase,
+    PolicyError,
     RequestHandle,
     ScheduledPlan,
     SchedulerStatistics,
@@ -30,7 +33,7 @@ from policy.types import (
     UnknownRequestError,
 )
 
-__all__ = ["TRACE_HISTORY", "ExecutionCounters", "Residency"]
+__all__ = ["TRACE_HISTORY", "EpochRenewal", "ExecutionCounters", "Residency", "with_epoch"]
 
 TRACE_HISTORY = 1024
 """Committed-plan traces kept for ``traces()``; older ones are dropped."""
@@ -98,6 +101,32 @@ class Residency(Generic[R]):
         for h in done:
             del self.records[h]
         return done
+
+
+class EpochRenewal:
+    """``renew_epoch`` for a policy that keeps its records in ``self._residency`` (the
+    seed's ``Scheduler`` and the baselines)."""
+
+    _residency: Residency[Any]
+
+    def renew_epoch(self, handle: RequestHandle) -> int:
+        """Bind resident ``handle`` to a fresh generation now and return its new epoch
+        (PRE-32): a restore the driver runs inside another frame (a window snapshot's,
+        docs/vision.md). A plan made before no longer commits (``with_epoch`` rebinds
+        it), and every lane or completion of the old epoch is rejected. Refused while a
+        frame of the request is in flight: that frame's completion would be stale."""
+        rec: RequestRecord = self._residency.get(handle)
+        if rec.in_flight:
+            raise PolicyError(f"request {handle} has a frame in flight; drain it first")
+        self._residency.renew_epoch(rec)
+        return rec.epoch
+
+
+def with_epoch(plan: ScheduledPlan, handle: RequestHandle, epoch: int) -> ScheduledPlan:
+    """``plan`` with ``handle``'s lanes carrying ``epoch`` (after ``renew_epoch``)."""
+    lanes = tuple(lane._replace(epoch=epoch) if lane.handle == handle else lane
+                  for lane in plan.lanes)
+    return replace(plan, step=replace(plan.step, lanes=lanes))
 
 
 def _by_reason() -> dict[str, int]:

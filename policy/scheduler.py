@@ -63,7 +63,7 @@ from policy.lifecycle import (
 )
 from policy.protocol import RoundCompletion
 from policy.requests import RequestRecord
-from policy.residency import ExecutionCounters, Residency
+from policy.residency import EpochRenewal, ExecutionCounters, Residency
 from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.selection import CatalogIndex, ShapeTimes, select
@@ -93,7 +93,7 @@ from policy.utility import NS_PER_MS
 from policy.vision_windows import ImagePlan
 
 
-class Scheduler:
+class Scheduler(EpochRenewal):
     """Pure, synchronous scheduler over one catalog of prepared shapes.
 
     ``speculation``: plan complete speculative rounds of that proposal source and mode

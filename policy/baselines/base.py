@@ -49,7 +49,7 @@ from policy.lifecycle import (
 )
 from policy.protocol import RoundCompletion
 from policy.requests import RequestRecord
-from policy.residency import ExecutionCounters, Residency
+from policy.residency import EpochRenewal, ExecutionCounters, Residency
 from policy.service import FALLBACK_RATE_PER_MS, Normalizers, new_history
 from policy.types import (
     CompletionError,
@@ -143,7 +143,7 @@ class _View:
         return view
 
 
-class BaselinePolicy(abc.ABC):
+class BaselinePolicy(EpochRenewal, abc.ABC):
     """Shared lifecycle; subclasses decide which step runs next (``_choose``)."""
 
     name = "baseline"

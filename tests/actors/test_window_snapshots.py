@@ -1,9 +1,10 @@
 """Window snapshots without a device: the checkpoint-allocator's private snapshot row and
 snapshot plans (``actors.resource_book``), admission's ask for that row
 (``actors.admission``), and the packing of a window boundary's snapshot and restore
-copies (``actors.frame_inputs``, ``actors.window_snapshots``).
+copies (``actors.frame_inputs``, ``actors.window_snapshots``), and the fresh epoch the
+boundary frame runs in (``actors.window_epochs``, ``actors.publisher``).
 
-Covers PRE-30, PRE-31, PRE-35, PRE-36 (PRE-33 and PRE-34 on the device:
+Covers PRE-30, PRE-31, PRE-32, PRE-35, PRE-36 (PRE-33 and PRE-34 on the device:
 ``tests/gpu/test_vision_program.py``, ``tests/gpu/test_vision_http.py``).
 """
 
@@ -23,17 +24,25 @@ from actors.frame_inputs import (
 )
 from actors.messages import (
     Admit,
+    Drop,
+    EpochRenewed,
     Fence,
     Grant,
     LaneExtent,
     PagePlan,
+    PublisherInbox,
+    PublishFrame,
     RequestHandle,
     SnapshotPlan,
     StateRow,
+    Track,
 )
-from actors.public import GenerationRequest
+from actors.public import Finished, GenerationRequest, StreamEvent, TokenDelta
+from actors.publisher import PublisherState
 from actors.resource_book import ResourceBook
+from actors.window_epochs import renew_window_epochs
 from gpu.frames import GREEDY, ImageSpan, MixedFrame, PrefillFrame, RowCopy
+from policy import GeneratedToken, Scheduler, with_epoch
 from policy.descriptors import GraphKind, GraphShape
 from policy.types import (
     DecodeMode,
@@ -210,3 +219,63 @@ def test_pre_31_a_mixed_frame_carries_its_prompt_lanes_window_copies() -> None:
     assert isinstance(frame, MixedFrame) and frame.prefill_row == 1
     assert frame.copies == (RowCopy(src_row=0, dst_row=3, dst_page=12),
                             RowCopy(src_row=3, dst_row=0, dst_page=9))
+
+
+async def test_pre_32_a_boundary_frame_runs_in_a_fresh_epoch() -> None:
+    """Covers PRE-32, PRE-34: before a boundary chunk is packed, the request's epoch is
+    renewed in the policy, in its ``LaneSource`` and in the publisher's stream; the
+    plan's lane and the packed frame's lane context carry the new epoch, and the
+    planner's bookkeeping rejects a completion of the old epoch. A chunk within the
+    window its row holds, or a request's first chunk, keeps its epoch."""
+    policy = Scheduler(None, (PREFILL,))
+    h = policy.admit(prompt_len=len(PROMPT), max_output_tokens=4, handle=RequestHandle(0),
+                     images=PLAN)
+    old = policy.request(h).epoch
+    send, receive = trio.open_memory_channel[PublisherInbox](4)
+    for quiet in (_source(initialised=False, window=None), _source(initialised=True, window=1)):
+        quiet.epoch = old
+        plan = with_epoch(_plan(6, 4), h, old)
+        assert await renew_window_epochs(plan, {h: quiet}, policy, send) is plan
+        assert policy.request(h).epoch == quiet.epoch == old
+    with pytest.raises(trio.WouldBlock):
+        receive.receive_nowait()
+    source = _source(initialised=True, window=0)
+    source.epoch = old
+    plan = with_epoch(_plan(6, 4), h, old)
+    rebound = await renew_window_epochs(plan, {h: source}, policy, send)
+    assert policy.request(h).epoch == source.epoch == old + 1
+    assert [lane.epoch for lane in rebound.lanes] == [old + 1]
+    assert receive.receive_nowait() == EpochRenewed(handle=h, epoch=old + 1)
+    _, contexts = pack_frame(rebound, {h: source}, [PAGES], [SNAP])
+    assert [c.epoch for c in contexts] == [old + 1]
+    assert mark_submitted(rebound, {h: source}) == 1
+    assert not settled(plan.lanes[0], source, ok=True) and source.in_flight == 1
+    assert settled(rebound.lanes[0], source, ok=True) and source.in_flight == 0
+
+
+def test_pre_32_the_stream_follows_its_request_into_the_new_epoch() -> None:
+    """Covers PRE-32, PRE-34: after ``EpochRenewed`` the publisher delivers the
+    request's output of the new epoch on its one stream and ends it on a ``Drop`` of the
+    new epoch; output and drops of the old epoch no longer reach it."""
+    state = PublisherState(decode=lambda ids: "".join(f"<{i}>" for i in ids),
+                           eos_token_ids=(2,), clock_ns=lambda: 0)
+    events, received = trio.open_memory_channel[StreamEvent](8)
+    h = RequestHandle(0)
+    state.track(Track(request_id="r", handle=h, epoch=3, request=GenerationRequest(
+        prompt_token_ids=PROMPT, max_tokens=4), cached_tokens=0, events=events))
+    state.renew(EpochRenewed(handle=h, epoch=4))
+
+    def frame(fence: int, epoch: int, token: int) -> PublishFrame:
+        return PublishFrame(fence=Fence(fence), tokens=(GeneratedToken(
+            handle=h, epoch=epoch, fence=Fence(fence), token_ids=(token,)),),
+            logprobs=((),), errors=())
+
+    assert state.publish(frame(1, 3, 11)).visible == ()
+    assert state.publish(frame(2, 4, 12)).visible == ((h, 0),)
+    state.drop(Drop(handle=h, epoch=3, reason="cancelled"))
+    assert state.tracked == 1
+    state.drop(Drop(handle=h, epoch=4, reason="stop"))
+    assert state.tracked == 0
+    delta, finished = received.receive_nowait(), received.receive_nowait()
+    assert isinstance(delta, TokenDelta) and delta.token_ids == (12,)
+    assert isinstance(finished, Finished) and finished.reason == "stop"
