@@ -17,10 +17,7 @@ the seed's case), the mask is a host-fed input; so:
   rule stays for host grammars;
 - constrained requests do not speculate (SEL-13: conditional acceptance respects the
   grammar; the complete speculative programs carry no mask). A speculative winner
-  with a constrained lane gives way to the ordinary plan of the same decision. So a
-  speculative load always serves plain decode programs, fixed-width mode included
-  (MIX-7, LRN-10): there a plain decode with no constrained lane gives way to a
-  round, so that only constrained requests decode without verification rows.
+  with a constrained lane gives way to the ordinary plan of the same decision.
 
 Pure: values in, decisions out.
 """
@@ -56,14 +53,6 @@ def with_grammar_feedback(plan: ScheduledPlan | None,
             or not _constrained(plan, records, host_only=True)):
         return plan
     return replace(plan, requires_empty_window=True)
-
-
-def plain_decode_yields(plan: ScheduledPlan | None,
-                        records: Mapping[RequestHandle, RequestRecord]) -> bool:
-    """Whether ``plan`` is a plain decode that serves no constrained request: under
-    fixed-width speculation such a plan runs only when no round can take its place."""
-    return (plan is not None and plan.shape.kind is GraphKind.DECODE
-            and not _constrained(plan, records))
 
 
 def speculates(plan: ScheduledPlan) -> bool:

@@ -51,7 +51,6 @@ from policy.decision_context import DecisionContext
 from policy.descriptors import ExecutionTiming, GraphKind, GraphShape, TargetBinding
 from policy.duration_estimates import DurationEstimates
 from policy.frame_queue import FrameQueue, QueuedFrame
-from policy.grammar_feedback import plain_decode_yields
 from policy.learning import (
     find_probe,
     ordinary_from_plan,
@@ -234,9 +233,6 @@ class RoundSpeculation:
         decoders = ctx.decoders.records
         if not pairs or not decoders:
             return ordinary
-        fallback = None  # fixed width: unconstrained plain decodes only without a round
-        if mode is SpeculationMode.FIXED and plain_decode_yields(ordinary, view.records):
-            fallback, ordinary = ordinary, None
         times = view.times
         shapes = [s for s, _ in pairs]
         position = view.catalog.position
@@ -291,9 +287,7 @@ class RoundSpeculation:
                     reason=SelectionReason.ORDINARY if mixed.rate is not None
                     else SelectionReason.DISCOVERY, now_ns=now_ns,
                     start_ns=ctx.start_ns)
-        if winner is None:
-            return fallback
-        if winner.reason is not SelectionReason.ORDINARY:
+        if winner is None or winner.reason is not SelectionReason.ORDINARY:
             return winner
         if view.refresh_funded:
             refresh = self._speculative_refresh(winner, lanes, shapes, estimates, ctx, table,

@@ -46,28 +46,6 @@ async def _run(rt: Runtime, request: GenerationRequest) -> tuple[list[int], str,
     return tokens, "".join(text), final
 
 
-def _constrained(prompt: tuple[int, ...], seed: int) -> GenerationRequest:
-    return GenerationRequest(prompt_token_ids=prompt, max_tokens=120,
-                             sampling=SamplingParams(temperature=1.0, seed=seed),
-                             grammar=GrammarSpec("json_schema", json.dumps(SCHEMA)))
-
-
-async def _beside_a_free_request(rt: Runtime, prompt: tuple[int, ...], seeds: tuple[int, ...]
-                                 ) -> dict[int, tuple[list[int], str, Finished]]:
-    """Constrained requests (keyed by seed) beside an unconstrained one (key 0)."""
-    results: dict[int, tuple[list[int], str, Finished]] = {}
-
-    async def one(index: int, request: GenerationRequest) -> None:
-        results[index] = await _run(rt, request)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(one, 0, GenerationRequest(
-            prompt_token_ids=prompt * 4, max_tokens=48, ignore_eos=True))
-        for seed in seeds:
-            nursery.start_soon(one, seed, _constrained(prompt, seed))
-    return results
-
-
 @pytest.mark.parametrize(("mixed", "resident", "device_process"), [
     (False, True, True), (True, True, True), (False, False, True), (True, True, False)],
     ids=["decode", "mixed", "host-grammars", "mixed-in-thread"])
@@ -156,45 +134,28 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
     with trio.fail_after(300):
         async with open_runtime(config) as rt:
             prompt = tuple(rt.codec.encode("Write a record:"))
-            _, text, alone = await _run(rt, _constrained(prompt, 5))
+            _, text, alone = await _run(rt, GenerationRequest(
+                prompt_token_ids=prompt, max_tokens=120,
+                sampling=SamplingParams(temperature=1.0, seed=5),
+                grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
             queued = _queued_decodes(rt)
-            results = await _beside_a_free_request(rt, prompt, (1, 2, 3))
+            results: dict[int, tuple[list[int], str, Finished]] = {}
+
+            async def one(index: int, request: GenerationRequest) -> None:
+                results[index] = await _run(rt, request)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, 0, GenerationRequest(
+                    prompt_token_ids=prompt * 4, max_tokens=48, ignore_eos=True))
+                for seed in (1, 2, 3):
+                    nursery.start_soon(one, seed, GenerationRequest(
+                        prompt_token_ids=prompt, max_tokens=120,
+                        sampling=SamplingParams(temperature=1.0, seed=seed),
+                        grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
     assert alone.reason == "stop", text
     jsonschema.validate(json.loads(text), SCHEMA)
     assert queued > 0, queued
     for seed in (1, 2, 3):
-        _, text, final = results[seed]
-        assert final.reason == "stop", text
-        jsonschema.validate(json.loads(text), SCHEMA)
-
-
-@pytest.mark.parametrize(("source", "resident"), [
-    ("copy", True), ("copy", False), ("draft", True)],
-    ids=["copy-resident", "copy-host", "learned-resident"])
-async def test_fixed_width_speculation_serves_constrained_requests(
-        source: str, resident: bool) -> None:
-    """Covers SEL-13 under fixed-width speculation (MIX-7, LRN-10): a constrained
-    request never speculates, so the fixed-width load keeps plain decode programs for
-    it; a lone constrained request finishes on them (without them no plan exists for
-    it and it waits for its deadline), and constrained requests beside an unconstrained
-    one follow their grammar while the unconstrained one decodes in rounds."""
-    config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=4, capture_forward=False,
-                           prefill_capacities=(64,), resident_grammars=resident,
-                           speculation="fixed", draft_source=source, draft_depth=2,
-                           draft_model_dir=DEFAULT_MODEL_DIR if source == "draft" else None)
-    with trio.fail_after(120):
-        async with open_runtime(config) as rt:
-            prompt = tuple(rt.codec.encode("Write a record:"))
-            _, text, alone = await _run(rt, _constrained(prompt, 5))
-            lone = dict(rt.statistics().executions_by_graph)
-            results = await _beside_a_free_request(rt, prompt, (1, 2))
-            graphs = dict(rt.statistics().executions_by_graph)
-    assert alone.reason == "stop", text
-    jsonschema.validate(json.loads(text), SCHEMA)
-    assert not any(g.startswith("spec") for g in lone), lone
-    assert any(g.startswith("spec") for g in graphs), graphs
-    assert len(results[0][0]) == 48
-    for seed in (1, 2):
         _, text, final = results[seed]
         assert final.reason == "stop", text
         jsonschema.validate(json.loads(text), SCHEMA)

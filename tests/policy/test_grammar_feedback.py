@@ -109,20 +109,3 @@ def test_sel_13_resident_grammars_still_do_not_speculate() -> None:
     assert plan is not None and plan.shape.kind is GraphKind.DECODE
     assert not plan.requires_empty_window
 
-
-
-def test_sel_13_fixed_width_runs_plain_decodes_only_for_constrained_requests() -> None:
-    """Covers SEL-13 under fixed-width speculation (MIX-7, LRN-10): with acceptance so
-    low that the ordinary decode outranks every round, unconstrained requests still
-    decode in a round, while a decision whose requests are all constrained runs the
-    plain decode (without it, nothing would serve them)."""
-    free = measured(SpeculationMode.FIXED)
-    _constrain(free, (0.0, 0.0, 0.0), constrained=0)
-    chosen = free.plan()
-    assert chosen is not None and chosen.shape.kind is GraphKind.SPECULATIVE
-
-    s = measured(SpeculationMode.FIXED)
-    _constrain(s, (0.0, 0.0, 0.0), constrained=4)
-    plan = s.plan()
-    assert plan is not None and plan.shape.kind is GraphKind.DECODE
-    assert plan.requires_empty_window
