@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
+from actors.errors import InvalidRequest
 from actors.public import Finished, GenerationRequest, GrammarSpec, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
 from ops import cli
@@ -159,3 +160,26 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
         _, text, final = results[seed]
         assert final.reason == "stop", text
         jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize(("speculation", "policy"), [
+    ("fixed", "balanced"), ("adaptive", "fixed-spec-2")], ids=["speculation-fixed", "fixed-spec-2"])
+async def test_constrained_requests_are_refused_where_every_decode_speculates(
+        speculation: str, policy: str) -> None:
+    """Covers SEL-13: where every decode runs on speculative rows (fixed-width
+    speculation keeps no ordinary decode program, MIX-7; a fixed-spec baseline), a
+    constrained request could never be planned, so admission refuses it (a 400 over
+    HTTP) instead of leaving it waiting; an unconstrained request is still served."""
+    config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=2, capture_forward=False,
+                           prefill_capacities=(64,), speculation=speculation,
+                           draft_source="copy", draft_depth=2, scheduler_policy=policy)
+    with trio.fail_after(120):
+        async with open_runtime(config) as rt:
+            prompt = tuple(rt.codec.encode("Write a record:"))
+            with pytest.raises(InvalidRequest, match="structured output is not available"):
+                await _run(rt, GenerationRequest(
+                    prompt_token_ids=prompt, max_tokens=16,
+                    grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+            tokens, _, final = await _run(rt, GenerationRequest(
+                prompt_token_ids=prompt, max_tokens=8, ignore_eos=True))
+    assert len(tokens) == 8 and final.reason == "length"
