@@ -32,6 +32,13 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["id", "kind", "words"], "additionalProperties": False}
 
 
+def _constrained(prompt: tuple[int, ...], seed: int) -> GenerationRequest:
+    """A seeded request constrained to ``SCHEMA`` (it stops when the record closes)."""
+    return GenerationRequest(prompt_token_ids=prompt, max_tokens=120,
+                             sampling=SamplingParams(temperature=1.0, seed=seed),
+                             grammar=GrammarSpec("json_schema", json.dumps(SCHEMA)))
+
+
 async def _run(rt: Runtime, request: GenerationRequest) -> tuple[list[int], str, Finished]:
     tokens: list[int] = []
     text: list[str] = []
@@ -72,10 +79,7 @@ async def test_constrained_and_free_requests_share_frames(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(one, 0, free)
                 for seed in (1, 2, 3):
-                    nursery.start_soon(one, seed, GenerationRequest(
-                        prompt_token_ids=prompt, max_tokens=120,
-                        sampling=SamplingParams(temperature=1.0, seed=seed),
-                        grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+                    nursery.start_soon(one, seed, _constrained(prompt, seed))
             graphs = dict(rt.statistics().executions_by_graph)
     assert any(g.startswith("mixed") for g in graphs) is mixed, graphs
     assert results[0][0] == alone
@@ -102,10 +106,7 @@ async def test_resident_grammars_let_constrained_decodes_queue(resident: bool) -
     with trio.fail_after(300):
         async with open_runtime(config) as rt:
             prompt = tuple(rt.codec.encode("Write a record:"))
-            _, text, final = await _run(rt, GenerationRequest(
-                prompt_token_ids=prompt, max_tokens=120,
-                sampling=SamplingParams(temperature=1.0, seed=5),
-                grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+            _, text, final = await _run(rt, _constrained(prompt, 5))
             queued = _queued_decodes(rt)
     assert final.reason == "stop", text
     jsonschema.validate(json.loads(text), SCHEMA)
@@ -135,10 +136,7 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
     with trio.fail_after(300):
         async with open_runtime(config) as rt:
             prompt = tuple(rt.codec.encode("Write a record:"))
-            _, text, alone = await _run(rt, GenerationRequest(
-                prompt_token_ids=prompt, max_tokens=120,
-                sampling=SamplingParams(temperature=1.0, seed=5),
-                grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+            _, text, alone = await _run(rt, _constrained(prompt, 5))
             queued = _queued_decodes(rt)
             results: dict[int, tuple[list[int], str, Finished]] = {}
 
@@ -149,10 +147,7 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
                 nursery.start_soon(one, 0, GenerationRequest(
                     prompt_token_ids=prompt * 4, max_tokens=48, ignore_eos=True))
                 for seed in (1, 2, 3):
-                    nursery.start_soon(one, seed, GenerationRequest(
-                        prompt_token_ids=prompt, max_tokens=120,
-                        sampling=SamplingParams(temperature=1.0, seed=seed),
-                        grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))))
+                    nursery.start_soon(one, seed, _constrained(prompt, seed))
     assert alone.reason == "stop", text
     jsonschema.validate(json.loads(text), SCHEMA)
     assert queued > 0, queued
