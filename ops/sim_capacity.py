@@ -10,7 +10,10 @@ same running limit and cost table. Writes ``capacity.md`` (the table),
 (TTFT p99 against TPOT p99 of every configuration at one rate per scenario: the best
 baseline's capacity, or ``--pareto-rate``). With the long-prompts scenario it also runs
 the long-prompt check at ``--long-prompt-rate`` (``ops.sim.long_prompt_check``). See
-``docs/simulator.md``, *Capacity*.
+``docs/simulator.md``, *Capacity*. ``--with-speculation`` adds the seed's presets with
+adaptive speculation and the fixed-depth speculation baselines, on the speculative load
+of ``--draft-depth`` with every draft accepted at ``--acceptance`` (an assumption: the
+simulator has no draft model).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ QUICK_COUNT = 12
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ops.sim.capacity import CAPACITY_SCENARIOS, CONFIGURATIONS, DEFAULT_CONFIGURATIONS
+    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH
+    from ops.sim.workloads import DEFAULT_ACCEPTANCE
     from ops.sim_command import add_cost_arguments
 
     labels = tuple(c.label for c in DEFAULT_CONFIGURATIONS)
@@ -38,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="one more configuration: a preset with PolicyConfig fields "
                           "replaced, e.g. first-token-u0.3=first-token:prompt_age_price=0.3 "
                           "(repeatable; measured, never a baseline)")
+    sel.add_argument("--with-speculation", action="store_true",
+                     help="also run balanced+spec, throughput+spec (the seed presets with "
+                          "adaptive speculation) and fixed-spec-1..D (every decode "
+                          "speculates D drafts)")
     sel.add_argument("--scenario", nargs="+", choices=tuple(CAPACITY_SCENARIOS),
                      default=None, dest="scenarios",
                      help=f"default: {' '.join(CAPACITY_SCENARIOS)}")
@@ -71,6 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="requests resident and running at once, every configuration "
                           "(default: --max-batch)")
     dev.add_argument("--dispatch-us", type=float, default=50.0)
+    dev.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
+                     help="proposal depth of the speculative load (speculating "
+                          "configurations only)")
+    dev.add_argument("--acceptance", type=float, default=DEFAULT_ACCEPTANCE,
+                     help="probability that the target accepts each drafted token "
+                          "(speculating configurations only)")
+    dev.add_argument("--acceptance-spread", type=float, default=0.1,
+                     help="each request's acceptance drawn uniformly within +/- this")
     out = parser.add_argument_group("output")
     out.add_argument("--jobs", type=int, default=1, help="simulations run in parallel")
     out.add_argument("--output-dir", type=pathlib.Path, default=pathlib.Path("sim-capacity"))
@@ -104,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
         SloTargets,
         is_baseline,
         parse_variant,
+        speculation_configurations,
     )
     from ops.sim.capacity_report import capacity_table, write_report
     from ops.sim.catalogs import build_catalogs
@@ -112,6 +130,7 @@ def main(args: argparse.Namespace) -> int:
     from ops.sim.long_prompt_check import long_prompt_rows, long_prompt_table, pure_prefill_ms
     from ops.sim.workloads import SCENARIOS
     from ops.sim_command import cost_table, max_running
+    from policy.baselines.fixed_spec import fixed_spec_depth
 
     def fail(message: str) -> int:
         print(f"flare sim-capacity: {message}", file=sys.stderr)
@@ -123,18 +142,31 @@ def main(args: argparse.Namespace) -> int:
         return fail("want 0 < --rate-min <= --start-rate <= --rate-max, --bisections >= 0")
     if args.count < 1 or args.jobs < 1:
         return fail("--num-requests and --jobs must be positive")
+    if not (0 <= args.acceptance <= 1 and 0 <= args.acceptance_spread <= 1):
+        return fail("--acceptance and --acceptance-spread must be in [0, 1]")
     chosen = args.configurations or [c.label for c in DEFAULT_CONFIGURATIONS]
     configs = [c for c in CONFIGURATIONS if c.label in chosen]
+    if args.with_speculation:
+        configs += [c for c in speculation_configurations(args.draft_depth)
+                    if c not in configs]
     try:
         configs += [parse_variant(v) for v in args.variant]
     except ValueError as exc:
         return fail(str(exc))
+    speculating = any(c.speculates for c in configs)
+    if speculating and args.draft_depth < 1:
+        return fail("speculating configurations need --draft-depth >= 1")
+    too_deep = [c.label for c in configs if (fixed_spec_depth(c.policy) or 0) > args.draft_depth]
+    if too_deep:
+        return fail(f"{', '.join(too_deep)} need(s) a deeper load than --draft-depth "
+                    f"{args.draft_depth}")
     scenarios = list(args.scenarios or SUITE)
     try:
         catalogs = build_catalogs(max_batch=args.max_batch,
                                   prefill_capacities=args.prefill_capacities,
-                                  mixed_prefill=True, draft_depth=0)
-        costs = cost_table(args, catalogs.ordinary)
+                                  mixed_prefill=True,
+                                  draft_depth=args.draft_depth if speculating else 0)
+        costs = cost_table(args, catalogs.union(c.policy for c in configs))
         running = max_running(args)
     except (CatalogError, CostTableError, ValueError, OSError) as exc:
         return fail(str(exc))
@@ -142,9 +174,12 @@ def main(args: argparse.Namespace) -> int:
     steps = 1 if args.quick else args.bisections
     setup = Setup(catalogs=catalogs, costs=costs, count=count,
                   options=SimOptions(max_resident=running, seed=args.seed,
-                                     dispatch_ns=round(args.dispatch_us * 1000)),
+                                     dispatch_ns=round(args.dispatch_us * 1000),
+                                     draft_counterfactuals=speculating),
                   targets=SloTargets(ttft_s=args.ttft, tpot_s=args.tpot,
-                                     attainment=args.attainment))
+                                     attainment=args.attainment),
+                  acceptance=(args.acceptance, args.acceptance_spread)
+                  if speculating else None)
     settings = SearchSettings(start=args.start_rate, rate_min=args.rate_min,
                               rate_max=args.rate_max, steps=steps)
     tasks = [(c, s, setup, settings) for s in scenarios for c in configs]
@@ -166,6 +201,8 @@ def main(args: argparse.Namespace) -> int:
         "ttft_s": args.ttft, "tpot_s": args.tpot, "attainment": args.attainment,
         "requests_per_run": count, "max_running": running, "max_batch": args.max_batch,
         "prefill_capacities": list(args.prefill_capacities), "seed": args.seed,
+        "speculation": {"draft_depth": args.draft_depth, "acceptance": args.acceptance,
+                        "acceptance_spread": args.acceptance_spread} if speculating else None,
         "search": {"start": settings.start, "rate_min": settings.rate_min,
                    "rate_max": settings.rate_max, "bisections": settings.steps},
         "pareto_rates": pareto_rates,

@@ -31,6 +31,8 @@ from ops.sim.engine import SimOptions, simulate
 from ops.sim.runs import per_client_latency
 from ops.sim.workloads import SCENARIOS, WorkloadSpec, build_workload
 from policy.baselines import BaselinePolicy, make_policy
+from policy.baselines.factory import FIXED_SPEC_POLICIES, speculative_policy
+from policy.baselines.fixed_spec import fixed_spec_depth
 from policy.config import policy_preset
 from policy.descriptors import GraphShape
 from policy.protocol import SchedulingPolicy
@@ -46,12 +48,22 @@ class Configuration:
     preferences: tuple[tuple[str, float], ...] = ()
     """``PolicyConfig`` fields replaced in the seed preset ``policy`` (a variant the
     comparison measures; empty: the preset as it is)."""
+    preset: str = ""
+    """For the speculating seed scheduler (``spec-adaptive``): the preset it runs with
+    (what ``flare run --scheduler-policy P --speculation adaptive`` runs)."""
 
     def make(self, catalog: Sequence[GraphShape]) -> SchedulingPolicy:
-        config = (replace(policy_preset(self.policy), **dict(self.preferences))
-                  if self.preferences else None)
+        config = None
+        if self.preferences or self.preset:
+            config = replace(policy_preset(self.preset or self.policy),
+                             **dict(self.preferences))
         return make_policy(self.policy, config, catalog=catalog,
                            token_budget=self.token_budget)
+
+    @property
+    def speculates(self) -> bool:
+        """Whether it runs on a speculative load (a draft model beside the target)."""
+        return speculative_policy(self.policy)
 
 
 SARATHI_BUDGETS = (256, 512, 1024, 2048)
@@ -74,7 +86,16 @@ VARIANT_CONFIGURATIONS = (
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
-CONFIGURATIONS = DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS
+SPECULATION_CONFIGURATIONS = (
+    Configuration("balanced+spec", "spec-adaptive", preset="balanced"),
+    Configuration("throughput+spec", "spec-adaptive", preset="throughput"),
+    *(Configuration(name, name) for name in FIXED_SPEC_POLICIES),
+)
+"""``--with-speculation``: the seed's presets with adaptive speculation (SEL-1..SEL-13)
+and the baseline that speculates every decode at a fixed depth K (``fixed-spec-K``,
+chunked prefill at the same budget as sarathi's default), all on the speculative load
+of one draft depth."""
+CONFIGURATIONS = DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS + SPECULATION_CONFIGURATIONS
 
 CAPACITY_SCENARIOS: dict[str, str] = {
     "sharegpt": "poisson",
@@ -102,6 +123,9 @@ class Setup:
     options: SimOptions
     count: int
     targets: SloTargets
+    acceptance: tuple[float, float] | None = None
+    """(acceptance, spread) of every request's drafts (``WorkloadSpec.acceptance`` and
+    ``acceptance_spread``) in place of the scenario's; None keeps the scenario's."""
 
 
 def attainment_by_client(records: Sequence[RequestRecord],
@@ -152,7 +176,11 @@ def run_metrics(records: Sequence[RequestRecord], targets: SloTargets) -> dict[s
 def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
                   setup: Setup) -> dict[str, Any]:
     """One run of ``config`` on ``spec`` at ``rate`` requests per second: its metrics."""
-    requests = build_workload(replace(spec, rate=rate, count=setup.count))
+    spec = replace(spec, rate=rate, count=setup.count)
+    if setup.acceptance is not None:
+        spec = replace(spec, acceptance=setup.acceptance[0],
+                       acceptance_spread=setup.acceptance[1])
+    requests = build_workload(spec)
     catalog = setup.catalogs.for_policy(config.policy)
     planner = config.make(catalog)
     if isinstance(planner, BaselinePolicy):
@@ -163,6 +191,7 @@ def simulate_rate(config: Configuration, spec: WorkloadSpec, rate: float,
     metrics["policy"] = config.policy
     metrics["simulation_cpu_s"] = result.cpu_s
     metrics["slots"] = result.slots
+    metrics["speculation"] = result.stats_json()["speculation"]
     return metrics
 
 
@@ -258,12 +287,31 @@ def capacity_of(config: Configuration, scenario_name: str, setup: Setup,
 BASELINE_LABELS = frozenset(c.label for c in DEFAULT_CONFIGURATIONS
                             if c.label not in SEED_LABELS)
 """fcfs, vtc and the sarathi budgets: the configurations the seed is compared against."""
+SPECULATIVE_BASELINE_LABELS = frozenset(FIXED_SPEC_POLICIES)
+"""The fixed-depth speculation baselines (``--with-speculation``): the seed's speculating
+presets are also compared against the best of these."""
 
 
 def is_baseline(label: str) -> bool:
-    """Whether ``label`` names a baseline configuration (not a seed preset, a flare
-    preset or a variant)."""
+    """Whether ``label`` names a baseline configuration without speculation (not a seed
+    preset, a flare preset, a variant or a speculating configuration)."""
     return label in BASELINE_LABELS
+
+
+def is_speculative_baseline(label: str) -> bool:
+    return label in SPECULATIVE_BASELINE_LABELS
+
+
+def speculates(label: str) -> bool:
+    """Whether ``label`` names a ``--with-speculation`` configuration."""
+    return any(c.label == label for c in SPECULATION_CONFIGURATIONS)
+
+
+def speculation_configurations(draft_depth: int) -> list[Configuration]:
+    """The ``--with-speculation`` configurations a load of ``draft_depth`` serves (the
+    fixed-depth baselines up to that depth)."""
+    return [c for c in SPECULATION_CONFIGURATIONS
+            if (fixed_spec_depth(c.policy) or 0) <= draft_depth]
 
 
 def parse_variant(text: str) -> Configuration:
@@ -301,10 +349,11 @@ def parse_variant(text: str) -> Configuration:
     return config
 
 
-def ratio_to_best_baseline(capacities: Mapping[str, float], label: str) -> float | None:
-    """``label``'s capacity over the best baseline's (None when no baseline served any
-    rate, or ``label`` is missing)."""
-    best = max((c for name, c in capacities.items() if is_baseline(name)), default=0.0)
+def ratio_to_best_baseline(capacities: Mapping[str, float], label: str, *,
+                           baseline: Callable[[str], bool] = is_baseline) -> float | None:
+    """``label``'s capacity over the best ``baseline``'s (None when no such baseline
+    served any rate, or ``label`` is missing)."""
+    best = max((c for name, c in capacities.items() if baseline(name)), default=0.0)
     if label not in capacities or best <= 0:
         return None
     return capacities[label] / best

@@ -2,7 +2,8 @@
 
 ``capacity.md`` has one row per configuration and one column per scenario (capacity in
 requests per second at the SLO), then the seed presets' ratio to the best baseline in
-each scenario. ``capacity.json`` holds the settings, every search (rates tried and
+each scenario (and, for the speculating seed presets, to the best fixed-depth speculation
+baseline). ``capacity.json`` holds the settings, every search (rates tried and
 their attainment) and the metrics of the run at each capacity (TTFT by prompt length,
 ITL maximum, per-client latency and attainment), and the Pareto points. ``pareto.png``
 plots TTFT p99 against TPOT p99 of every configuration at one rate per scenario.
@@ -18,7 +19,9 @@ from typing import Any
 
 from ops.sim.capacity import (
     is_baseline,
+    is_speculative_baseline,
     ratio_to_best_baseline,
+    speculates,
 )
 
 
@@ -31,15 +34,24 @@ def capacity_table(results: Sequence[Mapping[str, Any]], scenarios: Sequence[str
     for label in configurations:
         cells = [f"{cap[(label, s)]:.2f}" if (label, s) in cap else "-" for s in scenarios]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    for seed in (s for s in configurations if not is_baseline(s)):
-        cells = []
-        for s in scenarios:
-            ratio = ratio_to_best_baseline(
-                {label: c for (label, sc), c in cap.items() if sc == s}, seed)
-            cells.append("-" if ratio is None else f"{ratio:.2f}x")
-        if any(c != "-" for c in cells):  # no row when no baseline ran
-            lines.append(f"| {seed} / best baseline | " + " | ".join(cells) + " |")
+    compared = [s for s in configurations if not _is_any_baseline(s)]
+    for name, baseline, labels in (
+            ("best baseline", is_baseline, compared),
+            ("best fixed-spec", is_speculative_baseline, [s for s in compared if speculates(s)])):
+        for seed in labels:
+            cells = []
+            for s in scenarios:
+                ratio = ratio_to_best_baseline(
+                    {label: c for (label, sc), c in cap.items() if sc == s}, seed,
+                    baseline=baseline)
+                cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            if any(c != "-" for c in cells):  # no row when no such baseline ran
+                lines.append(f"| {seed} / {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _is_any_baseline(label: str) -> bool:
+    return is_baseline(label) or is_speculative_baseline(label)
 
 
 def pareto_points(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -68,7 +80,7 @@ def plot_pareto(points: Sequence[Mapping[str, Any]], scenarios: Sequence[str],
         mine = [p for p in points if p["scenario"] == scenario
                 and p["ttft_p99_s"] is not None and p["tpot_p99_s"] is not None]
         for p in mine:
-            seed = not is_baseline(p["configuration"])
+            seed = not _is_any_baseline(p["configuration"])
             ax.scatter(p["tpot_p99_s"] * 1e3, p["ttft_p99_s"] * 1e3,
                        marker="*" if seed else "o", s=140 if seed else 50,
                        color="tab:red" if seed else "tab:blue")

@@ -247,3 +247,93 @@ def test_a_variant_flag_adds_a_preset_with_fields_replaced() -> None:
                      ("x=balanced", "expected LABEL")):
         with pytest.raises(ValueError, match=why):
             parse_variant(bad)
+
+
+def test_speculating_configurations_run_the_seed_presets_on_the_speculative_load() -> None:
+    from ops.sim.capacity import (
+        is_baseline,
+        is_speculative_baseline,
+        speculation_configurations,
+    )
+    from policy.config import policy_preset
+
+    labels = [c.label for c in speculation_configurations(2)]
+    assert labels == ["balanced+spec", "throughput+spec", "fixed-spec-1", "fixed-spec-2"]
+    catalogs = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                              draft_depth=2)
+    by_label = {c.label: c for c in speculation_configurations(2)}
+    spec = by_label["throughput+spec"]
+    assert spec.speculates and catalogs.for_policy(spec.policy) == catalogs.speculative
+    planner = spec.make(catalogs.speculative)
+    assert planner.config == policy_preset("throughput")  # type: ignore[attr-defined]
+    assert planner.learns_acceptance
+    assert not Configuration("balanced", "balanced").speculates
+    assert is_speculative_baseline("fixed-spec-2") and not is_baseline("fixed-spec-2")
+    assert not is_speculative_baseline("balanced+spec") and not is_baseline("balanced+spec")
+
+
+def test_the_setup_acceptance_replaces_the_scenarios() -> None:
+    from ops.sim.capacity import speculation_configurations
+    from ops.sim.costs import SyntheticCosts
+
+    catalogs = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                              draft_depth=2)
+    config = next(c for c in speculation_configurations(2) if c.label == "fixed-spec-2")
+    spec = WorkloadSpec(count=8, rate=50.0, lengths=LengthSpec(
+        kind="fixed", prompt_tokens=32, output_tokens=24))
+    rates = {}
+    for acceptance in (0.1, 0.9):
+        setup = Setup(catalogs=catalogs, costs=SyntheticCosts().table(catalogs.speculative),
+                      options=SimOptions(max_resident=4), count=8,
+                      targets=SloTargets(ttft_s=1.0, tpot_s=0.05),
+                      acceptance=(acceptance, 0.0))
+        rates[acceptance] = simulate_rate(config, spec, 50.0, setup)["speculation"][
+            "acceptance_rate"]
+    assert rates[0.1] < 0.3 < 0.7 < rates[0.9]
+
+
+def test_table_ratios_of_speculating_presets_against_the_best_fixed_spec() -> None:
+    from ops.sim.capacity_report import capacity_table
+
+    results = [{"configuration": c, "scenario": "s", "capacity_rps": v} for c, v in (
+        ("balanced+spec", 6.0), ("fcfs", 2.0), ("fixed-spec-1", 3.0), ("fixed-spec-2", 4.0),
+        ("balanced", 2.5))]
+    table = capacity_table(results, ["s"], [r["configuration"] for r in results])
+    assert "| balanced+spec / best baseline | 3.00x |" in table  # fixed-spec is not counted
+    assert "| balanced+spec / best fixed-spec | 1.50x |" in table
+    assert "| balanced / best baseline | 1.25x |" in table
+    assert "balanced / best fixed-spec" not in table and "fixed-spec-1 / best" not in table
+
+
+@pytest.mark.slow
+def test_with_speculation_adds_the_speculating_configurations(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cap"
+    code = run(["--quick", "--scenario", "sharegpt", "--configuration", "fcfs",
+                "--with-speculation", "--draft-depth", "2", "--acceptance", "0.7",
+                "--cost-model", "roofline-llama3-8b-h100", "--max-batch", "8",
+                "--prefill-capacity", "64", "256", "--start-rate", "4", "--rate-max", "8",
+                "--no-plots", "--output-dir", str(out)])
+    assert code == 0
+    data = json.loads((out / "capacity.json").read_text())
+    assert data["settings"]["speculation"] == {"draft_depth": 2, "acceptance": 0.7,
+                                               "acceptance_spread": 0.1}
+    ran = {r["configuration"]: r for r in data["results"]}
+    assert set(ran) == {"fcfs", "balanced+spec", "throughput+spec", "fixed-spec-1",
+                        "fixed-spec-2"}
+    assert ran["fcfs"]["at_capacity"]["speculation"]["drafted"] == 0
+    drafted = ran["fixed-spec-2"]["at_capacity"]["speculation"]
+    assert drafted["drafted"] > 0 and 0.4 < drafted["acceptance_rate"] < 0.95
+    assert "| balanced+spec / best fixed-spec |" in capsys.readouterr().out
+
+
+def test_speculation_flags_report_bad_inputs(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: pathlib.Path) -> None:
+    assert run(["--with-speculation", "--acceptance", "1.5",
+                "--output-dir", str(tmp_path)]) == 2
+    assert run(["--configuration", "fixed-spec-3", "--draft-depth", "2",
+                "--output-dir", str(tmp_path)]) == 2
+    assert run(["--with-speculation", "--draft-depth", "0",
+                "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--acceptance" in err and "fixed-spec-3" in err and "--draft-depth >= 1" in err
