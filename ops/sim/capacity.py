@@ -95,7 +95,13 @@ SPECULATION_CONFIGURATIONS = (
 and the baseline that speculates every decode at a fixed depth K (``fixed-spec-K``,
 chunked prefill at the same budget as sarathi's default), all on the speculative load
 of one draft depth."""
-CONFIGURATIONS = DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS + SPECULATION_CONFIGURATIONS
+EXTENSION_SPECULATION_CONFIGURATIONS = (
+    Configuration("first-token+spec", "spec-adaptive", preset="first-token"),
+    Configuration("client-fair+spec", "spec-adaptive", preset="client-fair"),
+)
+"""Opt-in (``--configuration``): flare's extension presets with adaptive speculation."""
+CONFIGURATIONS = (DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS + SPECULATION_CONFIGURATIONS
+                  + EXTENSION_SPECULATION_CONFIGURATIONS)
 
 CAPACITY_SCENARIOS: dict[str, str] = {
     "sharegpt": "poisson",
@@ -303,8 +309,8 @@ def is_speculative_baseline(label: str) -> bool:
 
 
 def speculates(label: str) -> bool:
-    """Whether ``label`` names a ``--with-speculation`` configuration."""
-    return any(c.label == label for c in SPECULATION_CONFIGURATIONS)
+    """Whether ``label`` names a configuration that speculates."""
+    return any(c.label == label and c.speculates for c in CONFIGURATIONS)
 
 
 def speculation_configurations(draft_depth: int) -> list[Configuration]:

@@ -268,6 +268,13 @@ def test_speculating_configurations_run_the_seed_presets_on_the_speculative_load
     assert planner.config == policy_preset("throughput")  # type: ignore[attr-defined]
     assert planner.learns_acceptance
     assert not Configuration("balanced", "balanced").speculates
+    from ops.sim.capacity import EXTENSION_SPECULATION_CONFIGURATIONS, speculates
+
+    fair = next(c for c in EXTENSION_SPECULATION_CONFIGURATIONS if c.label == "client-fair+spec")
+    assert fair.make(catalogs.speculative).config == policy_preset(  # type: ignore[attr-defined]
+        "client-fair")
+    assert speculates("client-fair+spec") and speculates("fixed-spec-1")
+    assert not speculates("client-fair") and not speculates("sarathi-256")
     assert is_speculative_baseline("fixed-spec-2") and not is_baseline("fixed-spec-2")
     assert not is_speculative_baseline("balanced+spec") and not is_baseline("balanced+spec")
 
