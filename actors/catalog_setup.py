@@ -27,9 +27,11 @@ def served_shapes(shapes: Sequence[GraphShape], config: RuntimeConfig,
     which the speculating ``Scheduler`` plans (``MixedRole.decode_mode`` SPECULATIVE).
     Fixed-width mode (MIX-7, LRN-10) keeps, per batch bucket, only the programs of
     the fixed width ``D + 1`` (the widest speculative width the envelope allows at
-    that bucket), mixed and separate speculative alike, and no ordinary decode: every
-    decode row is verified at that width, so width-one mixed programs go too (a
-    mixed batch bucket without a wider mixed program of that width keeps none).
+    that bucket), mixed and separate speculative alike: every unconstrained decode row
+    is verified at that width, so width-one mixed programs go (a mixed batch bucket
+    without a wider mixed program of that width keeps none). The ordinary decode
+    programs stay: grammar-constrained requests, which never speculate, decode on them
+    (SEL-13) and no other request does (``policy.grammar_feedback``).
 
     A vision-language checkpoint (``vision``) on the CPU backend adds its vision
     programs (``gpu.catalog.vision_shapes``, up to one window of

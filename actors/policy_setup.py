@@ -74,16 +74,14 @@ def seed_estimates(scheduler: SchedulingPolicy, measured: Mapping[GraphShape, in
 
 def structured_output_problem(parts: RuntimeParts) -> str:
     """Why grammar-constrained requests cannot run under the configured policy ("" when
-    they can): a ``fixed-spec-K`` baseline and fixed-width speculation (whose catalog
-    keeps no ordinary decode program, MIX-7) put every decode on speculative rows, and
+    they can): a ``fixed-spec-K`` baseline puts every decode on speculative rows, and
     constrained requests never speculate (SEL-13, ``policy.grammar_feedback``), so they
-    are refused at admission rather than left waiting for a frame that never comes."""
+    are refused at admission rather than left waiting for a frame that never comes.
+    Fixed-width speculation serves them: its catalog keeps the ordinary decode programs,
+    which only constrained requests run on (MIX-7, ``gpu.catalog.fixed_width_shapes``)."""
     if parts.scheduler_policy.startswith("fixed-spec-"):
         return (f"structured output is not available under --scheduler-policy "
                 f"{parts.scheduler_policy} (it speculates every decode)")
-    if parts.speculation == "fixed":
-        return ("structured output is not available under --speculation fixed (every "
-                "decode runs on speculative rows); use --speculation adaptive or off")
     return ""
 
 

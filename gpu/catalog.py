@@ -292,17 +292,18 @@ def state_shapes() -> tuple[GraphShape, ...]:
 
 def fixed_width_shapes(shapes: Iterable[GraphShape]) -> tuple[GraphShape, ...]:
     """Fixed-width mode's subset of a speculative load (MIX-7, LRN-10): per batch bucket
-    the speculative and mixed programs of the bucket's widest speculative width, no
-    ordinary decode, everything else as it is. A mixed batch bucket without a wider
-    mixed program of that width keeps none."""
+    the speculative and mixed programs of the bucket's widest speculative width,
+    everything else as it is. A mixed batch bucket without a wider mixed program of
+    that width keeps none. The ordinary decode programs stay for grammar-constrained
+    requests, which never speculate (SEL-13): the scheduler offers them no other
+    request (``policy.grammar_feedback.fixed_width_contexts``)."""
     shapes = tuple(shapes)
     widest: dict[int, int] = {}
     for s in shapes:
         if s.kind is GraphKind.SPECULATIVE:
             widest[s.batch_capacity] = max(widest.get(s.batch_capacity, 0), s.token_capacity)
-    return tuple(s for s in shapes if s.kind is not GraphKind.DECODE and (
-        s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
-        or s.token_capacity == widest.get(s.batch_capacity)))
+    return tuple(s for s in shapes if s.kind not in (GraphKind.SPECULATIVE, GraphKind.MIXED)
+                 or s.token_capacity == widest.get(s.batch_capacity))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

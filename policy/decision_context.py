@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -72,6 +73,18 @@ class LaneGroup:
         values = list(pick(base))
         return LaneGroup(pick(records), values, slope, [0.0, *itertools.accumulate(values)],
                          [0, *itertools.accumulate(pick(served), min)])
+
+    def subset(self, keep: Callable[[RequestRecord], bool]) -> LaneGroup:
+        """The lanes whose record ``keep`` accepts, in this group's order, with their
+        own prefix sums (``self`` when it keeps them all)."""
+        rows = [i for i, r in enumerate(self.records) if keep(r)]
+        if len(rows) == len(self.records):
+            return self
+        values = [self.base_list[i] for i in rows]
+        return LaneGroup(tuple(self.records[i] for i in rows), values, self.slope,
+                         [0.0, *itertools.accumulate(values)],
+                         [0, *itertools.accumulate(
+                             (self.records[i].last_served_ns for i in rows), min)])
 
     def __len__(self) -> int:
         return len(self.records)

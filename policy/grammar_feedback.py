@@ -17,7 +17,15 @@ the seed's case), the mask is a host-fed input; so:
   rule stays for host grammars;
 - constrained requests do not speculate (SEL-13: conditional acceptance respects the
   grammar; the complete speculative programs carry no mask). A speculative winner
-  with a constrained lane gives way to the ordinary plan of the same decision.
+  with a constrained lane gives way to the ordinary plan of the same decision;
+- under fixed-width speculation (MIX-7, LRN-10: every decode row is verified at the
+  fixed width), the ordinary programs decode only the requests that cannot speculate
+  (``fixed_width_contexts``): the ordinary candidates see the constrained decoders
+  (beside prompts, terminals and prerequisites), the speculative rounds see the
+  others. So constrained requests decode on plain decode programs and every other
+  request keeps decoding in rounds, never on a plain decode that could outrank a
+  waiting prompt. This is flare's reading where the seed is silent (it fixes the width
+  but not what a request that may not speculate runs on).
 
 Pure: values in, decisions out.
 """
@@ -27,9 +35,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from policy.decision_context import DecisionContext
 from policy.descriptors import GraphKind
 from policy.requests import RequestRecord
 from policy.types import DecodeMode, RequestHandle, ScheduledPlan
+
+
+def cannot_speculate(record: RequestRecord) -> bool:
+    """Whether ``record`` may never run on speculative rows (SEL-13: it is
+    grammar-constrained, resident grammar or not)."""
+    return record.grammar_constrained
+
+
+def fixed_width_contexts(ctx: DecisionContext) -> tuple[DecisionContext, DecisionContext]:
+    """Fixed-width mode's split of one decision (MIX-7, SEL-13): the context of the
+    ordinary candidates, whose decoders are only those that cannot speculate, and the
+    context of the speculative rounds, whose decoders are all the others. Everything
+    else (prompts, terminals, prerequisites, ``waiting``) is shared."""
+    decoders = ctx.decoders
+    plain = decoders.subset(cannot_speculate)
+    if not len(plain):
+        return replace(ctx, decoders=plain), ctx
+    return (replace(ctx, decoders=plain),
+            replace(ctx, decoders=decoders.subset(lambda r: not cannot_speculate(r))))
 
 
 def _constrained(plan: ScheduledPlan, records: Mapping[RequestHandle, RequestRecord], *,

@@ -36,11 +36,7 @@ from policy.credit_ledgers import (
     timing_refresh_ledger,
 )
 from policy.decision import build_context
-from policy.descriptors import (
-    ExecutionTiming,
-    GraphShape,
-    StateOp,
-)
+from policy.descriptors import ExecutionTiming, GraphShape, StateOp
 from policy.duration_estimates import DurationEstimates
 from policy.estimate_cache import EstimateCache, fair_share_population
 from policy.frame_queue import FrameQueue, QueuedFrame
@@ -51,7 +47,7 @@ from policy.frame_records import (
     publish,
     settle_in_flight,
 )
-from policy.grammar_feedback import grammar_plan, with_grammar_feedback
+from policy.grammar_feedback import fixed_width_contexts, grammar_plan, with_grammar_feedback
 from policy.lane_results import apply_lane_results
 from policy.lifecycle import (
     check_admission,
@@ -319,10 +315,13 @@ class Scheduler(EpochRenewal):
             config=self._config, queue=self._queue, now_ns=self._now_ns,
             ttl_ns=self._estimates.ttl_ns, refresh_funded=refresh_funded,
         )
-        ordinary = select(ctx)
-        if self._speculation is None:
+        spec = self._speculation
+        fixed = spec is not None and spec.mode is SpeculationMode.FIXED
+        plain, ctx = fixed_width_contexts(ctx) if fixed else (ctx, ctx)  # MIX-7, SEL-13
+        ordinary = select(plain)
+        if spec is None:
             return with_grammar_feedback(ordinary, self._records)  # QUEUE-13
-        return grammar_plan(ordinary, self._speculation.plan(ordinary, ctx, SchedulingView(
+        return grammar_plan(ordinary, spec.plan(ordinary, ctx, SchedulingView(
             now_ns=self._now_ns, records=self._records, queue=self._queue,
             config=self._config, catalog=self._catalog, times=times,
             estimates=self._estimates, refresh_funded=refresh_funded)), self._records)

@@ -7,7 +7,8 @@ load of ``gpu.catalog.build_catalog`` (rectangular ``QueryLength`` programs of w
 whose speculative decode rows the speculating ``Scheduler`` plans). Fixed-width mode
 (``spec-fixed``) serves ``gpu.catalog.fixed_width_shapes`` of that load, the subset
 ``actors.catalog_setup.served_shapes`` keeps: per batch bucket only the speculative and mixed
-programs of the widest speculative width, and no ordinary decode (MIX-7, LRN-10).
+programs of the widest speculative width, and the ordinary decode programs, which only
+grammar-constrained requests run on (MIX-7, LRN-10, SEL-13).
 
 So a simulated comparison puts each policy on the catalog its real server would have:
 non-speculative policies on the ordinary catalog, ``spec-adaptive`` and ``fixed-spec-K``

@@ -387,12 +387,14 @@ def test_mix_6_mix_43_adaptive_mode_serves_every_speculative_mixed_program() -> 
 
 def test_mix_7_fixed_mode_keeps_only_the_fixed_width_mixed_and_separate_programs() -> None:
     """Fixed W = D + 1 = 4 excludes every other width, mixed (width one included) and
-    separate speculative alike, and ordinary decode; prefill programs stay."""
+    separate speculative alike; prefill programs stay, and so do the ordinary decode
+    programs constrained requests decode on (SEL-13)."""
     load = speculative_load()
     served = served_shapes(load, config("fixed"))
     mixed = [s for s in served if s.kind is GraphKind.MIXED]
     assert {(s.batch_capacity, s.token_capacity) for s in mixed} == {(2, 4), (4, 4), (8, 4)}
     assert {s.token_capacity for s in served if s.kind is GraphKind.SPECULATIVE} == {4}
-    assert not any(s.kind is GraphKind.DECODE for s in served)
+    assert [s for s in served if s.kind is GraphKind.DECODE] == \
+        [s for s in load if s.kind is GraphKind.DECODE] != []
     assert [s for s in served if s.kind is GraphKind.PREFILL] == \
         [s for s in load if s.kind is GraphKind.PREFILL]

@@ -157,17 +157,48 @@ async def test_resident_grammars_hold_under_speculation(mixed: bool) -> None:
         jsonschema.validate(json.loads(text), SCHEMA)
 
 
-@pytest.mark.parametrize(("speculation", "policy"), [
-    ("fixed", "balanced"), ("adaptive", "fixed-spec-2")], ids=["speculation-fixed", "fixed-spec-2"])
-async def test_constrained_requests_are_refused_where_every_decode_speculates(
-        speculation: str, policy: str) -> None:
-    """Covers SEL-13: where every decode runs on speculative rows (fixed-width
-    speculation keeps no ordinary decode program, MIX-7; a fixed-spec baseline), a
-    constrained request could never be planned, so admission refuses it (a 400 over
+async def test_constrained_requests_are_served_under_fixed_width_speculation() -> None:
+    """Covers SEL-13 under fixed-width speculation (MIX-7, flare's reading): the
+    fixed-width catalog keeps the plain decode programs and only constrained requests
+    run on them, so a lone constrained request finishes on plain decodes, and beside an
+    unconstrained request every output follows its grammar while the unconstrained one
+    decodes in complete rounds."""
+    config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=2, capture_forward=False,
+                           prefill_capacities=(64,), speculation="fixed",
+                           draft_source="copy", draft_depth=2)
+    with trio.fail_after(300):
+        async with open_runtime(config) as rt:
+            prompt = tuple(rt.codec.encode("Write a record:"))
+            _, text, alone = await _run(rt, _constrained(prompt, 5))
+            lone = dict(rt.statistics().executions_by_graph)
+            results: dict[int, tuple[list[int], str, Finished]] = {}
+
+            async def one(index: int, request: GenerationRequest) -> None:
+                results[index] = await _run(rt, request)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, 0, GenerationRequest(
+                    prompt_token_ids=prompt * 4, max_tokens=24, ignore_eos=True))
+                nursery.start_soon(one, 1, _constrained(prompt, 1))
+            graphs = dict(rt.statistics().executions_by_graph)
+    assert alone.reason == "stop", text
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert any(g.startswith("decode") for g in lone), lone
+    assert not any(g.startswith("spec") for g in lone), lone
+    assert any(g.startswith("spec") for g in graphs), graphs
+    assert len(results[0][0]) == 24 and results[0][2].reason == "length"
+    _, text, final = results[1]
+    assert final.reason == "stop", text
+    jsonschema.validate(json.loads(text), SCHEMA)
+
+
+async def test_constrained_requests_are_refused_where_every_decode_speculates() -> None:
+    """Covers SEL-13: a fixed-spec baseline runs every decode on speculative rows, so a
+    constrained request could never be planned and admission refuses it (a 400 over
     HTTP) instead of leaving it waiting; an unconstrained request is still served."""
     config = RuntimeConfig(model_dir=DEFAULT_MODEL_DIR, max_batch=2, capture_forward=False,
-                           prefill_capacities=(64,), speculation=speculation,
-                           draft_source="copy", draft_depth=2, scheduler_policy=policy)
+                           prefill_capacities=(64,), speculation="adaptive",
+                           draft_source="copy", draft_depth=2, scheduler_policy="fixed-spec-2")
     with trio.fail_after(120):
         async with open_runtime(config) as rt:
             prompt = tuple(rt.codec.encode("Write a record:"))

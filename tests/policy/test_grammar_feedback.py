@@ -4,13 +4,14 @@ feedback, and it never runs on speculative rows."""
 
 from __future__ import annotations
 
-from test_speculative_window import DECODE4, PREFILL64, decoders, measured, submit
+from test_speculative_window import DECODE4, PREFILL64, decoders, measured, spec, submit
 
 from policy.baselines.factory import make_policy
-from policy.descriptors import GraphKind
+from policy.descriptors import ExecutionTiming, GraphKind
+from policy.round_speculation import SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
-from policy.types import Phase, RequestHandle
+from policy.types import CompletionRecord, Fence, Phase, RequestHandle
 
 MS = 1_000_000
 
@@ -109,3 +110,45 @@ def test_sel_13_resident_grammars_still_do_not_speculate() -> None:
     assert plan is not None and plan.shape.kind is GraphKind.DECODE
     assert not plan.requires_empty_window
 
+
+
+def _fixed_width() -> Scheduler:
+    """A measured fixed-width catalog (MIX-7): one speculative width, and the plain
+    decode program constrained requests decode on."""
+    catalog = (DECODE4, PREFILL64, spec(4))
+    s = Scheduler(catalog=catalog, speculation=SpeculationSettings(mode=SpeculationMode.FIXED))
+    s.advance_to(1_000 * MS)
+    for shape in catalog:
+        s.estimates.observe(shape, (12 if shape.kind is GraphKind.SPECULATIVE else 10) * MS,
+                            s.now_ns)
+    return s
+
+
+def test_mix_7_sel_13_fixed_width_offers_plain_decodes_only_to_constrained_rows() -> None:
+    """Covers MIX-7 and SEL-13 (flare's reading of fixed-width mode): whatever the
+    acceptance, every plain decode serves only constrained requests and every round
+    only the others, frame after frame, until the constrained request's age wins it a
+    decode (each kind is served); constrained requests alone decode plainly."""
+    for means in ((0.0, 0.0, 0.0), (0.95, 0.9, 0.85)):
+        s = _fixed_width()
+        _constrain(s, means, constrained=1)
+        kinds = set()
+        for fence in range(1, 101):
+            if len(kinds) == 2:
+                break
+            plan = submit(s, fence)
+            constrained = {s.request(lane.handle).grammar_constrained for lane in plan.lanes}
+            kinds.add(plan.shape.kind)
+            assert constrained == {plan.shape.kind is GraphKind.DECODE}, (means, fence, plan)
+            s.advance_to(s.now_ns + plan.estimated_duration_ns)
+            s.complete(Fence(fence), [
+                CompletionRecord(handle=lane.handle, epoch=lane.epoch, token_ids=(5,))
+                for lane in plan.lanes], ExecutionTiming(
+                    device_intervals_ns=(plan.estimated_duration_ns,),
+                    wall_ns=plan.estimated_duration_ns))
+        assert kinds == {GraphKind.DECODE, GraphKind.SPECULATIVE}, means
+
+    alone = _fixed_width()
+    _constrain(alone, (0.95, 0.9, 0.85), constrained=4)
+    plan = alone.plan()
+    assert plan is not None and plan.shape == DECODE4 and len(plan.lanes) == 4
