@@ -51,7 +51,11 @@ def fixed_width_contexts(ctx: DecisionContext) -> tuple[DecisionContext, Decisio
     """Fixed-width mode's split of one decision (MIX-7, SEL-13): the context of the
     ordinary candidates, whose decoders are only those that cannot speculate, and the
     context of the speculative rounds, whose decoders are all the others. Everything
-    else (prompts, terminals, prerequisites, ``waiting``) is shared."""
+    else (prompts, terminals, prerequisites, ``waiting``) is shared. A catalog with no
+    speculative program runs no rounds, so there the ordinary candidates keep every
+    decoder."""
+    if not any(s.kind is GraphKind.SPECULATIVE for s in ctx.catalog.shapes):
+        return ctx, ctx
     decoders = ctx.decoders
     plain = decoders.subset(cannot_speculate)
     if not len(plain):
