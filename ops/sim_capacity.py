@@ -110,6 +110,18 @@ def _rate_task(task: tuple[Any, str, float, Any]) -> dict[str, Any]:
     return {**run, "configuration": config.label, "scenario": scenario}
 
 
+def _chat_alone_task(task: tuple[Any, float, Any]) -> dict[str, Any]:
+    """The long-prompt scenario's chat traffic without its long prompts."""
+    from dataclasses import replace
+
+    from ops.sim.capacity import CAPACITY_SCENARIOS, simulate_rate
+    from ops.sim.workloads import SCENARIOS
+
+    config, rate, setup = task
+    spec = replace(SCENARIOS[CAPACITY_SCENARIOS["long-prompts"]], long_prompt_every_s=None)
+    return {**simulate_rate(config, spec, rate, setup), "configuration": config.label}
+
+
 def main(args: argparse.Namespace) -> int:
     from gpu.catalog import CatalogError
     from ops.sim.capacity import CAPACITY_SCENARIOS as SUITE
@@ -193,9 +205,12 @@ def main(args: argparse.Namespace) -> int:
                 or args.start_rate
         pareto = list(pool.map(_rate_task, [(c, s, pareto_rates[s], setup)
                                             for s in scenarios for c in configs]))
-        checked = list(pool.map(_rate_task, [(c, "long-prompts", args.long_prompt_rate,
-                                              setup) for c in configs])) \
-            if "long-prompts" in scenarios else []
+        checked, alone = [], []
+        if "long-prompts" in scenarios:
+            checked = list(pool.map(_rate_task, [(c, "long-prompts", args.long_prompt_rate,
+                                                  setup) for c in configs]))
+            alone = list(pool.map(_chat_alone_task, [(c, args.long_prompt_rate, setup)
+                                                     for c in configs]))
     report_settings = {
         "cost_source": costs.source, "synthetic": costs.synthetic,
         "ttft_s": args.ttft, "tpot_s": args.tpot, "attainment": args.attainment,
@@ -212,7 +227,8 @@ def main(args: argparse.Namespace) -> int:
     if checked:
         spec = SCENARIOS[SUITE["long-prompts"]]
         prefill_ms = pure_prefill_ms(spec.long_prompt_tokens, catalogs.ordinary, costs)
-        rows = long_prompt_rows(checked, prefill_ms)
+        rows = long_prompt_rows(checked, prefill_ms,
+                                alone={r["configuration"]: r for r in alone})
         long_check = long_prompt_table(rows, prefill_ms)
         report_settings["long_prompt_check"] = {"rate": args.long_prompt_rate,
                                                 "pure_prefill_ms": prefill_ms, "rows": rows}

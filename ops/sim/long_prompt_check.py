@@ -9,16 +9,31 @@ prompt's pure prefill time, and its chat ITL p99 with the lowest chat ITL p99 of
 
 The pure prefill time is the prompt alone on the device: the fastest way to cover its
 tokens with one prefill shape of the catalog, ``min over C of ceil(L / C) * T(C)``.
+
+Two more figures say what the verdict alone cannot:
+
+- **chat ITL p99 without the long prompts**: the same configuration on the same chat
+  traffic with no long prompt, and the ratio of the two p99s, which is what the long
+  prompts themselves cost the chat streams;
+- **against the best fixed-depth speculation** (speculating configurations only): chat
+  ITL p99 over the lowest of any ``fixed-spec-K`` run. ITL is the gap between streamed
+  chunks (as ``vllm bench serve`` counts it), and a speculative round, which delivers
+  several tokens in one chunk, is a longer frame than a plain decode, so a speculating
+  configuration's chunk gaps are longer than sarathi's even without long prompts. The
+  ``fixed-spec-K`` baselines chunk prompts as sarathi does and speculate every decode: the
+  reference on the same speculative load.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ops.sim.costs import CostTable
 from ops.sim.workloads import LONG_CLIENT
+from policy.baselines import speculative_policy
+from policy.baselines.fixed_spec import fixed_spec_depth
 from policy.descriptors import GraphKind, GraphShape
 
 NS_PER_MS = 1_000_000
@@ -47,22 +62,37 @@ def _chat_itl_p99(run: Mapping[str, Any]) -> float | None:
     return None
 
 
+def _best_itl(runs: Sequence[Mapping[str, Any]], policies: Callable[[str], bool]
+              ) -> float | None:
+    return min((v for r in runs if policies(r["policy"])
+                and (v := _chat_itl_p99(r)) is not None), default=None)
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return None if value is None or not reference else value / reference
+
+
 def long_prompt_rows(runs: Sequence[Mapping[str, Any]], prefill_ms: float, *,
+                     alone: Mapping[str, Mapping[str, Any]] | None = None,
                      ttft_factor: float = TTFT_FACTOR,
                      itl_factor: float = ITL_FACTOR) -> list[dict[str, Any]]:
     """One row per run (``simulate_rate`` metrics with ``configuration`` and ``policy``):
     worst long-prompt TTFT, its ratio to ``prefill_ms``, chat ITL p99 and its ratio to
-    the best sarathi budget's, and whether both targets hold."""
-    sarathi = [v for r in runs if r["policy"] == "sarathi"
-               and (v := _chat_itl_p99(r)) is not None]
-    reference = min(sarathi, default=None)
+    the best sarathi budget's, and whether both targets hold. ``alone`` (configuration
+    label -> its run on the chat traffic without long prompts) adds that run's chat ITL
+    p99 and the ratio; speculating runs also get their ratio to the best ``fixed-spec-K``
+    run's chat ITL p99."""
+    reference = _best_itl(runs, lambda policy: policy == "sarathi")
+    fixed_spec = _best_itl(runs, lambda policy: fixed_spec_depth(policy) is not None)
     rows = []
     for r in runs:
         long = r["per_client"].get(LONG_CLIENT)
         worst = long["ttft_s"]["max"] if long else None
         itl = _chat_itl_p99(r)
         ttft_ratio = None if worst is None else worst * 1e3 / prefill_ms
-        itl_ratio = None if itl is None or not reference else itl / reference
+        itl_ratio = _ratio(itl, reference)
+        quiet = alone.get(r["configuration"]) if alone else None
+        itl_alone = None if quiet is None else _chat_itl_p99(quiet)
         every_long = bool(long) and long["requests"] == r["sent_by_client"].get(LONG_CLIENT)
         rows.append({
             "configuration": r["configuration"], "rate": r["rate"],
@@ -70,6 +100,10 @@ def long_prompt_rows(runs: Sequence[Mapping[str, Any]], prefill_ms: float, *,
             "ttft_over_prefill": ttft_ratio,
             "chat_itl_p99_ms": None if itl is None else itl * 1e3,
             "itl_over_best_sarathi": itl_ratio,
+            "chat_itl_p99_alone_ms": None if itl_alone is None else itl_alone * 1e3,
+            "itl_over_alone": _ratio(itl, itl_alone),
+            "itl_over_best_fixed_spec": _ratio(itl, fixed_spec)
+            if speculative_policy(r["policy"]) else None,
             "passes": (every_long and ttft_ratio is not None and ttft_ratio <= ttft_factor
                        and itl_ratio is not None and itl_ratio <= itl_factor),
         })
@@ -81,17 +115,24 @@ def long_prompt_table(rows: Sequence[Mapping[str, Any]], prefill_ms: float) -> s
     def fmt(v: float | None, spec: str) -> str:
         return "-" if v is None else format(v, spec)
 
+    def times(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
     rate = rows[0]["rate"] if rows else 0.0
     lines = [f"Long prompts at {rate:g}/s (pure prefill {prefill_ms:.0f} ms; targets: "
              f"TTFT <= {TTFT_FACTOR:g}x it, chat ITL p99 <= {ITL_FACTOR:g}x the best "
              "sarathi budget's):", "",
              "| configuration | worst long TTFT (ms) | / prefill | chat ITL p99 (ms) "
-             "| / best sarathi | both |",
-             "|---|---:|---:|---:|---:|---|"]
+             "| / best sarathi | both | without long prompts (ms) | long prompts' cost "
+             "| / best fixed-spec |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['configuration']} | {fmt(r['long_ttft_max_ms'], '.0f')} "
                      f"| {fmt(r['ttft_over_prefill'], '.2f')}x "
                      f"| {fmt(r['chat_itl_p99_ms'], '.1f')} "
                      f"| {fmt(r['itl_over_best_sarathi'], '.2f')}x "
-                     f"| {'yes' if r['passes'] else 'no'} |")
+                     f"| {'yes' if r['passes'] else 'no'} "
+                     f"| {fmt(r.get('chat_itl_p99_alone_ms'), '.1f')} "
+                     f"| {times(r.get('itl_over_alone'))} "
+                     f"| {times(r.get('itl_over_best_fixed_spec'))} |")
     return "\n".join(lines) + "\n"

@@ -57,3 +57,24 @@ def test_verdicts_against_prefill_time_and_the_best_sarathi_itl() -> None:
     assert not rows["unfinished"]["passes"]  # a long prompt never got its first token
     table = long_prompt_table(list(rows.values()), 100.0)
     assert "| good | 390 | 3.90x | 10.5 | 1.05x | yes |" in table
+
+
+def test_chat_itl_without_long_prompts_and_against_fixed_depth_speculation() -> None:
+    runs = [_run("sarathi-256", "sarathi", long_ttft_s=0.3, chat_itl_p99_s=0.009),
+            _run("fixed-spec-1", "fixed-spec-1", long_ttft_s=0.3, chat_itl_p99_s=0.020),
+            _run("fixed-spec-2", "fixed-spec-2", long_ttft_s=0.3, chat_itl_p99_s=0.016),
+            _run("balanced+spec", "spec-adaptive", long_ttft_s=0.3, chat_itl_p99_s=0.012)]
+    alone = {"balanced+spec": _run("balanced+spec", "spec-adaptive", long_ttft_s=None,
+                                   chat_itl_p99_s=0.0096)}
+    rows = {r["configuration"]: r
+            for r in long_prompt_rows(runs, prefill_ms=100.0, alone=alone)}
+    spec = rows["balanced+spec"]
+    assert spec["chat_itl_p99_alone_ms"] == pytest.approx(9.6)
+    assert spec["itl_over_alone"] == pytest.approx(1.25)
+    assert spec["itl_over_best_fixed_spec"] == pytest.approx(0.75)  # 12 against 16 ms
+    assert not spec["passes"]  # the verdict stays against sarathi's 9 ms
+    # a configuration that does not speculate has no fixed-spec ratio; no quiet run, no ratio
+    assert rows["sarathi-256"]["itl_over_best_fixed_spec"] is None
+    assert rows["sarathi-256"]["itl_over_alone"] is None
+    table = long_prompt_table(list(rows.values()), 100.0)
+    assert "| balanced+spec | 300 | 3.00x | 12.0 | 1.33x | no | 9.6 | 1.25x | 0.75x |" in table
