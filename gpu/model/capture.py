@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -95,6 +95,10 @@ class ForwardCapture:
         model already traced reuse its graph (``shared_graphs``)."""
         self.loaded = 0
         """How many graphs this decoder loaded from the disk cache instead."""
+        self._bodies: dict[_GraphKey, Callable[..., Any]] = {}
+        """Traced program steps (``replay``), apart from the forwards."""
+        self.bodies_traced = 0
+        """How many step graphs this decoder traced (``replay``)."""
         self.disk = GraphCache.from_environment()
         """Where traced graphs are kept across processes (``gpu.model.graph_cache``);
         None: nowhere."""
@@ -108,20 +112,57 @@ class ForwardCapture:
         key, tensors = _signature(batch, cache)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(key, tensors, batch, cache)
+            graph = self._capture(self._graphs, key,
+                                  lambda: self._trace(key, tensors, batch, cache))
         with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
             return graph(*tensors)
 
-    def _capture(self, key: _GraphKey, tensors: list[torch.Tensor], batch: PackedBatch,
-                 cache: PagedKVCache) -> Callable[..., torch.Tensor]:
+    def replay(self, key: _GraphKey, tensors: list[torch.Tensor], cache: PagedKVCache,
+               body: Callable[..., Any]) -> Any:
+        """``body(decoder, cache, *tensors)`` through the graph of ``key``, traced at
+        its first call: a whole program step (``gpu.programs.step_body``) run without
+        the interpreter. ``key`` names everything ``body`` branches on and every input
+        shape that is not followed by the graph; ``body`` must leave the same state
+        however often it runs (tracing and the warm-up replay run it too). Body graphs
+        are shared like forward graphs but kept in this process only."""
+        graph = self._bodies.get(key)
+        inputs = [*tensors, cache.keys, cache.values]
+        if graph is None:
+            graph = self._capture(self._bodies, key,
+                                  lambda: self._trace_body(key, inputs, cache, body))
+        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+            return graph(*inputs)
+
+    def _capture(self, graphs: dict[_GraphKey, Callable[..., Any]], key: _GraphKey,
+                 trace: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """Trace (or share) the graph of ``key``, counting the time in ``tracing_ns``."""
         started = time.perf_counter_ns()
         with self._lock:
-            graph = self._graphs.get(key)
+            graph = graphs.get(key)
             if graph is None:
-                graph = self._trace(key, tensors, batch, cache)
+                graph = trace()
         _thread.ns = tracing_ns() + time.perf_counter_ns() - started
         return graph
+
+    def _trace_body(self, key: _GraphKey, inputs: list[torch.Tensor], cache: PagedKVCache,
+                    body: Callable[..., Any]) -> Callable[..., Any]:
+        """Trace one body graph and replay it once (the caller holds the lock)."""
+        shared_key = ("body", *self._model_key, *key)
+        with _shared_lock:
+            shared = _shared_graphs.get(shared_key)
+        if shared is not None:
+            return self._bind(self._bodies, key, shared)
+        decoder, geometry, count = self._decoder, cache.geometry, len(inputs)
+
+        def run(*args: torch.Tensor) -> Any:
+            view = PagedKVCache.over(geometry, args[count - 2], args[count - 1])
+            return body(_with_weights(decoder, args[count:]), view, *args[:count - 2])
+
+        traced_run = _traced(run, (*inputs, *self._weights))
+        with _shared_lock:
+            _shared_graphs[shared_key] = traced_run
+        self.bodies_traced += 1
+        return self._bind(self._bodies, key, traced_run)
 
     def _trace(self, key: _GraphKey, tensors: list[torch.Tensor], batch: PackedBatch,
                cache: PagedKVCache) -> Callable[..., torch.Tensor]:
@@ -144,14 +185,14 @@ class ForwardCapture:
         with _shared_lock:
             shared = _shared_graphs.get(shared_key)
         if shared is not None:
-            return self._bind(key, shared)
+            return self._bind(self._graphs, key, shared)
         if self.disk is not None:
             loaded = self.disk.load(shared_key)
             if loaded is not None and self._replays_eagerly(loaded, tensors, batch, cache):
                 with _shared_lock:
                     _shared_graphs[shared_key] = loaded
                 self.loaded += 1
-                return self._bind(key, loaded)
+                return self._bind(self._graphs, key, loaded)
 
         def run(*args: torch.Tensor) -> torch.Tensor:
             ids, pos, slots, lane, tables = args[:5]
@@ -171,30 +212,13 @@ class ForwardCapture:
                             lane_major_width=width, phase_split=phase),
                 view)
 
-        with warnings.catch_warnings():
-            # The forward branches only on shapes and flags, all part of the key; the
-            # tracer's warnings about shape-to-int conversions do not apply.
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
-            # Deprecated in favour of torch.compile / torch.export, neither of which
-            # yields a graph that runs without the interpreter lock (torch is pinned).
-            warnings.filterwarnings("ignore", category=DeprecationWarning,
-                                    message=r".*torch\.jit\.trace")
-            traced_run: Callable[..., torch.Tensor] = torch.jit.trace(  # type: ignore[no-untyped-call]
-                run, (*tensors, *weights), check_trace=False)
-        # The first call of a traced function builds the graph executor's plan and runs
-        # two to four times slower than later replays. Make that call here, inside the
-        # capture's time, so no launch (and no duration estimate) pays it: a shape's
-        # discovery sample is a single observation (seed: *Duration estimates*). It
-        # writes the same K/V at the same slots as the trace did, so the pools are
-        # unchanged.
-        with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
-            traced_run(*tensors, *weights)
+        traced_run = _traced(run, (*tensors, *weights))
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
         self.traced += 1
         if self.disk is not None:
             self.disk.save(shared_key, traced_run)
-        return self._bind(key, traced_run)
+        return self._bind(self._graphs, key, traced_run)
 
     def _replays_eagerly(self, graph: Callable[..., torch.Tensor], tensors: list[torch.Tensor],
                          batch: PackedBatch, cache: PagedKVCache) -> bool:
@@ -208,16 +232,39 @@ class ForwardCapture:
             return False
         return torch.equal(replayed, self._decoder.forward_eager(batch, cache))
 
-    def _bind(self, key: _GraphKey, graph: Callable[..., torch.Tensor]
-              ) -> Callable[..., torch.Tensor]:
-        """This decoder's forward for ``key``: ``graph`` fed its own weights."""
+    def _bind(self, graphs: dict[_GraphKey, Callable[..., Any]], key: _GraphKey,
+              graph: Callable[..., Any]) -> Callable[..., Any]:
+        """This decoder's graph for ``key``: ``graph`` fed its own weights."""
         weights = self._weights
 
-        def forward(*args: torch.Tensor) -> torch.Tensor:
+        def forward(*args: torch.Tensor) -> Any:
             return graph(*args, *weights)
 
-        self._graphs[key] = forward
+        graphs[key] = forward
         return forward
+
+
+def _traced(run: Callable[..., Any], example: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
+    """``run`` traced over ``example`` and called once."""
+    with warnings.catch_warnings():
+        # The forward branches only on shapes and flags, all part of the key; the
+        # tracer's warnings about shape-to-int conversions do not apply.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
+        # Deprecated in favour of torch.compile / torch.export, neither of which
+        # yields a graph that runs without the interpreter lock (torch is pinned).
+        warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                message=r".*torch\.jit\.trace")
+        traced_run: Callable[..., Any] = torch.jit.trace(  # type: ignore[no-untyped-call]
+            run, example, check_trace=False)
+    # The first call of a traced function builds the graph executor's plan and runs
+    # two to four times slower than later replays. Make that call here, inside the
+    # capture's time, so no launch (and no duration estimate) pays it: a shape's
+    # discovery sample is a single observation (seed: *Duration estimates*). It
+    # writes the same K/V at the same slots as the trace did, so the pools are
+    # unchanged.
+    with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+        traced_run(*example)
+    return traced_run
 
 
 def _weights_of(decoder: Decoder) -> list[torch.Tensor]:
@@ -239,6 +286,7 @@ def _with_weights(decoder: Decoder, tensors: Sequence[torch.Tensor]) -> Decoder:
     view.qkv_bias = [None if b is None else next(it) for b in decoder.qkv_bias]
     view.gate_up_weight = [next(it) for _ in range(layers)]
     view.w = {k: next(it) for k in sorted(decoder.w)}
+    view.capture = None  # a traced body runs the forward op by op, inside its graph
     view.lm_head = (view.embed if decoder.lm_head is decoder.embed
                     else view.w["lm_head.weight"])
     return view

@@ -37,17 +37,24 @@ from gpu.frames import (
     frame_of,
 )
 from gpu.grammar_mask import TokenMasks
-from gpu.model.batch import PackedBatch, PhaseSplit
+from gpu.model.batch import PhaseSplit
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
 from gpu.programs.state_ops import apply_copies, check_copies
+from gpu.programs.step_body import (
+    StepConfig,
+    StepOutputs,
+    StepState,
+    run_step,
+    step_tensors,
+    traced_step,
+)
 from gpu.programs.step_readout import StepReadout
 from gpu.programs.vision import ChunkImage, VisionProgram, chunk_images
 from gpu.programs.workspace import Workspace
 from gpu.request_state import RequestState
-from gpu.sampling import reported_log_probs, sample, top_alternatives
 from policy.descriptors import GraphKind, GraphShape
 
 _STEP_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.MIXED)
@@ -119,6 +126,13 @@ class StepProgram:
         self._image_features: tuple[torch.Tensor, torch.Tensor] | None = None
         """The bound frame's image feature rows (``PackedBatch.image_features``)."""
         self._bound: HostPack | None = None
+        self._buffer_tensors = step_tensors(self.buffers)
+        """The buffers as a traced step's leading graph inputs (``gpu.programs.step_body``)."""
+        self._step_key = (kind, cache.geometry, state.rows, state.block_table.shape[1],
+                          *((tuple(t.shape), t.dtype) for t in self._buffer_tensors))
+        """What a traced step's graph depends on besides the host constants: the
+        buffers' shapes and the state's rows (not the sliced tables' width, which the
+        graph follows)."""
         self._host_outputs = (_OutputArrays.of(self.buffers)
                               if self.buffers.out_token.device.type == "cpu" else None)
         """Views of the output buffers read without a copy per call (CPU only)."""
@@ -335,75 +349,42 @@ class StepProgram:
     # --------------------------------------------------------------- execute
 
     def execute(self) -> None:
-        b, st, cache = self.buffers, self._state, self._cache
-        geo = cache.geometry
-        ps, nb = geo.page_size, geo.blocks_per_row
+        b, st = self.buffers, self._state
         rows = b.lane_rows
-        tok_row = rows[b.token_lane]
-        pos = torch.where(b.from_state, st.position[tok_row] + b.lane_offset, b.host_position)
-        ids = torch.where(b.from_state, st.pending_token[tok_row], b.host_token)
-        # A token past the context (a host bug) writes only the sink and its lane
-        # reports a non-finite sample, so the completion validator rejects it.
-        in_context = pos < geo.max_context
-        valid = b.valid & in_context
-        pos = torch.where(valid, pos, torch.zeros_like(pos))
-        block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
-        page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
-        slot_index = torch.arange(pos.shape[0], device=pos.device)
-        sink_slot = geo.sink_page * ps + slot_index % ps
-        slots = torch.where(valid, page * ps + pos % ps, sink_slot)
-        split = self._phase_split
-        if split is not None and self.execution.dynamic_context:
-            prompt_row = rows.index_select(0, b.prompt_lane)
-            split = replace(split, prompt_block_table=(
-                st.block_table[:, :self.prompt_blocks].index_select(0, prompt_row)))
-        batch = PackedBatch(
-            token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
-            lane_block_tables=st.block_table[:, :self.context_blocks].index_select(0, rows),
-            lane_major_width=self._lane_major_width, phase_split=split,
-            image_features=self._image_features,
-        )
-        hidden = self._decoder.forward(batch, cache)
-
-        if self.scored:
-            all_logits = self._decoder.logits(hidden)
-            log_probs = reported_log_probs(all_logits)
-            scored = log_probs.gather(1, b.next_token.clamp(min=0)[:, None]).squeeze(1)
-            b.out_prompt_logprobs.copy_(
-                torch.where(b.next_token >= 0, scored, torch.full_like(scored, float("nan")))
-            )
-            top_id, top_lp = top_alternatives(log_probs, b.out_prompt_top_token.shape[1])
-            b.out_prompt_top_token.copy_(top_id)
-            b.out_prompt_top_logprob.copy_(top_lp)
-            lane_logits = all_logits[b.sample_index]
-        else:
-            lane_logits = self._decoder.logits(hidden[b.sample_index])
-        self.lane_logits = lane_logits
-        token, logprob, finite, top_id, top_lp = sample(
-            lane_logits,
-            temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
-            seed=st.seed[rows], position=pos[b.sample_index] + 1,
+        state = StepState(
+            position=st.position, pending_token=st.pending_token, block_table=st.block_table,
+            context_table=st.block_table[:, :self.context_blocks], temperature=st.temperature,
+            top_p=st.top_p, top_k=st.top_k, seed=st.seed,
+            prompt_table=(st.block_table[:, :self.prompt_blocks]
+                          if self._phase_split is not None and self.execution.dynamic_context
+                          else None),
+            token_mask=self._token_masks.current)
+        config = StepConfig(
+            scored=self.scored, lane_major_width=self._lane_major_width,
+            split_width=-1 if self._phase_split is None else self._phase_split.width,
             greedy_only=not self.any_sampled, top_width=self.top_width,
-            processing=st.processing(rows) if self.any_processing else None,
-            token_mask=self._token_masks.current,
             processed_logprobs=self.execution.processed_logprobs,
-        )
-        if self.any_processing:
-            st.record_outputs(rows, token[:, None], b.commits_token[:, None])
-        b.out_token.copy_(token)
-        b.out_logprob.copy_(logprob)
-        b.out_finite.copy_(finite & in_context[b.sample_index])
-        b.out_top_token[:, :self.top_width].copy_(top_id)
-        b.out_top_logprob[:, :self.top_width].copy_(top_lp)
-        new_pending = torch.where(b.commits_token, token, st.pending_token[rows])
-        new_position = torch.where(
-            b.absolute_position >= 0, b.absolute_position, st.position[rows] + b.advance
-        )
-        st.pending_token.index_copy_(0, rows, new_pending)
-        st.position.index_copy_(0, rows, new_position)
+            masked=state.token_mask is not None)
+        capture = self._decoder.capture
+        if capture is not None and self._image_features is None and not self.any_processing:
+            # the whole step replays one traced graph (``gpu.programs.step_body``)
+            tensors = [*self._buffer_tensors, *(t for t in state if t is not None)]
+            body = traced_step(config, phase_split=self._phase_split is not None,
+                               prompt_table=state.prompt_table is not None)
+            out = StepOutputs(*capture.replay((self._step_key, config), tensors,
+                                              self._cache, body))
+        else:
+            out = run_step(self._decoder, self._cache, b, state, config,
+                           split=self._phase_split, image_features=self._image_features,
+                           processing=st.processing(rows) if self.any_processing else None)
+            if self.any_processing:
+                st.record_outputs(rows, out.token[:, None], b.commits_token[:, None])
+        self.lane_logits = out.lane_logits
+        st.pending_token.index_copy_(0, rows, out.new_pending)
+        st.position.index_copy_(0, rows, out.new_position)
         if self._grammar_lanes and st.grammars is not None:
             # resident grammars (CPU streams only: the token is already on the host)
-            sampled = token.tolist()
+            sampled = out.token.tolist()
             st.grammars.advance([row for _, row in self._grammar_lanes],
                                 [sampled[lane] for lane, _ in self._grammar_lanes])
 
