@@ -97,14 +97,13 @@ class ForwardCapture:
         """How many graphs this decoder loaded from the disk cache instead."""
         self._bodies: dict[_GraphKey, Callable[..., Any]] = {}
         """Traced program steps (``replay``), apart from the forwards."""
-        self.bodies_traced = 0
-        """How many step graphs this decoder traced (``replay``)."""
         self.disk = GraphCache.from_environment()
         """Where traced graphs are kept across processes (``gpu.model.graph_cache``);
         None: nowhere."""
 
     def __len__(self) -> int:
-        return len(self._graphs)
+        """Graphs this decoder replays: forwards and program steps (``replay``)."""
+        return len(self._graphs) + len(self._bodies)
 
     def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
         """The decoder's forward through the graph for these input shapes, traced at
@@ -121,10 +120,11 @@ class ForwardCapture:
                body: Callable[..., Any]) -> Any:
         """``body(decoder, cache, *tensors)`` through the graph of ``key``, traced at
         its first call: a whole program step (``gpu.programs.step_body``) run without
-        the interpreter. ``key`` names everything ``body`` branches on and every input
-        shape that is not followed by the graph; ``body`` must leave the same state
-        however often it runs (tracing and the warm-up replay run it too). Body graphs
-        are shared like forward graphs but kept in this process only."""
+        the interpreter. ``key`` names everything ``body`` branches on, the source of
+        the modules it runs beyond ``gpu.model`` (``graph_cache.source_digest``) and
+        every input shape the graph does not follow; ``body`` must leave the same state
+        however often it runs (tracing, the warm-up replay and a loaded graph's check
+        run it too). Body graphs are shared and kept on disk like forward graphs."""
         graph = self._bodies.get(key)
         inputs = [*tensors, cache.keys, cache.values]
         if graph is None:
@@ -153,6 +153,13 @@ class ForwardCapture:
         if shared is not None:
             return self._bind(self._bodies, key, shared)
         decoder, geometry, count = self._decoder, cache.geometry, len(inputs)
+        if self.disk is not None:
+            loaded = self.disk.load(shared_key)
+            if loaded is not None and self._body_replays_eagerly(loaded, inputs, cache, body):
+                with _shared_lock:
+                    _shared_graphs[shared_key] = loaded
+                self.loaded += 1
+                return self._bind(self._bodies, key, loaded)
 
         def run(*args: torch.Tensor) -> Any:
             view = PagedKVCache.over(geometry, args[count - 2], args[count - 1])
@@ -161,8 +168,23 @@ class ForwardCapture:
         traced_run = _traced(run, (*inputs, *self._weights))
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
-        self.bodies_traced += 1
+        self.traced += 1
+        if self.disk is not None:
+            self.disk.save(shared_key, traced_run)
         return self._bind(self._bodies, key, traced_run)
+
+    def _body_replays_eagerly(self, graph: Callable[..., Any], inputs: list[torch.Tensor],
+                              cache: PagedKVCache, body: Callable[..., Any]) -> bool:
+        """Whether a loaded body graph's outputs equal the op-by-op body's, bit for bit
+        (its first call, the warm-up of ``_traced``)."""
+        try:
+            with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
+                replayed = graph(*inputs, *self._weights)
+        except Exception:  # a graph of other inputs: trace instead
+            return False
+        eager = body(_with_weights(self._decoder, self._weights), cache, *inputs[:-2])
+        return len(replayed) == len(eager) and all(
+            torch.equal(a, b) for a, b in zip(replayed, eager, strict=True))
 
     def _trace(self, key: _GraphKey, tensors: list[torch.Tensor], batch: PackedBatch,
                cache: PagedKVCache) -> Callable[..., torch.Tensor]:

@@ -10,7 +10,9 @@ derived from everything the graph depends on:
   block tables' width) and the model's key (configuration, dtype, weight shapes);
 - the torch and Python versions;
 - the source of the forward: a digest of every module of ``gpu.model``, so any change
-  to the model code names different files and old entries are never read.
+  to the model code names different files and old entries are never read; a traced
+  program step (``ForwardCapture.replay``) also names the digest of the modules it
+  runs beyond the model (``source_digest``).
 
 The full key text is stored inside the file as well and compared on load; a file that
 does not load, or holds another key, is ignored and replaced by a fresh trace. Writes
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import os
 import pathlib
 import sys
@@ -59,6 +62,21 @@ def code_digest() -> str:
     for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def source_digest(modules: tuple[str, ...]) -> str:
+    """A digest of the source files of ``modules`` (dotted names): what a traced body
+    graph runs beyond ``gpu.model`` (``ForwardCapture.replay``), for its key."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        origin = None if spec is None else spec.origin
+        if origin is None:
+            raise ValueError(f"no source for module {name}")
+        digest.update(name.encode())
+        digest.update(pathlib.Path(origin).read_bytes())
     return digest.hexdigest()
 
 

@@ -39,11 +39,13 @@ from gpu.frames import (
 from gpu.grammar_mask import TokenMasks
 from gpu.model.batch import PhaseSplit
 from gpu.model.decoder import Decoder
+from gpu.model.graph_cache import source_digest
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.execution import ExecutionOptions, context_blocks
 from gpu.programs.packing import HostPack, PackLimits, pack_lanes
 from gpu.programs.state_ops import apply_copies, check_copies
 from gpu.programs.step_body import (
+    STEP_SOURCES,
     StepConfig,
     StepOutputs,
     StepState,
@@ -128,7 +130,8 @@ class StepProgram:
         self._bound: HostPack | None = None
         self._buffer_tensors = step_tensors(self.buffers)
         """The buffers as a traced step's leading graph inputs (``gpu.programs.step_body``)."""
-        self._step_key = (kind, cache.geometry, state.rows, state.block_table.shape[1],
+        self._step_key = (source_digest(STEP_SOURCES), kind, cache.geometry, state.rows,
+                          state.block_table.shape[1],
                           *((tuple(t.shape), t.dtype) for t in self._buffer_tensors))
         """What a traced step's graph depends on besides the host constants: the
         buffers' shapes and the state's rows (not the sliced tables' width, which the

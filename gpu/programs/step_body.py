@@ -28,6 +28,10 @@ from gpu.sampling import RowProcessing, reported_log_probs, sample, top_alternat
 
 _BUFFER_FIELDS = tuple(f.name for f in fields(PackedBuffers))
 
+STEP_SOURCES = ("gpu.programs.step_body", "gpu.programs.workspace", "gpu.sampling",
+                "gpu.grammar_mask")
+"""The modules a traced step runs beyond ``gpu.model`` (part of its graph key)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepConfig:
