@@ -218,6 +218,13 @@ def sampler_logits(processed: torch.Tensor, *, temperature: torch.Tensor,
     return scaled.masked_fill(~keep, float("-inf"))
 
 
+def reads_parameters(*, greedy_only: bool, processed_logprobs: bool) -> bool:
+    """Whether ``sample`` reads the sampling parameters (temperature, top-k, top-p, seed,
+    position): always, except for a greedy-only call that reports the raw
+    distribution."""
+    return not greedy_only or processed_logprobs
+
+
 class Sampled(NamedTuple):
     """What ``sample`` returns, one entry per row: the token, its logprob and the
     ``top_width`` most likely alternatives, under ``reported_log_probs`` or, with
@@ -233,11 +240,11 @@ class Sampled(NamedTuple):
 def sample(
     logits: torch.Tensor,
     *,
-    temperature: torch.Tensor,
-    top_p: torch.Tensor,
-    top_k: torch.Tensor,
-    seed: torch.Tensor,
-    position: torch.Tensor,
+    temperature: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    top_k: torch.Tensor | None,
+    seed: torch.Tensor | None,
+    position: torch.Tensor | None,
     greedy_only: bool = False,
     top_width: int = 0,
     processing: RowProcessing | None = None,
@@ -252,7 +259,9 @@ def sample(
     model's temperature-1 distribution, unprocessed and unfiltered (renormalised over
     the grammar's tokens for a constrained row). ``greedy_only`` (a host-known promise
     that every row has temperature 0, made by eager programs) skips the stochastic
-    pipeline; the result is the same. ``processing`` (None: every row's is off) is
+    pipeline; the result is the same, and the sampling parameters may then be None
+    (``reads_parameters`` says when they are read). ``processing`` (None:
+    every row's is off) is
     applied next, greedy rows included (``process_logits``), and adds the min-p filter.
     ``processed_logprobs`` (a host constant, ``--logprobs-mode processed_logprobs``)
     reports ``processed_log_probs`` instead: the distribution the token was drawn from.
@@ -260,8 +269,13 @@ def sample(
     logits = logits.float()
     vocab = logits.shape[-1]
     finite = torch.isfinite(logits).all(dim=-1)
-    safe = mask_disallowed(clean_logits(logits), token_mask)
-    log_probs = None if processed_logprobs else reported_log_probs(safe)
+    cleaned = clean_logits(logits)
+    safe = mask_disallowed(cleaned, token_mask)
+    log_probs = None
+    if not processed_logprobs:
+        # reported_log_probs(safe); unmasked, ``safe`` is already clean
+        log_probs = (reported_log_probs(safe) if token_mask is not None
+                     else torch.log_softmax(cleaned, dim=-1))
     if processing is not None:
         safe = process_logits(safe, processing)
     greedy_token = safe.argmax(dim=-1)
@@ -269,6 +283,8 @@ def sample(
         top_ids, top_logprobs = top_alternatives(log_probs, top_width)
         logprob = log_probs.gather(1, greedy_token[:, None]).squeeze(1)
         return Sampled(greedy_token, logprob, finite, top_ids, top_logprobs)
+    assert temperature is not None and top_k is not None and top_p is not None, \
+        "sample() reads the sampling parameters here (reads_parameters)"
 
     greedy = temperature <= 0.0
     drawn_from = sampler_logits(safe, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -280,6 +296,7 @@ def sample(
         logprob = log_probs.gather(1, greedy_token[:, None]).squeeze(1)
         return Sampled(greedy_token, logprob, finite, top_ids, top_logprobs)
 
+    assert seed is not None and position is not None, "reads_parameters"
     uniform = counter_uniform(seed, position, vocab)
     gumbel = -torch.log(-torch.log(uniform))
     sampled_token = (drawn_from + gumbel).argmax(dim=-1)

@@ -24,7 +24,13 @@ from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.model.decoder import Decoder
 from gpu.model.kv_cache import PagedKVCache
 from gpu.programs.workspace import PackedBuffers
-from gpu.sampling import RowProcessing, reported_log_probs, sample, top_alternatives
+from gpu.sampling import (
+    RowProcessing,
+    reads_parameters,
+    reported_log_probs,
+    sample,
+    top_alternatives,
+)
 
 _BUFFER_FIELDS = tuple(f.name for f in fields(PackedBuffers))
 
@@ -122,18 +128,23 @@ def run_step(decoder: Decoder, cache: PagedKVCache, b: PackedBuffers, st: StepSt
     else:
         lane_logits = decoder.logits(hidden[b.sample_index])
     width = config.top_width
+    params = reads_parameters(greedy_only=config.greedy_only,
+                              processed_logprobs=config.processed_logprobs)
     token, logprob, finite, top_id, top_lp = sample(
         lane_logits,
-        temperature=st.temperature[rows], top_p=st.top_p[rows], top_k=st.top_k[rows],
-        seed=st.seed[rows], position=pos[b.sample_index] + 1,
+        temperature=st.temperature[rows] if params else None,
+        top_p=st.top_p[rows] if params else None, top_k=st.top_k[rows] if params else None,
+        seed=st.seed[rows] if params else None,
+        position=pos[b.sample_index] + 1 if params else None,
         greedy_only=config.greedy_only, top_width=width, processing=processing,
         token_mask=st.token_mask, processed_logprobs=config.processed_logprobs,
     )
     b.out_token.copy_(token)
     b.out_logprob.copy_(logprob)
     b.out_finite.copy_(finite & in_context[b.sample_index])
-    b.out_top_token[:, :width].copy_(top_id)
-    b.out_top_logprob[:, :width].copy_(top_lp)
+    if width:
+        b.out_top_token[:, :width].copy_(top_id)
+        b.out_top_logprob[:, :width].copy_(top_lp)
     new_pending = torch.where(b.commits_token, token, st.pending_token[rows])
     new_position = torch.where(
         b.absolute_position >= 0, b.absolute_position, st.position[rows] + b.advance
@@ -165,11 +176,10 @@ class _TracedStep:
                  ) -> StepOutputs:
         count = len(_BUFFER_FIELDS)
         b = PackedBuffers(*tensors[:count])
-        state = list(tensors[count:count + 8])
         rest = list(tensors[count + 8:])
         prompt = rest.pop(0) if self.prompt_table else None
         mask = rest.pop(0) if self.config.masked else None
-        st = StepState(*state, prompt_table=prompt, token_mask=mask)
+        st = StepState._make((*tensors[count:count + 8], prompt, mask))
         split = (PhaseSplit(prompt_slots=b.prompt_slots, prompt_lane=b.prompt_lane,
                             decode_slots=b.decode_slots, width=self.config.split_width)
                  if self.phase_split else None)
