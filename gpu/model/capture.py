@@ -105,6 +105,11 @@ class ForwardCapture:
         """Graphs this decoder replays: forwards and program steps (``replay``)."""
         return len(self._graphs) + len(self._bodies)
 
+    @property
+    def steps(self) -> int:
+        """How many of them are program steps (``replay``)."""
+        return len(self._bodies)
+
     def forward(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
         """The decoder's forward through the graph for these input shapes, traced at
         the first forward of a shape (``_capture``)."""
@@ -117,19 +122,30 @@ class ForwardCapture:
             return graph(*tensors)
 
     def replay(self, key: _GraphKey, tensors: list[torch.Tensor], cache: PagedKVCache,
-               body: Callable[..., Any]) -> Any:
+               body: Callable[..., Any], *, prepare: Callable[[], object] | None = None,
+               trace_only: bool = False) -> Any:
         """``body(decoder, cache, *tensors)`` through the graph of ``key``, traced at
         its first call: a whole program step (``gpu.programs.step_body``) run without
         the interpreter. ``key`` names everything ``body`` branches on, the source of
         the modules it runs beyond ``gpu.model`` (``graph_cache.source_digest``) and
         every input shape the graph does not follow; ``body`` must leave the same state
         however often it runs (tracing, the warm-up replay and a loaded graph's check
-        run it too). Body graphs are shared and kept on disk like forward graphs."""
+        run it too). Body graphs are shared and kept on disk like forward graphs.
+        ``prepare`` runs before a trace, counted as tracing time: what else the first
+        call should capture (the program's fallback forward graphs). ``trace_only``:
+        make sure the graph is captured (its trace and warm-up run ``body``), return
+        None without another replay."""
         graph = self._bodies.get(key)
         inputs = [*tensors, cache.keys, cache.values]
         if graph is None:
+            if prepare is not None:
+                started, before = time.perf_counter_ns(), tracing_ns()
+                prepare()  # its own captures count once, inside this interval
+                _thread.ns = before + time.perf_counter_ns() - started
             graph = self._capture(self._bodies, key,
                                   lambda: self._trace_body(key, inputs, cache, body))
+        if trace_only:
+            return None
         with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
             return graph(*inputs)
 

@@ -16,7 +16,7 @@ lane samples stochastically) that ``execute`` follows; see ``gpu.programs.execut
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from gpu.frames import (
 )
 from gpu.grammar_mask import TokenMasks
 from gpu.model.batch import PhaseSplit
+from gpu.model.capture import ForwardCapture
 from gpu.model.decoder import Decoder
 from gpu.model.graph_cache import source_digest
 from gpu.model.kv_cache import PagedKVCache
@@ -136,6 +137,8 @@ class StepProgram:
         """What a traced step's graph depends on besides the host constants: the
         buffers' shapes and the state's rows (not the sliced tables' width, which the
         graph follows)."""
+        self._step_captured = False
+        """Whether this program has made sure its plain-greedy step graph is captured."""
         self._host_outputs = (_OutputArrays.of(self.buffers)
                               if self.buffers.out_token.device.type == "cpu" else None)
         """Views of the output buffers read without a copy per call (CPU only)."""
@@ -369,17 +372,24 @@ class StepProgram:
             processed_logprobs=self.execution.processed_logprobs,
             masked=state.token_mask is not None)
         capture = self._decoder.capture
-        if capture is not None and self._image_features is None and not self.any_processing:
-            # the whole step replays one traced graph (``gpu.programs.step_body``)
-            tensors = [*self._buffer_tensors, *(t for t in state if t is not None)]
-            body = traced_step(config, phase_split=self._phase_split is not None,
-                               prompt_table=state.prompt_table is not None)
-            out = StepOutputs(*capture.replay((self._step_key, config), tensors,
-                                              self._cache, body))
+
+        def op_by_op() -> StepOutputs:
+            return run_step(self._decoder, self._cache, b, state, config,
+                            split=self._phase_split, image_features=self._image_features,
+                            processing=st.processing(rows) if self.any_processing else None)
+
+        if capture is not None and self._plain_greedy(config):
+            # the whole step replays one traced graph (``gpu.programs.step_body``); its
+            # first trace also captures the forward graph the other frames replay
+            out = StepOutputs(*self._replay_step(capture, state, config, prepare=op_by_op))
         else:
-            out = run_step(self._decoder, self._cache, b, state, config,
-                           split=self._phase_split, image_features=self._image_features,
-                           processing=st.processing(rows) if self.any_processing else None)
+            if capture is not None and not self._step_captured:
+                # a first launch captures the plain-greedy step too (its outputs are
+                # overwritten below), so no later frame traces mid-load
+                self._replay_step(capture, state._replace(token_mask=None),
+                                  replace(config, greedy_only=True, top_width=0,
+                                          masked=False), trace_only=True)
+            out = op_by_op()
             if self.any_processing:
                 st.record_outputs(rows, out.token[:, None], b.commits_token[:, None])
         self.lane_logits = out.lane_logits
@@ -390,6 +400,26 @@ class StepProgram:
             sampled = out.token.tolist()
             st.grammars.advance([row for _, row in self._grammar_lanes],
                                 [sampled[lane] for lane, _ in self._grammar_lanes])
+
+    def _replay_step(self, capture: ForwardCapture, state: StepState, config: StepConfig,
+                     *, prepare: Callable[[], object] | None = None,
+                     trace_only: bool = False) -> Any:
+        """The traced step of ``config`` over the bound frame (``ForwardCapture.replay``);
+        ``trace_only``: only make sure it is captured."""
+        self._step_captured = True
+        tensors = [*self._buffer_tensors, *(t for t in state if t is not None)]
+        body = traced_step(config, phase_split=self._phase_split is not None,
+                           prompt_table=state.prompt_table is not None)
+        return capture.replay((self._step_key, config), tensors, self._cache, body,
+                              prepare=prepare, trace_only=trace_only)
+
+    def _plain_greedy(self, config: StepConfig) -> bool:
+        """Whether a captured program replays this execution as one traced step: every
+        lane greedy, no top alternatives, no mask, no logit processing, no image (the
+        frames an empty warm-up frame stands for, ``actors.capture_warmup``, so no
+        other step graph is ever traced mid-load; other frames replay the forward)."""
+        return (config.greedy_only and config.top_width == 0 and not config.masked
+                and not self.any_processing and self._image_features is None)
 
     # ---------------------------------------------------------- read outputs
 

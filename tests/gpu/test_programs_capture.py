@@ -6,6 +6,7 @@ estimates*; the prepared-program contract: fixed shapes, replayed work)."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from test_programs_execution import _scenario
 import gpu.backends.cpu as cpu_backend
 from gpu.backends.protocol import LaunchHandle
 from gpu.engine import ModelEngine
+from gpu.frames import GREEDY, TOP_LOGPROBS, RowInit, SamplingParams
 from gpu.model import capture
 from gpu.model.batch import PackedBatch
 from gpu.programs.driver import ReferenceDriver
@@ -30,15 +32,29 @@ def _engine(model_dir: Path, *, capture_forward: bool) -> ModelEngine:
                             execution=ExecutionOptions.eager(capture_forward=capture_forward))
 
 
+class _Driver(ReferenceDriver):
+    """A reference driver whose rows ask for ``top`` alternatives."""
+
+    def __init__(self, engine: ModelEngine, top: int) -> None:
+        super().__init__(engine)
+        self._top = top
+
+    def init_row(self, row: int, sampling: SamplingParams = GREEDY, **kwargs: Any) -> RowInit:
+        return replace(super().init_row(row, sampling, **kwargs), top_logprobs=self._top)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("top", [TOP_LOGPROBS, 0])
 def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
-        kind: str, tiny_checkpoints: dict[str, Path]) -> None:
+        kind: str, top: int, tiny_checkpoints: dict[str, Path]) -> None:
     """Prefill, decode at four batch sizes and mixed frames (phase split, own prompt
     bound), greedy and seeded sampling: same tokens, logprobs and K/V pools, bit for
-    bit; each distinct input shape traced exactly once."""
-    eager = ReferenceDriver(_engine(tiny_checkpoints[kind], capture_forward=False))
-    captured = ReferenceDriver(_engine(tiny_checkpoints[kind], capture_forward=True))
+    bit; each distinct input shape traced exactly once. Without top alternatives the
+    all-greedy frames replay whole traced steps (``gpu.programs.step_body``), the
+    others the traced forward."""
+    eager = _Driver(_engine(tiny_checkpoints[kind], capture_forward=False), top)
+    captured = _Driver(_engine(tiny_checkpoints[kind], capture_forward=True), top)
     assert eager.engine.parts.decoder.capture is None
     graphs = captured.engine.parts.decoder.capture
     assert graphs is not None and len(graphs) == 0
@@ -53,16 +69,18 @@ def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
     for pool in ("keys", "values"):
         assert torch.equal(getattr(captured.engine.parts.cache, pool)[:, :-1],
                            getattr(eager.engine.parts.cache, pool)[:, :-1])
-    # one graph per program shape and sampling mode (greedy shortcut or not), whatever
-    # the context widths (1 to 13 blocks here): prefill, two decodes and the mixed
-    # program, each traced as a whole step (``gpu.programs.step_body``)
+    # per program shape, whatever the context widths (1 to 13 blocks here): one
+    # forward graph (the mixed program's with and without a prompt) and one whole-step
+    # graph (``gpu.programs.step_body``) for prefill, four decodes and the mixed program
     assert sorted(set(captured_blocks)) != [captured_blocks[0]]
-    assert graphs.traced <= len(graphs) <= 8
+    assert graphs.traced <= len(graphs)
+    assert graphs.steps <= 6
+    assert len(graphs) - graphs.steps <= 7
     bound, shared = len(graphs), capture.shared_graphs()
     _scenario(captured)
     assert (len(graphs), capture.shared_graphs()) == (bound, shared)
     # a second engine of the same model replays the graphs the first one traced
-    again = ReferenceDriver(_engine(tiny_checkpoints[kind], capture_forward=True))
+    again = _Driver(_engine(tiny_checkpoints[kind], capture_forward=True), top)
     again_out, again_logprobs, _ = _scenario(again)
     assert (again_out, again_logprobs) == (eager_out, eager_logprobs)
     assert again.engine.parts.decoder.capture is not None
