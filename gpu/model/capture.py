@@ -294,6 +294,11 @@ def _traced(run: Callable[..., Any], example: tuple[torch.Tensor, ...]) -> Calla
                                 message=r".*torch\.jit\.trace")
         traced_run: Callable[..., Any] = torch.jit.trace(  # type: ignore[no-untyped-call]
             run, example, check_trace=False)
+    # The tracer records every shape read as its own size/int conversion nodes (a
+    # hundred per step graph); merging identical pure nodes (alias-aware: nothing that
+    # reads a mutated pool moves) halves what the interpreter walks per replay and
+    # leaves every aten op that computes a value as it was.
+    torch._C._jit_pass_cse(traced_run.graph)  # type: ignore[attr-defined]
     # The first call of a traced function builds the graph executor's plan and runs
     # two to four times slower than later replays. Make that call here, inside the
     # capture's time, so no launch (and no duration estimate) pays it: a shape's

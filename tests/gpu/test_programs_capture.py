@@ -110,6 +110,7 @@ def test_every_traced_graph_makes_its_first_call_inside_its_capture(
         def counted(*args: torch.Tensor) -> torch.Tensor:
             first_call_inside.setdefault(index, inside[0])
             return graph(*args)
+        counted.graph = graph.graph  # type: ignore[attr-defined]  # the passes capture runs
         return counted
 
     real_family = capture.ForwardCapture._capture
