@@ -22,7 +22,12 @@ choice:
   result greedy lanes discard anyway.
 - **captured forward** (CPU only): the decoder forward of each input shape is traced
   once into a TorchScript graph that runs without the interpreter lock
-  (``gpu.model.capture``), the CPU counterpart of a CUDA graph replay.
+  (``gpu.model.capture``), the CPU counterpart of a CUDA graph replay. A frame whose
+  lanes are all greedy and ask for no top alternatives, mask or logit processing (the
+  host bounds say so) replays the whole ``execute`` body instead, indices, forward,
+  vocabulary projection, sampling and outputs, as one traced step
+  (``gpu.programs.step_body``); other frames replay the forward and run the rest op by
+  op. A program's first launch captures both graphs.
 
 - **processed logprobs** (any backend: a host constant, not a bound): programs report
   ``gpu.sampling.processed_log_probs`` (the distribution the sampler draws from)
