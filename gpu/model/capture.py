@@ -132,18 +132,21 @@ class ForwardCapture:
         however often it runs (tracing, the warm-up replay and a loaded graph's check
         run it too). Body graphs are shared and kept on disk like forward graphs.
         ``prepare`` runs before a trace, counted as tracing time: what else the first
-        call should capture (the program's fallback forward graphs). ``trace_only``:
+        call should capture (the program's fallback forward graphs); what it returns,
+        if not None, is ``body``'s outputs, the reference a loaded graph is checked
+        against. ``trace_only``:
         make sure the graph is captured (its trace and warm-up run ``body``), return
         None without another replay."""
         graph = self._bodies.get(key)
         inputs = [*tensors, cache.keys, cache.values]
         if graph is None:
+            reference = None
             if prepare is not None:
                 started, before = time.perf_counter_ns(), tracing_ns()
-                prepare()  # its own captures count once, inside this interval
+                reference = prepare()  # its own captures count once, in this interval
                 _thread.ns = before + time.perf_counter_ns() - started
-            graph = self._capture(self._bodies, key,
-                                  lambda: self._trace_body(key, inputs, cache, body))
+            graph = self._capture(self._bodies, key, lambda: self._trace_body(
+                key, inputs, cache, body, reference))
         if trace_only:
             return None
         with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
@@ -161,7 +164,7 @@ class ForwardCapture:
         return graph
 
     def _trace_body(self, key: _GraphKey, inputs: list[torch.Tensor], cache: PagedKVCache,
-                    body: Callable[..., Any]) -> Callable[..., Any]:
+                    body: Callable[..., Any], reference: Any = None) -> Callable[..., Any]:
         """Trace one body graph and replay it once (the caller holds the lock)."""
         shared_key = ("body", *self._model_key, *key)
         with _shared_lock:
@@ -171,7 +174,8 @@ class ForwardCapture:
         decoder, geometry, count = self._decoder, cache.geometry, len(inputs)
         if self.disk is not None:
             loaded = self.disk.load(shared_key)
-            if loaded is not None and self._body_replays_eagerly(loaded, inputs, cache, body):
+            if loaded is not None and self._body_replays_eagerly(loaded, inputs, cache, body,
+                                                                 reference):
                 with _shared_lock:
                     _shared_graphs[shared_key] = loaded
                 self.loaded += 1
@@ -190,15 +194,18 @@ class ForwardCapture:
         return self._bind(self._bodies, key, traced_run)
 
     def _body_replays_eagerly(self, graph: Callable[..., Any], inputs: list[torch.Tensor],
-                              cache: PagedKVCache, body: Callable[..., Any]) -> bool:
-        """Whether a loaded body graph's outputs equal the op-by-op body's, bit for bit
-        (its first call, the warm-up of ``_traced``)."""
+                              cache: PagedKVCache, body: Callable[..., Any],
+                              reference: Any = None) -> bool:
+        """Whether a loaded body graph's outputs equal the op-by-op body's (or
+        ``reference``, outputs of the same inputs), bit for bit (its first call, the
+        warm-up of ``_traced``)."""
         try:
             with torch.jit.optimized_execution(False):  # type: ignore[attr-defined]
                 replayed = graph(*inputs, *self._weights)
         except Exception:  # a graph of other inputs: trace instead
             return False
-        eager = body(_with_weights(self._decoder, self._weights), cache, *inputs[:-2])
+        eager = (reference if reference is not None else
+                 body(_with_weights(self._decoder, self._weights), cache, *inputs[:-2]))
         return len(replayed) == len(eager) and all(
             torch.equal(a, b) for a, b in zip(replayed, eager, strict=True))
 
