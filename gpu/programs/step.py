@@ -61,6 +61,11 @@ from gpu.request_state import RequestState
 from policy.descriptors import GraphKind, GraphShape
 
 _STEP_KINDS = (GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.MIXED)
+STEP_GRAPH_MAX_PROMPT = 64
+"""Programs with at most this many prompt tokens a frame replay a whole-step graph
+(``gpu.programs.step_body``); longer prompt chunks replay only the forward graph: their
+forward dwarfs the interpreter's share of the step, and a second graph per large program
+would lengthen start-up by about half (``docs/runtime.md``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +142,10 @@ class StepProgram:
         """What a traced step's graph depends on besides the host constants: the
         buffers' shapes and the state's rows (not the sliced tables' width, which the
         graph follows)."""
-        self._step_captured = False
-        """Whether this program has made sure its plain-greedy step graph is captured."""
+        self._traces_step = prompt_capacity <= STEP_GRAPH_MAX_PROMPT
+        """Whether plain-greedy frames replay the whole step (``STEP_GRAPH_MAX_PROMPT``)."""
+        self._step_captured = not self._traces_step
+        """Whether this program's plain-greedy step graph is captured (or not wanted)."""
         self._host_outputs = (_OutputArrays.of(self.buffers)
                               if self.buffers.out_token.device.type == "cpu" else None)
         """Views of the output buffers read without a copy per call (CPU only)."""
@@ -378,7 +385,7 @@ class StepProgram:
                             split=self._phase_split, image_features=self._image_features,
                             processing=st.processing(rows) if self.any_processing else None)
 
-        if capture is not None and self._plain_greedy(config):
+        if capture is not None and self._traces_step and self._plain_greedy(config):
             # the whole step replays one traced graph (``gpu.programs.step_body``); its
             # first trace also captures the forward graph the other frames replay
             out = StepOutputs(*self._replay_step(capture, state, config, prepare=op_by_op))

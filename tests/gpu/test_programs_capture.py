@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from model_fixtures import CATALOG, PAGE_SIZE
+from model_fixtures import CATALOG, PAGE_SIZE, PREFILL_64, PREFILL_128
 from test_programs_execution import _scenario
 
 import gpu.backends.cpu as cpu_backend
@@ -23,6 +23,7 @@ from gpu.model import capture
 from gpu.model.batch import PackedBatch
 from gpu.programs.driver import ReferenceDriver
 from gpu.programs.execution import ExecutionOptions
+from gpu.programs.step import STEP_GRAPH_MAX_PROMPT
 from policy.descriptors import GraphKind, GraphShape
 
 
@@ -86,6 +87,24 @@ def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
     assert again.engine.parts.decoder.capture is not None
     assert again.engine.parts.decoder.capture.traced == 0
     assert capture.shared_graphs() == shared
+
+
+def test_only_programs_of_short_prompt_chunks_replay_whole_step_graphs(
+        tiny_checkpoints: dict[str, Path]) -> None:
+    """A greedy prefill of a program whose chunk exceeds ``STEP_GRAPH_MAX_PROMPT``
+    replays its forward graph only; one within it replays a whole-step graph too, and
+    both pick the op-by-op programs' first token."""
+    assert PREFILL_64.token_capacity <= STEP_GRAPH_MAX_PROMPT < PREFILL_128.token_capacity
+    prompt = list(range(5, 45))
+    eager = ReferenceDriver(_engine(tiny_checkpoints["llama"], capture_forward=False))
+    expected = eager.prefill(PREFILL_128, 0, prompt, chunk=128)
+    driver = ReferenceDriver(_engine(tiny_checkpoints["llama"], capture_forward=True))
+    graphs = driver.engine.parts.decoder.capture
+    assert graphs is not None
+    assert driver.prefill(PREFILL_128, 0, prompt, chunk=128) == expected
+    assert (len(graphs), graphs.steps) == (1, 0)
+    assert driver.prefill(PREFILL_64, 1, prompt, chunk=64) == expected
+    assert graphs.steps == 1
 
 
 @pytest.mark.slow
