@@ -52,6 +52,7 @@ from gpu.model.kv_cache import PagedKVCache
 from gpu.model.weights import WeightSource, load_weights
 from gpu.programs.state_ops import StateOpProgram
 from gpu.programs.step import StagedFrame, StepProgram
+from gpu.programs.step_body import packed_tokens
 from gpu.programs.step_readout import StepReadout
 from gpu.request_state import RequestState
 from gpu.speculative.distributions import acceptance_probability, filtered_probs
@@ -216,20 +217,11 @@ class DraftMaintainingProgram:
             self.draft_state.record_pending(self.inner.buffers.lane_rows)
             return
         b, st, ds = self.inner.buffers, self.draft_state.state, self.draft_state
-        geo = st.geometry
-        ps, nb = geo.page_size, geo.blocks_per_row
         rows = b.lane_rows
-        tok_row = rows[b.token_lane]
-        pos = torch.where(b.from_state, st.position[tok_row] + b.lane_offset, b.host_position)
-        ids = torch.where(b.from_state, st.pending_token[tok_row], b.host_token)
-        valid = b.valid & (pos < geo.max_context)
-        pos = torch.where(valid, pos, torch.zeros_like(pos))
+        tok_row, pos, ids, _, valid, slots = packed_tokens(
+            b, st.position, st.pending_token, st.block_table, st.geometry)
         ds.record(tok_row, pos, ids, valid)
         if self._feeds_draft:
-            block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
-            page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
-            slot_index = torch.arange(pos.shape[0], device=pos.device)
-            slots = torch.where(valid, page * ps + pos % ps, geo.sink_page * ps + slot_index % ps)
             hidden = ds.draft_forward(PackedBatch(
                 token_ids=ids, positions=pos, write_slots=slots, token_lane=b.token_lane,
                 lane_block_tables=st.block_table[:, :self.inner.context_blocks].index_select(

@@ -167,31 +167,17 @@ class ForwardCapture:
                     body: Callable[..., Any], reference: Any = None) -> Callable[..., Any]:
         """Trace one body graph and replay it once (the caller holds the lock)."""
         shared_key = ("body", *self._model_key, *key)
-        with _shared_lock:
-            shared = _shared_graphs.get(shared_key)
-        if shared is not None:
-            return self._bind(self._bodies, key, shared)
+        reused = self._reused(self._bodies, key, shared_key, lambda loaded:
+                              self._body_replays_eagerly(loaded, inputs, cache, body, reference))
+        if reused is not None:
+            return reused
         decoder, geometry, count = self._decoder, cache.geometry, len(inputs)
-        if self.disk is not None:
-            loaded = self.disk.load(shared_key)
-            if loaded is not None and self._body_replays_eagerly(loaded, inputs, cache, body,
-                                                                 reference):
-                with _shared_lock:
-                    _shared_graphs[shared_key] = loaded
-                self.loaded += 1
-                return self._bind(self._bodies, key, loaded)
 
         def run(*args: torch.Tensor) -> Any:
             view = PagedKVCache.over(geometry, args[count - 2], args[count - 1])
             return body(_with_weights(decoder, args[count:]), view, *args[:count - 2])
 
-        traced_run = _traced(run, (*inputs, *self._weights))
-        with _shared_lock:
-            _shared_graphs[shared_key] = traced_run
-        self.traced += 1
-        if self.disk is not None:
-            self.disk.save(shared_key, traced_run)
-        return self._bind(self._bodies, key, traced_run)
+        return self._kept(self._bodies, key, shared_key, _traced(run, (*inputs, *self._weights)))
 
     def _body_replays_eagerly(self, graph: Callable[..., Any], inputs: list[torch.Tensor],
                               cache: PagedKVCache, body: Callable[..., Any],
@@ -227,17 +213,10 @@ class ForwardCapture:
         weights = self._weights
         count = len(tensors)
         shared_key = (*self._model_key, *key)
-        with _shared_lock:
-            shared = _shared_graphs.get(shared_key)
-        if shared is not None:
-            return self._bind(self._graphs, key, shared)
-        if self.disk is not None:
-            loaded = self.disk.load(shared_key)
-            if loaded is not None and self._replays_eagerly(loaded, tensors, batch, cache):
-                with _shared_lock:
-                    _shared_graphs[shared_key] = loaded
-                self.loaded += 1
-                return self._bind(self._graphs, key, loaded)
+        reused = self._reused(self._graphs, key, shared_key, lambda loaded:
+                              self._replays_eagerly(loaded, tensors, batch, cache))
+        if reused is not None:
+            return reused
 
         def run(*args: torch.Tensor) -> torch.Tensor:
             ids, pos, slots, lane, tables = args[:5]
@@ -257,13 +236,35 @@ class ForwardCapture:
                             lane_major_width=width, phase_split=phase),
                 view)
 
-        traced_run = _traced(run, (*tensors, *weights))
+        return self._kept(self._graphs, key, shared_key, _traced(run, (*tensors, *weights)))
+
+    def _reused(self, graphs: dict[_GraphKey, Callable[..., Any]], key: _GraphKey,
+                shared_key: tuple[Any, ...], replays_eagerly: Callable[[Callable[..., Any]], bool],
+                ) -> Callable[..., Any] | None:
+        """The graph another decoder of the same model traced, else one kept on disk
+        whose first replay ``replays_eagerly`` accepts, bound for ``key``; None: trace."""
+        with _shared_lock:
+            shared = _shared_graphs.get(shared_key)
+        if shared is not None:
+            return self._bind(graphs, key, shared)
+        if self.disk is not None:
+            loaded = self.disk.load(shared_key)
+            if loaded is not None and replays_eagerly(loaded):
+                with _shared_lock:
+                    _shared_graphs[shared_key] = loaded
+                self.loaded += 1
+                return self._bind(graphs, key, loaded)
+        return None
+
+    def _kept(self, graphs: dict[_GraphKey, Callable[..., Any]], key: _GraphKey,
+              shared_key: tuple[Any, ...], traced_run: Callable[..., Any]) -> Callable[..., Any]:
+        """A freshly traced graph, shared process-wide, saved to disk and bound for ``key``."""
         with _shared_lock:
             _shared_graphs[shared_key] = traced_run
         self.traced += 1
         if self.disk is not None:
             self.disk.save(shared_key, traced_run)
-        return self._bind(self._graphs, key, traced_run)
+        return self._bind(graphs, key, traced_run)
 
     def _replays_eagerly(self, graph: Callable[..., torch.Tensor], tensors: list[torch.Tensor],
                          batch: PackedBatch, cache: PagedKVCache) -> bool:

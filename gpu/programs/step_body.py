@@ -22,7 +22,7 @@ import torch
 
 from gpu.model.batch import PackedBatch, PhaseSplit
 from gpu.model.decoder import Decoder
-from gpu.model.kv_cache import PagedKVCache
+from gpu.model.kv_cache import CacheGeometry, PagedKVCache
 from gpu.programs.workspace import PackedBuffers
 from gpu.sampling import (
     RowProcessing,
@@ -78,6 +78,39 @@ class StepOutputs(NamedTuple):
     lane_logits: torch.Tensor
 
 
+class PackedTokens(NamedTuple):
+    """Each packed token's state row, position, id and K/V slot (``packed_tokens``)."""
+
+    row: torch.Tensor
+    position: torch.Tensor
+    token: torch.Tensor
+    in_context: torch.Tensor
+    valid: torch.Tensor
+    slot: torch.Tensor
+
+
+def packed_tokens(b: PackedBuffers, position: torch.Tensor, pending_token: torch.Tensor,
+                  block_table: torch.Tensor, geo: CacheGeometry) -> PackedTokens:
+    """Resolve the packed tokens against the request state: state-fed tokens take the
+    row's position (plus the lane offset) and pending token, host-fed ones their own.
+    A token past the context (a host bug) is invalid: it writes only the sink, and the
+    step reports a non-finite sample for its lane, so the completion validator rejects
+    it."""
+    ps, nb = geo.page_size, geo.blocks_per_row
+    row = b.lane_rows[b.token_lane]
+    pos = torch.where(b.from_state, position[row] + b.lane_offset, b.host_position)
+    ids = torch.where(b.from_state, pending_token[row], b.host_token)
+    in_context = pos < geo.max_context
+    valid = b.valid & in_context
+    pos = torch.where(valid, pos, torch.zeros_like(pos))
+    block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
+    page = block_table[row].gather(1, block[:, None]).squeeze(1)
+    slot_index = torch.arange(pos.shape[0], device=pos.device)
+    sink_slot = geo.sink_page * ps + slot_index % ps
+    slots = torch.where(valid, page * ps + pos % ps, sink_slot)
+    return PackedTokens(row, pos, ids, in_context, valid, slots)
+
+
 def run_step(decoder: Decoder, cache: PagedKVCache, b: PackedBuffers, st: StepState,
              config: StepConfig, *, split: PhaseSplit | None = None,
              image_features: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -85,22 +118,9 @@ def run_step(decoder: Decoder, cache: PagedKVCache, b: PackedBuffers, st: StepSt
     """One step over the bound frame (module docstring); ``split`` carries the mixed
     phase layout (its tensors are ``b``'s), ``processing`` the lanes' logit processing
     (None: off)."""
-    geo = cache.geometry
-    ps, nb = geo.page_size, geo.blocks_per_row
     rows = b.lane_rows
-    tok_row = rows[b.token_lane]
-    pos = torch.where(b.from_state, st.position[tok_row] + b.lane_offset, b.host_position)
-    ids = torch.where(b.from_state, st.pending_token[tok_row], b.host_token)
-    # A token past the context (a host bug) writes only the sink and its lane
-    # reports a non-finite sample, so the completion validator rejects it.
-    in_context = pos < geo.max_context
-    valid = b.valid & in_context
-    pos = torch.where(valid, pos, torch.zeros_like(pos))
-    block = torch.div(pos, ps, rounding_mode="floor").clamp(max=nb - 1)
-    page = st.block_table[tok_row].gather(1, block[:, None]).squeeze(1)
-    slot_index = torch.arange(pos.shape[0], device=pos.device)
-    sink_slot = geo.sink_page * ps + slot_index % ps
-    slots = torch.where(valid, page * ps + pos % ps, sink_slot)
+    _, pos, ids, in_context, _, slots = packed_tokens(
+        b, st.position, st.pending_token, st.block_table, cache.geometry)
     if split is not None and st.prompt_table is not None:
         prompt_row = rows.index_select(0, b.prompt_lane)
         split = PhaseSplit(prompt_slots=split.prompt_slots, prompt_lane=split.prompt_lane,
