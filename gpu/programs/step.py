@@ -143,9 +143,9 @@ class StepProgram:
         buffers' shapes and the state's rows (not the sliced tables' width, which the
         graph follows)."""
         self._traces_step = prompt_capacity <= STEP_GRAPH_MAX_PROMPT
-        """Whether plain-greedy frames replay the whole step (``STEP_GRAPH_MAX_PROMPT``)."""
+        """Whether plain frames (greedy or sampled) replay the whole step (``STEP_GRAPH_MAX_PROMPT``)."""
         self._step_captured = not self._traces_step
-        """Whether this program's plain-greedy step graph is captured (or not wanted)."""
+        """Whether this program's plain step graphs are captured (or not wanted)."""
         self._host_outputs = (_OutputArrays.of(self.buffers)
                               if self.buffers.out_token.device.type == "cpu" else None)
         """Views of the output buffers read without a copy per call (CPU only)."""
@@ -385,17 +385,21 @@ class StepProgram:
                             split=self._phase_split, image_features=self._image_features,
                             processing=st.processing(rows) if self.any_processing else None)
 
-        if capture is not None and self._traces_step and self._plain_greedy(config):
+        whole = capture is not None and self._traces_step and self._replays_whole_step(config)
+        if capture is not None and not self._step_captured:
+            # a first launch captures the plain steps of greedy and of sampled frames
+            # (their outputs are overwritten below), so no later frame traces mid-load
+            plain = state._replace(token_mask=None)
+            for greedy in (True, False):
+                variant = replace(config, greedy_only=greedy, top_width=0, masked=False)
+                if not (whole and variant == config):
+                    self._replay_step(capture, plain, variant, trace_only=True)
+        if whole:
+            assert capture is not None
             # the whole step replays one traced graph (``gpu.programs.step_body``); its
             # first trace also captures the forward graph the other frames replay
             out = StepOutputs(*self._replay_step(capture, state, config, prepare=op_by_op))
         else:
-            if capture is not None and not self._step_captured:
-                # a first launch captures the plain-greedy step too (its outputs are
-                # overwritten below), so no later frame traces mid-load
-                self._replay_step(capture, state._replace(token_mask=None),
-                                  replace(config, greedy_only=True, top_width=0,
-                                          masked=False), trace_only=True)
             out = op_by_op()
             if self.any_processing:
                 st.record_outputs(rows, out.token[:, None], b.commits_token[:, None])
@@ -420,12 +424,12 @@ class StepProgram:
         return capture.replay((self._step_key, config), tensors, self._cache, body,
                               prepare=prepare, trace_only=trace_only)
 
-    def _plain_greedy(self, config: StepConfig) -> bool:
-        """Whether a captured program replays this execution as one traced step: every
-        lane greedy, no top alternatives, no mask, no logit processing, no image (the
-        frames an empty warm-up frame stands for, ``actors.capture_warmup``, so no
-        other step graph is ever traced mid-load; other frames replay the forward)."""
-        return (config.greedy_only and config.top_width == 0 and not config.masked
+    def _replays_whole_step(self, config: StepConfig) -> bool:
+        """Whether a captured program replays this execution as one traced step: no
+        top alternatives, no mask, no logit processing, no image, greedy or sampled
+        lanes (the two plain steps a program's first launch captures, so no step graph
+        is ever traced mid-load; other frames replay the forward)."""
+        return (config.top_width == 0 and not config.masked
                 and not self.any_processing and self._image_features is None)
 
     # ---------------------------------------------------------- read outputs

@@ -46,11 +46,11 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_new_process_loads_the_graphs_instead_of_tracing(
         cache_dir: Path, tiny_checkpoints: dict[str, Path]) -> None:
     first, traced = _run(tiny_checkpoints["llama"])
-    # a forward and a whole-step graph per program (``gpu.programs.step_body``)
-    assert (traced.traced, traced.loaded) == (6, 0)
-    assert len(list(cache_dir.glob("*.pt"))) == 6
+    # a forward and two whole-step graphs (greedy and sampled frames) per program
+    assert (traced.traced, traced.loaded) == (9, 0)
+    assert len(list(cache_dir.glob("*.pt"))) == 9
     again, loaded = _run(tiny_checkpoints["llama"])
-    assert (loaded.traced, loaded.loaded) == (0, 6)
+    assert (loaded.traced, loaded.loaded) == (0, 9)
     assert again == first
 
 
@@ -63,13 +63,13 @@ def test_corrupt_foreign_and_wrong_entries_are_ignored_and_traced_again(
     for path in files:
         path.write_bytes(path.read_bytes()[:100])
     out, graphs = _run(tiny_checkpoints["llama"])
-    assert (graphs.traced, graphs.loaded, out) == (6, 0, first)
+    assert (graphs.traced, graphs.loaded, out) == (9, 0, first)
     # foreign: each file holds another shape's graph under its name
     contents = [path.read_bytes() for path in files]
     for path, other in zip(files, contents[1:] + contents[:1], strict=True):
         path.write_bytes(other)
     out, graphs = _run(tiny_checkpoints["llama"])
-    assert (graphs.traced, graphs.loaded, out) == (6, 0, first)
+    assert (graphs.traced, graphs.loaded, out) == (9, 0, first)
     # wrong: a graph saved under the right key whose replay differs from the forward
     real_load = graph_cache.GraphCache.load
 
@@ -84,7 +84,7 @@ def test_corrupt_foreign_and_wrong_entries_are_ignored_and_traced_again(
 
     monkeypatch.setattr(graph_cache.GraphCache, "load", wrong)
     out, graphs = _run(tiny_checkpoints["llama"])
-    assert (graphs.traced, graphs.loaded, out) == (6, 0, first)
+    assert (graphs.traced, graphs.loaded, out) == (9, 0, first)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.trace

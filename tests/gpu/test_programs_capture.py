@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from model_fixtures import CATALOG, PAGE_SIZE, PREFILL_64, PREFILL_128
+from model_fixtures import CATALOG, DECODE, PAGE_SIZE, PREFILL_64, PREFILL_128
 from test_programs_execution import _scenario
 
 import gpu.backends.cpu as cpu_backend
@@ -52,8 +52,8 @@ def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
     """Prefill, decode at four batch sizes and mixed frames (phase split, own prompt
     bound), greedy and seeded sampling: same tokens, logprobs and K/V pools, bit for
     bit; each distinct input shape traced exactly once. Without top alternatives the
-    all-greedy frames replay whole traced steps (``gpu.programs.step_body``), the
-    others the traced forward."""
+    greedy and the sampled frames replay whole traced steps
+    (``gpu.programs.step_body``), the others the traced forward."""
     eager = _Driver(_engine(tiny_checkpoints[kind], capture_forward=False), top)
     captured = _Driver(_engine(tiny_checkpoints[kind], capture_forward=True), top)
     assert eager.engine.parts.decoder.capture is None
@@ -71,11 +71,12 @@ def test_captured_forward_is_bit_identical_to_the_op_by_op_forward(
         assert torch.equal(getattr(captured.engine.parts.cache, pool)[:, :-1],
                            getattr(eager.engine.parts.cache, pool)[:, :-1])
     # per program shape, whatever the context widths (1 to 13 blocks here): one
-    # forward graph (the mixed program's with and without a prompt) and one whole-step
-    # graph (``gpu.programs.step_body``) for prefill, four decodes and the mixed program
+    # forward graph (the mixed program's with and without a prompt) and two whole-step
+    # graphs (``gpu.programs.step_body``: greedy and sampled frames) for prefill, four
+    # decodes and the mixed program
     assert sorted(set(captured_blocks)) != [captured_blocks[0]]
     assert graphs.traced <= len(graphs)
-    assert graphs.steps <= 6
+    assert graphs.steps <= 12
     assert len(graphs) - graphs.steps <= 7
     bound, shared = len(graphs), capture.shared_graphs()
     _scenario(captured)
@@ -104,7 +105,39 @@ def test_only_programs_of_short_prompt_chunks_replay_whole_step_graphs(
     assert driver.prefill(PREFILL_128, 0, prompt, chunk=128) == expected
     assert (len(graphs), graphs.steps) == (1, 0)
     assert driver.prefill(PREFILL_64, 1, prompt, chunk=64) == expected
-    assert graphs.steps == 1
+    assert graphs.steps == 2  # the greedy and the sampled frames' steps
+
+
+@pytest.mark.parametrize(("sampling", "top", "whole_step"), [
+    (GREEDY, 0, True),
+    (SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=7), 0, True),
+    (SamplingParams(temperature=0.8, seed=7), TOP_LOGPROBS, False),
+])
+def test_greedy_and_sampled_frames_replay_the_whole_step(
+        sampling: SamplingParams, top: int, whole_step: bool,
+        tiny_checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames of greedy or sampled lanes replay the step graph, never the forward graph
+    on its own; a frame asking for top alternatives replays the forward and runs the
+    rest op by op. Either way the tokens are the op-by-op programs'."""
+    prompt = list(range(5, 30))
+    eager = _Driver(_engine(tiny_checkpoints["llama"], capture_forward=False), top)
+    driver = _Driver(_engine(tiny_checkpoints["llama"], capture_forward=True), top)
+    first = []
+    for d in (eager, driver):  # a program's first launch captures its graphs
+        d.prefill(PREFILL_64, 0, prompt, chunk=64, sampling=sampling)
+        first.append(d.decode(DECODE[1], [0]))
+    assert first[0] == first[1]
+    forwards: list[int] = []
+    real_forward = capture.ForwardCapture.forward
+
+    def counted(self: capture.ForwardCapture, *args: Any) -> Any:
+        forwards.append(1)
+        return real_forward(self, *args)
+
+    monkeypatch.setattr(capture.ForwardCapture, "forward", counted)
+    tokens = [driver.decode(DECODE[1], [0]) for _ in range(3)]
+    assert tokens == [eager.decode(DECODE[1], [0]) for _ in range(3)]
+    assert len(forwards) == (0 if whole_step else 3)
 
 
 @pytest.mark.slow
