@@ -73,6 +73,11 @@ class RuntimeConfig:
     buckets are the powers of two up to it, rounded up (``catalog_setup``)."""
     prefill_capacities: tuple[int, ...] = DEFAULT_PREFILL_CAPACITIES
     mixed_prefill: bool = False
+    speculative_mixed: bool = True
+    """``--no-speculative-mixed`` sets it False: an adaptive speculative load with mixed
+    programs prepares only the width-one ones, so a frame carrying a prompt chunk
+    verifies no drafts (``gpu.catalog.CatalogFlags.speculative_mixed``; flare's opt-in
+    departure from MIX-41/MIX-43)."""
     speculation: SpeculationSetting = "off"
     speculative_token_capacity: int = 0
     """``--speculative-token-capacity R``: bound on aggregate target rows (0 = B*W)."""
@@ -243,6 +248,10 @@ class RuntimeConfig:
             if depth > self.draft_depth:
                 raise ConfigError(f"--scheduler-policy {self.scheduler_policy} needs "
                                   f"--draft-depth {depth} or more, got {self.draft_depth}")
+        if not self.speculative_mixed and (self.speculation != "adaptive"
+                                           or not self.mixed_prefill):
+            raise ConfigError("--no-speculative-mixed needs --speculation adaptive and "
+                              "--mixed-prefill (it drops that load's wider mixed programs)")
         if self.speculation != "off":
             if self.draft_source not in ("draft", "copy"):
                 raise ConfigError(f"--draft-source must be draft or copy, got "

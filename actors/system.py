@@ -456,6 +456,7 @@ def _load_engine(config: RuntimeConfig, device: str) -> tuple[ModelEngine, tuple
         state_operations=config.state_operations,
         # A speculative load adds complete speculative programs (SPEC-2, SPEC-12).
         draft_depth=config.draft_depth if speculative else 0,
+        speculative_mixed=config.speculative_mixed,
         speculative_token_capacity=config.speculative_token_capacity,
         # adaptive selection may add device-allocated ragged programs (SPEC-17, SPEC-22)
         device_allocation=speculative and config.speculative_allocation == "device",

@@ -155,8 +155,11 @@ def mixed_shapes(
     draft_depth: int,
     envelope: int,
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY,
+    wider: bool = True,
 ) -> tuple[GraphShape, ...]:
-    """The joint mixed catalog (MIX-39..47). ``draft_depth`` 0 is an ordinary load."""
+    """The joint mixed catalog (MIX-39..47). ``draft_depth`` 0 is an ordinary load.
+    ``wider`` False leaves out the speculative programs above width one (flare's
+    opt-in departure from MIX-41/MIX-43, ``CatalogFlags.speculative_mixed``)."""
     buckets = sorted(set(prompt_buckets))
     for p in buckets:
         if p <= 0 or p % PROMPT_ALIGNMENT:
@@ -169,7 +172,7 @@ def mixed_shapes(
     for b in request_buckets(max_batch, minimum=2):
         for p in buckets:
             shapes.append(_mixed(b, 1, p, speculative))
-        if speculative:
+        if speculative and wider:
             for w in eligible_widths(
                 b, draft_depth=draft_depth, envelope=envelope,
                 completion_token_capacity=completion_token_capacity,
@@ -319,6 +322,11 @@ class CatalogFlags:
     """R, bounding aggregate target rows of wider programs; 0 means no bound (SPEC-11)."""
     draft_depth: int = 0
     """Proposal depth D of the loaded draft source; 0 is an ordinary load (MIX-47)."""
+    speculative_mixed: bool = True
+    """A speculative load's mixed programs above width one (MIX-17, MIX-41, MIX-43). False
+    (``flare run --no-speculative-mixed``) keeps only the width-one mixed programs, which
+    maintain the draft context (MIX-40, MIX-46), so a frame carrying a prompt chunk
+    verifies no drafts: flare's opt-in departure from MIX-43's count."""
     device_allocation: bool = False
     """Add ragged device-allocated (``SpeculativePrefixLimit``) programs to a speculative
     load (``device_allocated_shapes``). Only adaptive selection may run them (SPEC-17):
@@ -394,6 +402,7 @@ def build_catalog(flags: CatalogFlags) -> Catalog:
             draft_depth=flags.draft_depth,
             envelope=flags.speculative_token_capacity,
             completion_token_capacity=flags.completion_token_capacity,
+            wider=flags.speculative_mixed,
         )
     shapes += speculative_shapes(
         max_batch=flags.max_batch, draft_depth=flags.draft_depth,

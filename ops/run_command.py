@@ -163,6 +163,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sched.add_argument("--mixed-prefill", action=argparse.BooleanOptionalAction, default=None,
                        help="prepare mixed prefill/decode programs (families that declare "
                             "them; default: on without speculation, off with it)")
+    sched.add_argument("--no-speculative-mixed", action="store_false", dest="speculative_mixed",
+                       help="with adaptive speculation and --mixed-prefill: prepare only the "
+                            "width-one mixed programs, so a frame carrying a prompt chunk "
+                            "verifies no drafts (flare's extension, opt-in; the seed's "
+                            "MIX-41/MIX-43 add wider ones)")
     sched.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default=None,
                        help="speculative decoding mode (default: adaptive with --draft-model "
                             "or --draft-source copy, otherwise off)")
@@ -287,6 +292,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         max_batch=args.max_batch,
         prefill_capacities=prefill_capacities(args),
         mixed_prefill=mixed_prefill(args.mixed_prefill, speculation),
+        speculative_mixed=args.speculative_mixed,
         speculation=speculation,
         speculative_token_capacity=args.speculative_token_capacity,
         draft_source=args.draft_source or "draft",

@@ -29,7 +29,7 @@ QUICK_COUNT = 12
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ops.sim.capacity import CAPACITY_SCENARIOS, CONFIGURATIONS, DEFAULT_CONFIGURATIONS
-    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH
+    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH, NO_SPECULATIVE_MIXED_HELP
     from ops.sim.workloads import DEFAULT_ACCEPTANCE
     from ops.sim_command import add_cost_arguments
 
@@ -83,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                      help="proposal depth of the speculative load (speculating "
                           "configurations only)")
+    dev.add_argument("--no-speculative-mixed", action="store_false", dest="speculative_mixed",
+                     help=NO_SPECULATIVE_MIXED_HELP)
     dev.add_argument("--acceptance", type=float, default=DEFAULT_ACCEPTANCE,
                      help="probability that the target accepts each drafted token "
                           "(speculating configurations only)")
@@ -177,7 +179,8 @@ def main(args: argparse.Namespace) -> int:
         catalogs = build_catalogs(max_batch=args.max_batch,
                                   prefill_capacities=args.prefill_capacities,
                                   mixed_prefill=True,
-                                  draft_depth=args.draft_depth if speculating else 0)
+                                  draft_depth=args.draft_depth if speculating else 0,
+                                  speculative_mixed=args.speculative_mixed)
         costs = cost_table(args, catalogs.union(c.policy for c in configs))
         running = max_running(args)
     except (CatalogError, CostTableError, ValueError, OSError) as exc:
@@ -217,7 +220,9 @@ def main(args: argparse.Namespace) -> int:
         "requests_per_run": count, "max_running": running, "max_batch": args.max_batch,
         "prefill_capacities": list(args.prefill_capacities), "seed": args.seed,
         "speculation": {"draft_depth": args.draft_depth, "acceptance": args.acceptance,
-                        "acceptance_spread": args.acceptance_spread} if speculating else None,
+                        "acceptance_spread": args.acceptance_spread,
+                        "speculative_mixed": args.speculative_mixed}
+        if speculating else None,
         "search": {"start": settings.start, "rate_min": settings.rate_min,
                    "rate_max": settings.rate_max, "bisections": settings.steps},
         "pareto_rates": pareto_rates,

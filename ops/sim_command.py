@@ -33,7 +33,7 @@ def default_policies(scenario_name: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH
+    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH, NO_SPECULATIVE_MIXED_HELP
     from ops.sim.workloads import SCENARIOS
     from policy.baselines import DEFAULT_TOKEN_BUDGET, POLICY_NAMES
 
@@ -89,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                      help="proposal depth D of the speculative load the speculative policies "
                           "run on (widths 1..D+1, as flare run --draft-depth)")
+    dev.add_argument("--no-speculative-mixed", action="store_false", dest="speculative_mixed",
+                     help=NO_SPECULATIVE_MIXED_HELP)
     dev.add_argument("--max-running", "--max-resident", type=int, default=None,
                      dest="max_running",
                      help="requests resident and running at once, the same limit for every "
@@ -194,7 +196,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         catalogs = build_catalogs(
             max_batch=args.max_batch, prefill_capacities=args.prefill_capacities,
-            mixed_prefill=args.mixed_prefill, draft_depth=args.draft_depth)
+            mixed_prefill=args.mixed_prefill, draft_depth=args.draft_depth,
+            speculative_mixed=args.speculative_mixed)
         catalog = catalogs.union(policies)
         costs = cost_table(args, catalog)
         spec = _workload(args)
@@ -221,7 +224,8 @@ def main(args: argparse.Namespace) -> int:
     config = {"scenario": args.scenario, "max_batch": args.max_batch,
               "prefill_capacities": list(args.prefill_capacities),
               "mixed_prefill": args.mixed_prefill, "token_budget": args.token_budget,
-              "draft_depth": args.draft_depth, "max_running": running,
+              "draft_depth": args.draft_depth, "speculative_mixed": args.speculative_mixed,
+              "max_running": running,
               "cost_source": costs.source}
     try:
         runs = run_policies(policies, requests=requests, catalogs=catalogs, costs=costs,

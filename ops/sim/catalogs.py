@@ -26,6 +26,12 @@ from policy.descriptors import GraphShape
 DEFAULT_DRAFT_DEPTH = 4
 """``flare run``'s default ``--draft-depth``."""
 
+NO_SPECULATIVE_MIXED_HELP = (
+    "leave the speculative load's mixed programs above width one out (as flare run "
+    "--no-speculative-mixed): a frame carrying a prompt chunk verifies no drafts; flare's "
+    "opt-in departure from MIX-41/MIX-43")
+"""``--no-speculative-mixed``'s help in ``flare sim`` and ``flare sim-capacity``."""
+
 
 @dataclass(frozen=True, slots=True)
 class Catalogs:
@@ -47,14 +53,18 @@ class Catalogs:
 
 def build_catalogs(*, max_batch: int, prefill_capacities: Sequence[int], mixed_prefill: bool,
                    draft_depth: int = DEFAULT_DRAFT_DEPTH,
-                   speculative_token_capacity: int = 0) -> Catalogs:
+                   speculative_token_capacity: int = 0,
+                   speculative_mixed: bool = True) -> Catalogs:
     """All three catalogs from ``flare run``'s catalog flags (``CatalogError`` on bad
-    flags; ``draft_depth`` 0 leaves the speculative ones empty)."""
+    flags; ``draft_depth`` 0 leaves the speculative ones empty; ``speculative_mixed``
+    False drops the speculative load's mixed programs above width one, as ``flare run
+    --no-speculative-mixed``)."""
     def catalog(depth: int) -> tuple[GraphShape, ...]:
         return build_catalog(CatalogFlags(
             max_batch=max_batch, prefill_capacities=tuple(prefill_capacities),
             mixed_prefill=mixed_prefill, family_supports_mixed=True, draft_depth=depth,
-            speculative_token_capacity=speculative_token_capacity)).shapes
+            speculative_token_capacity=speculative_token_capacity,
+            speculative_mixed=speculative_mixed)).shapes
 
     ordinary = catalog(0)
     if draft_depth <= 0:

@@ -201,6 +201,28 @@ def test_an_out_of_range_draft_catch_up_is_a_config_error(model_dir: pathlib.Pat
         config.validate()
 
 
+@pytest.mark.parametrize(("flags", "valid"), [
+    (["--draft-source", "copy", "--mixed-prefill", "--no-speculative-mixed"], True),
+    (["--draft-source", "copy", "--no-speculative-mixed"], False),
+    (["--draft-source", "copy", "--speculation", "fixed", "--mixed-prefill",
+      "--no-speculative-mixed"], False),
+    (["--no-speculative-mixed"], False),
+])
+def test_no_speculative_mixed_needs_an_adaptive_load_with_mixed_programs(
+        model_dir: pathlib.Path, flags: list[str], valid: bool) -> None:
+    """``--no-speculative-mixed`` (flare's departure from MIX-41/MIX-43) reaches the
+    runtime config, and is refused where it would change nothing or leave fixed-width
+    mode no mixed program."""
+    argv = ["run", "--model", str(model_dir), *flags]
+    config = build_runtime_config(cli.build_parser(argv).parse_args(argv))
+    assert config.speculative_mixed is False
+    if valid:
+        config.validate()
+    else:
+        with pytest.raises(ConfigError, match="--no-speculative-mixed needs"):
+            config.validate()
+
+
 def test_pol_24_help_states_the_alpha_effect(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])

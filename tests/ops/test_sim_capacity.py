@@ -324,7 +324,8 @@ def test_with_speculation_adds_the_speculating_configurations(
     assert code == 0
     data = json.loads((out / "capacity.json").read_text())
     assert data["settings"]["speculation"] == {"draft_depth": 2, "acceptance": 0.7,
-                                               "acceptance_spread": 0.1}
+                                               "acceptance_spread": 0.1,
+                                               "speculative_mixed": True}
     ran = {r["configuration"]: r for r in data["results"]}
     assert set(ran) == {"fcfs", "balanced+spec", "throughput+spec", "fixed-spec-1",
                         "fixed-spec-2"}
