@@ -20,7 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ops.loadgen.metrics import MetricOptions, distribution, summarize
+import numpy as np
+
+from ops.loadgen.metrics import MetricOptions, distribution, summarize, token_weighted_itl
 from ops.loadgen.records import RequestRecord
 from ops.loadgen.report import (
     RunFile,
@@ -90,8 +92,21 @@ def run_policies(
     return runs
 
 
+def per_token_gaps_s(records: Sequence[RequestRecord]) -> list[float]:
+    """The chunk gaps of ``records`` counted per token: a gap ``g`` after which a chunk
+    delivers ``n`` tokens counts as ``n`` intervals of ``g / n`` (a one-token chunk keeps
+    its gap, so one-token streams give the per-chunk gaps). Empty unless every count is
+    whole, as the simulator's are (the load benchmark's rescaled counts need not be)."""
+    values, weights = token_weighted_itl(records)
+    counts = np.rint(weights).astype(int)
+    if not np.array_equal(counts, weights):
+        return []
+    return [float(v) for v in np.repeat(values, counts)]
+
+
 def per_client_latency(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
-    """TTFT, TPOT, per-chunk ITL (with its maximum) and E2E distributions per client tag.
+    """TTFT, TPOT, per-chunk ITL, per-token ITL (``per_token_gaps_s``) and E2E
+    distributions per client tag.
 
     Separates the chat traffic from the long prompts of the interference scenario and
     the heavy from the light client of the fairness one.
@@ -104,6 +119,7 @@ def per_client_latency(records: Sequence[RequestRecord]) -> dict[str, dict[str, 
             "ttft_s": distribution(t for r in ok if (t := r.ttft_s) is not None),
             "tpot_s": distribution(t for r in ok if (t := r.tpot_s) is not None),
             "itl_s": distribution(g for r in ok for g in r.chunk_gaps_s()),
+            "itl_token_s": distribution(per_token_gaps_s(ok)),
             "e2e_s": distribution(t for r in ok if (t := r.e2e_s) is not None),
         }
     return out
