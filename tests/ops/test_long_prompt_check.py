@@ -1,6 +1,7 @@
 """The long-prompt check of ``flare sim-capacity``: the pure prefill time of a prompt
 and the per-configuration verdicts (worst long-prompt TTFT within 4x of it, chat ITL p99
-within 1.1x of the best sarathi budget's)."""
+within 1.1x of the best sarathi budget's), and the per-token chat ITL p99 beside the
+per-chunk one."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from ops.loadgen.records import RequestRecord
 from ops.sim.costs import CostTable
 from ops.sim.long_prompt_check import long_prompt_rows, long_prompt_table, pure_prefill_ms
+from ops.sim.runs import per_client_latency, per_token_gaps_s
 from policy.descriptors import GraphKind, GraphShape
 
 
@@ -78,3 +81,42 @@ def test_chat_itl_without_long_prompts_and_against_fixed_depth_speculation() -> 
     assert rows["sarathi-256"]["itl_over_alone"] is None
     table = long_prompt_table(list(rows.values()), 100.0)
     assert "| balanced+spec | 300 | 3.00x | 12.0 | 1.33x | no | 9.6 | 1.25x | 0.75x |" in table
+
+
+def _record(times: tuple[float, ...], tokens: tuple[float, ...]) -> RequestRecord:
+    return RequestRecord(index=0, client="default", scheduled_s=0.0, sent_s=0.0,
+                         status="ok", target_prompt_tokens=8, target_output_tokens=8,
+                         prompt_tokens=8, chunk_times_s=times, chunk_tokens=tokens,
+                         finished_s=times[-1])
+
+
+def test_a_chunk_of_n_tokens_after_gap_g_counts_as_n_intervals_of_g_over_n() -> None:
+    # the first chunk opens the stream; then 30 ms delivering 3 tokens, 10 ms delivering 1
+    rec = _record((0.1, 0.13, 0.14), (1.0, 3.0, 1.0))
+    assert per_token_gaps_s([rec]) == pytest.approx([0.01, 0.01, 0.01, 0.01])
+    assert rec.chunk_gaps_s() == pytest.approx((0.03, 0.01))
+    # one-token chunks: the per-token gaps are the per-chunk gaps, so the p99s coincide
+    plain = _record((0.1, 0.11, 0.13, 0.16), (1.0, 1.0, 1.0, 1.0))
+    assert per_token_gaps_s([plain]) == pytest.approx(list(plain.chunk_gaps_s()))
+    latency = per_client_latency([plain, rec])["default"]
+    assert latency["itl_token_s"]["count"] == 7 and latency["itl_s"]["count"] == 5
+    assert per_client_latency([plain])["default"]["itl_token_s"] == \
+        per_client_latency([plain])["default"]["itl_s"]
+    # rescaled (fractional) counts of the load benchmark give no per-token gaps
+    assert per_token_gaps_s([_record((0.1, 0.13), (1.0, 2.5))]) == []
+
+
+def test_per_token_column_against_the_best_sarathi_per_token_figure() -> None:
+    runs = [_run("sarathi-256", "sarathi", long_ttft_s=0.3, chat_itl_p99_s=0.009),
+            _run("first-token+spec", "spec-adaptive", long_ttft_s=0.3,
+                 chat_itl_p99_s=0.012)]
+    runs[0]["per_client"]["default"]["itl_token_s"] = {"p99": 0.009}
+    runs[1]["per_client"]["default"]["itl_token_s"] = {"p99": 0.0045}
+    rows = {r["configuration"]: r for r in long_prompt_rows(runs, prefill_ms=100.0)}
+    spec = rows["first-token+spec"]
+    assert spec["chat_itl_token_p99_ms"] == pytest.approx(4.5)
+    assert spec["itl_token_over_best_sarathi"] == pytest.approx(0.5)
+    assert spec["itl_over_best_sarathi"] == pytest.approx(12 / 9)  # per chunk unchanged
+    table = long_prompt_table(list(rows.values()), 100.0)
+    assert "| first-token+spec | 300 | 3.00x | 12.0 | 1.33x | no | - | - | - | 4.5 | 0.50x |" \
+        in table
