@@ -311,5 +311,6 @@ def print_memory(result: dict[str, object]) -> None:
         print(f"{name + ' memory':<20} RSS {memory['rss'] / mib:.1f} MiB, "
               f"PSS {memory['pss'] / mib:.1f} MiB")
     for name, held in result["held_bytes"].items():  # type: ignore[attr-defined]
-        print(f"{name + ' holds':<20} {held['weights'] / mib:.2f} MiB of parameters, "
+        print(f"{name + ' holds':<20} {held['weights'] / mib:.2f} MiB of parameters "
+              f"(and {held['packed'] / mib:.2f} MiB of their packed copies), "
               f"{held['kv'] / mib:.2f} MiB of KV pool")

@@ -211,10 +211,11 @@ def rank_programs(payload: bytes, rank: int, world: int, collectives: Collective
 
 
 def held_bytes(programs: list[Any]) -> dict[str, int]:
-    """Bytes of memory the decoders' parameters (``weights``) and the KV pools (``kv``)
+    """Bytes of memory the decoders' parameters (``weights``), their projections'
+    packed copies (``packed``, ``gpu.model.linear``) and the KV pools (``kv``)
     reachable from ``programs`` hold, each storage once (placeholders hold none)."""
     seen: set[int] = set()
-    held = {"weights": 0, "kv": 0}
+    held = {"weights": 0, "packed": 0, "kv": 0}
 
     def count(kind: str, tensors: list[torch.Tensor | None]) -> None:
         for tensor in tensors:
@@ -229,6 +230,7 @@ def held_bytes(programs: list[Any]) -> dict[str, int]:
         if isinstance(part, Decoder):
             count("weights", [part.embed, part.lm_head, *part.qkv_weight, *part.qkv_bias, *part.gate_up_weight,
                               *part.w.values()])
+            held["packed"] += sum(p.numel() * p.element_size() for p in part.packed.values())
         else:
             count("kv", [part.keys, part.values])
     return held

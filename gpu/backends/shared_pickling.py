@@ -35,6 +35,8 @@ import torch
 import torch.multiprocessing
 from torch.multiprocessing.reductions import reduce_storage, reduce_tensor
 
+from gpu.model import linear
+
 _LOCK_TYPES = {type(threading.Lock()): threading.Lock, type(threading.RLock()): threading.RLock}
 
 
@@ -65,6 +67,10 @@ class SharedPickler(ForkingPickler):
         self._addresses.setdefault(storage._cdata, storage.data_ptr())
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.is_mkldnn:
+            # a packed projection weight has no storage to share: it travels as the
+            # dense weight it was packed from and is packed again on arrival
+            return (linear.pack, (linear.source(obj),))
         if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
             self._remember(obj.untyped_storage())
             return reduce_tensor(obj)  # type: ignore[no-untyped-call]

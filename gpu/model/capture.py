@@ -85,7 +85,7 @@ class ForwardCapture:
         self._decoder = decoder
         self._weights = _weights_of(decoder)
         """The decoder's tensors, fed to every graph after its inputs."""
-        self._model_key = (decoder.config, decoder.dtype,
+        self._model_key = (decoder.config, decoder.dtype, tuple(sorted(decoder.packed)),
                            *(tuple(w.shape) for w in self._weights))
         """What a shared graph depends on besides its input shapes."""
         self._graphs: dict[_GraphKey, Callable[..., torch.Tensor]] = {}
@@ -323,7 +323,8 @@ def _weights_of(decoder: Decoder) -> list[torch.Tensor]:
     ``_with_weights`` takes them back."""
     biases = [b for b in decoder.qkv_bias if b is not None]
     return [decoder.embed, decoder.rope_cos, decoder.rope_sin, *decoder.qkv_weight,
-            *biases, *decoder.gate_up_weight, *(decoder.w[k] for k in sorted(decoder.w))]
+            *biases, *decoder.gate_up_weight, *(decoder.w[k] for k in sorted(decoder.w)),
+            *(decoder.packed[k] for k in sorted(decoder.packed))]
 
 
 def _with_weights(decoder: Decoder, tensors: Sequence[torch.Tensor]) -> Decoder:
@@ -337,6 +338,7 @@ def _with_weights(decoder: Decoder, tensors: Sequence[torch.Tensor]) -> Decoder:
     view.qkv_bias = [None if b is None else next(it) for b in decoder.qkv_bias]
     view.gate_up_weight = [next(it) for _ in range(layers)]
     view.w = {k: next(it) for k in sorted(decoder.w)}
+    view.packed = {k: next(it) for k in sorted(decoder.packed)}
     view.capture = None  # a traced body runs the forward op by op, inside its graph
     view.lm_head = (view.embed if decoder.lm_head is decoder.embed
                     else view.w["lm_head.weight"])

@@ -32,6 +32,7 @@ from gpu.model.batch import PackedBatch
 from gpu.model.capture import ForwardCapture
 from gpu.model.config import ModelConfig
 from gpu.model.kv_cache import PagedKVCache
+from gpu.model.linear import pack, packed_linear, packs_projections
 from gpu.model.rope import rope_tables
 from gpu.model.weights import WeightSource
 
@@ -90,6 +91,11 @@ class Decoder:
                 self.w[name] = 1.0 + self.w[name].float()
         self._act = _ACTIVATIONS[config.hidden_act]
         self._fuse_projections()
+        self.packed: dict[str, torch.Tensor] = (
+            self._packed_projections() if packs_projections(self.embed.device, dtype) else {})
+        """Projection weights packed for oneDNN, by ``_project`` name
+        (``gpu.model.linear``); empty: every projection runs ``F.linear`` (also where
+        the weights are placeholders on the meta device)."""
         self.capture: ForwardCapture | None = None
         self.source: WeightSource | None = None
         """The checkpoint the weights came from, which a tensor-parallel rank reads its
@@ -127,6 +133,24 @@ class Decoder:
             half = self.w[gate].shape[0]
             self.w[gate], self.w[up] = gate_up[:half], gate_up[half:]
             self.gate_up_weight.append(gate_up)
+
+    def _packed_projections(self) -> dict[str, torch.Tensor]:
+        dense = {"lm_head": self.lm_head}
+        for i in range(self.config.num_layers):
+            dense[f"qkv.{i}"] = self.qkv_weight[i]
+            dense[f"gate_up.{i}"] = self.gate_up_weight[i]
+            for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+                dense[f"model.layers.{i}.{name}"] = self._layer(i, name)
+        return {name: pack(weight) for name, weight in dense.items()}
+
+    def _project(self, x: torch.Tensor, name: str, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, through the packed copy of ``weight`` (named
+        ``name`` in ``packed``) where there is one."""
+        packed = self.packed.get(name)
+        if packed is None:
+            return F.linear(x, weight, bias)
+        return packed_linear(x, packed, bias)
 
     def _layer(self, i: int, name: str) -> torch.Tensor:
         return self.w[f"model.layers.{i}.{name}"]
@@ -177,7 +201,7 @@ class Decoder:
         for i in range(cfg.num_layers):
             mask, prompt_mask = masks[cfg.window(i)]
             x = _rms_norm(h, self._layer(i, "input_layernorm.weight"), eps, gemma=gemma)
-            qkv = F.linear(x, self.qkv_weight[i], self.qkv_bias[i]).view(
+            qkv = self._project(x, f"qkv.{i}", self.qkv_weight[i], self.qkv_bias[i]).view(
                 n, h_heads + 2 * kv_heads, hd)
             qk = qkv[:, :h_heads + kv_heads]
             v = qkv[:, h_heads + kv_heads:]
@@ -215,14 +239,14 @@ class Decoder:
                     values = values.reshape(1, lanes * ctx, kv_heads, hd)
                 attn = grouped_attention(q, keys, values, mask, batches, queries_per_batch,
                                          group, **scores)
-            out = self._row_parallel(attn, self._layer(i, "self_attn.o_proj.weight"))
+            out = self._row_parallel(attn, f"model.layers.{i}.self_attn.o_proj.weight")
             h = self._residual(i, h, out, "post_attention_layernorm")
             x = _rms_norm(h, self._layer(i, "pre_feedforward_layernorm.weight"
                                          if cfg.sandwich_norms else
                                          "post_attention_layernorm.weight"), eps, gemma=gemma)
-            gate, up = F.linear(x, self.gate_up_weight[i]).chunk(2, dim=-1)
+            gate, up = self._project(x, f"gate_up.{i}", self.gate_up_weight[i]).chunk(2, dim=-1)
             h = self._residual(i, h, self._row_parallel(self._act(gate) * up,
-                                                        self._layer(i, "mlp.down_proj.weight")),
+                                                        f"model.layers.{i}.mlp.down_proj.weight"),
                                "post_feedforward_layernorm")
         return _rms_norm(h, self.w["model.norm.weight"], eps, gemma=gemma)
 
@@ -232,10 +256,11 @@ class Decoder:
         h = self.embed[token_ids]
         return h if self.embed_scale is None else h * self.embed_scale
 
-    def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The output projections (attention ``o_proj``, MLP ``down_proj``); a tensor-
-        parallel shard sums the ranks' partial products here (``gpu.model.sharding``)."""
-        return F.linear(x, weight)
+    def _row_parallel(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The output projections (attention ``o_proj``, MLP ``down_proj``, by weight
+        name); a tensor-parallel shard sums the ranks' partial products here
+        (``gpu.model.sharding``)."""
+        return self._project(x, name, self.w[name])
 
     def _residual(self, i: int, h: torch.Tensor, out: torch.Tensor, norm: str) -> torch.Tensor:
         """``h + out``; with sandwich norms (Gemma2) ``out`` is normed by layer ``i``'s
@@ -248,7 +273,7 @@ class Decoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits (float32) of hidden states ``[M, hidden]``; soft-capped in the
         serving dtype where the model caps them (Gemma2), as transformers does."""
-        logits = F.linear(hidden, self.lm_head)
+        logits = self._project(hidden, "lm_head", self.lm_head)
         cap = self.config.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

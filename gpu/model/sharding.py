@@ -32,7 +32,6 @@ import dataclasses
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from gpu.model.config import ModelConfig, UnsupportedModelError
 from gpu.model.decoder import Decoder
@@ -155,8 +154,8 @@ class ShardedDecoder(Decoder):
         raise ValueError("a tensor-parallel shard runs op by op: a traced graph would "
                          "not keep its all-reduces")
 
-    def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, weight).float()
+    def _row_parallel(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        partial = self._project(x, name, self.w[name]).float()
         self.collectives.all_reduce(partial)
         return partial.to(x.dtype)
 

@@ -89,7 +89,7 @@ async def test_two_ranks_serve_the_embedded_model_as_one_over_http() -> None:
                 held[tp] = getattr(rt._parts.backend, "held_bytes")  # noqa: B009
                 if tp > 1:  # the serving process's programs hold placeholders only
                     assert held_bytes(list(rt._parts.programs.values())) == {
-                        "weights": 0, "kv": 0}
+                        "weights": 0, "packed": 0, "kv": 0}
                 texts[tp] = []
                 for prompt in prompts:
                     reply = await client.post("/v1/completions", json={
