@@ -1,12 +1,11 @@
 """The decoder's projections on the CPU: weights packed once for oneDNN.
 
 A decode step multiplies a handful of rows (one per lane) by every weight matrix of
-the model. For such skinny products ``F.linear`` (MKL's sgemm) lays out the weight
-afresh on every call, and with weights that do not stay in cache that costs more
-than the arithmetic: on the embedded model the projections were 60 % of a
-``decode[B=8]`` step. oneDNN's linear takes a weight reordered once into its own
-blocked layout (``pack``) and runs the same product about twice as fast over the
-model's matrices (``docs/runtime.md``, *Packed projections*).
+the model. Such skinny products run far below the machine's speed through
+``F.linear`` (MKL's sgemm): on the embedded model they were 60 % of a
+``decode[B=8]`` step. oneDNN's linear over a weight reordered once into its own
+blocked layout (``pack``) runs them about twice as fast over the model's matrices
+(``docs/runtime.md``, *Packed projections (CPU)*).
 
 What changes and what does not:
 
