@@ -43,7 +43,7 @@ from gpu.backends import rank_worker
 from gpu.backends.cpu import CpuStream, stage_launch
 from gpu.backends.host_allocator import keep_freed_memory
 from gpu.backends.protocol import LaunchHandle
-from gpu.backends.rank_programs import held_bytes
+from gpu.backends.rank_programs import held_bytes, pack_projections
 from gpu.backends.ranks import RankSpec
 from gpu.backends.shared_pickling import loads_shared
 
@@ -121,6 +121,7 @@ def main(conn: Any, num_threads: int, rank: RankSpec | None = None) -> None:
         data = conn.recv_bytes()
         if rank is None:
             programs = loads_shared(data)
+            pack_projections(programs)
             held: tuple[dict[str, int], ...] = (held_bytes(programs),)
         else:
             member = rank_worker.join(rank, data if rank.rank == 0 else None)

@@ -207,7 +207,17 @@ def rank_programs(payload: bytes, rank: int, world: int, collectives: Collective
               else shard_cache(part.placeholder(), rank, world, device=device))
         for key, part in parts.items()}
     programs: list[Any] = _Rebuild(graph, substitutes, storages).load()
+    pack_projections(programs)
     return programs
+
+
+def pack_projections(programs: list[Any]) -> None:
+    """Pack the projections of every decoder reachable from ``programs``
+    (``Decoder.pack_projections``): what a process that executes them does on
+    receiving them, before its first launch."""
+    for part in model_parts(programs):
+        if isinstance(part, Decoder):
+            part.pack_projections()
 
 
 def held_bytes(programs: list[Any]) -> dict[str, int]:

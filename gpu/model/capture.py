@@ -83,11 +83,8 @@ class ForwardCapture:
 
     def __init__(self, decoder: Decoder) -> None:
         self._decoder = decoder
-        self._weights = _weights_of(decoder)
-        """The decoder's tensors, fed to every graph after its inputs."""
-        self._model_key = (decoder.config, decoder.dtype, tuple(sorted(decoder.packed)),
-                           *(tuple(w.shape) for w in self._weights))
-        """What a shared graph depends on besides its input shapes."""
+        self._model: tuple[list[torch.Tensor], tuple[object, ...]] | None = None
+        """``_weights`` and ``_model_key``, fixed at the first graph."""
         self._graphs: dict[_GraphKey, Callable[..., torch.Tensor]] = {}
         self._lock = threading.Lock()
         self.traced = 0
@@ -100,6 +97,26 @@ class ForwardCapture:
         self.disk = GraphCache.from_environment()
         """Where traced graphs are kept across processes (``gpu.model.graph_cache``);
         None: nowhere."""
+
+    @property
+    def _weights(self) -> list[torch.Tensor]:
+        """The decoder's tensors, fed to every graph after its inputs (its packed
+        projections included: the first graph packs them in this process)."""
+        return self._weights_and_key()[0]
+
+    @property
+    def _model_key(self) -> tuple[object, ...]:
+        """What a shared graph depends on besides its input shapes."""
+        return self._weights_and_key()[1]
+
+    def _weights_and_key(self) -> tuple[list[torch.Tensor], tuple[object, ...]]:
+        if self._model is None:
+            decoder = self._decoder
+            decoder.pack_projections()
+            weights = _weights_of(decoder)
+            self._model = (weights, (decoder.config, decoder.dtype, tuple(sorted(decoder.packed)),
+                                     *(tuple(w.shape) for w in weights)))
+        return self._model
 
     def __len__(self) -> int:
         """Graphs this decoder replays: forwards and program steps (``replay``)."""

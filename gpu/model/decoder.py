@@ -91,11 +91,11 @@ class Decoder:
                 self.w[name] = 1.0 + self.w[name].float()
         self._act = _ACTIVATIONS[config.hidden_act]
         self._fuse_projections()
-        self.packed: dict[str, torch.Tensor] = (
-            self._packed_projections() if packs_projections(self.embed.device, dtype) else {})
+        self._packs = packs_projections(self.embed.device, dtype)
+        self.packed: dict[str, torch.Tensor] = {}
         """Projection weights packed for oneDNN, by ``_project`` name
-        (``gpu.model.linear``); empty: every projection runs ``F.linear`` (also where
-        the weights are placeholders on the meta device)."""
+        (``gpu.model.linear``), once ``pack_projections`` ran; empty: every projection
+        runs ``F.linear``."""
         self.capture: ForwardCapture | None = None
         self.source: WeightSource | None = None
         """The checkpoint the weights came from, which a tensor-parallel rank reads its
@@ -134,6 +134,14 @@ class Decoder:
             self.w[gate], self.w[up] = gate_up[:half], gate_up[half:]
             self.gate_up_weight.append(gate_up)
 
+    def pack_projections(self) -> None:
+        """Pack the projections where this decoder runs them packed (CPU, float32, real
+        weights); idempotent. The first forward does it, in the process that executes:
+        a serving process that only hands its programs to a device process never holds
+        the copies, and the device process packs on arrival (``gpu.backends``)."""
+        if self._packs and not self.packed:
+            self.packed = self._packed_projections()
+
     def _packed_projections(self) -> dict[str, torch.Tensor]:
         dense = {"lm_head": self.lm_head}
         for i in range(self.config.num_layers):
@@ -171,6 +179,7 @@ class Decoder:
 
     def forward_eager(self, batch: PackedBatch, cache: PagedKVCache) -> torch.Tensor:
         """``forward`` dispatched op by op from Python (what a capture traces)."""
+        self.pack_projections()
         cfg = self.config
         n = batch.token_ids.shape[0]
         h_heads, kv_heads, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -273,6 +282,7 @@ class Decoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits (float32) of hidden states ``[M, hidden]``; soft-capped in the
         serving dtype where the model caps them (Gemma2), as transformers does."""
+        self.pack_projections()
         logits = self._project(hidden, "lm_head", self.lm_head)
         cap = self.config.final_softcap
         if cap is not None:

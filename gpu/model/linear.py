@@ -15,7 +15,9 @@ What changes and what does not:
   the op-by-op forward, so replays stay bit-identical to it.
 - One packed copy serves every batch size (the layout does not depend on the hint).
   It lives beside the dense weight, which the embedding lookup, sharding and the
-  shared-memory transport keep using: a packed tensor is opaque (no storage), so it
+  shared-memory transport keep using, and only in the process that executes
+  (``Decoder.pack_projections`` runs at the first forward, or when a device process
+  receives its programs). A packed tensor is opaque (no storage), so one that exists
   travels to a device process as the dense weight it was packed from (``source``,
   already in shared memory) and is packed again there (``gpu.backends.shared_pickling``).
 - Packing applies to float32 decoders on the CPU where torch has oneDNN

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from model_fixtures import build_checkpoint, build_engine
 
-from gpu.backends.rank_programs import held_bytes
+from gpu.backends.rank_programs import held_bytes, model_parts, pack_projections
 from gpu.backends.shared_pickling import dumps_shared, loads_shared
+from gpu.model.decoder import Decoder
 from gpu.model.linear import PACKING_ENV, pack, packed_linear, packs_projections, source
 
 
@@ -23,9 +24,16 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_checkpoint("qwen2", tmp_path_factory.mktemp("qwen2"))
 
 
-def test_a_cpu_float32_decoder_packs_every_projection(qwen2_dir: Path) -> None:
+def test_a_cpu_float32_decoder_packs_every_projection_at_its_first_forward(
+        qwen2_dir: Path) -> None:
     engine = build_engine(qwen2_dir)
     decoder = engine.parts.decoder
+    # a process that only holds the programs (a server handing them to its device
+    # process) holds no packed copy
+    assert decoder.packed == {}
+    assert held_bytes(list(engine.programs.values()))["packed"] == 0
+    x = torch.randn(5, decoder.config.hidden_size)
+    logits = decoder.logits(x)
     layers = decoder.config.num_layers
     assert set(decoder.packed) == {"lm_head", *(
         name for i in range(layers) for name in (
@@ -36,11 +44,10 @@ def test_a_cpu_float32_decoder_packs_every_projection(qwen2_dir: Path) -> None:
     # the memory report counts the copies beside the parameters
     held = held_bytes(list(engine.programs.values()))
     assert held["packed"] == 4 * sum(p.numel() for p in decoder.packed.values()) > 0
-    x = torch.randn(5, decoder.config.hidden_size)
+    torch.testing.assert_close(logits, F.linear(x, decoder.lm_head))
     torch.testing.assert_close(decoder._project(x, "qkv.0", decoder.qkv_weight[0],
                                                 decoder.qkv_bias[0]),
                                F.linear(x, decoder.qkv_weight[0], decoder.qkv_bias[0]))
-    torch.testing.assert_close(decoder.logits(x), F.linear(x, decoder.lm_head))
 
 
 def test_packing_is_for_cpu_float32_and_can_be_turned_off(
@@ -77,11 +84,22 @@ def test_a_traced_call_runs_the_same_product() -> None:
 def test_packed_weights_move_as_their_dense_weights_and_are_packed_again(
         qwen2_dir: Path) -> None:
     decoder = build_engine(qwen2_dir).parts.decoder
+    x = torch.randn(3, decoder.config.hidden_size)
+    expected = decoder.logits(x)  # packs
     moved = loads_shared(dumps_shared(decoder))
     assert set(moved.packed) == set(decoder.packed)
     assert all(p.is_mkldnn and p is not decoder.packed[name]
                for name, p in moved.packed.items())
     # each copy is packed again from the moved decoder's own (shared) dense weight
     assert source(moved.packed["lm_head"]) is moved.lm_head
-    x = torch.randn(3, decoder.config.hidden_size)
-    assert torch.equal(moved.logits(x), decoder.logits(x))
+    assert torch.equal(moved.logits(x), expected)
+
+
+def test_a_device_process_packs_the_programs_it_receives(qwen2_dir: Path) -> None:
+    engine = build_engine(qwen2_dir)
+    moved = loads_shared(dumps_shared(list(engine.programs.values())))
+    assert held_bytes(moved)["packed"] == 0  # nothing packed travelled
+    pack_projections(moved)
+    decoders = [part for part in model_parts(moved) if isinstance(part, Decoder)]
+    assert decoders and all(d.packed for d in decoders)
+    assert held_bytes(moved)["packed"] > 0
