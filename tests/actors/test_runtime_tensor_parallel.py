@@ -76,7 +76,7 @@ async def test_two_ranks_serve_the_embedded_model_as_one_over_http() -> None:
     """OPEN-37, ACC-16: greedy completions over HTTP on two ranks equal one rank's.
     The model's memory is divided: the serving process holds no parameter and no KV
     page, each rank half the KV pool (one of the two KV heads) and less than the
-    whole model."""
+    whole model; each holds its projections' packed copies, the serving process none."""
     prompts = ["def add(a, b):", "import os\n"]
     texts: dict[int, list[str]] = {}
     held: dict[int, tuple[dict[str, int], ...]] = {}
@@ -87,6 +87,8 @@ async def test_two_ranks_serve_the_embedded_model_as_one_over_http() -> None:
             async with open_runtime(config) as rt, serve_app(rt) as server, \
                     httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S) as client:
                 held[tp] = getattr(rt._parts.backend, "held_bytes")  # noqa: B009
+                if tp == 1:  # the device process packs, the serving process does not
+                    assert held_bytes(list(rt._parts.programs.values()))["packed"] == 0
                 if tp > 1:  # the serving process's programs hold placeholders only
                     assert held_bytes(list(rt._parts.programs.values())) == {
                         "weights": 0, "packed": 0, "kv": 0}
@@ -104,6 +106,8 @@ async def test_two_ranks_serve_the_embedded_model_as_one_over_http() -> None:
     (whole,), ranks = held[1], held[2]
     assert [r["kv"] for r in ranks] == [whole["kv"] // 2] * 2
     assert all(0 < r["weights"] < whole["weights"] for r in ranks)
+    # each executing process packs its projections before it reports ready
+    assert whole["packed"] > 0 and all(0 < r["packed"] < whole["packed"] for r in ranks)
 
 
 async def test_replicated_kv_head_greedy_seeded_and_copy_speculation(tiny_draft: Path) -> None:
