@@ -29,7 +29,11 @@ QUICK_COUNT = 12
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ops.sim.capacity import CAPACITY_SCENARIOS, CONFIGURATIONS, DEFAULT_CONFIGURATIONS
-    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH, NO_SPECULATIVE_MIXED_HELP
+    from ops.sim.catalogs import (
+        DEFAULT_DRAFT_DEPTH,
+        NO_SPECULATIVE_MIXED_HELP,
+        STATE_OPERATIONS_HELP,
+    )
     from ops.sim.workloads import DEFAULT_ACCEPTANCE
     from ops.sim_command import add_cost_arguments
 
@@ -85,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "configurations only)")
     dev.add_argument("--no-speculative-mixed", action="store_false", dest="speculative_mixed",
                      help=NO_SPECULATIVE_MIXED_HELP)
+    dev.add_argument("--state-operations", action="store_true",
+                     help=STATE_OPERATIONS_HELP)
     dev.add_argument("--acceptance", type=float, default=DEFAULT_ACCEPTANCE,
                      help="probability that the target accepts each drafted token "
                           "(speculating configurations only)")
@@ -180,7 +186,8 @@ def main(args: argparse.Namespace) -> int:
                                   prefill_capacities=args.prefill_capacities,
                                   mixed_prefill=True,
                                   draft_depth=args.draft_depth if speculating else 0,
-                                  speculative_mixed=args.speculative_mixed)
+                                  speculative_mixed=args.speculative_mixed,
+                                  state_operations=args.state_operations)
         costs = cost_table(args, catalogs.union(c.policy for c in configs))
         running = max_running(args)
     except (CatalogError, CostTableError, ValueError, OSError) as exc:
@@ -219,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
         "ttft_s": args.ttft, "tpot_s": args.tpot, "attainment": args.attainment,
         "requests_per_run": count, "max_running": running, "max_batch": args.max_batch,
         "prefill_capacities": list(args.prefill_capacities), "seed": args.seed,
+        "state_operations": args.state_operations,
         "speculation": {"draft_depth": args.draft_depth, "acceptance": args.acceptance,
                         "acceptance_spread": args.acceptance_spread,
                         "speculative_mixed": args.speculative_mixed}

@@ -33,7 +33,11 @@ def default_policies(scenario_name: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ops.sim.catalogs import DEFAULT_DRAFT_DEPTH, NO_SPECULATIVE_MIXED_HELP
+    from ops.sim.catalogs import (
+        DEFAULT_DRAFT_DEPTH,
+        NO_SPECULATIVE_MIXED_HELP,
+        STATE_OPERATIONS_HELP,
+    )
     from ops.sim.workloads import SCENARIOS
     from policy.baselines import DEFAULT_TOKEN_BUDGET, POLICY_NAMES
 
@@ -91,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "run on (widths 1..D+1, as flare run --draft-depth)")
     dev.add_argument("--no-speculative-mixed", action="store_false", dest="speculative_mixed",
                      help=NO_SPECULATIVE_MIXED_HELP)
+    dev.add_argument("--state-operations", action="store_true",
+                     help=STATE_OPERATIONS_HELP)
     dev.add_argument("--max-running", "--max-resident", type=int, default=None,
                      dest="max_running",
                      help="requests resident and running at once, the same limit for every "
@@ -197,7 +203,8 @@ def main(args: argparse.Namespace) -> int:
         catalogs = build_catalogs(
             max_batch=args.max_batch, prefill_capacities=args.prefill_capacities,
             mixed_prefill=args.mixed_prefill, draft_depth=args.draft_depth,
-            speculative_mixed=args.speculative_mixed)
+            speculative_mixed=args.speculative_mixed,
+            state_operations=args.state_operations)
         catalog = catalogs.union(policies)
         costs = cost_table(args, catalog)
         spec = _workload(args)
@@ -225,6 +232,7 @@ def main(args: argparse.Namespace) -> int:
               "prefill_capacities": list(args.prefill_capacities),
               "mixed_prefill": args.mixed_prefill, "token_budget": args.token_budget,
               "draft_depth": args.draft_depth, "speculative_mixed": args.speculative_mixed,
+              "state_operations": args.state_operations,
               "max_running": running,
               "cost_source": costs.source}
     try:

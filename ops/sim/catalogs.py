@@ -12,7 +12,10 @@ grammar-constrained requests run on (MIX-7, LRN-10, SEL-13).
 
 So a simulated comparison puts each policy on the catalog its real server would have:
 non-speculative policies on the ordinary catalog, ``spec-adaptive`` and ``fixed-spec-K``
-on the speculative load, ``spec-fixed`` on its fixed-width subset."""
+on the speculative load, ``spec-fixed`` on its fixed-width subset. Like ``flare run``
+(``RuntimeConfig.state_operations``), no catalog holds state-operation programs unless
+asked (``--state-operations``): without a snapshot program the seed's scheduler plans no
+terminal capture, and a finished request is released at once."""
 
 from __future__ import annotations
 
@@ -31,6 +34,12 @@ NO_SPECULATIVE_MIXED_HELP = (
     "--no-speculative-mixed): a frame carrying a prompt chunk verifies no drafts; flare's "
     "opt-in departure from MIX-41/MIX-43")
 """``--no-speculative-mixed``'s help in ``flare sim`` and ``flare sim-capacity``."""
+
+STATE_OPERATIONS_HELP = (
+    "also prepare the state-operation programs (RuntimeConfig.state_operations, off in "
+    "flare run), so the seed's scheduler ends each completion its checkpoint allowance "
+    "pays for with a terminal snapshot frame (PRE-38..53)")
+"""``--state-operations``' help in ``flare sim`` and ``flare sim-capacity``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,17 +63,20 @@ class Catalogs:
 def build_catalogs(*, max_batch: int, prefill_capacities: Sequence[int], mixed_prefill: bool,
                    draft_depth: int = DEFAULT_DRAFT_DEPTH,
                    speculative_token_capacity: int = 0,
-                   speculative_mixed: bool = True) -> Catalogs:
+                   speculative_mixed: bool = True,
+                   state_operations: bool = False) -> Catalogs:
     """All three catalogs from ``flare run``'s catalog flags (``CatalogError`` on bad
     flags; ``draft_depth`` 0 leaves the speculative ones empty; ``speculative_mixed``
     False drops the speculative load's mixed programs above width one, as ``flare run
-    --no-speculative-mixed``)."""
+    --no-speculative-mixed``; ``state_operations`` adds the snapshot, restore, copy and
+    initialize programs ``flare run`` leaves out by default)."""
     def catalog(depth: int) -> tuple[GraphShape, ...]:
         return build_catalog(CatalogFlags(
             max_batch=max_batch, prefill_capacities=tuple(prefill_capacities),
             mixed_prefill=mixed_prefill, family_supports_mixed=True, draft_depth=depth,
             speculative_token_capacity=speculative_token_capacity,
-            speculative_mixed=speculative_mixed)).shapes
+            speculative_mixed=speculative_mixed,
+            state_operations=state_operations)).shapes
 
     ordinary = catalog(0)
     if draft_depth <= 0:

@@ -144,7 +144,8 @@ def test_each_policy_gets_the_catalog_its_server_loads() -> None:
                           draft_depth=3)
     load = build_catalog(CatalogFlags(max_batch=8, prefill_capacities=(64, 256),
                                       mixed_prefill=True, family_supports_mixed=True,
-                                      draft_depth=3)).shapes
+                                      draft_depth=3,
+                                      state_operations=RuntimeConfig().state_operations)).shapes
     for mode, mine in (("adaptive", cats.speculative), ("fixed", cats.fixed_width)):
         config = RuntimeConfig(model_dir=pathlib.Path("."), speculation=mode)  # type: ignore[arg-type]
         assert mine == served_shapes(load, config)
