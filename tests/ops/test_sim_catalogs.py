@@ -31,7 +31,15 @@ def test_state_programs_only_when_asked(state_operations: bool) -> None:
                               draft_depth=2, state_operations=state_operations)
     for shapes in (catalogs.ordinary, catalogs.speculative, catalogs.fixed_width):
         assert bool(_states(shapes)) is state_operations
-    assert RuntimeConfig().state_operations is False  # the default the sim follows
+
+
+
+def test_the_default_follows_flare_run() -> None:
+    default = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
+                             draft_depth=2)
+    assert RuntimeConfig().state_operations is False
+    for shapes in (default.ordinary, default.speculative, default.fixed_width):
+        assert _states(shapes) == []
 
 
 @pytest.mark.parametrize("state_operations", [False, True])
