@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpu.catalog import CatalogError
 from ops.bench_speculation_rows import Mode, Row
+from ops.sim.catalogs import STATE_OPERATIONS_HELP
 from ops.sim.costs import CostTableError, load_bench_programs
 from ops.sim.speculation_sweep import (
     SweepLoad,
@@ -60,6 +61,8 @@ def add_simulation_arguments(parser: argparse.ArgumentParser) -> None:
                      help="host time added to every simulated frame (on the 2-vCPU CPU "
                           "backend the server's planning and publishing share the core "
                           "with the model: about 2-3 ms per frame; default 0)")
+    sim.add_argument("--simulate-state-operations", action="store_true",
+                     help=STATE_OPERATIONS_HELP)
     sim.add_argument("--simulate-acceptance", type=_probability, default=0.8,
                      help="per-token draft acceptance of each simulated request, spread "
                           "by +-0.1 (default 0.8); --repeats N draws N acceptance seeds")
@@ -81,7 +84,8 @@ def simulated_rows(args: argparse.Namespace) -> list[Row]:
     depths = [int(d) for d in args.depths.split(",") if d]
     try:
         catalogs = sweep_catalogs(max_batch=args.max_batch, mixed_prefill=args.mixed_prefill,
-                                  depths=depths)
+                                  depths=depths,
+                                  state_operations=args.simulate_state_operations)
     except CatalogError as exc:
         raise SimulationInputError(str(exc)) from exc
     modes = {m: SweepMode(m.speculation, m.depth, m.policy or args.scheduler_policy)

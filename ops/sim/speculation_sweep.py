@@ -81,11 +81,13 @@ class SweepFigures:
     speculative_share: float
 
 
-def sweep_catalogs(*, max_batch: int, mixed_prefill: bool,
-                   depths: Sequence[int]) -> dict[int, Catalogs]:
-    """The catalogs ``flare run`` would load for each draft depth (0: no speculation)."""
+def sweep_catalogs(*, max_batch: int, mixed_prefill: bool, depths: Sequence[int],
+                   state_operations: bool = False) -> dict[int, Catalogs]:
+    """The catalogs ``flare run`` would load for each draft depth (0: no speculation);
+    ``state_operations`` adds the state-operation programs ``flare run`` leaves out."""
     return {d: build_catalogs(max_batch=max_batch, prefill_capacities=(64,),
-                              mixed_prefill=mixed_prefill, draft_depth=d)
+                              mixed_prefill=mixed_prefill, draft_depth=d,
+                              state_operations=state_operations)
             for d in {0, *depths}}
 
 
