@@ -39,7 +39,8 @@ STATE_OPERATIONS_HELP = (
     "also prepare the state-operation programs (RuntimeConfig.state_operations, off in "
     "flare run), so the seed's scheduler ends each completion its checkpoint allowance "
     "pays for with a terminal snapshot frame (PRE-38..53)")
-"""``--state-operations``' help in ``flare sim`` and ``flare sim-capacity``."""
+"""The help of ``--state-operations`` (``flare sim``, ``flare sim-capacity``) and of
+``flare bench speculation --simulate-state-operations``."""
 
 
 @dataclass(frozen=True, slots=True)

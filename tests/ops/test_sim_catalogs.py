@@ -33,7 +33,6 @@ def test_state_programs_only_when_asked(state_operations: bool) -> None:
         assert bool(_states(shapes)) is state_operations
 
 
-
 def test_the_default_follows_flare_run() -> None:
     default = build_catalogs(max_batch=4, prefill_capacities=(64,), mixed_prefill=True,
                              draft_depth=2)
