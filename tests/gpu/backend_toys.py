@@ -145,3 +145,27 @@ class UnpicklableOutput(MatmulCounter):
         if self._fail_in == "pickle_outputs":
             outputs["lock"] = threading.Lock()
         return outputs
+
+
+class ModeRecorder(MatmulCounter):
+    """Reports whether its staging, bind and execute ran under ``torch.inference_mode``
+    (outputs ``modes``: stage, bind, execute)."""
+
+    def __init__(self, shape: GraphShape) -> None:
+        super().__init__(shape)
+        self.modes: dict[str, bool] = {}
+
+    def stage(self, inputs: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.modes["stage"] = torch.is_inference_mode_enabled()
+        return inputs
+
+    def bind_staged(self, staged: Mapping[str, Any]) -> None:
+        self.modes["bind"] = torch.is_inference_mode_enabled()
+        super().bind(staged)
+
+    def execute(self) -> None:
+        self.modes["execute"] = torch.is_inference_mode_enabled()
+        super().execute()
+
+    def read_outputs(self) -> dict[str, Any]:
+        return {**super().read_outputs(), "modes": dict(self.modes)}

@@ -18,6 +18,7 @@ import trio
 from backend_toys import (
     GatedProgram,
     MatmulCounter,
+    ModeRecorder,
     RecordingProgram,
     SlowProgram,
     ToyFault,
@@ -261,6 +262,22 @@ def test_cpu_device_interval_measures_execute_only(device_process: bool) -> None
         timing = _finished(backend.launch(program, {"x": _x(1.0, 1)})).result().timing
         assert timing.device_ns >= 30_000_000
         assert timing.wall_ns >= timing.device_ns + 20_000_000
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("device_process", CPU_STREAMS)
+def test_cpu_launches_run_in_inference_mode(device_process: bool) -> None:
+    """Staging, bind and execute run under ``torch.inference_mode`` (fewer dispatcher
+    layers per op than ``no_grad``: ``gpu.backends.cpu``, *Dispatch*). Staging runs in
+    the launching process on the thread stream, in the device process otherwise."""
+    backend = open_backend("cpu", device_process=device_process)
+    try:
+        program = ModeRecorder(decode_shape(1))
+        _prepare(backend, program)
+        outputs = _finished(backend.launch(program, {"x": _x(1.0, 1)})).result().outputs
+        assert outputs["modes"] == {"stage": True, "bind": True, "execute": True}
+        assert torch.equal(outputs["y"], _expected_y(program, 1.0))
     finally:
         backend.close()
 
