@@ -10,7 +10,9 @@ forward instead of overlapping it (``docs/runtime.md``, *Benchmark*).
 
 ``ForwardCapture`` is the CPU counterpart of a graph capture: the first forward of each
 input shape is traced once (``torch.jit.trace``) into a TorchScript graph whose
-interpreter runs the whole forward in C++ with the lock released. Later forwards of
+interpreter runs the whole forward in C++ with the lock released (every tensor it reads
+held by flare for the replay, ``_BoundGraph``: an input the interpreter let go of
+mid-replay would take the lock back). Later forwards of
 that shape replay the graph. Inputs are the packed-batch index tensors, the page
 pools (written in place through the graph, exactly as the eager forward writes them)
 and the weights: torch keeps every traced function for the life of the process, so a
@@ -298,13 +300,43 @@ class ForwardCapture:
     def _bind(self, graphs: dict[_GraphKey, Callable[..., Any]], key: _GraphKey,
               graph: Callable[..., Any]) -> Callable[..., Any]:
         """This decoder's graph for ``key``: ``graph`` fed its own weights."""
-        weights = self._weights
+        bound = _BoundGraph(graph, self._weights)
+        graphs[key] = bound
+        return bound
 
-        def forward(*args: torch.Tensor) -> Any:
-            return graph(*args, *weights)
 
-        graphs[key] = forward
-        return forward
+class _BoundGraph:
+    """A shared graph fed one decoder's weights, every tensor it reads held by a C++
+    reference of flare's own for the whole replay.
+
+    A tensor that Python also holds keeps its Python object alive from C++ whenever C++
+    holds a reference besides the object's own; when that second reference goes, torch
+    releases the object, which takes the interpreter lock. The graph's interpreter
+    drops each input after its last use, mid-replay and without the lock, so an
+    unheld input would make the replay wait for the lock once per input, behind
+    whatever Python runs on the other thread (the trio thread planning the next
+    frame). Holding the weights for the graph's life and the call's inputs for the
+    call keeps every drop inside the replay short of that last reference; the held
+    inputs are let go after the graph returns, with the lock already held."""
+
+    __slots__ = ("_graph", "_weights", "_weights_held")
+
+    def __init__(self, graph: Callable[..., Any], weights: list[torch.Tensor]) -> None:
+        self._graph = graph
+        self._weights = weights
+        self._weights_held = _held(weights)
+
+    def __call__(self, *args: torch.Tensor) -> Any:
+        inputs_held = _held(args)
+        try:
+            return self._graph(*args, *self._weights)
+        finally:
+            del inputs_held
+
+
+def _held(tensors: Sequence[torch.Tensor]) -> object:
+    """One C++ reference to each of ``tensors``, kept while the returned list lives."""
+    return torch._C.ScriptList(list(tensors))  # type: ignore[attr-defined]
 
 
 def _traced(run: Callable[..., Any], example: tuple[torch.Tensor, ...]) -> Callable[..., Any]:

@@ -286,3 +286,27 @@ def test_forward_capture_is_refused_on_cuda(tiny_checkpoints: dict[str, Path]) -
         ModelEngine.load(tiny_checkpoints["llama"], device="cuda", dtype=None,
                          catalog=CATALOG, page_size=PAGE_SIZE, num_pages=8, state_rows=2,
                          execution=ExecutionOptions(capture_forward=True))
+
+
+def test_a_replay_holds_every_tensor_it_reads_until_it_returns() -> None:
+    """The graph's interpreter drops inputs mid-replay without the interpreter lock;
+    a held tensor never loses its last C++ reference there, so the replay never
+    takes the lock back. Nothing stays held once the call (inputs) or the bound
+    graph (weights) is gone."""
+    inputs = [torch.zeros(2), torch.zeros(3)]
+    weights = [torch.zeros(4), torch.zeros(5)]
+    tensors = [*inputs, *weights]
+    unheld = [t._use_count() for t in tensors]
+    inside: list[int] = []
+
+    def graph(*received: torch.Tensor) -> int:
+        assert all(a is b for a, b in zip(received, tensors, strict=True))  # inputs, weights
+        inside.extend(t._use_count() for t in received)
+        return 7
+
+    bound = capture._BoundGraph(graph, weights)
+    assert bound(*inputs) == 7
+    assert [count - 1 for count in inside] == unheld
+    assert [t._use_count() for t in tensors] == [*unheld[:2], *(n + 1 for n in unheld[2:])]
+    del bound
+    assert [t._use_count() for t in tensors] == unheld
