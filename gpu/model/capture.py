@@ -336,7 +336,7 @@ class _BoundGraph:
 
 def _held(tensors: Sequence[torch.Tensor]) -> object:
     """One C++ reference to each of ``tensors``, kept while the returned list lives."""
-    return torch._C.ScriptList(list(tensors))  # type: ignore[attr-defined]
+    return torch._C.ScriptList(list(tensors))
 
 
 def _traced(run: Callable[..., Any], example: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
