@@ -315,9 +315,10 @@ class _BoundGraph:
     drops each input after its last use, mid-replay and without the lock, so an
     unheld input would make the replay wait for the lock once per input, behind
     whatever Python another thread of the process runs (on the in-process stream, the
-    trio thread planning the next frame). Holding the weights for the graph's life and the call's inputs for the
-    call keeps every drop inside the replay short of that last reference; the held
-    inputs are let go after the graph returns, with the lock already held."""
+    trio thread planning the next frame). Holding the weights for the graph's life and
+    the call's inputs for the call keeps every drop inside the replay short of that
+    last reference; the held inputs are let go after the graph returns, with the lock
+    already held."""
 
     __slots__ = ("_graph", "_weights", "_weights_held")
 
