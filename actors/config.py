@@ -52,6 +52,10 @@ lanes it packs (``flare bench forward``, docs/benchmarks-programs.md: 1.4-1.8x t
 tokens/s at 16 lanes against 8), and a power-of-two B keeps 2B requests resident, so 16 serves a
 16-stream load in one batch and keeps a 32-stream load out of the queue; decode[32]
 was no faster per token than decode[16] (0.7-1.1x) and costs another prepared bucket."""
+CPU_COST_DRIFT_WEIGHT = 0.1
+"""``--cost-drift-weight``'s default on the cpu backend (``policy/cost_drift.py``): the
+CPU's speed drifts with the host's other work, so one speed factor moves every
+estimate; 0.1 follows a change within about ten frames."""
 SCHEDULER_POLICIES = RUNTIME_POLICIES
 """``--scheduler-policy`` (the names live in ``policy.baselines.factory``)."""
 
@@ -168,7 +172,17 @@ class RuntimeConfig:
     scheduler_terminal_value: float | None = None
     scheduler_terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
+    cost_drift_weight: float | None = None
+    """``--cost-drift-weight``: ``PolicyConfig.cost_drift_weight`` (``policy/cost_drift.py``);
+    None takes the backend's (``CPU_COST_DRIFT_WEIGHT`` on cpu, 0, the seed's, on cuda)."""
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def effective_cost_drift_weight(self) -> float:
+        """The shared speed factor's weight in force: the flag, else the backend's."""
+        if self.cost_drift_weight is not None:
+            return self.cost_drift_weight
+        return CPU_COST_DRIFT_WEIGHT if self.backend == "cpu" else 0.0
 
     @property
     def tensor_parallel_options(self) -> dict[str, int]:
@@ -228,6 +242,9 @@ class RuntimeConfig:
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise ConfigError(f"--{name.replace('_', '-')} must be finite and non-negative, got {value}")
+        drift = self.cost_drift_weight
+        if drift is not None and not 0 <= drift <= 1:  # also refuses NaN
+            raise ConfigError(f"--cost-drift-weight must be between 0 and 1, got {drift}")
         alpha = self.adaptive_verification_alpha
         if alpha is not None and (not math.isfinite(alpha) or alpha <= 0):
             raise ConfigError(f"--mtp-adaptive-verification-alpha must be finite and > 0, got {alpha}")

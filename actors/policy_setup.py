@@ -10,21 +10,38 @@ measurements in it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from policy import (
+    PRESET_POLICIES,
     GraphKind,
     GraphShape,
+    PolicyConfig,
     ProposalSource,
     Scheduler,
     SchedulingPolicy,
     SpeculationMode,
     SpeculationSettings,
     make_policy,
+    policy_preset,
 )
 
 if TYPE_CHECKING:
+    from actors.config import RuntimeConfig
     from actors.system import RuntimeParts
+
+
+def runtime_policy(config: RuntimeConfig) -> PolicyConfig:
+    """The preferences the runtime's policy runs with: the ``--scheduler-policy`` preset
+    (``balanced`` for a baseline, which only reads its estimate settings), the CLI's
+    overrides, and the backend's cost drift weight (``policy/cost_drift.py``)."""
+    preset = policy_preset(
+        config.scheduler_policy if config.scheduler_policy in PRESET_POLICIES else "balanced",
+        terminal_value=config.scheduler_terminal_value,
+        terminal_age_price=config.scheduler_terminal_age_price,
+        adaptive_verification_alpha=config.adaptive_verification_alpha)
+    return replace(preset, cost_drift_weight=config.effective_cost_drift_weight)
 
 
 def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,

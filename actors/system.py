@@ -68,6 +68,7 @@ from actors.policy_setup import (
     grammars_resident,
     learned_counterfactuals,
     make_scheduler,
+    runtime_policy,
     seed_estimates,
     structured_output_problem,
 )
@@ -96,12 +97,10 @@ from gpu.engine import ExecutionOptions, ModelEngine
 from policy import (
     DEFAULT_WINDOW_IMAGES,
     FRAME_SLOTS,  # orders and outcomes in transit (QUEUE-10)
-    PRESET_POLICIES,
     GraphShape,
     PolicyConfig,
     SchedulingPolicy,
     context_limit,
-    policy_preset,
 )
 
 log = structlog.get_logger("flare.runtime")
@@ -422,11 +421,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         speculation=config.speculation, draft_source=config.draft_source,
         copy_counterfactuals=config.copy_counterfactuals,
         draft_counterfactuals=config.draft_counterfactuals,
-        policy=policy_preset(
-            config.scheduler_policy if config.scheduler_policy in PRESET_POLICIES else "balanced",
-            terminal_value=config.scheduler_terminal_value,
-            terminal_age_price=config.scheduler_terminal_age_price,
-            adaptive_verification_alpha=config.adaptive_verification_alpha),
+        policy=runtime_policy(config),
         measured_costs=measured, grammar=grammar, image_prompting=image_prompting(engine),
         window_images=config.vision_feature_images,
     )

@@ -71,6 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output tokens per request (default 256: decode-heavy, eight "
                              "output tokens per prompt token; every prompt's prefill drains "
                              "the window, QUEUE-12)")
+    parser.add_argument("--cost-drift-weight", type=float, default=None,
+                        help="flare run's flag of that name (default: the backend's)")
+    parser.add_argument("--mixed-prefill", action="store_true",
+                        help="prepare mixed programs, as flare run does for a load without "
+                             "speculation")
     parser.add_argument("--no-isolated", action="store_true",
                         help="skip timing the load's programs alone (flare bench programs) "
                              "for the in-server / isolated interval ratio")
@@ -179,7 +184,9 @@ async def _load(rt: Runtime, *, requests: int, prompt_tokens: int, max_tokens: i
 async def bench(args: argparse.Namespace, model_dir: Path) -> dict[str, object]:
     config = RuntimeConfig(model_dir=model_dir, **engine_config(args),
                            max_batch=args.max_batch, prefill_capacities=PREFILL_CAPACITIES,
-                           max_queue=max(args.requests, args.max_batch, 1))
+                           max_queue=max(args.requests, args.max_batch, 1),
+                           cost_drift_weight=args.cost_drift_weight,
+                           mixed_prefill=args.mixed_prefill)
     async with open_runtime(config) as rt:
         vocab = rt.codec.vocab_size
         # Warm-up: discover every shape the load will use (discovery drains the window).

@@ -212,6 +212,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="exponent on prefix-survival estimates in speculative selection "
                             "scores (default 1; finite, > 0): above 1 discounts uncertain long "
                             "prefixes and favours narrower verification, below 1 favours wider")
+    sched.add_argument("--cost-drift-weight", type=float, default=None,
+                       help="share of each program's measured cost change applied to every "
+                            "program's estimate, as a common speed factor (0..1; default 0.1 "
+                            "on cpu, whose speed drifts, and 0 on cuda; 0 keeps the seed's "
+                            "per-program medians; docs/scheduling-utility.md)")
     sched.add_argument("--max-queue", type=int, default=64,
                        help="bounded admission queue; beyond it requests get 429")
     sched.add_argument("--kv-pages", type=int, default=None, help="KV cache pages in the pool")
@@ -311,6 +316,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         scheduler_terminal_value=args.scheduler_terminal_value,
         scheduler_terminal_age_price=args.scheduler_terminal_age_price,
         adaptive_verification_alpha=args.mtp_adaptive_verification_alpha,
+        cost_drift_weight=args.cost_drift_weight,
     )
 
 

@@ -78,6 +78,11 @@ class PolicyConfig:
     """flare's first-token urgency u, value per prompt token per ms waited since
     admission, added to the prefill token price (``1 + f/x + u*A``). Not a seed
     preference: 0 (every seed preset) is the seed's price (SEL-5)."""
+    cost_drift_weight: float = 0.0
+    """flare's shared speed factor w in [0, 1]: each cost sample moves every shape's
+    estimate by ``w`` times its log residual (``policy/cost_drift.py``). Not a seed
+    preference: 0 (every preset) keeps the seed's per-shape medians (DUR-8, DUR-9);
+    ``flare run`` sets 0.1 on the cpu backend, whose speed drifts."""
     client_fairness: float = 0.0
     """flare's per-client fairness exponent s: fairness prices weighted by the request's
     client share ``(n / (k * n_c)) ** s`` (``policy/client_shares.py``). Not a seed
@@ -99,6 +104,8 @@ def _check_field(name: str, value: object) -> None:
         raise PolicyConfigError(f"estimate_ttl_ns must be an integer number of ns, got {value!r}")
     if not math.isfinite(value):
         raise PolicyConfigError(f"{name} must be finite, got {value!r}")
+    if name == "cost_drift_weight" and value > 1:
+        raise PolicyConfigError(f"cost_drift_weight must be at most 1, got {value!r}")
     if name in _POSITIVE_FIELDS:
         if value <= 0:
             raise PolicyConfigError(f"{name} must be greater than zero, got {value!r}")

@@ -66,6 +66,10 @@ class _Entry:
 class DurationEstimates:
     """The cost catalog: measured duration per physical program, in nanoseconds."""
 
+    shared_scale = False
+    """Whether one observation may change every shape's estimate (flare's
+    ``policy.cost_drift.DriftingEstimates``); the seed's change only their own."""
+
     def __init__(self, ttl_ns: int = DEFAULT_ESTIMATE_TTL_NS) -> None:
         self._ttl_ns = _checked_ttl(ttl_ns)
         self._entries: dict[GraphShape, _Entry] = {}
@@ -157,6 +161,10 @@ class DurationEstimates:
         """The current window of valid samples, oldest first (at most nine)."""
         entry = self._entries.get(shape)
         return tuple(entry.window) if entry is not None else ()
+
+    def shapes(self) -> tuple[GraphShape, ...]:
+        """Every shape with an entry (measured or only attempted)."""
+        return tuple(self._entries)
 
     def measured(self) -> dict[GraphShape, int]:
         """Every known estimate, stale ones included (DUR-11: they still normalise)."""

@@ -90,6 +90,10 @@ class EstimateCache:
                 now_ns: int) -> None:
         """A completed frame's cost sample for ``shape``."""
         est = self.estimates
+        if est.shared_scale:  # one sample moves every estimate (policy.cost_drift)
+            est.observe(shape, sample_ns, now_ns)
+            self.invalidate()
+            return
         before = est.estimate_ns(shape)
         if est.observe(shape, sample_ns, now_ns) and est.estimate_ns(shape) != before:
             # Normalizers depend on estimate values only: an unchanged median keeps them.

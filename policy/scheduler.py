@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 
 from policy.checkpoint_allowance import CheckpointAllowance
 from policy.config import PolicyConfig
+from policy.cost_drift import estimates_for, reconfigured
 from policy.credit_ledgers import (
     CreditLedger,
     episode_charge_ns,
@@ -100,7 +101,7 @@ class Scheduler(EpochRenewal):
                  speculation: SpeculationSettings | None = None) -> None:
         self._speculation = RoundSpeculation(speculation) if speculation is not None else None
         self._config = config if config is not None else PolicyConfig()
-        self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
+        self._estimates = estimates_for(self._config)
         self._refresh: CreditLedger = timing_refresh_ledger()
         self._queue = FrameQueue()
         self._residency: Residency[RequestRecord] = Residency()
@@ -160,8 +161,8 @@ class Scheduler(EpochRenewal):
             raise PolicyError("configure_policy must be called before the first admission")
         config.validate()
         self._config = config
-        self._estimates.ttl_ns = config.estimate_ttl_ns
-        self._cache.invalidate()
+        self._estimates = reconfigured(self._estimates, config)
+        self._cache = EstimateCache(self._estimates)
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         """Load the prepared shapes. Estimates are keyed by shape and survive reloads."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from policy.baselines.menu import PromptWork, ShapeMenu
 from policy.config import PolicyConfig
+from policy.cost_drift import estimates_for, reconfigured
 from policy.credit_ledgers import episode_charge_ns
 from policy.descriptors import ExecutionTiming, GraphShape
 from policy.duration_estimates import DurationEstimates
@@ -153,7 +154,7 @@ class BaselinePolicy(EpochRenewal, abc.ABC):
     def __init__(self, config: PolicyConfig | None = None,
                  catalog: Iterable[GraphShape] = ()) -> None:
         self._config = config if config is not None else PolicyConfig()
-        self._estimates = DurationEstimates(self._config.estimate_ttl_ns)
+        self._estimates = estimates_for(self._config)
         self._residency: Residency[BaselineRequest] = Residency()
         self._requests = self._residency.records
         self._sequence = 0
@@ -209,13 +210,12 @@ class BaselinePolicy(EpochRenewal, abc.ABC):
         self._running_cap = limit
 
     def configure_policy(self, config: PolicyConfig) -> None:
-        """Replace the preferences before the first admission (baselines only use the
-        estimate freshness interval)."""
+        """Replace the preferences before admission (baselines use only the estimates')."""
         if self._admitted_any:
             raise PolicyError("configure_policy must be called before the first admission")
         config.validate()
         self._config = config
-        self._estimates.ttl_ns = config.estimate_ttl_ns
+        self._estimates = reconfigured(self._estimates, config)
 
     def set_catalog(self, shapes: Iterable[GraphShape]) -> None:
         menu = ShapeMenu.build(shapes)
