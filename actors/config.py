@@ -129,6 +129,11 @@ class RuntimeConfig:
     prefix_caching: bool = True
     """Reuse cached KV pages of shared prompt prefixes; False computes every prompt in
     full (``--no-enable-prefix-caching``)."""
+    decode_prompt_tail: bool = True
+    """A request whose uncached prompt is one token (a whole prompt found in the prefix
+    cache, or a one-token prompt) feeds it to its first decode step instead of a
+    prompt chunk (``policy.lifecycle.decodes_prompt_tail``); False: the seed's prefill
+    (``--no-decode-prompt-tail``)."""
     gpu_memory_utilization: float | None = None
     """vLLM's ``--gpu-memory-utilization``: accepted and checked, not yet used to size
     the KV pool (``actors.context_sizing`` logs that it is ignored)."""

@@ -7,8 +7,10 @@ Owns three rules:
 - **KV extents.** A prompt lane writes positions ``prompt_start ..
   prompt_start + prompt_tokens``; an ordinary decode lane writes its pending token at
   ``prompt_len + decodes_before`` (every decode so far, queued ones included, since a
-  decode frame can be queued behind another). The allocator reserves pages covering
-  those extents before commit (QUEUE-49).
+  decode frame can be queued behind another), one position earlier for a request that
+  decodes its last prompt token (``decodes_prompt_tail``: its row starts with that
+  token pending). The allocator reserves pages covering those extents before commit
+  (QUEUE-49).
 - **State updates ride with the frame.** A request's first frame initialises its row
   (``RowInit``: position = cached prefix, sampling parameters) and appends its cached
   pages; every frame appends the pages reserved for it. They are applied in stream
@@ -99,6 +101,7 @@ from policy import (
     LaneRole,
     ScheduledPlan,
     StateOp,
+    decodes_prompt_tail,
     vision_lane_images,
 )
 
@@ -135,10 +138,17 @@ class LaneSource:
     """The image window its row generation holds (``actors.window_snapshots``)."""
     in_flight: int = 0
     """Its lanes submitted and not yet completed (a window snapshot needs none)."""
+    decodes_prompt_tail: bool = False
+    """Its first decode step feeds its last prompt token (``policy.lifecycle``)."""
 
     @property
     def prompt(self) -> tuple[int, ...]:
         return self.request.prompt_token_ids
+
+    @property
+    def first_decode_position(self) -> int:
+        """Where its first decode step writes its input token's KV."""
+        return len(self.prompt) - 1 if self.decodes_prompt_tail else len(self.prompt)
 
     def written_content(self, kv_tokens: int) -> tuple[int, ...]:
         """The content ids (``actors.image_content``) of the first ``kv_tokens``
@@ -151,7 +161,8 @@ def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch:
                     row: StateRow, cached_tokens: int, cached_pages: tuple[PageId, ...],
                     eos_token_ids: Sequence[int], grammar: RequestGrammar | None,
                     image_plan: ImagePlan | None = None,
-                    grammar_resident: bool = False) -> LaneSource:
+                    grammar_resident: bool = False, decodes_prompt_tail: bool = False
+                    ) -> LaneSource:
     """The packing view of a newly admitted request: its sampling always has a seed
     (one is drawn when the request gave none) and its ending ids include its
     ``stop_token_ids``."""
@@ -161,7 +172,17 @@ def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch:
         cached_pages=cached_pages,
         sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
         eos_token_ids=ending_token_ids(request, eos_token_ids), grammar=grammar,
-        image_plan=image_plan, grammar_resident=grammar_resident and grammar is not None)
+        image_plan=image_plan, grammar_resident=grammar_resident and grammar is not None,
+        decodes_prompt_tail=decodes_prompt_tail)
+
+
+def decodes_last_token(request: GenerationRequest, cached_tokens: int) -> bool:
+    """Whether ``request``, with ``cached_tokens`` of its prompt cached, can feed its
+    last prompt token to its first decode step (``policy.lifecycle.decodes_prompt_tail``)."""
+    return decodes_prompt_tail(prompt_len=len(request.prompt_token_ids),
+                               cached_prefix_len=cached_tokens,
+                               scored_prompt=request.prompt_logprobs,
+                               has_images=bool(request.images))
 
 
 def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
@@ -172,8 +193,8 @@ def ending_token_ids(request: GenerationRequest, eos_token_ids: Sequence[int]
     return tuple(dict.fromkeys((*eos, *request.sampling.stop_token_ids)))
 
 
-def row_init(source: LaneSource, *, row: int, position: int, grammar: bool = False
-             ) -> RowInit:
+def row_init(source: LaneSource, *, row: int, position: int, grammar: bool = False,
+             pending_token: int = 0) -> RowInit:
     """A new state row for ``source``'s request: what the row's logit processing needs
     beyond the sampling (the prompt for ``repetition_penalty``, the ending ids for
     ``min_tokens``) travels only when that processing is on; with ``grammar``, a
@@ -182,7 +203,7 @@ def row_init(source: LaneSource, *, row: int, position: int, grammar: bool = Fal
     sampling = source.sampling
     held = source.grammar if grammar and source.grammar_resident else None
     return RowInit(
-        row=row, position=position, sampling=sampling,
+        row=row, position=position, pending_token=pending_token, sampling=sampling,
         prompt_tokens=source.prompt if sampling.repetition_penalty != 1.0 else (),
         end_token_ids=source.eos_token_ids if sampling.min_tokens > 0 else (),
         grammar=held.source if held is not None else "",
@@ -195,7 +216,7 @@ def kv_extent(lane: Lane, source: LaneSource) -> int:
     if lane.role is LaneRole.PROMPT:
         return lane.prompt_start + lane.prompt_tokens
     if lane.role is LaneRole.DECODE:
-        return len(source.prompt) + source.decodes_submitted + lane.token_ceiling
+        return source.first_decode_position + source.decodes_submitted + lane.token_ceiling
     return 0
 
 
@@ -235,8 +256,9 @@ def _updates(
     for lane in lanes:
         source = sources[lane.handle]
         if not source.initialised:
-            updates.append(row_init(source, row=source.row, position=source.cached_tokens,
-                                    grammar=True))
+            updates.append(row_init(
+                source, row=source.row, position=source.cached_tokens, grammar=True,
+                pending_token=source.prompt[-1] if source.decodes_prompt_tail else 0))
             if source.cached_pages:
                 updates.append(PageAppend(row=source.row, first_block=0,
                                           page_ids=tuple(source.cached_pages)))

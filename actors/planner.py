@@ -16,18 +16,18 @@ sends the tokens, so the device does not wait for publication. Resources of requ
 the scheduler releases are returned (``Release``) *before* their last tokens go to the
 publisher, so a client that sees ``Finished`` and sends its next turn finds the
 terminal checkpoint published (PRE-53).
-A request whose output ended but that cannot be released yet (a terminal capture
-still to run, or a decode queued behind its final token still in flight) gets its
-``Finished`` right after its last tokens: the planner first tells the allocator
-(``Finishing``), which holds that conversation's next turn back until the release
-published the checkpoint (PRE-53 kept; docs/runtime.md, *Checkpoints*).
+A request whose output ended but cannot be released yet (a terminal capture to run,
+or a decode queued behind its final token) gets ``Finished`` right after its last
+tokens; the allocator, told first (``Finishing``), holds its conversation's next turn
+until the release published the checkpoint (PRE-53; docs/runtime.md, *Checkpoints*).
 Cancellation stops selection at once (``Scheduler.cancel``); the client stream ends
 right away, while pages and row stay owned through the request's last fence.
 The planner drives its policy only through ``policy.protocol.SchedulingPolicy``: a
-speculative frame completes with its round report (``RoundCompletion``), and what the
-policy learns from it is the policy's business. For a policy that learns acceptance the
-planner also replays the rounds no frame ran and reports the decided ones after every
-completion (``actors.acceptance_observations``).
+speculative frame completes with its round report (``RoundCompletion``); what the
+policy learns from it is its own business. For a policy that learns acceptance the
+planner also replays the rounds no frame ran and reports the decided ones after each
+completion (``actors.acceptance_observations``). With ``decode_prompt_tail`` a request
+whose uncached prompt is one token is admitted decoding (``decodes_last_token``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from actors.copy_counterfactuals import CopyCounterfactuals
 from actors.frame_inputs import (
     LaneSource,
     admitted_source,
+    decodes_last_token,
     lane_extent,
     mark_submitted,
     pack_frame,
@@ -132,7 +133,7 @@ class Planner:
         counterfactual_depth: int = 0,
         learned_counterfactuals: bool = False,
         grammar: GrammarVocabulary | None = None, grammar_resident: bool = False,
-        image_windowing: ImageWindowing | None = None,
+        image_windowing: ImageWindowing | None = None, decode_prompt_tail: bool = False,
     ) -> None:
         """``counterfactual_depth``: drafts per counterfactual copy round (0: none are
         kept). ``learned_counterfactuals``: fold the learned draft's depth-one proposals
@@ -148,6 +149,7 @@ class Planner:
         self._eos = tuple(eos_token_ids)
         self._grammar = grammar
         self._grammar_resident = grammar_resident
+        self._decode_prompt_tail = decode_prompt_tail
         self._clock_ns = clock_ns
         self._residents: dict[RequestHandle, _Resident] = {}
         self._by_request: dict[RequestId, RequestHandle] = {}
@@ -210,27 +212,27 @@ class Planner:
     async def _admit(self, msg: Admitted) -> None:
         request, grant = msg.request, msg.grant
         images = image_plan(request.images, self._image_windowing)
+        tail = self._decode_prompt_tail and decodes_last_token(request, grant.cached_tokens)
         handle = self.scheduler.admit(
-            prompt_len=len(request.prompt_token_ids),
-            max_output_tokens=scheduled_output_tokens(request),
+            prompt_len=len(request.prompt_token_ids), max_output_tokens=scheduled_output_tokens(request),
             cached_prefix_len=grant.cached_tokens, message_ends=request.message_ends,
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle, grammar_constrained=request.grammar is not None, images=images,
-            grammar_resident=self._grammar_resident and request.grammar is not None)
+            grammar_resident=self._grammar_resident and request.grammar is not None,
+            decode_prompt_tail=tail)
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(
             request, handle=handle, epoch=epoch, row=grant.row,
             cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
             eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar),
-            image_plan=images, grammar_resident=self._grammar_resident)
+            image_plan=images, grammar_resident=self._grammar_resident, decodes_prompt_tail=tail)
         self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
                                             kv_done=grant.cached_tokens, scores=[])
         self._by_request[msg.request_id] = handle
         self.counters.prefix_hit_tokens += grant.cached_tokens
-        # Scored prompts skip the cache lookup (admission), so they query nothing.
-        self.counters.prefix_query_tokens += 0 if request.prompt_logprobs else len(
-            request.prompt_token_ids)
+        if not request.prompt_logprobs:  # scored prompts skip the cache lookup (admission)
+            self.counters.prefix_query_tokens += len(request.prompt_token_ids)
         await self._to_publisher.send(Track(
             request_id=msg.request_id, handle=handle, epoch=epoch, request=request,
             cached_tokens=grant.cached_tokens, events=msg.events, arrived_ns=msg.arrived_ns,

@@ -141,6 +141,7 @@ class RuntimeParts:
     max_queue: int
     prefix_caching: bool = True
     """Whether admission looks prompts up in the prefix cache (``--enable-prefix-caching``)."""
+    decode_prompt_tail: bool = True  # RuntimeConfig.decode_prompt_tail
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     scheduler_policy: str = "balanced"
     """``--scheduler-policy``: the seed's ``balanced``/``throughput`` or a baseline
@@ -346,6 +347,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
         learned_counterfactuals=learned_counterfactuals(parts, scheduler),
         grammar=parts.grammar, grammar_resident=grammars_resident(parts),
         image_windowing=ImageWindowing.of(catalog, parts.window_images),
+        decode_prompt_tail=parts.decode_prompt_tail,
     )
     runtime = Runtime(parts, admission_inbox=admission_send, admission_state=admission_state,
                       book=book, planner=planner)
@@ -416,7 +418,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         eos_token_ids=tuple(tokenizer.eos_token_ids), max_context=geometry.max_context,
         page_size=geometry.page_size, num_pages=geometry.num_pages,
         state_rows=engine.state_rows, max_queue=config.max_queue,
-        prefix_caching=config.prefix_caching,
+        prefix_caching=config.prefix_caching, decode_prompt_tail=config.decode_prompt_tail,
         scheduler_policy=config.scheduler_policy,
         speculation=config.speculation, draft_source=config.draft_source,
         copy_counterfactuals=config.copy_counterfactuals,

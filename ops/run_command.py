@@ -217,6 +217,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "program's estimate, as a common speed factor (0..1; default 0.1 "
                             "on cpu, whose speed drifts, and 0 on cuda; 0 keeps the seed's "
                             "per-program medians; docs/scheduling-utility.md)")
+    sched.add_argument("--decode-prompt-tail", action=argparse.BooleanOptionalAction,
+                       default=True,
+                       help="feed a request's one uncached prompt token (a prompt found whole "
+                            "in the prefix cache, or a one-token prompt) to its first decode "
+                            "step instead of a prefill chunk (default on; docs/runtime.md)")
     sched.add_argument("--max-queue", type=int, default=64,
                        help="bounded admission queue; beyond it requests get 429")
     sched.add_argument("--kv-pages", type=int, default=None, help="KV cache pages in the pool")
@@ -310,7 +315,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         max_context=args.max_context,
         kv_pages=args.kv_pages,
         max_queue=args.max_queue,
-        prefix_caching=prefix_caching(args),
+        prefix_caching=prefix_caching(args), decode_prompt_tail=args.decode_prompt_tail,
         gpu_memory_utilization=args.gpu_memory_utilization,
         scheduler_policy=args.scheduler_policy,
         scheduler_terminal_value=args.scheduler_terminal_value,

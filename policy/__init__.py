@@ -21,7 +21,7 @@ from policy.descriptors import (
     TargetBinding,
 )
 from policy.frame_queue import FRAME_SLOTS
-from policy.lifecycle import context_limit, context_room, fits_context
+from policy.lifecycle import context_limit, context_room, decodes_prompt_tail, fits_context
 from policy.protocol import RoundCompletion, RoundLaneOutcome, SchedulingPolicy
 from policy.residency import with_epoch
 from policy.round_speculation import SpeculationSettings
@@ -111,6 +111,7 @@ __all__ = [
     "WindowNotReady",
     "context_limit",
     "context_room",
+    "decodes_prompt_tail",
     "fits_context",
     "make_policy",
     "policy_preset",

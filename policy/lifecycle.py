@@ -6,7 +6,8 @@ This module owns the rules that do not depend on how a policy ranks work:
   positions, prompt plus ``max_tokens``, one request may use; the HTTP layer and the
   runtime's admission both ask these, so they refuse exactly the same requests;
 - admission checks (``check_admission``): prompt, output limit, cached prefix, message
-  ends and the system boundary (SEL-1, SEL-40, OPEN-36);
+  ends and the system boundary (SEL-1, SEL-40, OPEN-36), and where the request starts
+  (a one-token uncached remainder may start decoding, ``decodes_prompt_tail``);
 - commit rechecks (``check_commit``, ``check_lane``): fences strictly increase, the
   window accepts the plan (QUEUE-10..12), lanes fit the shape, and every lane still
   matches its request's epoch, phase and cursors (QUEUE-6, QUEUE-7, ACCT-5);
@@ -44,6 +45,7 @@ from policy.types import (
 )
 
 __all__ = [
+    "Admission",
     "Progress",
     "apply_progress",
     "check_admission",
@@ -51,6 +53,7 @@ __all__ = [
     "check_lane",
     "context_limit",
     "context_room",
+    "decodes_prompt_tail",
     "fits_context",
     "index_records",
     "lane_valid",
@@ -76,10 +79,21 @@ def context_room(*, prompt_len: int, limit: int) -> int:
     return limit - prompt_len
 
 
+class Admission(NamedTuple):
+    """An admissible request's message ends (sorted, unique) and where it starts: PREFILL
+    at its cached prefix, or DECODE with the prompt consumed (``decodes_prompt_tail``)."""
+
+    message_ends: tuple[int, ...]
+    phase: Phase
+    prompt_cursor: int
+
+
 def check_admission(*, prompt_len: int, max_output_tokens: int, cached_prefix_len: int,
-                    message_ends: Sequence[int], system_end: int | None) -> tuple[int, ...]:
-    """Refuse an inadmissible request (``AdmissionRefused``); return its message ends,
-    sorted and unique."""
+                    message_ends: Sequence[int], system_end: int | None,
+                    decode_prompt_tail: bool = False, scored_prompt: bool = False,
+                    has_images: bool = False, restores: bool = False) -> Admission:
+    """Refuse an inadmissible request (``AdmissionRefused``), ``decode_prompt_tail``
+    included where ``decodes_prompt_tail`` does not hold; else say where it starts."""
     if prompt_len < 1:
         raise AdmissionRefused("a request needs at least one prompt token")
     if max_output_tokens < 1:
@@ -91,7 +105,26 @@ def check_admission(*, prompt_len: int, max_output_tokens: int, cached_prefix_le
         raise AdmissionRefused("message ends must lie within the prompt")
     if system_end is not None and not 0 < system_end <= prompt_len:
         raise AdmissionRefused("system_end must lie within the prompt")
-    return ends
+    if not decode_prompt_tail:
+        return Admission(ends, Phase.PREFILL, cached_prefix_len)
+    if not decodes_prompt_tail(prompt_len=prompt_len, cached_prefix_len=cached_prefix_len,
+                               scored_prompt=scored_prompt, has_images=has_images,
+                               restores=restores):
+        raise AdmissionRefused("only a one-token uncached prompt without scores, images or "
+                               "a restore can start decoding")
+    return Admission(ends, Phase.DECODE, prompt_len)
+
+
+def decodes_prompt_tail(*, prompt_len: int, cached_prefix_len: int, scored_prompt: bool,
+                        has_images: bool, restores: bool = False) -> bool:
+    """Whether a request's one uncached prompt token can be its first decode step's
+    input instead of a prompt chunk (flare's extension, not the seed's: the step feeds
+    the last prompt token at its position and samples the first output, exactly what a
+    one-token final chunk computes). Not for a scored prompt (its scores come from
+    prefill), a prompt with images (their features enter through prompt lanes) or a
+    request whose state is first restored (``restores``)."""
+    return (prompt_len - cached_prefix_len == 1 and not scored_prompt and not has_images
+            and not restores)
 
 
 def check_stages(restore: RestoreNeed, further_stages: Sequence[StateOp]
@@ -187,13 +220,12 @@ def apply_progress(rec: RequestRecord, lane: Lane, record: CompletionRecord) -> 
     starts decoding once the prompt is consumed), committed output, and how the output
     ended: STOP on a terminated record, LENGTH at ``max_output_tokens``. The caller
     retires a finished request (terminal snapshot or release)."""
-    first = False
     if lane.role is LaneRole.PROMPT:
         rec.prompt_cursor += lane.prompt_tokens
         if rec.prompt_cursor < rec.prompt_len:
             return Progress(emitted=False)
         rec.phase = Phase.DECODE
-        first = True
+    first = rec.output_committed == 0
     rec.output_committed += len(record.token_ids)
     finish: FinishKind | None = None
     if record.terminated:

@@ -64,10 +64,7 @@ from policy.residency import EpochRenewal, ExecutionCounters, Residency
 from policy.round_speculation import RoundSpeculation, SchedulingView, SpeculationSettings
 from policy.rounds import SpeculationMode
 from policy.selection import CatalogIndex, ShapeTimes, select
-from policy.service import (
-    new_history,
-    service_interval_ns,
-)
+from policy.service import new_history, service_interval_ns
 from policy.speculation import AcceptanceState
 from policy.terminal_captures import TerminalCaptures
 from policy.types import (
@@ -195,7 +192,8 @@ class Scheduler(EpochRenewal):
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               restore: RestoreNeed = RestoreNeed.NONE,
               further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False,
-              grammar_resident: bool = False, images: ImagePlan | None = None) -> RequestHandle:
+              grammar_resident: bool = False, images: ImagePlan | None = None,
+              decode_prompt_tail: bool = False) -> RequestHandle:
         """Make a request resident and return its handle.
 
         ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
@@ -208,19 +206,22 @@ class Scheduler(EpochRenewal):
         restoration runs (``restoration_ready``), outside every participant set (ACCT-4).
         ``further_stages``: prerequisite stages after the restore (initialization), each
         run by its own prepared state graph; such a request is ranked by the continuation
-        index (PRE-21..25). ``grammar_constrained``, ``grammar_resident``:
-        ``policy.grammar_feedback``; ``images``: ``policy.vision_windows``."""
-        ends = check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
-                               cached_prefix_len=cached_prefix_len,
-                               message_ends=message_ends, system_end=system_end)
+        index (PRE-21..25). ``grammar_*``: ``policy.grammar_feedback``; ``images``:
+        ``policy.vision_windows``; ``decode_prompt_tail``: ``lifecycle.decodes_prompt_tail``."""
+        start = check_admission(
+            prompt_len=prompt_len, max_output_tokens=max_output_tokens,
+            cached_prefix_len=cached_prefix_len, message_ends=message_ends,
+            system_end=system_end, decode_prompt_tail=decode_prompt_tail,
+            scored_prompt=scored_prompt, has_images=images is not None,
+            restores=restore is not RestoreNeed.NONE)
         stages = check_stages(restore, further_stages)
         handle, epoch = self._residency.claim(handle)
         norms = self._cache.normalizers(fair_share_population(self._catalog))
         self._residency.add(RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
-            message_ends=ends, system_end=system_end, scored_prompt=scored_prompt,
-            history=new_history(norms), prompt_cursor=cached_prefix_len,
+            message_ends=start.message_ends, system_end=system_end, scored_prompt=scored_prompt,
+            history=new_history(norms), prompt_cursor=start.prompt_cursor, phase=start.phase,
             last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
             grammar_constrained=grammar_constrained, grammar_resident=grammar_resident, images=images))
         self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,

@@ -10,20 +10,19 @@ on the seed scheduler's own pieces wherever they exist as modules:
   generation programs may queue behind generation programs; prefill, mixed and state
   programs drain the window). Baselines never call ``observe_time``: they have no
   overrun rule (OPEN-31 is the seed's);
-- execution time per frame is ``policy.credit_ledgers.episode_charge_ns``, as the seed counts it.
+- execution time per frame is ``policy.credit_ledgers.episode_charge_ns``, as the seed counts it;
 - admission checks, commit rechecks (fence order, window, capacity, each lane's epoch and
   cursors), completion validation (every lane before any update, ACCT-6) and applying a
   valid lane's progress are ``policy.lifecycle``'s, as for the seed's ``Scheduler``.
 
-Resident records (handles, epochs, cancellation, release) and the execution counters
-and traces are ``policy.residency``'s, shared with the seed's ``Scheduler``. What
-remains here is the baseline record's bookkeeping, terminal snapshots when the catalog
-prepares them (PRE-41) and cost observations (kept for traces and export only:
-baselines never rank by cost).
+Resident records, execution counters and traces are ``policy.residency``'s, shared
+with the seed's ``Scheduler``. What remains here is the baseline record's bookkeeping,
+terminal snapshots when the catalog prepares them (PRE-41) and cost observations
+(traces and export only: baselines never rank by cost).
 
-Subclasses implement ``_choose`` (pure: it reads state, never changes it) and may hook
-``_on_admitted``, ``_on_client`` and ``_on_served``. Baselines do not price deliveries,
-so ``published_output`` and ``nothing_published`` only check their arguments.
+Subclasses implement ``_choose`` (pure: reads state, never changes it) and may hook
+``_on_admitted``, ``_on_client``, ``_on_served``. Baselines price no deliveries, so
+``published_output`` and ``nothing_published`` only check their arguments.
 """
 
 from __future__ import annotations
@@ -151,8 +150,7 @@ class BaselinePolicy(EpochRenewal, abc.ABC):
     rounds_decode = False
     """Whether complete speculative rounds stand in for ordinary decode (``fixed-spec``)."""
 
-    def __init__(self, config: PolicyConfig | None = None,
-                 catalog: Iterable[GraphShape] = ()) -> None:
+    def __init__(self, config: PolicyConfig | None = None, catalog: Iterable[GraphShape] = ()) -> None:
         self._config = config if config is not None else PolicyConfig()
         self._estimates = estimates_for(self._config)
         self._residency: Residency[BaselineRequest] = Residency()
@@ -240,19 +238,21 @@ class BaselinePolicy(EpochRenewal, abc.ABC):
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               grammar_constrained: bool = False, grammar_resident: bool = False,
-              images: ImagePlan | None = None) -> RequestHandle:
+              images: ImagePlan | None = None, decode_prompt_tail: bool = False) -> RequestHandle:
         """As ``Scheduler.admit``; message ends are checked and scored prompts accepted,
         then ignored: baselines run ordinary prefill within image windows."""
-        check_admission(prompt_len=prompt_len, max_output_tokens=max_output_tokens,
-                        cached_prefix_len=cached_prefix_len, message_ends=message_ends,
-                        system_end=system_end)
+        start = check_admission(
+            prompt_len=prompt_len, max_output_tokens=max_output_tokens,
+            cached_prefix_len=cached_prefix_len, message_ends=message_ends, system_end=system_end,
+            decode_prompt_tail=decode_prompt_tail, scored_prompt=scored_prompt,
+            has_images=images is not None)
         handle, epoch = self._residency.claim(handle)
         self._sequence += 1
         req = BaselineRequest(
             handle=handle, epoch=epoch, sequence=self._sequence, admitted_ns=self._now_ns,
             prompt_len=prompt_len, cached_prefix_len=cached_prefix_len,
             max_output_tokens=max_output_tokens, system_end=system_end,
-            history=new_history(_UNPRICED), prompt_cursor=cached_prefix_len,
+            history=new_history(_UNPRICED), prompt_cursor=start.prompt_cursor, phase=start.phase,
             last_visible_ns=self._now_ns, grammar_constrained=grammar_constrained,
             grammar_resident=grammar_resident, images=images)
         self._on_admitted(req)

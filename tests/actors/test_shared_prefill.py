@@ -4,6 +4,7 @@ prompt pages (``ResourceBook``, *Shared prefills*), each still its own request."
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -64,12 +65,12 @@ def test_a_prompt_within_one_page_holds_nobody_back() -> None:
     assert book.acquire([5, 6, 7], 4, prompt_group="g") is not None
 
 
-async def _run_together(requests: list[GenerationRequest], log: list[tuple[int, str, int]]
-                        ) -> tuple[int, list[list[int]]]:
+async def _run_together(requests: list[GenerationRequest], log: list[tuple[int, str, int]],
+                        *, decode_prompt_tail: bool = True) -> tuple[int, list[list[int]]]:
     """Submit ``requests`` at the same instant; the prompt tokens the device ran and
     every request's output. ``log`` gets (request, event kind, resident requests then)
     in arrival order."""
-    async with toy_runtime() as toy:
+    async with toy_runtime(decode_prompt_tail=decode_prompt_tail) as toy:
         outputs: list[list[int]] = [[] for _ in requests]
 
         async def one(i: int) -> None:
@@ -89,14 +90,16 @@ async def _run_together(requests: list[GenerationRequest], log: list[tuple[int, 
         return toy.device.prompt_tokens_run, outputs
 
 
+@pytest.mark.parametrize("decode_prompt_tail", [True, False])
 async def test_siblings_admitted_together_prefill_their_prompt_once(
-        autojump_clock: trio.testing.MockClock) -> None:
+        autojump_clock: trio.testing.MockClock, decode_prompt_tail: bool) -> None:
     prompt = list(range(1, 30))  # 29 tokens, page 4: 28 positions shareable
     grouped = [request(prompt, 12, request_id=f"r-{i}", prefill_group="r")
                for i in range(3)]
     log: list[tuple[int, str, int]] = []
-    ran, outputs = await _run_together(grouped, log)
-    assert ran == len(prompt) + 2 * (len(prompt) - 28)
+    ran, outputs = await _run_together(grouped, log, decode_prompt_tail=decode_prompt_tail)
+    # each sibling's uncached last token: its first decode step's input, or a prompt chunk
+    assert ran == len(prompt) + (0 if decode_prompt_tail else 2 * (len(prompt) - 28))
     assert outputs == [reference_output(prompt, 12)] * 3
     # the others are granted once the prompt pages are published, not when the first
     # one ends: all three are resident while the first still streams

@@ -268,10 +268,11 @@ async def toy_runtime(
     *, page_size: int = 4, num_pages: int = 64, state_rows: int = 4, max_queue: int = 8,
     max_context: int = 256, auto_complete: bool = True, max_batch: int = 4,
     prefill: Sequence[int] = (64,), timed: bool = False, mixed: bool = False,
-    snapshots: bool = False, scheduler_policy: str = "balanced",
+    snapshots: bool = False, scheduler_policy: str = "balanced", decode_prompt_tail: bool = True,
 ) -> AsyncIterator[ToySystem]:
     """``timed``: launches take their ``toy_durations`` in virtual time (a driver task
-    completes them in FIFO order), so concurrency looks like a real device."""
+    completes them in FIFO order), so concurrency looks like a real device;
+    ``decode_prompt_tail``: ``RuntimeConfig.decode_prompt_tail``."""
     clock = lambda: int(trio.current_time() * 1e9)  # noqa: E731
     backend = FakeBackend(device_ns=toy_durations, auto_complete=auto_complete and not timed,
                           clock_ns=clock)
@@ -285,6 +286,7 @@ async def toy_runtime(
         eos_token_ids=(EOS,), max_context=max_context, page_size=page_size,
         num_pages=num_pages, state_rows=state_rows, max_queue=max_queue,
         policy=PolicyConfig(), clock_ns=clock, scheduler_policy=scheduler_policy,
+        decode_prompt_tail=decode_prompt_tail,
     )
     with trio.fail_after(TOY_DEADLINE_S):
         async with (open_runtime_with(parts, catalog=catalog) as runtime,

@@ -37,3 +37,8 @@ def test_flare_run_passes_its_cost_drift_flag_on() -> None:
     assert runtime_policy(run_flags()).cost_drift_weight == CPU_COST_DRIFT_WEIGHT
     assert runtime_policy(run_flags("--cost-drift-weight", "0")).cost_drift_weight == 0.0
     assert runtime_policy(run_flags("--cost-drift-weight", "0.3")).cost_drift_weight == 0.3
+
+
+def test_flare_run_decodes_a_one_token_prompt_tail_unless_told_not_to() -> None:
+    assert run_flags().decode_prompt_tail is True
+    assert run_flags("--no-decode-prompt-tail").decode_prompt_tail is False

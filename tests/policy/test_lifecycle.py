@@ -42,7 +42,7 @@ def record(**kw: object) -> RequestRecord:
 
 def test_admission_checks_and_sorted_message_ends() -> None:
     assert check_admission(prompt_len=10, max_output_tokens=1, cached_prefix_len=9,
-                           message_ends=(7, 3, 7), system_end=10) == (3, 7)
+                           message_ends=(7, 3, 7), system_end=10).message_ends == (3, 7)
     for kw in (dict(prompt_len=0), dict(max_output_tokens=0), dict(cached_prefix_len=10),
                dict(message_ends=(11,)), dict(system_end=0)):
         args: dict[str, object] = dict(prompt_len=10, max_output_tokens=1,
