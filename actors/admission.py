@@ -77,6 +77,9 @@ class AdmissionLimits:
     """Why grammar-constrained requests cannot run here ("" when they can)."""
     window_images: int = DEFAULT_WINDOW_IMAGES
     """Images one window holds: a prompt with more needs a private snapshot row."""
+    decode_prompt_tail: bool = False
+    """``RuntimeConfig.decode_prompt_tail``: a prompt found whole in the cache gets a copy
+    of its last page, so that one token is left for its first decode step."""
 
 
 def _end(msg: Admit, message: str) -> None:
@@ -168,6 +171,7 @@ class AdmissionState:
             use_prefix_cache=self.limits.prefix_caching and not head.request.prompt_logprobs,
             reply=reply, prompt_group=head.request.prefill_group,
             window_snapshots=needs_snapshot_row(head.request.images, self.limits.window_images),
+            copy_last_page=self.limits.decode_prompt_tail and not head.request.images,
         )
 
     def on_withdraw(self, request_id: RequestId) -> str:

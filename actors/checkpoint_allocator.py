@@ -69,7 +69,8 @@ class AllocatorState:
                                       message_ends=head.message_ends,
                                       use_prefix_cache=head.use_prefix_cache,
                                       prompt_group=head.prompt_group,
-                                      window_snapshots=head.window_snapshots)
+                                      window_snapshots=head.window_snapshots,
+                                      copy_last_page=head.copy_last_page)
             if grant is None:
                 return
             self.parked.popleft()

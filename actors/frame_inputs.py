@@ -11,7 +11,8 @@ Owns three rules:
   decodes its last prompt token (``decodes_prompt_tail``: its row starts with that
   token pending). The allocator reserves pages covering those extents before commit
   (QUEUE-49).
-- **State updates ride with the frame.** A request's first frame initialises its row
+- **State updates ride with the frame.** A request's first frame copies the cached
+  page its grant names into its own last page (``PageCopy``), initialises its row
   (``RowInit``: position = cached prefix, sampling parameters) and appends its cached
   pages; every frame appends the pages reserved for it. They are applied in stream
   order inside ``bind``, so the runtime never writes device state behind a queued
@@ -67,6 +68,7 @@ from dataclasses import dataclass, field, replace
 from actors.grammar import RequestGrammar
 from actors.image_content import content_ids, frame_images
 from actors.messages import (
+    Grant,
     LaneContext,
     LaneExtent,
     PageId,
@@ -83,6 +85,7 @@ from gpu import (
     Frame,
     MixedFrame,
     PageAppend,
+    PageCopy,
     PrefillFrame,
     RowCopy,
     RowInit,
@@ -140,6 +143,8 @@ class LaneSource:
     """Its lanes submitted and not yet completed (a window snapshot needs none)."""
     decodes_prompt_tail: bool = False
     """Its first decode step feeds its last prompt token (``policy.lifecycle``)."""
+    page_copy: tuple[PageId, PageId] | None = None
+    """(cached page, its own last cached page): copied by its first frame (``Grant``)."""
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -157,23 +162,22 @@ class LaneSource:
         return (*prompt, *self.output_ids)[:kv_tokens]
 
 
-def admitted_source(request: GenerationRequest, *, handle: RequestHandle, epoch: int,
-                    row: StateRow, cached_tokens: int, cached_pages: tuple[PageId, ...],
+def admitted_source(request: GenerationRequest, grant: Grant, *, epoch: int,
                     eos_token_ids: Sequence[int], grammar: RequestGrammar | None,
                     image_plan: ImagePlan | None = None,
                     grammar_resident: bool = False, decodes_prompt_tail: bool = False
                     ) -> LaneSource:
-    """The packing view of a newly admitted request: its sampling always has a seed
-    (one is drawn when the request gave none) and its ending ids include its
+    """The packing view of a request admitted on ``grant``: its sampling always has a
+    seed (one is drawn when the request gave none) and its ending ids include its
     ``stop_token_ids``."""
     s = request.sampling
     return LaneSource(
-        handle=handle, epoch=epoch, row=row, request=request, cached_tokens=cached_tokens,
-        cached_pages=cached_pages,
+        handle=grant.handle, epoch=epoch, row=grant.row, request=request,
+        cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
         sampling=replace(s, seed=s.seed if s.seed is not None else secrets.randbits(63)),
         eos_token_ids=ending_token_ids(request, eos_token_ids), grammar=grammar,
         image_plan=image_plan, grammar_resident=grammar_resident and grammar is not None,
-        decodes_prompt_tail=decodes_prompt_tail)
+        decodes_prompt_tail=decodes_prompt_tail, page_copy=grant.page_copy)
 
 
 def decodes_last_token(request: GenerationRequest, cached_tokens: int) -> bool:
@@ -256,6 +260,9 @@ def _updates(
     for lane in lanes:
         source = sources[lane.handle]
         if not source.initialised:
+            if source.page_copy is not None:
+                src, dst = source.page_copy
+                updates.append(PageCopy(row=source.row, src_page=src, dst_page=dst))
             updates.append(row_init(
                 source, row=source.row, position=source.cached_tokens, grammar=True,
                 pending_token=source.prompt[-1] if source.decodes_prompt_tail else 0))

@@ -116,6 +116,9 @@ class Grant:
     snapshot_row: StateRow | None = None
     """The request's private window snapshot row, when its images span several
     windows (PRE-30, ``actors.window_snapshots``)."""
+    page_copy: tuple[PageId, PageId] | None = None
+    """(cached page, its own last page of ``cached_pages``): the first frame copies the
+    one into the other (``Acquire.copy_last_page``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +137,8 @@ class Acquire:
     """Requests of one group with one prompt share its prefill (``ResourceBook``)."""
     window_snapshots: bool = False
     """Its images span several windows: it needs a private snapshot row (PRE-30)."""
+    copy_last_page: bool = False
+    """A prompt found whole leaves one token uncached (``ResourceBook.acquire``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -223,12 +223,11 @@ class Planner:
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(
-            request, handle=handle, epoch=epoch, row=grant.row,
-            cached_tokens=grant.cached_tokens, cached_pages=grant.cached_pages,
-            eos_token_ids=self._eos, grammar=request_matcher(self._grammar, request.grammar),
+            request, grant, epoch=epoch, eos_token_ids=self._eos,
+            grammar=request_matcher(self._grammar, request.grammar),
             image_plan=images, grammar_resident=self._grammar_resident, decodes_prompt_tail=tail)
-        self._residents[handle] = _Resident(request_id=msg.request_id, source=source,
-                                            kv_done=grant.cached_tokens, scores=[])
+        self._residents[handle] = _Resident(request_id=msg.request_id, source=source, scores=[],
+                                            kv_done=grant.cached_tokens)
         self._by_request[msg.request_id] = handle
         self.counters.prefix_hit_tokens += grant.cached_tokens
         if not request.prompt_logprobs:  # scored prompts skip the cache lookup (admission)

@@ -18,6 +18,13 @@ and OPEN-3 as ``docs/runtime.md`` states them:
   overwrites the rest). This is how a conversation anchor inside the last page of a
   short exchange is reused by a turn that shares the anchor but not the answer
   (QUEUE-17).
+- **A private copy of the last page.** A lookup with ``copy_last_page`` that stops
+  short of its limit looks under the last matched node for a cached page (full, or a
+  tail someone shares) whose tokens begin with the rest of the prompt: a prompt found
+  whole in the cache, whose last page holds the previous request's later tokens too.
+  The hit names it as ``copy_source`` (referenced for the caller, who copies it into a
+  page of its own before anything reads that, ``gpu.frames.PageCopy``) and reaches the
+  limit: the copy's first positions are the caller's own KV, and it overwrites the rest.
 - **Publication.** Pages enter the cache only after the frame that wrote them retired
   (the caller's job: ``ResourceBook`` publishes on fence retirement). Inserting a page
   whose node already exists keeps the existing page (the request's duplicate is freed
@@ -77,6 +84,9 @@ class PrefixHit:
     tokens: int
     tail: _Node | None = None
     """The partial tail moved to the caller, if any (``give_back`` can return it)."""
+    copy_source: PageId | None = None
+    """A cached page the caller copies into its own last page (``copy_last_page``); it is
+    not in ``pages``, and its reference is the caller's to drop after the copy ran."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +114,8 @@ class PrefixCache:
         self._pool = pool
         self.page_size = page_size
         self._nodes: dict[tuple[int, tuple[int, ...]], _Node] = {}
+        self._children: dict[int, list[_Node]] = {}
+        """Cached pages (full and partial) by parent node id (0: the root)."""
         self._partials: dict[int, list[_Node]] = {}
         """Partial tails by parent node id (0: the root)."""
         self._next_id = 1
@@ -114,9 +126,11 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ lookups
 
-    def lookup(self, token_ids: Sequence[int], *, limit_tokens: int) -> PrefixHit:
+    def lookup(self, token_ids: Sequence[int], *, limit_tokens: int,
+               copy_last_page: bool = False) -> PrefixHit:
         """The longest cached chain of full pages within ``limit_tokens``; each page
-        gains one reference for the caller, who must ``PagePool.drop`` them later."""
+        gains one reference for the caller, who must ``PagePool.drop`` them later.
+        ``copy_last_page``: reach the limit through a page to copy where one matches."""
         self._demand += 1
         pages: list[PageId] = []
         parent_id = 0
@@ -133,23 +147,43 @@ class PrefixCache:
         if tail is not None:
             pages.append(tail.page)  # the cache's reference moves to the caller
             tokens += common
-        if pages:
+        source = None
+        if copy_last_page and tail is None and tokens < limit_tokens:
+            source = self._copy_source(parent_id, token_ids[tokens:limit_tokens])
+            if source is not None:
+                self._pool.share([source])
+                tokens = limit_tokens
+        if tokens:
             self._hits += 1
             self._hit_tokens += tokens
-        return PrefixHit(pages=tuple(pages), tokens=tokens, tail=tail)
+        return PrefixHit(pages=tuple(pages), tokens=tokens, tail=tail, copy_source=source)
+
+    def _copy_source(self, parent_id: int, rest: Sequence[int]) -> PageId | None:
+        """A cached page under ``parent_id`` whose tokens begin with ``rest`` (shorter
+        than a page), the most recently demanded one."""
+        want = tuple(rest)
+        found = [n for n in self._children.get(parent_id, ()) if n.key[1][:len(want)] == want]
+        if not found:
+            return None
+        best = max(found, key=lambda n: n.last_demand)
+        best.last_demand = self._demand
+        return best.page
 
     def give_back(self, hit: PrefixHit) -> None:
         """Undo ``lookup`` for a caller that could not use it: drop the shared pages'
         references and put a moved tail back into the cache."""
         shared = hit.pages[:-1] if hit.tail is not None else hit.pages
         self._pool.drop(shared)
+        if hit.copy_source is not None:
+            self._pool.drop([hit.copy_source])
         if hit.tail is not None:
             node = hit.tail
             self._nodes[node.key] = node
             self._partials.setdefault(node.key[0], []).append(node)
+            self._children.setdefault(node.key[0], []).append(node)
             if node.parent is not None:
                 node.parent.children += 1
-        if hit.pages:
+        if hit.tokens:
             self._hits -= 1
             self._hit_tokens -= hit.tokens
 
@@ -174,6 +208,10 @@ class PrefixCache:
     def _forget(self, node: _Node) -> None:
         """Unlink ``node`` (its page reference is the caller's business)."""
         del self._nodes[node.key]
+        siblings = self._children[node.key[0]]
+        siblings.remove(node)
+        if not siblings:
+            del self._children[node.key[0]]
         if node.partial:
             self._partials[node.key[0]].remove(node)
             if not self._partials[node.key[0]]:
@@ -210,6 +248,7 @@ class PrefixCache:
                              role=role, last_demand=self._demand, node_id=self._next_id)
                 self._next_id += 1
                 self._nodes[key] = node
+                self._children.setdefault(key[0], []).append(node)
                 self._pool.share([node.page])
                 if parent is not None:
                     parent.children += 1
@@ -240,6 +279,7 @@ class PrefixCache:
         self._next_id += 1
         self._nodes[key] = node
         self._partials.setdefault(parent_id, []).append(node)
+        self._children.setdefault(parent_id, []).append(node)
         if parent is not None:
             parent.children += 1  # a node with a cached tail is not a leaf
         self._pool.share([page])
@@ -286,6 +326,7 @@ class PrefixCache:
             self._pool.drop([node.page])
         self._nodes.clear()
         self._partials.clear()
+        self._children.clear()
 
     def statistics(self) -> PrefixCacheStatistics:
         return PrefixCacheStatistics(

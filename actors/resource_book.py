@@ -124,6 +124,8 @@ class _Ownership:
     """Its private window snapshot row (PRE-30)."""
     window_page: PageId | None = None
     """The destination page of its window snapshots' partial page."""
+    copy_source: PageId | None = None
+    """The cached page its first frame copies into its last prompt page (held till then)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,18 +181,21 @@ class ResourceBook:
     def acquire(
         self, prompt: Sequence[int], max_tokens: int, *, message_ends: Sequence[int] = (),
         use_prefix_cache: bool = True, prompt_group: str = "", window_snapshots: bool = False,
+        copy_last_page: bool = False,
     ) -> Grant | None:
         """A grant if a row and the request's budget are available now, else None.
 
         ``prompt_group``: a shared prefill (module docstring); ignored without the
-        prefix cache. ``window_snapshots``: it also needs a private snapshot row."""
+        prefix cache. ``window_snapshots``: it also needs a private snapshot row.
+        ``copy_last_page``: a prompt found whole leaves one token uncached, through a
+        private copy of its cached last page (``PrefixCache.lookup``, ``Grant.page_copy``)."""
         group = (prompt_group, tuple(prompt)) if prompt_group and use_prefix_cache else None
         if (self.rows.free_count < 1 + window_snapshots or self._continues_a_finishing_request(prompt)
                 or (group is not None and self._group_prefilling(group))):
             return None
         # At least one prompt token must run so the first output has logits.
         limit = len(prompt) - 1 if use_prefix_cache else 0
-        hit = self.cache.lookup(prompt, limit_tokens=limit)
+        hit = self.cache.lookup(prompt, limit_tokens=limit, copy_last_page=copy_last_page)
         budget = self.budget_for(len(prompt), max_tokens) - len(hit.pages) + window_snapshots
         if budget > self._available_pages():
             self.cache.give_back(hit)
@@ -201,8 +206,10 @@ class ResourceBook:
         handle = RequestHandle(int(row))
         owner = _Ownership(
             handle=handle, epoch=epoch, row=row, pages=list(hit.pages), budget=budget,
-            prompt_len=len(prompt), message_ends=tuple(message_ends),
+            prompt_len=len(prompt), message_ends=tuple(message_ends), copy_source=hit.copy_source,
         )
+        if hit.copy_source is not None:
+            owner.pages.extend(self._take_pages(owner, 1))
         if window_snapshots:
             owner.snapshot_row = self.rows.take()[0]
         self._owners[handle] = owner
@@ -212,8 +219,9 @@ class ResourceBook:
         if self.terminal_snapshots and self._unguarded_spare() >= 1:
             self._guard_sequence += 1
             owner.guard = self._guard_sequence
-        return Grant(handle=handle, epoch=epoch, row=row, cached_pages=hit.pages,
-                     cached_tokens=hit.tokens, snapshot_row=owner.snapshot_row)
+        return Grant(handle=handle, epoch=epoch, row=row, cached_pages=tuple(owner.pages),
+                     cached_tokens=hit.tokens, snapshot_row=owner.snapshot_row,
+                     page_copy=None if hit.copy_source is None else (hit.copy_source, owner.pages[-1]))
 
     def _available_pages(self) -> int:
         """Pages mandatory work may still claim: free and evictable, less budgets."""
@@ -442,6 +450,8 @@ class ResourceBook:
             self.pages.drop((spare,))
         if owner.window_page is not None:
             self.pages.drop((owner.window_page,))  # the private snapshot's: never published
+        if owner.copy_source is not None:
+            self.pages.drop((owner.copy_source,))
         if owner.snapshot_row is not None:
             self.rows.give_back(owner.snapshot_row)
         if owner.publish and owner.publish_kv_tokens > 0:

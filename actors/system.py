@@ -335,6 +335,7 @@ async def open_runtime_with(parts: RuntimeParts, *,
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
         prefix_caching=parts.prefix_caching, window_images=parts.window_images,
+        decode_prompt_tail=parts.decode_prompt_tail,
         grammar=parts.grammar, structured_output=structured_output_problem(parts)))
     scheduler = make_scheduler(parts, catalog, max_context=max_context)
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())

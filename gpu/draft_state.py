@@ -80,6 +80,8 @@ class DraftState:
             raise ValueError("the draft catch-up window must be >= 0")
         self.state = state
         self.draft = draft
+        if draft is not None:
+            state.page_pools.append(draft.cache)  # a page copy copies its draft KV too
         self.catch_up = catch_up if draft is not None else 0
         """Most missed positions a learned round re-feeds the draft (0: the draft
         context is maintained on every step, the seed's rule)."""

@@ -172,6 +172,7 @@ class ModelEngine:
         cache = PagedKVCache(config, geometry, device=model_device, dtype=serving_dtype)
         state = RequestState(state_rows, geometry, vocab_size=config.vocab_size,
                              device=device)
+        state.page_pools.append(cache)
         shapes = list(dict.fromkeys(catalog))
         token_shapes = [s for s in shapes if s.kind not in (GraphKind.STATE, GraphKind.VISION)]
         max_tokens = max([s.max_packed_extent for s in token_shapes], default=1)

@@ -214,7 +214,18 @@ class PageAppend:
     page_ids: tuple[int, ...]
 
 
-StateUpdate = RowInit | PageAppend
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageCopy:
+    """Copy page ``src_page`` into ``dst_page`` in every pool the block tables address
+    (the target's KV, a learned draft's): ``row``'s private copy of a cached page it
+    will write into (a prompt found whole in the prefix cache; ``actors.resource_book``)."""
+
+    row: int
+    src_page: int
+    dst_page: int
+
+
+StateUpdate = RowInit | PageAppend | PageCopy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,8 +9,9 @@ sampled, so randomness is keyed by (seed, position) and needs no extra counter.
 
 Row ``state_rows`` (one past the last) is the *sink* row: inactive lanes point there,
 its block table is all sink page, and nothing reads what programs write into it.
-Host updates (initialise a row, append pages) are applied by ``apply_updates`` inside
-a program's ``bind``, in stream order. On the CPU the tensors are host memory, so
+Host updates (initialise a row, append pages, copy a page in every pool of
+``page_pools``) are applied by ``apply_updates`` inside a program's ``bind``, in
+stream order. On the CPU the tensors are host memory, so
 ``host_views`` exposes numpy views of them: updates are plain array writes there and
 ``bind`` reads positions and temperatures without any tensor round trip.
 
@@ -45,10 +46,11 @@ from gpu.frames import (
     TOP_LOGPROBS,
     FrameError,
     PageAppend,
+    PageCopy,
     RowInit,
     StateUpdate,
 )
-from gpu.model.kv_cache import CacheGeometry
+from gpu.model.kv_cache import CacheGeometry, PagedKVCache
 from gpu.sampling import RowProcessing
 
 if TYPE_CHECKING:
@@ -108,6 +110,9 @@ class RequestState:
             if torch.device(device).type == "cpu" else None
         )
         """Numpy views sharing the tensors' memory (CPU only; None on a device)."""
+        self.page_pools: list[PagedKVCache] = []
+        """The page pools the block tables address (the target's KV, a learned draft's):
+        a ``PageCopy`` copies its page in each."""
         self.grammars: ResidentGrammars | None = None
         """The rows' resident grammar matchers (``gpu.grammar_rows``), set before the
         programs are prepared on a backend that can hold them; None: grammars stay on
@@ -198,6 +203,9 @@ class RequestState:
                     raise StateError(f"a row's token ids must lie in 0..{self.vocab_size - 1}")
                 if update.grammar and self.grammars is None:
                     raise StateError("these programs hold no resident grammars")
+            elif isinstance(update, PageCopy):
+                self.check_page(update.src_page)
+                self.check_page(update.dst_page)
             else:
                 end = update.first_block + len(update.page_ids)
                 if update.first_block < 0 or end > self.geometry.blocks_per_row:
@@ -216,6 +224,12 @@ class RequestState:
             return
         host = self.host_views
         for update in updates:
+            if isinstance(update, PageCopy):
+                pages = torch.tensor([update.src_page, update.dst_page], dtype=torch.int64,
+                                     device=self.block_table.device)
+                for pool in self.page_pools:
+                    pool.copy_pages(pages[:1], pages[1:])
+                continue
             if self.grammars is not None and isinstance(update, RowInit):
                 self.grammars.init_row(update)
             if host is not None:

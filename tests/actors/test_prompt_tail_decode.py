@@ -1,12 +1,14 @@
 """A request whose uncached prompt is one token feeds it to its first decode step
 (``RuntimeConfig.decode_prompt_tail``, ``policy.lifecycle.decodes_prompt_tail``): a
 prompt found whole in the prefix cache, or a one-token prompt, runs no prompt chunk,
-and its output is the same as with the seed's prefill. The cache shares full pages
-only, so a repeated prompt leaves one token uncached when its length is one more than
-a multiple of the page size (the prompts below are chosen so)."""
+and its output is the same as with the seed's prefill. A prompt whose last page is
+cached with a previous request's later tokens in it gets a private copy of that page
+(``PrefixCache.lookup(copy_last_page=True)``, ``gpu.frames.PageCopy``), so any prompt
+found whole leaves exactly one token."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,10 @@ import trio.testing
 
 from actors.config import RuntimeConfig
 from actors.frame_inputs import admitted_source, decodes_last_token, kv_extent, pack_frame
-from actors.messages import PagePlan, StateRow
+from actors.messages import Grant, PagePlan, StateRow
 from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
-from gpu.frames import ImageSpan, RowInit
+from gpu.frames import ImageSpan, PageAppend, PageCopy, RowInit
 from policy import GraphKind, GraphShape, Lane, LaneRole, RequestHandle, ScheduledPlan
 from policy.types import ScheduledStep, SelectionReason
 from tests.actors.reference import hf_greedy
@@ -51,24 +53,32 @@ def _last_fence(rt: Runtime) -> int:
     return int(log[-1].fence) if log else 0
 
 
-@pytest.mark.parametrize("decode_prompt_tail", [True, False])
+@pytest.mark.parametrize("decode_prompt_tail", [True, False], ids=["tail", "seed"])
+@pytest.mark.parametrize("length", [29, 30, 32], ids=["one-past-a-page", "mid-page", "full-page"])
 async def test_a_prompt_found_whole_in_the_cache_runs_no_prompt_chunk(
-        autojump_clock: trio.testing.MockClock, decode_prompt_tail: bool) -> None:
-    prompt = list(range(1, 30))  # 29 tokens, page 4: 28 cached on the second request
+        autojump_clock: trio.testing.MockClock, decode_prompt_tail: bool, length: int) -> None:
+    """Page size 4: 28 of 29 tokens are full cached pages; 30 and 32 end inside a page
+    the first request filled with its outputs, which the repeat copies."""
+    prompt = [1 + (i * 7) % 36 for i in range(length)]
     async with toy_runtime(decode_prompt_tail=decode_prompt_tail, mixed=True) as toy:
         rt = toy.runtime
-        first, _ = await _generate(rt, request(prompt, 8))
+        first, _ = await _generate(rt, request(prompt, 8, ignore_eos=True))
         await wait_until_idle(rt)
         ran, fence = toy.device.prompt_tokens_run, _last_fence(rt)
-        again, final = await _generate(rt, request(prompt, 8))
-        assert first == again == reference_output(prompt, 8)
-        assert final.cached_prompt_tokens == len(prompt) - 1
+        again, final = await _generate(rt, request(prompt, 8, ignore_eos=True))
+        assert first == again == reference_output(prompt, 8, ignore_eos=True)
         if decode_prompt_tail:
+            assert final.cached_prompt_tokens == length - 1
             assert toy.device.prompt_tokens_run == ran
             assert _prompt_frames(rt, fence) == []
+            assert toy.device.page_copies == (0 if (length - 1) % 4 == 0 else 1)
         else:
-            assert toy.device.prompt_tokens_run == ran + 1
-            assert len(_prompt_frames(rt, fence)) == 1
+            assert final.cached_prompt_tokens == (length - 1) // 4 * 4
+            assert toy.device.prompt_tokens_run == ran + length - final.cached_prompt_tokens
+            assert len(_prompt_frames(rt, fence)) == 1 and toy.device.page_copies == 0
+        await wait_until_idle(rt)
+        assert rt.resources.statistics().pages_free + rt.resources.statistics().pages_cached \
+            == rt.resources.statistics().pages_total
 
 
 async def test_a_cached_prompt_joins_running_decoders_in_their_decode_frame(
@@ -126,14 +136,16 @@ def test_scored_prompts_and_images_keep_their_prefill() -> None:
 
 
 def test_the_first_decode_feeds_the_last_prompt_token_at_its_position() -> None:
-    """The packed frame initialises the row with the last prompt token pending at
-    position ``len(prompt) - 1`` and reserves KV through ``len(prompt)`` only."""
+    """The packed frame copies the granted page, initialises the row with the last
+    prompt token pending at position ``len(prompt) - 1`` and reserves KV through
+    ``len(prompt)`` only."""
     prompt = (5, 6, 7, 8, 9)
     handle = RequestHandle(3)
+    grant = Grant(handle=handle, epoch=0, row=StateRow(1), cached_pages=(11, 12),
+                  cached_tokens=4, page_copy=(30, 12))
     source = admitted_source(
-        GenerationRequest(prompt_token_ids=prompt, max_tokens=4, sampling=GREEDY),
-        handle=handle, epoch=0, row=StateRow(1), cached_tokens=4, cached_pages=(11,),
-        eos_token_ids=(), grammar=None, decodes_prompt_tail=True)
+        GenerationRequest(prompt_token_ids=prompt, max_tokens=4, sampling=GREEDY), grant,
+        epoch=0, eos_token_ids=(), grammar=None, decodes_prompt_tail=True)
     lane = Lane(handle=handle, epoch=0, role=LaneRole.DECODE, token_ceiling=1)
     assert kv_extent(lane, source) == len(prompt)
     shape = GraphShape(kind=GraphKind.DECODE, batch_capacity=1, token_capacity=1,
@@ -145,12 +157,13 @@ def test_the_first_decode_feeds_the_last_prompt_token_at_its_position() -> None:
         start_ns=0, useful_value=1.0)
     frame, _ = pack_frame(plan, {handle: source}, (
         PagePlan(handle=handle, row=StateRow(1), first_block=1, page_ids=()),))
-    (init,) = [u for u in frame.updates if isinstance(u, RowInit)]
-    assert (init.position, init.pending_token) == (4, 9)
+    copy, init, append = frame.updates
+    assert isinstance(copy, PageCopy) and (copy.src_page, copy.dst_page) == (30, 12)
+    assert isinstance(init, RowInit) and (init.position, init.pending_token) == (4, 9)
+    assert isinstance(append, PageAppend) and append.page_ids == (11, 12)
     plain = admitted_source(
         GenerationRequest(prompt_token_ids=prompt, max_tokens=4, sampling=GREEDY),
-        handle=handle, epoch=0, row=StateRow(1), cached_tokens=4, cached_pages=(11,),
-        eos_token_ids=(), grammar=None)
+        replace(grant, page_copy=None), epoch=0, eos_token_ids=(), grammar=None)
     assert kv_extent(lane, plain) == len(prompt) + 1
 
 
@@ -161,7 +174,7 @@ async def test_real_model_output_is_unchanged_when_the_last_prompt_token_decodes
     """The tiny Llama on the cpu backend: a prompt repeated whole, a one-token prompt
     and a repeated prompt beside a running decoder all equal transformers' greedy
     output, and the repeats run no prompt token unless the setting is off."""
-    long_prompt = [3 + (i * 37) % 90 for i in range(33)]  # two 16-token pages + 1
+    long_prompt = [3 + (i * 37) % 90 for i in range(40)]  # its last page is copied
     other = [5 + (i * 11) % 80 for i in range(20)]
     config = RuntimeConfig(model_dir=tiny_llama, backend="cpu", max_batch=4,
                            prefill_capacities=(64,), page_size=16, max_context=256,
@@ -178,9 +191,12 @@ async def test_real_model_output_is_unchanged_when_the_last_prompt_token_decodes
             await wait_until_idle(rt)
             before = rt.statistics().prompt_tokens_total
             again, final = await _generate(rt, greedy(long_prompt, 10))
-            assert again == first and final.cached_prompt_tokens == len(long_prompt) - 1
+            assert again == first
             ran = rt.statistics().prompt_tokens_total - before
-            assert ran == (0 if decode_prompt_tail else 1)
+            if decode_prompt_tail:  # the last page is copied: one token left, decoded
+                assert final.cached_prompt_tokens == len(long_prompt) - 1 and ran == 0
+            else:  # two full pages shared, eight tokens prefilled
+                assert final.cached_prompt_tokens == 32 and ran == 8
 
             one, _ = await _generate(rt, greedy([42], 6))
             assert one == hf_greedy(tiny_llama, [42], 6)
@@ -202,7 +218,7 @@ async def test_a_repeated_prompt_speculates_from_its_last_token(tiny_llama: Path
     """Fixed speculation with the target's own weights as the draft: the repeat's first
     round starts at the last prompt token, and every draft is accepted only if the
     cached pages carry the draft's KV and the draft absorbed that token (SPEC-5)."""
-    prompt = [3 + (i * 29) % 90 for i in range(33)]
+    prompt = [3 + (i * 29) % 90 for i in range(40)]
     config = RuntimeConfig(model_dir=tiny_llama, backend="cpu", max_batch=4,
                            prefill_capacities=(64,), page_size=16, max_context=256,
                            speculation="fixed", draft_source="draft",

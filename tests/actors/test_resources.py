@@ -354,3 +354,25 @@ def test_queue_17_a_diverging_prompt_takes_the_tail_truncated() -> None:
     assert pool.references(pages[2]) == 1  # moved to the taker
     cache.give_back(taken)
     assert cache.lookup([*range(8), 20, 21, 22, 1], limit_tokens=11).tokens == 11
+
+
+def test_a_prompt_found_whole_copies_the_page_it_ends_in() -> None:
+    """``copy_last_page``: the rest of the prompt begins a cached page (here one a
+    longer request filled): the hit reaches the limit through that page, held for the
+    caller (not evictable) until ``give_back`` or the caller drops it."""
+    pool = PagePool(8)
+    cache = PrefixCache(pool, PAGE)
+    pages = pool.take(3)
+    cache.publish(list(range(12)), pages)  # three full pages
+    pool.drop(pages)
+    prompt = list(range(10))  # ends inside the third page
+    plain = cache.lookup(prompt, limit_tokens=9)
+    assert plain.tokens == 8 and plain.copy_source is None
+    cache.give_back(plain)
+    hit = cache.lookup(prompt, limit_tokens=9, copy_last_page=True)
+    assert hit.pages == pages[:2] and hit.tokens == 9 and hit.copy_source == pages[2]
+    assert pool.references(pages[2]) == 2 and cache.evict(8) == 0
+    cache.give_back(hit)
+    assert pool.references(pages[2]) == 1 and cache.evict(8) == 3
+    assert cache.lookup([0, 1, 2, 3, 4, 5, 6, 7, 9, 9], limit_tokens=9,
+                        copy_last_page=True).copy_source is None

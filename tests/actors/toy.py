@@ -25,6 +25,7 @@ from gpu.frames import (
     LaneSample,
     MixedFrame,
     PageAppend,
+    PageCopy,
     PrefillFrame,
     RowInit,
     StateOpFrame,
@@ -114,6 +115,7 @@ class ToyDevice:
     corrupt: list[Callable[[LaneSample], LaneSample]] = field(default_factory=list)
     snapshots: list[tuple[int, int, int]] = field(default_factory=list)
     """(source row, position, destination page) of every executed row copy."""
+    page_copies: int = 0
 
     def apply(self, updates: Sequence[Any]) -> None:
         for update in updates:
@@ -124,6 +126,11 @@ class ToyDevice:
                 row = self.rows[update.row]
                 assert len(row.blocks) == update.first_block, "page append out of order"
                 row.blocks.extend(update.page_ids)
+            elif isinstance(update, PageCopy):
+                self.kv[update.dst_page] = dict(self.kv.get(update.src_page, {}))
+                self.page_copies += 1
+            else:
+                raise AssertionError(f"unknown state update {update!r}")
 
     def write(self, row: _Row, token: int) -> None:
         page = row.blocks[row.position // self.page_size]

@@ -27,6 +27,10 @@ from actors.config import DEFAULT_MODEL_DIR
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-4
+REPEAT_TOLERANCE = 1e-5
+"""Between repeats of one request: a repeat finds its prompt in the prefix cache and
+feeds the last prompt token to a decode step (``RuntimeConfig.decode_prompt_tail``),
+whose float32 reductions differ from the prefill's in the last few bits."""
 CONTEXT = "def add(a, b):\n    return"
 CONTINUATION = " a + b\n"
 MESSAGES = [{"role": "user", "content": "Write a function that adds two numbers."}]
@@ -150,7 +154,7 @@ async def test_top_alternatives_streaming_and_not_equal_transformers(
     assert streamed_tokens == lp.tokens and len(lp.tokens) == 8
     assert [list(t) for t in streamed_top] == [list(t) for t in lp.top_logprobs]
     for streamed_dict, whole_dict in zip(streamed_top, lp.top_logprobs, strict=True):
-        assert streamed_dict == pytest.approx(whole_dict, abs=1e-6)
+        assert streamed_dict == pytest.approx(whole_dict, abs=REPEAT_TOLERANCE)
     prompt = codec.encode(CONTEXT)
     reference = reference_log_softmax(prompt + greedy_ids(codec, prompt, reference_log_softmax))
     for i, (text, logprob, top) in enumerate(zip(lp.tokens, lp.token_logprobs, lp.top_logprobs,
@@ -163,14 +167,15 @@ async def test_top_alternatives_streaming_and_not_equal_transformers(
         assert next(iter(top)) == text and top[text] == logprob  # greedy: the token is first
     assert sampled_only.choices[0].logprobs.top_logprobs is None
     assert sampled_only.choices[0].logprobs.token_logprobs == pytest.approx(
-        lp.token_logprobs, abs=1e-6)
+        lp.token_logprobs, abs=REPEAT_TOLERANCE)
 
     # chat: logprobs + top_logprobs k
     content = chat.choices[0].logprobs.content
     streamed = [e for c in chat_chunks if c.choices and c.choices[0].logprobs
                 for e in c.choices[0].logprobs.content]
     assert [e.token for e in streamed] == [e.token for e in content]
-    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-6)
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content],
+                                                           abs=REPEAT_TOLERANCE)
     chat_reference = reference_log_softmax(
         chat_prompt + greedy_ids(codec, chat_prompt, reference_log_softmax, len(content)))
     for i, entry in enumerate(content):
