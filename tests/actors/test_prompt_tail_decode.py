@@ -18,28 +18,15 @@ import trio.testing
 from actors.config import RuntimeConfig
 from actors.frame_inputs import admitted_source, decodes_last_token, kv_extent, pack_frame
 from actors.messages import Grant, PagePlan, StateRow
-from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
+from actors.public import GenerationRequest, SamplingParams, TokenDelta
 from actors.system import Runtime, open_runtime
 from gpu.frames import ImageSpan, PageAppend, PageCopy, RowInit
 from policy import GraphKind, GraphShape, Lane, LaneRole, RequestHandle, ScheduledPlan
 from policy.types import ScheduledStep, SelectionReason
 from tests.actors.reference import hf_greedy
-from tests.actors.toy import reference_output, request, toy_runtime, wait_until_idle
+from tests.actors.toy import collect, reference_output, request, toy_runtime, wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-async def _generate(rt: Runtime, req: GenerationRequest) -> tuple[list[int], Finished]:
-    tokens: list[int] = []
-    final: Finished | None = None
-    async with rt.generate(req) as events:
-        async for event in events:
-            if isinstance(event, TokenDelta):
-                tokens.extend(event.token_ids)
-            elif isinstance(event, Finished):
-                final = event
-    assert final is not None
-    return tokens, final
 
 
 def _prompt_frames(rt: Runtime, after_fence: int) -> list[str]:
@@ -62,10 +49,10 @@ async def test_a_prompt_found_whole_in_the_cache_runs_no_prompt_chunk(
     prompt = [1 + (i * 7) % 36 for i in range(length)]
     async with toy_runtime(decode_prompt_tail=decode_prompt_tail, mixed=True) as toy:
         rt = toy.runtime
-        first, _ = await _generate(rt, request(prompt, 8, ignore_eos=True))
+        first, _ = await collect(rt, request(prompt, 8, ignore_eos=True))
         await wait_until_idle(rt)
         ran, fence = toy.device.prompt_tokens_run, _last_fence(rt)
-        again, final = await _generate(rt, request(prompt, 8, ignore_eos=True))
+        again, final = await collect(rt, request(prompt, 8, ignore_eos=True))
         assert first == again == reference_output(prompt, 8, ignore_eos=True)
         if decode_prompt_tail:
             assert final.cached_prompt_tokens == length - 1
@@ -88,7 +75,7 @@ async def test_a_cached_prompt_joins_running_decoders_in_their_decode_frame(
     prompts = [[7 + i, 3, 5, 11, 2 + i, 9, 4, 6, 8] for i in range(4)]  # 8 of 9 cached
     async with toy_runtime(mixed=True, max_batch=4, timed=True, scheduler_policy="fcfs") as toy:
         rt = toy.runtime
-        cached, _ = await _generate(rt, request(prompts[0], 4, ignore_eos=True))
+        cached, _ = await collect(rt, request(prompts[0], 4, ignore_eos=True))
         await wait_until_idle(rt)
         outputs: dict[int, list[int]] = {}
         decoding = trio.Event()
@@ -106,7 +93,7 @@ async def test_a_cached_prompt_joins_running_decoders_in_their_decode_frame(
                 nursery.start_soon(long_one, i)
             await decoding.wait()
             fence = _last_fence(rt)
-            again, final = await _generate(rt, request(prompts[0], 4, ignore_eos=True))
+            again, final = await collect(rt, request(prompts[0], 4, ignore_eos=True))
             joined = [f.lanes for f in rt.frame_log() if int(f.fence) > fence]
         assert again == cached == reference_output(prompts[0], 4, ignore_eos=True)
         assert final.cached_prompt_tokens == len(prompts[0]) - 1
@@ -119,7 +106,7 @@ async def test_a_cached_prompt_joins_running_decoders_in_their_decode_frame(
 async def test_a_one_token_prompt_decodes_from_the_start(
         autojump_clock: trio.testing.MockClock) -> None:
     async with toy_runtime() as toy:
-        tokens, final = await _generate(toy.runtime, request([17], 6))
+        tokens, final = await collect(toy.runtime, request([17], 6))
         assert tokens == reference_output([17], 6)
         assert final.cached_prompt_tokens == 0 and toy.device.prompt_tokens_run == 0
 
@@ -186,11 +173,11 @@ async def test_real_model_output_is_unchanged_when_the_last_prompt_token_decodes
 
     with trio.fail_after(120):
         async with open_runtime(config) as rt:
-            first, _ = await _generate(rt, greedy(long_prompt, 10))
+            first, _ = await collect(rt, greedy(long_prompt, 10))
             assert first == hf_greedy(tiny_llama, long_prompt, 10)
             await wait_until_idle(rt)
             before = rt.statistics().prompt_tokens_total
-            again, final = await _generate(rt, greedy(long_prompt, 10))
+            again, final = await collect(rt, greedy(long_prompt, 10))
             assert again == first
             ran = rt.statistics().prompt_tokens_total - before
             if decode_prompt_tail:  # the last page is copied: one token left, decoded
@@ -198,13 +185,13 @@ async def test_real_model_output_is_unchanged_when_the_last_prompt_token_decodes
             else:  # two full pages shared, eight tokens prefilled
                 assert final.cached_prompt_tokens == 32 and ran == 8
 
-            one, _ = await _generate(rt, greedy([42], 6))
+            one, _ = await collect(rt, greedy([42], 6))
             assert one == hf_greedy(tiny_llama, [42], 6)
 
             results: dict[str, list[int]] = {}
 
             async def run(name: str, req: GenerationRequest) -> None:
-                results[name], _ = await _generate(rt, req)
+                results[name], _ = await collect(rt, req)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run, "other", greedy(other, 24))
@@ -227,10 +214,10 @@ async def test_a_repeated_prompt_speculates_from_its_last_token(tiny_llama: Path
                             ignore_eos=True)
     with trio.fail_after(120):
         async with open_runtime(config) as rt:
-            first, _ = await _generate(rt, req)
+            first, _ = await collect(rt, req)
             await wait_until_idle(rt)
             before = rt.statistics()
-            again, final = await _generate(rt, req)
+            again, final = await collect(rt, req)
             after = rt.statistics()
     assert first == again == hf_greedy(tiny_llama, prompt, 16)
     assert final.cached_prompt_tokens == len(prompt) - 1

@@ -17,11 +17,11 @@ import pytest
 import trio
 
 from actors.config import DEFAULT_MODEL_DIR, RuntimeConfig
-from actors.public import Finished, GenerationRequest, SamplingParams, TokenDelta
+from actors.public import Finished, GenerationRequest, SamplingParams
 from actors.system import Runtime, open_runtime
 from gpu.model.tokenizer import Tokenizer
 from tests.actors.reference import hf_greedy
-from tests.actors.toy import wait_until_idle
+from tests.actors.toy import collect, wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 SYSTEM = "You are a helpful assistant."
@@ -32,19 +32,9 @@ SECOND = "Now one about the mountains."
 async def run_turn(rt: Runtime, prompt: list[int], max_tokens: int, *,
                    message_ends: tuple[int, ...] = (), bypass_cache: bool = False
                    ) -> tuple[list[int], Finished]:
-    tokens: list[int] = []
-    final: Finished | None = None
-    request = GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=max_tokens,
-                                sampling=GREEDY, message_ends=message_ends,
-                                prompt_logprobs=bypass_cache)
-    async with rt.generate(request) as events:
-        async for event in events:
-            if isinstance(event, TokenDelta):
-                tokens.extend(event.token_ids)
-            elif isinstance(event, Finished):
-                final = event
-    assert final is not None
-    return tokens, final
+    return await collect(rt, GenerationRequest(
+        prompt_token_ids=tuple(prompt), max_tokens=max_tokens, sampling=GREEDY,
+        message_ends=message_ends, prompt_logprobs=bypass_cache))
 
 
 def state_frames(rt: Runtime) -> int:

@@ -17,11 +17,10 @@ from actors.public import (
     GenerationRequest,
     PromptScores,
     SamplingParams,
-    TokenDelta,
 )
 from actors.system import Runtime, open_runtime
 from tests.actors.reference import hf_greedy, hf_prompt_logprobs
-from tests.actors.toy import wait_until_idle
+from tests.actors.toy import collect, wait_until_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -34,18 +33,9 @@ def config_for(model_dir: Path, **kw: object) -> RuntimeConfig:
 
 
 async def generate(rt: Runtime, prompt: list[int], max_tokens: int) -> tuple[list[int], Finished]:
-    tokens: list[int] = []
-    final: Finished | None = None
-    request = GenerationRequest(prompt_token_ids=tuple(prompt), max_tokens=max_tokens,
-                                sampling=GREEDY, ignore_eos=True)
-    async with rt.generate(request) as events:
-        async for event in events:
-            if isinstance(event, TokenDelta):
-                tokens.extend(event.token_ids)
-            elif isinstance(event, Finished):
-                final = event
-    assert final is not None
-    return tokens, final
+    return await collect(rt, GenerationRequest(prompt_token_ids=tuple(prompt),
+                                               max_tokens=max_tokens, sampling=GREEDY,
+                                               ignore_eos=True))
 
 
 def prompt_of(length: int, seed: int) -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from actors.public import GenerationRequest, TextCodec
+from actors.public import Finished, GenerationRequest, TextCodec, TokenDelta
 from actors.system import Runtime, RuntimeParts, open_runtime_with
 from gpu.backends.fake import FakeBackend
 from gpu.frames import (
@@ -318,6 +318,20 @@ async def drive(backend: FakeBackend) -> None:
         await until(lambda: bool(backend.pending()), limit=10**9)
         await trio.sleep(toy_durations(backend.pending()[0].shape) / 1e9)
         backend.complete_next()
+
+
+async def collect(rt: Runtime, req: GenerationRequest) -> tuple[list[int], Finished]:
+    """Run ``req`` to its end: its output token ids and its ``Finished``."""
+    tokens: list[int] = []
+    final: Finished | None = None
+    async with rt.generate(req) as events:
+        async for event in events:
+            if isinstance(event, TokenDelta):
+                tokens.extend(event.token_ids)
+            elif isinstance(event, Finished):
+                final = event
+    assert final is not None
+    return tokens, final
 
 
 def request(prompt: Sequence[int], max_tokens: int, **kw: Any) -> GenerationRequest:
