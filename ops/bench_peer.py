@@ -15,11 +15,15 @@ same number of tokens unless one stops early; the table prints each side's mean 
 length so a difference is visible. ``--ignore-eos`` sends vLLM's ``ignore_eos`` to both
 (a peer that refuses unknown fields then answers errors, which are counted). Before the
 first pair each server answers one untimed load at the largest stream count (warm-up).
+Every pair sends prompts new to both servers (one seed per pair, shared by its two
+loads), so a server with a prefix cache gains nothing from an earlier load;
+``--repeat-prompts`` sends every load the same prompts instead (a repeated-prompt load).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -27,6 +31,7 @@ import shlex
 import shutil
 import statistics
 import sys
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -65,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--modes", default=",".join(MODES),
                         help="which loads: nonstream, stream or both (default %(default)s)")
+    parser.add_argument("--repeat-prompts", action="store_true",
+                        help="send every load the same prompts (default: new prompts per pair)")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="send ignore_eos=true to both servers")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -178,6 +185,7 @@ def run_pairs(args: argparse.Namespace, flare_url: str, peer_url: str,
                      output_tokens=min(args.output_tokens, 8), ignore_eos=args.ignore_eos)
     for url in (flare_url, peer_url):
         trio.run(partial(one_load, "nonstream", url, builder, warm, args.time_limit))
+    pair_seeds = itertools.count(1)
     results: dict[str, dict[int, dict[str, Any]]] = {}
     raw: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {}
     for mode in modes:
@@ -187,8 +195,9 @@ def run_pairs(args: argparse.Namespace, flare_url: str, peer_url: str,
                               ignore_eos=args.ignore_eos)
             sides: dict[str, list[dict[str, Any]]] = {"flare": [], "peer": []}
             for pair in range(args.pairs):
+                load = shape if args.repeat_prompts else replace(shape, seed=next(pair_seeds))
                 for side, url in (("flare", flare_url), ("peer", peer_url)):
-                    figures = trio.run(partial(one_load, mode, url, builder, shape,
+                    figures = trio.run(partial(one_load, mode, url, builder, load,
                                                args.time_limit))
                     sides[side].append(figures)
                     print(f"{mode} streams={streams} pair={pair + 1}/{args.pairs} {side}: "
@@ -232,6 +241,7 @@ def main(args: argparse.Namespace) -> int:
             launch.stop(proc)
     report["config"] = {"model": str(args.model), "peer_command": args.peer_command,
                         "flare_args": args.flare_args, "pairs": args.pairs,
+                        "repeat_prompts": args.repeat_prompts,
                         "requests_per_stream": args.requests_per_stream,
                         "prompt_tokens": args.prompt_tokens,
                         "output_tokens": args.output_tokens, "ignore_eos": args.ignore_eos}

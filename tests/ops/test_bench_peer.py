@@ -96,3 +96,26 @@ def test_a_peer_that_exits_is_reported_before_flare_starts(
     err = capsys.readouterr().err
     assert "exited with status 3" in err and str(tmp_path / "peer.log") in err
     assert "starting flare" not in err
+
+
+@pytest.mark.parametrize("repeat", [False, True], ids=["new-per-pair", "repeated"])
+async def test_each_pair_sends_both_servers_prompts_new_to_them(
+        tmp_path: pathlib.Path, repeat: bool) -> None:
+    """The two loads of a pair carry the same prompts; another pair carries others, so
+    no load finds an earlier one's prompts in a prefix cache (``--repeat-prompts``:
+    every load the same)."""
+    parser = argparse.ArgumentParser()
+    bench_peer.add_arguments(parser)
+    args = parser.parse_args(["--model", str(tmp_path), "--pairs", "2", "--modes", "nonstream",
+                              "--prompt-tokens", "6", "--output-tokens", "2",
+                              "--requests-per-stream", "1", *(["--repeat-prompts"] * repeat)])
+    app = FakeOpenAI()
+    with trio.fail_after(DEADLINE_S):
+        async with serving(app) as url:
+            await trio.to_thread.run_sync(
+                bench_peer.run_pairs, args, url, url, (2,), ("nonstream",))
+    prompts = [b["prompt"] for b in app.bodies]
+    loads = [sorted(prompts[i:i + 2]) for i in range(0, len(prompts), 2)]
+    _warm_flare, _warm_peer, flare_1, peer_1, flare_2, peer_2 = loads
+    assert flare_1 == peer_1 and flare_2 == peer_2
+    assert (flare_1 == flare_2) is repeat
