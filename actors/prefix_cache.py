@@ -116,8 +116,6 @@ class PrefixCache:
         self._nodes: dict[tuple[int, tuple[int, ...]], _Node] = {}
         self._children: dict[int, list[_Node]] = {}
         """Cached pages (full and partial) by parent node id (0: the root)."""
-        self._partials: dict[int, list[_Node]] = {}
-        """Partial tails by parent node id (0: the root)."""
         self._next_id = 1
         self._demand = 0
         self._hits = 0
@@ -179,7 +177,6 @@ class PrefixCache:
         if hit.tail is not None:
             node = hit.tail
             self._nodes[node.key] = node
-            self._partials.setdefault(node.key[0], []).append(node)
             self._children.setdefault(node.key[0], []).append(node)
             if node.parent is not None:
                 node.parent.children += 1
@@ -195,8 +192,8 @@ class PrefixCache:
         that page from there, so it must own it alone)."""
         best: _Node | None = None
         best_common = 0
-        for node in self._partials.get(parent_id, ()):
-            if self._pool.references(node.page) != 1:
+        for node in self._children.get(parent_id, ()):
+            if not node.partial or self._pool.references(node.page) != 1:
                 continue
             common = _common_prefix(node.key[1], rest)
             if common > best_common:
@@ -212,10 +209,6 @@ class PrefixCache:
         siblings.remove(node)
         if not siblings:
             del self._children[node.key[0]]
-        if node.partial:
-            self._partials[node.key[0]].remove(node)
-            if not self._partials[node.key[0]]:
-                del self._partials[node.key[0]]
         if node.parent is not None:
             node.parent.children -= 1
 
@@ -278,7 +271,6 @@ class PrefixCache:
                      partial=True)
         self._next_id += 1
         self._nodes[key] = node
-        self._partials.setdefault(parent_id, []).append(node)
         self._children.setdefault(parent_id, []).append(node)
         if parent is not None:
             parent.children += 1  # a node with a cached tail is not a leaf
@@ -325,7 +317,6 @@ class PrefixCache:
         for node in self._nodes.values():
             self._pool.drop([node.page])
         self._nodes.clear()
-        self._partials.clear()
         self._children.clear()
 
     def statistics(self) -> PrefixCacheStatistics:
