@@ -83,6 +83,7 @@ VARIANT_CONFIGURATIONS = (
                   preferences=(("terminal_value", 10_000.0),)),
     Configuration("first-token", "first-token"),
     Configuration("client-fair", "client-fair"),
+    Configuration("smooth", "smooth"),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
@@ -323,7 +324,9 @@ def speculation_configurations(draft_depth: int) -> list[Configuration]:
 def parse_variant(text: str) -> Configuration:
     """``LABEL=PRESET:FIELD=VALUE[,FIELD=VALUE...]`` (``--variant``): the seed's
     ``Scheduler`` under preset ``PRESET`` with ``PolicyConfig`` fields replaced, under a
-    label of its own; never a baseline. ``ValueError`` names what is wrong."""
+    label of its own; never a baseline. ``PRESET+spec`` runs it with adaptive
+    speculation (``spec-adaptive``, as the ``+spec`` configurations). ``ValueError``
+    names what is wrong."""
     from dataclasses import fields
 
     from policy.baselines import PRESET_POLICIES
@@ -335,9 +338,10 @@ def parse_variant(text: str) -> Configuration:
         raise ValueError(f"--variant {text!r}: expected LABEL=PRESET:FIELD=VALUE,...")
     if any(c.label == label for c in CONFIGURATIONS):
         raise ValueError(f"--variant {text!r}: label {label!r} is already a configuration")
-    if preset not in PRESET_POLICIES:
+    base, spec, trailing = preset.partition("+spec")
+    if base not in PRESET_POLICIES or trailing:
         raise ValueError(f"--variant {text!r}: preset must be one of "
-                         f"{', '.join(PRESET_POLICIES)}")
+                         f"{', '.join(PRESET_POLICIES)}, optionally followed by +spec")
     known = {f.name: f.type for f in fields(PolicyConfig)}
     prefs: list[tuple[str, float]] = []
     for item in assignments.split(","):
@@ -350,8 +354,9 @@ def parse_variant(text: str) -> Configuration:
         except ValueError:
             raise ValueError(f"--variant {text!r}: {name} must be a number") from None
         prefs.append((name, number))
-    config = Configuration(label, preset, preferences=tuple(prefs))
-    replace(policy_preset(preset), **dict(prefs))  # PolicyConfigError (a ValueError)
+    config = (Configuration(label, "spec-adaptive", preset=base, preferences=tuple(prefs))
+              if spec else Configuration(label, base, preferences=tuple(prefs)))
+    replace(policy_preset(base), **dict(prefs))  # PolicyConfigError (a ValueError)
     return config
 
 

@@ -239,12 +239,17 @@ def test_a_variant_flag_adds_a_preset_with_fields_replaced() -> None:
     assert v.make(catalog).config == dataclasses.replace(  # type: ignore[attr-defined]
         policy_preset("first-token"), prompt_age_price=0.3, adaptation_ms=20.0)
     assert not is_baseline("urgent") and not is_baseline("first-token")
+    spec = parse_variant("s=smooth+spec:decode_age_price=5")
+    assert (spec.policy, spec.preset, spec.speculates) == ("spec-adaptive", "smooth", True)
+    assert spec.preferences == (("decode_age_price", 5.0),)
     for bad, why in (("x=fcfs:adaptation_ms=5", "preset must be"),
                      ("fcfs=balanced:adaptation_ms=5", "already a configuration"),
                      ("x=balanced:speed=5", "PolicyConfig field"),
                      ("x=balanced:adaptation_ms=fast", "must be a number"),
                      ("x=balanced:adaptation_ms=0", "greater than zero"),
-                     ("x=balanced", "expected LABEL")):
+                     ("x=balanced", "expected LABEL"),
+                     ("x=fcfs+spec:adaptation_ms=5", "preset must be"),
+                     ("x=balanced+specs:adaptation_ms=5", "preset must be")):
         with pytest.raises(ValueError, match=why):
             parse_variant(bad)
 

@@ -1,0 +1,61 @@
+"""flare's ``smooth`` preset: ``first-token`` with a decoder output-age price (c,
+``decode_age_price``, POL-5) of 50 value/ms^2 where the seed has 0.1.
+
+Every rule is the seed's; only a coefficient differs, so SEL-48's "a smaller prefill
+can win near a throughput knee because it imposes less waiting" decides more often:
+a mixed frame whose prompt chunk stays below the knee (here 128 tokens, almost free)
+beats the larger chunk that stretches every decoding stream's gap
+(``docs/scheduling-utility.md``, *Smooth streams*)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from selection_setup import make_decoder, make_prompt
+from synthetic_catalog import MS, decode, measured_scheduler, mixed
+
+from policy import Scheduler
+from policy.baselines import make_policy
+from policy.config import PolicyConfig, policy_preset
+
+# The knee of ``flare sim --cost-model roofline-llama3-8b-h100`` at 16 rows: a
+# 128-token chunk rides on the decode frame for 0.01 ms, 256 tokens add 1.29 ms.
+KNEE_MS = {decode(16): 8.29, mixed(16, 128): 8.30, mixed(16, 256): 9.58}
+
+
+def _chunk_beside_fifteen_decoders(config: PolicyConfig) -> int:
+    """The prompt chunk the scheduler plans for a fresh 8192-token prompt while 15
+    streams decode (a running limit of 16; 0: a decode-only frame)."""
+    s = measured_scheduler(tuple(KNEE_MS), config,
+                           durations=lambda shape: round(KNEE_MS[shape] * MS))
+    make_prompt(s, prompt_len=8192, token_rate=1.0)
+    for _ in range(15):
+        make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=8.0)
+    plan = s.plan()
+    assert plan is not None
+    return plan.shape.prefill_capacity
+
+
+def test_smooth_is_first_token_with_a_larger_decoder_age_price() -> None:
+    smooth = policy_preset("smooth")
+    assert smooth == replace(policy_preset("first-token"), decode_age_price=50.0)
+    assert policy_preset("balanced").decode_age_price == 0.1  # the seed's c (POL-5)
+    policy = make_policy("smooth")
+    assert isinstance(policy, Scheduler) and policy.config == smooth
+
+
+def test_near_the_knee_smooth_keeps_the_chunk_that_costs_the_streams_nothing() -> None:
+    assert _chunk_beside_fifteen_decoders(policy_preset("first-token")) == 256
+    assert _chunk_beside_fifteen_decoders(policy_preset("balanced")) == 256
+    assert _chunk_beside_fifteen_decoders(policy_preset("smooth")) == 128
+
+
+def test_without_decoders_smooth_takes_the_larger_chunk() -> None:
+    """The age price costs nothing when no stream waits (SEL-47): alone, the larger
+    chunk's value rate wins as in every preset."""
+    shapes = (mixed(16, 128), mixed(16, 256))
+    s = measured_scheduler(shapes, policy_preset("smooth"),
+                           durations=lambda shape: round(KNEE_MS[shape] * MS))
+    make_prompt(s, prompt_len=8192, token_rate=1.0)
+    plan = s.plan()
+    assert plan is not None and plan.shape.prefill_capacity == 256
