@@ -203,7 +203,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "fcfs, sarathi, vtc and fixed-spec-K (K drafts verified on every "
                             "decode step; needs a speculative load of depth >= K) are baseline "
                             "policies on the same programs (for comparisons, see "
-                            "docs/simulator.md)")
+                            "docs/simulator.md); first-token, client-fair and smooth are "
+                            "flare's opt-in presets (docs/scheduling-utility.md; smooth keeps "
+                            "prompt chunks below a GPU's throughput knee while streams decode)")
     sched.add_argument("--scheduler-terminal-value", type=float, default=None,
                        help="override the terminal service value (finite, >= 0; 0 disables)")
     sched.add_argument("--scheduler-terminal-age-price", type=float, default=None,
