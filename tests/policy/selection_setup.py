@@ -41,6 +41,16 @@ def make_prompt(s: Scheduler, *, prompt_len: int, token_rate: float,
     return h
 
 
+def plan_beside_decoders(s: Scheduler, decoders: int, *, age_ms: float) -> GraphShape:
+    """Add ``decoders`` decoding requests (rates 1, last output ``age_ms`` ago) and
+    return the shape of the plan the scheduler then makes."""
+    for _ in range(decoders):
+        make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=age_ms)
+    plan = s.plan()
+    assert plan is not None
+    return plan.shape
+
+
 @dataclass(frozen=True)
 class Option:
     shape: GraphShape

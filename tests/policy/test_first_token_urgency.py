@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from selection_setup import make_decoder, make_prompt
+from selection_setup import make_prompt, plan_beside_decoders
 from synthetic_catalog import MS, decode, measured_scheduler, prefill
 
 from policy import GraphKind, Scheduler
@@ -40,11 +40,7 @@ def _winner_after_wait(config: PolicyConfig, waited_ms: float) -> GraphKind:
     s = measured_scheduler((decode(4), prefill(64)), config)
     make_prompt(s, prompt_len=64, token_rate=100.0)
     s.advance_to(s.now_ns + round(waited_ms * MS))
-    for _ in range(4):
-        make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=0.0)
-    plan = s.plan()
-    assert plan is not None
-    return plan.shape.kind
+    return plan_beside_decoders(s, 4, age_ms=0.0).kind
 
 
 def test_a_waiting_prompt_overtakes_decoders_only_with_urgency() -> None:

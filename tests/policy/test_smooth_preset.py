@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from selection_setup import make_decoder, make_prompt
+from selection_setup import make_prompt, plan_beside_decoders
 from synthetic_catalog import MS, decode, measured_scheduler, mixed
 
 from policy import Scheduler
@@ -29,11 +29,7 @@ def _chunk_beside_fifteen_decoders(config: PolicyConfig) -> int:
     s = measured_scheduler(tuple(KNEE_MS), config,
                            durations=lambda shape: round(KNEE_MS[shape] * MS))
     make_prompt(s, prompt_len=8192, token_rate=1.0)
-    for _ in range(15):
-        make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=8.0)
-    plan = s.plan()
-    assert plan is not None
-    return plan.shape.prefill_capacity
+    return plan_beside_decoders(s, 15, age_ms=8.0).prefill_capacity
 
 
 def test_smooth_is_first_token_with_a_larger_decoder_age_price() -> None:
