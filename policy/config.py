@@ -124,8 +124,8 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     # flare's extension (docs/scheduling-utility.md, *Per-client fairness*): balanced,
     # with every client's requests together holding one client's fairness weight.
     "client-fair": PolicyConfig(client_fairness=1.0),
-    # flare's preset (docs/scheduling-utility.md, *Smooth streams*): first-token with a
-    # decoder output-age price c 500x the seed's, so near a throughput knee the chunk
+    # flare's preset (docs/scheduling-utility.md, *Smooth streams*): first-token with
+    # a decoder output-age price c 500x the seed's, so near a throughput knee the chunk
     # that keeps the decode cadence wins (SEL-48).
     "smooth": PolicyConfig(prompt_age_price=0.03, terminal_value=10_000.0,
                            decode_age_price=50.0),

@@ -3,9 +3,9 @@
 ``balanced`` and ``throughput`` are the seed's ``Scheduler`` with that preset
 (``policy.config.policy_preset``, POL-14, POL-15), ``first-token``, ``client-fair`` and
 ``smooth`` the same ``Scheduler`` with flare's extension presets
-(``docs/scheduling-utility.md``, U-10, U-11, *Smooth streams*); ``spec-adaptive`` and ``spec-fixed``
-are the seed's ``Scheduler`` speculating with the learned source and the ``balanced``
-preset in that mode (what ``flare run --speculation adaptive|fixed`` runs; named for
+(``docs/scheduling-utility.md``: U-10, U-11, *Smooth streams*); ``spec-adaptive`` and
+``spec-fixed`` are the seed's ``Scheduler`` speculating with the learned source and the
+``balanced`` preset in that mode (what ``flare run --speculation adaptive|fixed`` runs; named for
 ``flare sim``, which compares them side by side; adaptive folds depth-``(D + 1)``
 observations as ``flare run`` does by default); ``fcfs``, ``sarathi``, ``vtc`` and
 ``fixed-spec-1`` .. ``fixed-spec-7`` are the baselines of this package. Every result
@@ -34,7 +34,7 @@ from policy.scheduler import Scheduler
 SEED_POLICIES = ("balanced", "throughput")
 EXTENSION_PRESETS = ("first-token", "client-fair", "smooth")
 """flare's own presets of the seed's ``Scheduler`` (``policy.config.POLICY_PRESETS``):
-opt-in departures from the seed, never the default."""
+opt-in departures from the seed's rules or its default coefficients, never the default."""
 PRESET_POLICIES = SEED_POLICIES + EXTENSION_PRESETS
 """Every name that runs the seed's ``Scheduler`` with a preset of that name."""
 SPECULATIVE_SEED_POLICIES = ("spec-adaptive", "spec-fixed")
