@@ -125,6 +125,7 @@ def build_context(
 
     n_active = 0
     n_pending_terminals = 0
+    n_resident = 0
     decoders: list[RequestRecord] = []
     terminals: list[RequestRecord] = []
     prompts: list[RequestRecord] = []
@@ -146,6 +147,7 @@ def build_context(
         phase = r.phase
         if phase is _RETIRED:
             continue
+        n_resident += 1
         need = r.restore
         if need is _NO_RESTORE:
             if phase is _DECODE:
@@ -206,12 +208,13 @@ def build_context(
 
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     prompt_price = first_token_prices(prompt_x, prompt_age_ms, config)
-    e = _price_exponent(config, dec_x, dec_z, prompt_x, prompt_z,
+    age_price = decode_age_price(config, n_resident, catalog)
+    e = _price_exponent(config, age_price, dec_x, dec_z, prompt_x, prompt_z,
                         max(prompt_price, default=0.0))
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
     sigma_term = _reference_ms(catalog, times, "snapshot", catalog.snapshot,
                                n_pending_terminals)
-    c_dec = scaled(config.decode_age_price, e)
+    c_dec = scaled(age_price, e)
     c_term = scaled(config.terminal_age_price, e)
     dec_slope = c_dec * sigma_dec if sigma_dec is not None else 0.0
     term_slope = c_term * sigma_term if sigma_term is not None else 0.0
@@ -269,7 +272,20 @@ def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
     return [1.0 + tf / x + u * age for x, age in zip(prompt_x, prompt_age_ms, strict=True)]
 
 
-def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float],
+def decode_age_price(config: PolicyConfig, resident: int, catalog: CatalogIndex) -> float:
+    """The decoders' output-age price c of this decision: the seed's
+    ``decode_age_price`` (POL-5), or, with flare's opt-in spare-row price
+    (``spare_decode_age_price`` > 0), the larger of the two while the widest decode
+    program has a row no resident request holds (``docs/scheduling-utility.md``,
+    *Spare rows*)."""
+    c, spare = config.decode_age_price, config.spare_decode_age_price
+    if spare > c and len(catalog.decode) and resident < catalog.batch[catalog.decode[-1]]:
+        return spare
+    return c
+
+
+def _price_exponent(config: PolicyConfig, age_price: float,
+                    dec_x: list[float], dec_z: list[float],
                     prompt_x: list[float], prompt_z: list[float],
                     prompt_top: float) -> int:
     """The decision's scaling exponent (SEL-20, OPEN-14): the binary exponent of the
@@ -280,7 +296,7 @@ def _price_exponent(config: PolicyConfig, dec_x: list[float], dec_z: list[float]
     exactly. ``prompt_top``: the largest prompt token price (``first_token_prices``;
     ``1 + f/min_i x_i`` without first-token urgency)."""
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
-    largest = max(config.decode_age_price, config.terminal_value, config.terminal_age_price)
+    largest = max(age_price, config.terminal_value, config.terminal_age_price)
     if dec_x or prompt_x:
         p_min = min(prompt_x) if prompt_x else math.inf
         x_min = min(min(dec_x), p_min) if dec_x else p_min

@@ -99,6 +99,7 @@ of one draft depth."""
 EXTENSION_SPECULATION_CONFIGURATIONS = (
     Configuration("first-token+spec", "spec-adaptive", preset="first-token"),
     Configuration("client-fair+spec", "spec-adaptive", preset="client-fair"),
+    Configuration("smooth+spec", "spec-adaptive", preset="smooth"),
 )
 """Opt-in (``--configuration``): flare's extension presets with adaptive speculation."""
 CONFIGURATIONS = (DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS + SPECULATION_CONFIGURATIONS

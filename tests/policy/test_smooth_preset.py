@@ -1,11 +1,12 @@
 """flare's ``smooth`` preset: ``first-token`` with a decoder output-age price (c,
-``decode_age_price``, POL-5) of 50 value/ms^2 where the seed has 0.1.
+POL-5) of 50 value/ms^2 where the seed has 0.1, while the widest decode program has a
+row no resident request holds (``spare_decode_age_price``).
 
-Every rule is the seed's; only a coefficient differs, so SEL-48's "a smaller prefill
-can win near a throughput knee because it imposes less waiting" decides more often:
-a mixed frame whose prompt chunk stays below the knee (here 128 tokens, almost free)
-beats the larger chunk that stretches every decoding stream's gap
-(``docs/scheduling-utility.md``, *Smooth streams*)."""
+With the larger price SEL-48's "a smaller prefill can win near a throughput knee
+because it imposes less waiting" decides more often: a mixed frame whose prompt chunk
+stays below the knee (here 128 tokens, almost free) beats the larger chunk that
+stretches every decoding stream's gap. Once every row is held the seed's price is back
+and the larger chunk wins (``docs/scheduling-utility.md``, *Spare rows*)."""
 
 from __future__ import annotations
 
@@ -23,27 +24,35 @@ from policy.config import PolicyConfig, policy_preset
 KNEE_MS = {decode(16): 8.29, mixed(16, 128): 8.30, mixed(16, 256): 9.58}
 
 
-def _chunk_beside_fifteen_decoders(config: PolicyConfig) -> int:
-    """The prompt chunk the scheduler plans for a fresh 8192-token prompt while 15
-    streams decode (a running limit of 16; 0: a decode-only frame)."""
+def _chunk_beside(decoders: int, config: PolicyConfig) -> int:
+    """The prompt chunk the scheduler plans for a fresh 8192-token prompt while
+    ``decoders`` streams decode (the widest decode program has 16 rows; 0: a
+    decode-only frame)."""
     s = measured_scheduler(tuple(KNEE_MS), config,
                            durations=lambda shape: round(KNEE_MS[shape] * MS))
     make_prompt(s, prompt_len=8192, token_rate=1.0)
-    return plan_beside_decoders(s, 15, age_ms=8.0).prefill_capacity
+    return plan_beside_decoders(s, decoders, age_ms=8.0).prefill_capacity
 
 
-def test_smooth_is_first_token_with_a_larger_decoder_age_price() -> None:
+def test_smooth_is_first_token_with_a_spare_row_decoder_age_price() -> None:
     smooth = policy_preset("smooth")
-    assert smooth == replace(policy_preset("first-token"), decode_age_price=50.0)
+    assert smooth == replace(policy_preset("first-token"), spare_decode_age_price=50.0)
     assert policy_preset("balanced").decode_age_price == 0.1  # the seed's c (POL-5)
     policy = make_policy("smooth")
     assert isinstance(policy, Scheduler) and policy.config == smooth
 
 
 def test_near_the_knee_smooth_keeps_the_chunk_that_costs_the_streams_nothing() -> None:
-    assert _chunk_beside_fifteen_decoders(policy_preset("first-token")) == 256
-    assert _chunk_beside_fifteen_decoders(policy_preset("balanced")) == 256
-    assert _chunk_beside_fifteen_decoders(policy_preset("smooth")) == 128
+    """14 streams and the prompt hold 15 of the 16 rows: one is spare."""
+    assert _chunk_beside(14, policy_preset("first-token")) == 256
+    assert _chunk_beside(14, policy_preset("balanced")) == 256
+    assert _chunk_beside(14, policy_preset("smooth")) == 128
+
+
+def test_with_every_row_held_smooth_takes_the_seeds_larger_chunk() -> None:
+    """15 streams and the prompt hold all 16 rows: the seed's price c decides."""
+    assert _chunk_beside(15, policy_preset("smooth")) == 256
+    assert _chunk_beside(15, replace(policy_preset("smooth"), decode_age_price=50.0)) == 128
 
 
 def test_without_decoders_smooth_takes_the_larger_chunk() -> None:
