@@ -208,7 +208,7 @@ def build_context(
 
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     prompt_price = first_token_prices(prompt_x, prompt_age_ms, config)
-    age_price = decode_age_price(config, n_resident, catalog)
+    age_price = decode_age_price(config, n_resident, catalog, times)
     e = _price_exponent(config, age_price, dec_x, dec_z, prompt_x, prompt_z,
                         max(prompt_price, default=0.0))
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
@@ -272,16 +272,43 @@ def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
     return [1.0 + tf / x + u * age for x, age in zip(prompt_x, prompt_age_ms, strict=True)]
 
 
-def decode_age_price(config: PolicyConfig, resident: int, catalog: CatalogIndex) -> float:
+KNEE_SLACK = 0.05
+"""How much longer than the widest decode program its smallest-chunk mixed program may
+run for the catalog to have a throughput knee (``decode_age_price``)."""
+
+
+def decode_age_price(config: PolicyConfig, resident: int, catalog: CatalogIndex,
+                     times: ShapeTimes) -> float:
     """The decoders' output-age price c of this decision: the seed's
     ``decode_age_price`` (POL-5), or, with flare's opt-in spare-row price
     (``spare_decode_age_price`` > 0), the larger of the two while the widest decode
-    program has a row no resident request holds (``docs/scheduling-utility.md``,
-    *Spare rows*)."""
+    program has a row no resident request holds and the measured estimates show a
+    knee there (``has_knee``; ``docs/scheduling-utility.md``, *Spare rows*)."""
     c, spare = config.decode_age_price, config.spare_decode_age_price
-    if spare > c and len(catalog.decode) and resident < catalog.batch[catalog.decode[-1]]:
+    if (spare > c and len(catalog.decode) and resident < catalog.batch[catalog.decode[-1]]
+            and has_knee(catalog, times)):
         return spare
     return c
+
+
+def has_knee(catalog: CatalogIndex, times: ShapeTimes) -> bool:
+    """Whether a prompt chunk rides on a full decode frame almost free: the widest
+    decode program and the mixed program of its batch with the smallest prompt
+    capacity are both measured, and the mixed one runs at most ``KNEE_SLACK`` longer.
+    Remembered until an estimate changes."""
+    key = ("knee", -1)
+    cached = times.sigma_memo.get(key)
+    if cached is None:
+        cached = times.sigma_memo[key] = 0.0
+        if len(catalog.decode):
+            widest = int(catalog.decode[-1])
+            rows = catalog.batch[widest]
+            chunk = [int(i) for i in catalog.mixed_smallest_prompt if catalog.batch[i] == rows]
+            decode_ns = int(times.estimate_ns[widest])
+            mixed_ns = int(times.estimate_ns[chunk[0]]) if chunk else 0
+            if decode_ns > 0 and 0 < mixed_ns <= (1.0 + KNEE_SLACK) * decode_ns:
+                cached = times.sigma_memo[key] = 1.0
+    return cached > 0
 
 
 def _price_exponent(config: PolicyConfig, age_price: float,

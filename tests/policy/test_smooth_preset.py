@@ -18,18 +18,22 @@ from synthetic_catalog import MS, decode, measured_scheduler, mixed
 from policy import Scheduler
 from policy.baselines import make_policy
 from policy.config import PolicyConfig, policy_preset
+from policy.descriptors import GraphShape
 
 # The knee of ``flare sim --cost-model roofline-llama3-8b-h100`` at 16 rows: a
 # 128-token chunk rides on the decode frame for 0.01 ms, 256 tokens add 1.29 ms.
 KNEE_MS = {decode(16): 8.29, mixed(16, 128): 8.30, mixed(16, 256): 9.58}
+# ``--cost-model linear`` at 16 rows: every prompt token costs the same, no knee.
+LINEAR_MS = {decode(16): 8.8, mixed(16, 128): 11.1, mixed(16, 256): 13.41}
 
 
-def _chunk_beside(decoders: int, config: PolicyConfig) -> int:
+def _chunk_beside(decoders: int, config: PolicyConfig,
+                  costs: dict[GraphShape, float] = KNEE_MS) -> int:
     """The prompt chunk the scheduler plans for a fresh 8192-token prompt while
     ``decoders`` streams decode (the widest decode program has 16 rows; 0: a
     decode-only frame)."""
-    s = measured_scheduler(tuple(KNEE_MS), config,
-                           durations=lambda shape: round(KNEE_MS[shape] * MS))
+    s = measured_scheduler(tuple(costs), config,
+                           durations=lambda shape: round(costs[shape] * MS))
     make_prompt(s, prompt_len=8192, token_rate=1.0)
     return plan_beside_decoders(s, decoders, age_ms=8.0).prefill_capacity
 
@@ -53,6 +57,15 @@ def test_with_every_row_held_smooth_takes_the_seeds_larger_chunk() -> None:
     """15 streams and the prompt hold all 16 rows: the seed's price c decides."""
     assert _chunk_beside(15, policy_preset("smooth")) == 256
     assert _chunk_beside(15, replace(policy_preset("smooth"), decode_age_price=50.0)) == 128
+
+
+def test_without_a_knee_smooth_plans_as_first_token() -> None:
+    """Where the smallest chunk lengthens the full decode frame by more than
+    ``KNEE_SLACK`` the spare-row price would only hold prompts back: the seed's c."""
+    first_token = _chunk_beside(14, policy_preset("first-token"), LINEAR_MS)
+    assert _chunk_beside(14, policy_preset("smooth"), LINEAR_MS) == first_token == 256
+    spare_everywhere = replace(policy_preset("first-token"), decode_age_price=50.0)
+    assert _chunk_beside(14, spare_everywhere, LINEAR_MS) == 0
 
 
 def test_without_decoders_smooth_takes_the_larger_chunk() -> None:
