@@ -89,10 +89,11 @@ class PolicyConfig:
     preference: 0 (every seed preset) is the seed's per-request price (SEL-5..7)."""
     spare_decode_age_price: float = 0.0
     """flare's spare-row decode age price, value/ms^2: while fewer requests are
-    resident than the widest decode program has rows and the measured estimates show a
-    throughput knee there, decoders age at the larger of this and ``decode_age_price``
-    (``policy.decision.decode_age_price``, ``has_knee``). Not a seed
-    preference: 0 (every seed preset) keeps the seed's c_i (POL-5)."""
+    resident than the widest decode program has rows, none of them took the last row
+    (an overload episode, ``policy.decision.takes_last_row``), and the measured
+    estimates show a throughput knee there, decoders age at the larger of this and
+    ``decode_age_price`` (``policy.decision.decode_age_price``, ``has_knee``). Not a
+    seed preference: 0 (every seed preset) keeps the seed's c_i (POL-5)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -131,8 +132,9 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     # with every client's requests together holding one client's fairness weight.
     "client-fair": PolicyConfig(client_fairness=1.0),
     # flare's extension (docs/scheduling-utility.md, *Spare rows*): first-token with
-    # a decoder output-age price 500x the seed's while a decode row is spare and the
-    # costs show a knee, so there the chunk that keeps the decode cadence wins (SEL-48).
+    # a decoder output-age price 500x the seed's while a decode row is spare outside an
+    # overload episode and the costs show a knee, so there the chunk that keeps the
+    # decode cadence wins (SEL-48).
     "smooth": PolicyConfig(prompt_age_price=0.03, terminal_value=10_000.0,
                            spare_decode_age_price=50.0),
 }

@@ -126,6 +126,7 @@ def build_context(
     n_active = 0
     n_pending_terminals = 0
     n_resident = 0
+    overloaded = False  # a resident request took the last row (takes_last_row)
     decoders: list[RequestRecord] = []
     terminals: list[RequestRecord] = []
     prompts: list[RequestRecord] = []
@@ -148,6 +149,8 @@ def build_context(
         if phase is _RETIRED:
             continue
         n_resident += 1
+        if r.took_last_row:
+            overloaded = True
         need = r.restore
         if need is _NO_RESTORE:
             if phase is _DECODE:
@@ -208,7 +211,7 @@ def build_context(
 
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
     prompt_price = first_token_prices(prompt_x, prompt_age_ms, config)
-    age_price = decode_age_price(config, n_resident, catalog, times)
+    age_price = decode_age_price(config, n_resident, catalog, times, overloaded=overloaded)
     e = _price_exponent(config, age_price, dec_x, dec_z, prompt_x, prompt_z,
                         max(prompt_price, default=0.0))
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
@@ -278,17 +281,29 @@ run for the catalog to have a throughput knee (``decode_age_price``)."""
 
 
 def decode_age_price(config: PolicyConfig, resident: int, catalog: CatalogIndex,
-                     times: ShapeTimes) -> float:
+                     times: ShapeTimes, *, overloaded: bool = False) -> float:
     """The decoders' output-age price c of this decision: the seed's
     ``decode_age_price`` (POL-5), or, with flare's opt-in spare-row price
     (``spare_decode_age_price`` > 0), the larger of the two while the widest decode
-    program has a row no resident request holds and the measured estimates show a
-    knee there (``has_knee``; ``docs/scheduling-utility.md``, *Spare rows*)."""
+    program has a row no resident request holds, no resident request took the last
+    row (``overloaded``: ``takes_last_row``), and the measured estimates show a knee
+    there (``has_knee``; ``docs/scheduling-utility.md``, *Spare rows*)."""
     c, spare = config.decode_age_price, config.spare_decode_age_price
-    if (spare > c and len(catalog.decode) and resident < catalog.batch[catalog.decode[-1]]
-            and has_knee(catalog, times)):
+    if (spare > c and not overloaded and len(catalog.decode)
+            and resident < catalog.batch[catalog.decode[-1]] and has_knee(catalog, times)):
         return spare
     return c
+
+
+def takes_last_row(records: Mapping[RequestHandle, RequestRecord],
+                   catalog: CatalogIndex) -> bool:
+    """Whether a request admitted now holds the widest decode program's last row: the
+    live (not cancelled, not retired) resident requests already fill every other row.
+    Such a request marks an overload episode that lasts while it is resident."""
+    if not len(catalog.decode):
+        return False
+    live = sum(1 for r in records.values() if not r.cancelled and r.phase is not _RETIRED)
+    return live + 1 >= int(catalog.batch[catalog.decode[-1]])
 
 
 def has_knee(catalog: CatalogIndex, times: ShapeTimes) -> bool:

@@ -76,6 +76,9 @@ class RequestRecord:
     """When validated termination or preemption began retirement (PRE-41)."""
     last_served_ns: int = 0
     """Last commit that included this request (the DUR-24 recency tie-break)."""
+    took_last_row: bool = False
+    """Its admission held the widest decode program's last row (``policy.decision``
+    ``takes_last_row``): while it is resident the spare-row price stays off."""
     cancelled: bool = False
     preempted: bool = False
     failed: bool = False

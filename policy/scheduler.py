@@ -36,7 +36,7 @@ from policy.credit_ledgers import (
     settle_frame,
     timing_refresh_ledger,
 )
-from policy.decision import build_context
+from policy.decision import build_context, takes_last_row
 from policy.descriptors import ExecutionTiming, GraphShape, StateOp
 from policy.duration_estimates import DurationEstimates
 from policy.estimate_cache import EstimateCache, fair_share_population
@@ -109,8 +109,7 @@ class Scheduler(EpochRenewal):
         self._catalog = CatalogIndex.build(())
         self._execution = ExecutionCounters()
         self._cache = EstimateCache(self._estimates)
-        self._captures = TerminalCaptures()
-        """Each resident request's checkpoint extra-work allowance (QUEUE-20..24)."""
+        self._captures = TerminalCaptures()  # checkpoint extra-work allowances (QUEUE-20..24)
         self.set_catalog(catalog)
 
     # ---- configuration -------------------------------------------------------------
@@ -216,14 +215,15 @@ class Scheduler(EpochRenewal):
             restores=restore is not RestoreNeed.NONE)
         stages = check_stages(restore, further_stages)
         handle, epoch = self._residency.claim(handle)
-        norms = self._cache.normalizers(fair_share_population(self._catalog))
         self._residency.add(RequestRecord(
             handle=handle, epoch=epoch, admitted_ns=self._now_ns, prompt_len=prompt_len,
             cached_prefix_len=cached_prefix_len, max_output_tokens=max_output_tokens,
             message_ends=start.message_ends, system_end=system_end, scored_prompt=scored_prompt,
-            history=new_history(norms), prompt_cursor=start.prompt_cursor, phase=start.phase,
-            last_visible_ns=self._now_ns, restore=restore, further_stages=stages,
-            grammar_constrained=grammar_constrained, grammar_resident=grammar_resident, images=images))
+            history=new_history(self._cache.normalizers(fair_share_population(self._catalog))),
+            prompt_cursor=start.prompt_cursor, phase=start.phase, restore=restore,
+            last_visible_ns=self._now_ns, further_stages=stages, images=images,
+            grammar_constrained=grammar_constrained, grammar_resident=grammar_resident,
+            took_last_row=takes_last_row(self._records, self._catalog)))
         self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
                                uncached_tokens=prompt_len - cached_prefix_len,
                                catalog=self._catalog, estimates=self._estimates)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from selection_setup import make_prompt, plan_beside_decoders
+from selection_setup import make_decoder, make_prompt, plan_beside_decoders
 from synthetic_catalog import MS, decode, measured_scheduler, mixed
 
 from policy import Scheduler
@@ -57,6 +57,28 @@ def test_with_every_row_held_smooth_takes_the_seeds_larger_chunk() -> None:
     """15 streams and the prompt hold all 16 rows: the seed's price c decides."""
     assert _chunk_beside(15, policy_preset("smooth")) == 256
     assert _chunk_beside(15, replace(policy_preset("smooth"), decode_age_price=50.0)) == 128
+
+
+def test_the_request_that_took_the_last_row_keeps_the_seeds_price_while_resident() -> None:
+    """An overload episode: the request whose admission held the 16th row keeps the
+    seed's c after a row is free again (the queue that filled the rows is still being
+    served); once it leaves, the spare-row price is back."""
+    s = measured_scheduler(tuple(KNEE_MS), policy_preset("smooth"),
+                           durations=lambda shape: round(KNEE_MS[shape] * MS))
+    make_prompt(s, prompt_len=8192, token_rate=1.0)
+    streams = [make_decoder(s, token_rate=1.0, delivery_rate=1.0, age_ms=8.0)
+               for _ in range(15)]
+    assert [s.request(h).took_last_row for h in streams] == [False] * 14 + [True]
+
+    def chunk() -> int:
+        plan = s.plan()
+        assert plan is not None
+        return plan.shape.prefill_capacity
+
+    s.cancel(streams[0])  # 15 of 16 rows held, as in the spare-row test above
+    assert chunk() == 256
+    s.cancel(streams[-1])
+    assert chunk() == 128
 
 
 def test_without_a_knee_smooth_plans_as_first_token() -> None:
