@@ -281,7 +281,7 @@ run for the catalog to have a throughput knee (``decode_age_price``)."""
 
 
 def decode_age_price(config: PolicyConfig, resident: int, catalog: CatalogIndex,
-                     times: ShapeTimes, *, overloaded: bool = False) -> float:
+                     times: ShapeTimes, *, overloaded: bool) -> float:
     """The decoders' output-age price c of this decision: the seed's
     ``decode_age_price`` (POL-5), or, with flare's opt-in spare-row price
     (``spare_decode_age_price`` > 0), the larger of the two while the widest decode
