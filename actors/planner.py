@@ -219,7 +219,7 @@ class Planner:
             system_end=request.system_end, scored_prompt=request.prompt_logprobs,
             handle=grant.handle, grammar_constrained=request.grammar is not None, images=images,
             grammar_resident=self._grammar_resident and request.grammar is not None,
-            decode_prompt_tail=tail)
+            decode_prompt_tail=tail, arrived_ns=msg.arrived_ns)
         self.scheduler.assign_client(handle, request.client)
         epoch = self.scheduler.request(handle).epoch
         source = admitted_source(

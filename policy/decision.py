@@ -204,7 +204,7 @@ def build_context(
         endpoint.append(next_end - at)
         reaches.append(end >= r.prompt_len)
         last_served.append(r.last_served_ns)
-        waited = start_ns - r.admitted_ns
+        waited = start_ns - (r.admitted_ns if r.arrived_ns is None else r.arrived_ns)
         prompt_age_ms.append(waited / NS_PER_MS if waited > 0 else 0.0)
         if r.scored_prompt:
             scored_rows.append(i)
@@ -267,7 +267,7 @@ def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
                        config: PolicyConfig) -> list[float]:
     """Each prompt row's unscaled prefill token price: the seed's ``1 + f/x`` (SEL-5),
     plus, with flare's opt-in first-token urgency (``prompt_age_price`` u > 0),
-    ``u * A`` for a prompt admitted ``A`` ms before the planning start
+    ``u * A`` for a prompt that arrived ``A`` ms before the planning start
     (``docs/scheduling-utility.md``, *First-token urgency*)."""
     tf, u = config.token_fairness, config.prompt_age_price
     if not u:

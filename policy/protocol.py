@@ -114,13 +114,15 @@ class SchedulingPolicy(Protocol):
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               grammar_constrained: bool = False, grammar_resident: bool = False,
-              images: ImagePlan | None = None, decode_prompt_tail: bool = False) -> RequestHandle:
+              images: ImagePlan | None = None, decode_prompt_tail: bool = False,
+              arrived_ns: int | None = None) -> RequestHandle:
         """Make a request resident; ``grammar_constrained``: its output follows a
         grammar (QUEUE-13, SEL-13: ``policy.grammar_feedback``); ``grammar_resident``:
         that grammar's matcher is held where the frames run (no feedback needed);
         ``images``: its prompt's image dependencies (``policy.vision_windows``);
         ``decode_prompt_tail``: its one uncached prompt token is its first decode step's
-        input, so it starts decoding (``policy.lifecycle.decodes_prompt_tail``)."""
+        input, so it starts decoding (``policy.lifecycle.decodes_prompt_tail``);
+        ``arrived_ns``: when it reached the server, before any wait for a running slot."""
         ...
 
     def assign_client(self, handle: RequestHandle, client: str) -> None:

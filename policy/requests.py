@@ -76,6 +76,9 @@ class RequestRecord:
     """When validated termination or preemption began retirement (PRE-41)."""
     last_served_ns: int = 0
     """Last commit that included this request (the DUR-24 recency tie-break)."""
+    arrived_ns: int | None = None
+    """When the request reached the server, before any wait for a running slot
+    (``Scheduler.admit``); None: at admission. The first-token urgency counts from it."""
     took_last_row: bool = False
     """Its admission held the widest decode program's last row (``policy.decision``
     ``takes_last_row``): while it is resident the spare-row price stays off."""

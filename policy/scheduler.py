@@ -192,21 +192,19 @@ class Scheduler(EpochRenewal):
               restore: RestoreNeed = RestoreNeed.NONE,
               further_stages: Sequence[StateOp] = (), grammar_constrained: bool = False,
               grammar_resident: bool = False, images: ImagePlan | None = None,
-              decode_prompt_tail: bool = False) -> RequestHandle:
-        """Make a request resident and return its handle.
-
-        ``cached_prefix_len`` tokens were restored from the prefix cache and earn no
-        prompt service (SEL-1). ``message_ends`` are message-end token offsets
-        (DUR-20's endpoints); ``system_end`` ends the system prompt, a boundary no prefill
-        chunk crosses (SEL-40, OPEN-36). A reused ``handle`` gets a larger epoch (ACCT-5).
-
-        ``restore``: READY when its saved state must first be restored by a prepared
+              decode_prompt_tail: bool = False, arrived_ns: int | None = None) -> RequestHandle:
+        """Make a request resident and return its handle. ``cached_prefix_len`` tokens
+        were restored from the prefix cache and earn no prompt service (SEL-1).
+        ``message_ends`` are message-end token offsets (DUR-20's endpoints); ``system_end``
+        ends the system prompt, a boundary no prefill chunk crosses (SEL-40, OPEN-36). A
+        reused ``handle`` gets a larger epoch (ACCT-5). ``restore``: READY when its saved state must first be restored by a prepared
         restore graph (a prerequisite pair, PRE-1..19); AWAITING while an external
         restoration runs (``restoration_ready``), outside every participant set (ACCT-4).
         ``further_stages``: prerequisite stages after the restore (initialization), each
         run by its own prepared state graph; such a request is ranked by the continuation
         index (PRE-21..25). ``grammar_*``: ``policy.grammar_feedback``; ``images``:
-        ``policy.vision_windows``; ``decode_prompt_tail``: ``lifecycle.decodes_prompt_tail``."""
+        ``policy.vision_windows``; ``decode_prompt_tail``: ``lifecycle.decodes_prompt_tail``;
+        ``arrived_ns``: ``RequestRecord.arrived_ns``."""
         start = check_admission(
             prompt_len=prompt_len, max_output_tokens=max_output_tokens,
             cached_prefix_len=cached_prefix_len, message_ends=message_ends,
@@ -223,6 +221,7 @@ class Scheduler(EpochRenewal):
             prompt_cursor=start.prompt_cursor, phase=start.phase, restore=restore,
             last_visible_ns=self._now_ns, further_stages=stages, images=images,
             grammar_constrained=grammar_constrained, grammar_resident=grammar_resident,
+            arrived_ns=None if arrived_ns is None else min(arrived_ns, self._now_ns),
             took_last_row=takes_last_row(self._records, self._catalog)))
         self._captures.admit(handle, self._config.checkpoint_extra_work_fraction,
                                uncached_tokens=prompt_len - cached_prefix_len,

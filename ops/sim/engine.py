@@ -293,7 +293,7 @@ class _Simulation:
             limit = target if self.o.output_limit <= 0 else max(target, self.o.output_limit)
             images = self.o.vision.plan_for(q.plan.prompt_tokens, self.costs.mean_ns)
             h = self.p.admit(prompt_len=q.plan.prompt_tokens, max_output_tokens=limit,
-                             images=images)
+                             images=images, arrived_ns=q.arrival_ns)
             if images is not None:
                 self.vision.plans[h] = images
             self.p.assign_client(h, q.plan.client)

@@ -238,9 +238,11 @@ class BaselinePolicy(EpochRenewal, abc.ABC):
               message_ends: Sequence[int] = (), system_end: int | None = None,
               scored_prompt: bool = False, handle: RequestHandle | None = None,
               grammar_constrained: bool = False, grammar_resident: bool = False,
-              images: ImagePlan | None = None, decode_prompt_tail: bool = False) -> RequestHandle:
+              images: ImagePlan | None = None, decode_prompt_tail: bool = False,
+              arrived_ns: int | None = None) -> RequestHandle:
         """As ``Scheduler.admit``; message ends are checked and scored prompts accepted,
-        then ignored: baselines run ordinary prefill within image windows."""
+        then ignored (so is ``arrived_ns``: admission order is arrival order): baselines
+        run ordinary prefill within image windows."""
         start = check_admission(
             prompt_len=prompt_len, max_output_tokens=max_output_tokens,
             cached_prefix_len=cached_prefix_len, message_ends=message_ends, system_end=system_end,

@@ -12,6 +12,7 @@ import trio.testing
 from actors.public import Finished, StreamEvent
 from actors.publisher import phase_times
 from actors.system import Runtime
+from policy.scheduler import Scheduler
 from tests.actors.toy import request, toy_runtime
 
 PREFILL_S = 0.004  # prefill[C=64]
@@ -45,6 +46,33 @@ async def test_phase_times_of_a_served_and_a_queued_request(
         assert final.queued_s + final.prefill_s + final.decode_s <= e2e + 1e-9
     assert first.queued_s == pytest.approx(0, abs=5e-4)
     assert second.queued_s >= first.prefill_s + first.decode_s  # type: ignore[operator]
+
+
+async def test_the_scheduler_learns_when_a_queued_request_arrived(
+        autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner passes each request's arrival on the runtime clock to
+    ``Scheduler.admit`` (the first-token urgency counts from it): the queued second
+    request arrived at its submission, a whole service before it was admitted."""
+    admitted: list[tuple[int | None, int]] = []
+    admit = Scheduler.admit
+
+    def spy(self: Scheduler, **kw: object) -> object:
+        admitted.append((kw.get("arrived_ns"), self.now_ns))  # type: ignore[arg-type]
+        return admit(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Scheduler, "admit", spy)
+    results: dict[int, tuple[Finished, float]] = {}
+    async with toy_runtime(timed=True, state_rows=1, max_batch=1) as toy, \
+            trio.open_nursery() as nursery:
+        nursery.start_soon(timed_collect, toy.runtime, [1, 2, 3], 6, results)
+        await trio.testing.wait_all_tasks_blocked()
+        submitted_ns = int(trio.current_time() * 1e9)
+        nursery.start_soon(timed_collect, toy.runtime, [2, 3, 4], 6, results)
+    (first_arrived, first_at), (second_arrived, second_at) = admitted
+    assert first_arrived is not None and first_arrived <= first_at
+    assert second_arrived == submitted_ns
+    service_ns = (results[1][0].prefill_s + results[1][0].decode_s) * 1e9  # type: ignore[operator]
+    assert second_at - second_arrived >= service_ns - 1
 
 
 def test_phases_a_request_never_reached_are_none() -> None:

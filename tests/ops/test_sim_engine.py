@@ -9,6 +9,8 @@ determinism for a seed, and every policy finishing every request.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ops.loadgen.workload import LengthSpec, RequestPlan
@@ -17,6 +19,8 @@ from ops.sim.engine import SimOptions, simulate
 from ops.sim.workloads import WorkloadSpec, build_workload
 from policy.baselines import POLICY_NAMES, make_policy
 from policy.descriptors import GraphKind, GraphShape, StateOp
+from policy.requests import RequestHandle
+from policy.scheduler import Scheduler
 
 MS = 1_000_000
 PREFILL_64 = GraphShape(kind=GraphKind.PREFILL, batch_capacity=1, token_capacity=64)
@@ -88,6 +92,26 @@ def test_resident_limit_and_release_after_terminal_snapshot() -> None:
     # 17 ms, not its arrival), 5 ms streaming, 2 ms retiring after its last token.
     assert result.slots == pytest.approx({"prompt": 20 / 34, "streaming": 10 / 34,
                                           "retiring": 4 / 34})
+
+
+def test_admission_tells_the_scheduler_when_a_queued_request_arrived() -> None:
+    """The first-token urgency counts from arrival (``Scheduler.admit``'s
+    ``arrived_ns``): B, queued behind A's 15 ms of service, is admitted at 15 ms
+    with its arrival at 1 ms."""
+    planner = make_policy("first-token", catalog=(PREFILL_64, DECODE_1))
+    assert isinstance(planner, Scheduler)
+    admit = planner.admit
+    seen: list[tuple[int, int | None]] = []
+
+    def spy(**kw: Any) -> RequestHandle:
+        h = admit(**kw)
+        seen.append((planner.now_ns, planner.request(h).arrived_ns))
+        return h
+
+    planner.admit = spy  # type: ignore[method-assign]
+    simulate(planner, [one(10, 2, 0.0, 0), one(10, 2, 0.001, 1)], TINY_COSTS,
+             SimOptions(dispatch_ns=0, output_limit=0, max_resident=1))
+    assert seen == [(0, 0), (15 * MS, 1 * MS)]
 
 
 def test_queue_limit_refuses_arrivals() -> None:

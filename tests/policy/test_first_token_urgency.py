@@ -1,5 +1,6 @@
 """flare's first-token urgency extension (``prompt_age_price``, the ``first-token``
-preset): a prompt's token price grows with the time it has waited since admission.
+preset): a prompt's token price grows with the time it has waited since the request
+arrived, a wait for a running slot before admission included.
 
 An opt-in departure from SEL-5 (``docs/scheduling-utility.md``, *First-token
 urgency*); the seed's presets keep the seed's price, which these tests also pin."""
@@ -52,3 +53,30 @@ def test_a_waiting_prompt_overtakes_decoders_only_with_urgency() -> None:
     # With urgency a fresh prompt still loses, a prompt waiting for a second wins.
     assert _winner_after_wait(urgent, 0.0) is GraphKind.DECODE
     assert _winner_after_wait(urgent, 1000.0) is GraphKind.PREFILL
+
+
+def _winner_after_queueing(config: PolicyConfig, queued_ms: float) -> GraphKind:
+    """As ``_winner_after_wait``, for a prompt admitted just now that arrived
+    ``queued_ms`` earlier and waited for a running slot outside the scheduler."""
+    s = measured_scheduler((decode(4), prefill(64)), config)
+    s.advance_to(s.now_ns + round(1000 * MS))
+    h = s.admit(prompt_len=64, max_output_tokens=16,
+                arrived_ns=s.now_ns - round(queued_ms * MS))
+    s.request(h).history.token_rate = 100.0
+    return plan_beside_decoders(s, 4, age_ms=0.0).kind
+
+
+def test_the_wait_for_a_running_slot_counts_toward_the_prompt_age() -> None:
+    urgent = replace(PolicyConfig(), prompt_age_price=1.0)
+    # Admitted now, it arrived a second ago: as urgent as a prompt resident that long.
+    assert _winner_after_queueing(urgent, 1000.0) is GraphKind.PREFILL
+    assert _winner_after_queueing(urgent, 0.0) is GraphKind.DECODE
+    # The seed's price has no age: arrival changes nothing.
+    assert _winner_after_queueing(PolicyConfig(), 1000.0) is GraphKind.DECODE
+
+
+def test_an_arrival_after_admission_counts_from_admission() -> None:
+    s = measured_scheduler((decode(4), prefill(64)), PolicyConfig())
+    h = s.admit(prompt_len=64, max_output_tokens=16, arrived_ns=s.now_ns + 5 * MS)
+    assert s.request(h).arrived_ns == s.now_ns
+    assert s.request(s.admit(prompt_len=64, max_output_tokens=16)).arrived_ns is None
