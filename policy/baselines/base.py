@@ -19,7 +19,6 @@ Resident records, execution counters and traces are ``policy.residency``'s, shar
 with the seed's ``Scheduler``. What remains here is the baseline record's bookkeeping,
 terminal snapshots when the catalog prepares them (PRE-41) and cost observations
 (traces and export only: baselines never rank by cost).
-
 Subclasses implement ``_choose`` (pure: reads state, never changes it) and may hook
 ``_on_admitted``, ``_on_client``, ``_on_served``. Baselines price no deliveries, so
 ``published_output`` and ``nothing_published`` only check their arguments.
@@ -240,9 +239,8 @@ class BaselinePolicy(EpochRenewal, abc.ABC):
               grammar_constrained: bool = False, grammar_resident: bool = False,
               images: ImagePlan | None = None, decode_prompt_tail: bool = False,
               arrived_ns: int | None = None) -> RequestHandle:
-        """As ``Scheduler.admit``; message ends are checked and scored prompts accepted,
-        then ignored (so is ``arrived_ns``: admission order is arrival order): baselines
-        run ordinary prefill within image windows."""
+        """As ``Scheduler.admit``; message ends, scored prompts and ``arrived_ns`` are
+        accepted, then ignored: baselines prefill in admission order within image windows."""
         start = check_admission(
             prompt_len=prompt_len, max_output_tokens=max_output_tokens,
             cached_prefix_len=cached_prefix_len, message_ends=message_ends, system_end=system_end,
