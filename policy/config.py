@@ -76,8 +76,9 @@ class PolicyConfig:
     """Extra work a complete-state checkpoint may add (QUEUE-20/21, OPEN-5)."""
     prompt_age_price: float = 0.0
     """flare's first-token urgency u, value per prompt token per ms waited since the
-    request arrived (a wait for a running slot included), added to the prefill token price (``1 + f/x + u*A``). Not a seed
-    preference: 0 (every seed preset) is the seed's price (SEL-5)."""
+    request arrived (a wait for a running slot included), added to the prefill token
+    price (``1 + f/x + u*A``). Not a seed preference: 0 (every seed preset) is the
+    seed's price (SEL-5)."""
     cost_drift_weight: float = 0.0
     """flare's shared speed factor w in [0, 1]: each cost sample moves every shape's
     estimate by ``w`` times its log residual (``policy/cost_drift.py``). Not a seed

@@ -197,14 +197,15 @@ class Scheduler(EpochRenewal):
         were restored from the prefix cache and earn no prompt service (SEL-1).
         ``message_ends`` are message-end token offsets (DUR-20's endpoints); ``system_end``
         ends the system prompt, a boundary no prefill chunk crosses (SEL-40, OPEN-36). A
-        reused ``handle`` gets a larger epoch (ACCT-5). ``restore``: READY when its saved state must first be restored by a prepared
-        restore graph (a prerequisite pair, PRE-1..19); AWAITING while an external
-        restoration runs (``restoration_ready``), outside every participant set (ACCT-4).
-        ``further_stages``: prerequisite stages after the restore (initialization), each
-        run by its own prepared state graph; such a request is ranked by the continuation
-        index (PRE-21..25). ``grammar_*``: ``policy.grammar_feedback``; ``images``:
-        ``policy.vision_windows``; ``decode_prompt_tail``: ``lifecycle.decodes_prompt_tail``;
-        ``arrived_ns``: ``RequestRecord.arrived_ns``."""
+        reused ``handle`` gets a larger epoch (ACCT-5). ``restore``: READY when its saved
+        state must first be restored by a prepared restore graph (a prerequisite pair,
+        PRE-1..19); AWAITING while an external restoration runs (``restoration_ready``),
+        outside every participant set (ACCT-4). ``further_stages``: prerequisite stages
+        after the restore (initialization), each run by its own prepared state graph;
+        such a request is ranked by the continuation index (PRE-21..25). ``grammar_*``:
+        ``policy.grammar_feedback``; ``images``: ``policy.vision_windows``;
+        ``decode_prompt_tail``: ``lifecycle.decodes_prompt_tail``; ``arrived_ns``:
+        ``RequestRecord.arrived_ns``."""
         start = check_admission(
             prompt_len=prompt_len, max_output_tokens=max_output_tokens,
             cached_prefix_len=cached_prefix_len, message_ends=message_ends,
