@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
@@ -31,11 +32,13 @@ from policy import (
     Fence,
     GraphKind,
     GraphShape,
+    PolicyConfig,
     RestoreNeed,
     Scheduler,
     StateOp,
     TargetBinding,
 )
+from policy.config import PolicyConfigError
 
 MS = 1_000_000
 PREFILL_LADDER = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192)
@@ -112,10 +115,11 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] / 1000.0
 
 
-def run(iterations: int, population: int, seed: int) -> dict[str, list[int] | list[float]]:
+def run(iterations: int, population: int, seed: int,
+        config: PolicyConfig | None = None) -> dict[str, list[int] | list[float]]:
     rng = random.Random(seed)
     catalog = realistic_catalog()
-    s = Scheduler(catalog=catalog)
+    s = Scheduler(catalog=catalog, config=config)
     for shape in catalog:
         s.estimates.observe(shape, synthetic_duration_ns(shape), 1)
     s.advance_to(1)
@@ -125,6 +129,7 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int] | li
     complete_ns: list[int] = []
     plan_cpu: list[int] = []
     complete_cpu: list[int] = []
+    commit_cpu: list[int] = []
     restore_cpu: list[int] = []
     other_cpu: list[int] = []
     lanes: list[int] = []
@@ -145,7 +150,9 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int] | li
             s.advance_to(s.now_ns + MS)
             continue
         fence += 1
+        c0 = time.thread_time_ns()
         s.commit(plan, Fence(fence))
+        commit_cpu.append(time.thread_time_ns() - c0)
         d = synthetic_duration_ns(plan.shape)
         s.advance_to(s.now_ns + d)
         records = [CompletionRecord(handle=lane.handle, epoch=lane.epoch,
@@ -164,7 +171,7 @@ def run(iterations: int, population: int, seed: int) -> dict[str, list[int] | li
                 s.published_output(token.handle, token.fence, s.now_ns)
         s.take_released()
     return {"plan": plan_ns, "complete": complete_ns, "plan cpu": plan_cpu,
-            "complete cpu": complete_cpu, "lanes": lanes,
+            "commit cpu": commit_cpu, "complete cpu": complete_cpu, "lanes": lanes,
             "plan cpu, prerequisite-ready rows": restore_cpu,
             "plan cpu, no prerequisite-ready rows": other_cpu,
             "calibration": calibration, "shapes": [len(catalog)]}
@@ -176,17 +183,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=64,
                         help="resident requests kept in mixed phases (default 64)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cost-drift-weight", type=float, default=0.0, metavar="W",
+                        help="the estimates' shared speed factor weight (default 0; "
+                             "flare run sets 0.1 on the cpu backend)")
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        config = PolicyConfig(cost_drift_weight=args.cost_drift_weight)
+    except PolicyConfigError as exc:
+        print(f"flare bench plan: --cost-drift-weight: {exc}", file=sys.stderr)
+        return 2
     before = calibration_ms()
-    result = run(args.iterations, args.requests, args.seed)
+    result = run(args.iterations, args.requests, args.seed, config)
     after = calibration_ms()
     print(f"catalog shapes: {result['shapes'][0]}, resident requests: {args.requests}, "
           f"frames: {len(result['complete'])}, mean lanes per frame: "
           f"{statistics.fmean(result['lanes']):.1f}")
     rows = [("plan() wall", "plan"), ("complete() wall", "complete"),
-            ("plan() cpu", "plan cpu"), ("complete() cpu", "complete cpu"),
+            ("plan() cpu", "plan cpu"), ("commit() cpu", "commit cpu"),
+            ("complete() cpu", "complete cpu"),
             ("plan() cpu, prerequisite-ready", "plan cpu, prerequisite-ready rows"),
             ("plan() cpu, others", "plan cpu, no prerequisite-ready rows")]
     for label, name in rows:

@@ -17,7 +17,7 @@ the estimate-derived ones when an estimate changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -253,14 +253,29 @@ class ShapeTimes:
         estimate; for staleness also its last valid observation) changed."""
         if int(self.estimate_ns[i]) != estimate_ns:
             self.estimate_ns[i] = estimate_ns
-            self.memo.clear()
-            self.sigma_memo.clear()
-            self.pair_lists_memo.clear()
+            self._drop_derived()
             self._restage(i)
         if int(self.last_valid_ns[i]) != last_valid_ns:
             self.last_valid_ns[i] = last_valid_ns
             self._restage(i)
         self.last_touched_ns[i] = last_touched_ns
+
+    def set_estimates(self, estimates_ns: Sequence[int]) -> None:
+        """Set every shape's estimate at once (a shared speed factor moved them all);
+        derived values go if any changed, the stale cache too if a shape became known
+        or unknown."""
+        new = np.array(estimates_ns, dtype=np.int64)
+        if np.array_equal(new, self.estimate_ns):
+            return
+        if not np.array_equal(new > 0, self.estimate_ns > 0):
+            self.stale_cache.clear()
+        self.estimate_ns[:] = new
+        self._drop_derived()
+
+    def _drop_derived(self) -> None:
+        self.memo.clear()
+        self.sigma_memo.clear()
+        self.pair_lists_memo.clear()
 
     def _restage(self, i: int) -> None:
         """Keep the stale cache valid after shape ``i``'s entries changed: over the

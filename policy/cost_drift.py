@@ -31,6 +31,7 @@ attempts and the raw sample window stay the seed's.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from policy.config import PolicyConfig
 from policy.descriptors import GraphShape
@@ -48,8 +49,6 @@ MAX_RESIDUAL = math.log(2.0)
 
 class DriftingEstimates(DurationEstimates):
     """Duration estimates that share one speed factor across every shape."""
-
-    shared_scale = True
 
     def __init__(self, ttl_ns: int = DEFAULT_ESTIMATE_TTL_NS, *, weight: float) -> None:
         if not 0.0 < weight <= 1.0:
@@ -82,12 +81,33 @@ class DriftingEstimates(DurationEstimates):
             self._log_base[shape] = base + BASE_WEIGHT_RATIO * self._weight * r
         return super().observe(shape, sample_ns, now_ns)
 
+    def log_base(self, shape: GraphShape) -> float | None:
+        """b_s: the shape's own log cost, None until it is measured."""
+        return self._log_base.get(shape)
+
     def estimate_ns(self, shape: GraphShape) -> int:
         base = self._log_base.get(shape)
-        return 0 if base is None else max(1, round(math.exp(base + self._log_speed)))
+        return 0 if base is None else _scaled_ns(base, self._log_speed)
+
+    def estimates_at_speed(self, log_bases: Sequence[float | None]) -> list[int]:
+        """The estimates of shapes with these own bases at the present speed, 0 for an
+        unmeasured one: ``estimate_ns`` of each, without looking the shapes up (the
+        estimate cache rescales a whole catalog after every sample)."""
+        speed = self._log_speed
+        return [0 if b is None else _scaled_ns(b, speed) for b in log_bases]
+
+    def measured_count(self) -> int:
+        """How many shapes are measured (``len(measured())``, without computing them)."""
+        return len(self._log_base)
 
     def measured(self) -> dict[GraphShape, int]:
-        return {s: self.estimate_ns(s) for s in self._log_base}
+        speed = self._log_speed
+        return {s: _scaled_ns(b, speed) for s, b in self._log_base.items()}
+
+
+def _scaled_ns(log_base: float, log_speed: float) -> int:
+    """``exp(b_s + L)`` in whole ns, at least 1."""
+    return max(1, round(math.exp(log_base + log_speed)))
 
 
 def estimates_for(config: PolicyConfig) -> DurationEstimates:

@@ -66,10 +66,6 @@ class _Entry:
 class DurationEstimates:
     """The cost catalog: measured duration per physical program, in nanoseconds."""
 
-    shared_scale = False
-    """Whether one observation may change every shape's estimate (flare's
-    ``policy.cost_drift.DriftingEstimates``); the seed's change only their own."""
-
     def __init__(self, ttl_ns: int = DEFAULT_ESTIMATE_TTL_NS) -> None:
         self._ttl_ns = _checked_ttl(ttl_ns)
         self._entries: dict[GraphShape, _Entry] = {}

@@ -6,14 +6,19 @@ normalizers of a population (``policy.service.normalizers_from_catalog``). Both 
 only on the estimates, so this module builds them once and keeps them until an
 estimate changes: an observation or attempt updates one shape's entries in place, and
 a caller that may have changed the estimates directly drops everything
-(``invalidate``).
+(``invalidate``). With a shared speed factor (``policy.cost_drift``) every sample moves
+every estimate; the cache then keeps each shape's own base and rescales the whole
+array from it, which looks no shape up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import numpy as np
 
 from policy.catalog_index import CatalogIndex, ShapeTimes
+from policy.cost_drift import DriftingEstimates
 from policy.descriptors import GraphKind, GraphShape
 from policy.duration_estimates import DurationEstimates
 from policy.service import Normalizers, normalizers_from_catalog
@@ -42,6 +47,10 @@ class EstimateCache:
     def __init__(self, estimates: DurationEstimates) -> None:
         self.estimates = estimates
         self._times: ShapeTimes | None = None
+        self._shapes: tuple[GraphShape, ...] = ()
+        """The catalog the arrays are aligned with."""
+        self._log_bases: list[float | None] = []
+        """Each catalog shape's own log cost, with a shared speed factor."""
         self._normalizers: dict[int, Normalizers] = {}
 
     def invalidate(self) -> None:
@@ -62,6 +71,9 @@ class EstimateCache:
                 last_touched_ns=np.array([est.last_touched_ns(s) for s in shapes],
                                          dtype=np.int64),
             )
+            self._shapes = shapes
+            if isinstance(est, DriftingEstimates):
+                self._log_bases = [est.log_base(s) for s in shapes]
         return self._times
 
     def refresh_shape(self, catalog: CatalogIndex, shape: GraphShape) -> None:
@@ -77,9 +89,18 @@ class EstimateCache:
     def normalizers(self, population: int) -> Normalizers:
         cached = self._normalizers.get(population)
         if cached is None:
-            cached = normalizers_from_catalog(self.estimates.measured(), population)
+            cached = normalizers_from_catalog(self._known_estimates(), population)
             self._normalizers[population] = cached
         return cached
+
+    def _known_estimates(self) -> Mapping[GraphShape, int] | Iterable[tuple[GraphShape, int]]:
+        """Every known estimate: with a shared speed factor, read from the rescaled
+        arrays when the catalog holds every measured shape (no estimate recomputed)."""
+        est, times = self.estimates, self._times
+        if (isinstance(est, DriftingEstimates) and times is not None
+                and est.measured_count() == np.count_nonzero(times.estimate_ns > 0)):
+            return zip(self._shapes, times.estimate_ns.tolist(), strict=True)
+        return est.measured()
 
     def record_attempt(self, catalog: CatalogIndex, shape: GraphShape, now_ns: int) -> None:
         """``shape`` was committed at ``now_ns`` (its last touch)."""
@@ -90,9 +111,15 @@ class EstimateCache:
                 now_ns: int) -> None:
         """A completed frame's cost sample for ``shape``."""
         est = self.estimates
-        if est.shared_scale:  # one sample moves every estimate (policy.cost_drift)
+        if isinstance(est, DriftingEstimates):  # one sample moves every estimate
             est.observe(shape, sample_ns, now_ns)
-            self.invalidate()
+            self._normalizers.clear()
+            times, i = self._times, catalog.position.get(shape)
+            if times is not None:
+                if i is not None:
+                    self._log_bases[i] = est.log_base(shape)
+                    self.refresh_shape(catalog, shape)
+                times.set_estimates(est.estimates_at_speed(self._log_bases))
             return
         before = est.estimate_ns(shape)
         if est.observe(shape, sample_ns, now_ns) and est.estimate_ns(shape) != before:

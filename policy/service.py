@@ -22,7 +22,7 @@ Pure: no clocks, no I/O. Intervals come from ``service_interval_ns`` (ACCT-8..10
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policy.config import PolicyConfig
@@ -70,7 +70,8 @@ class Normalizers:
     """Fair-share delivery rate."""
 
 
-def normalizers_from_catalog(measured: Mapping[GraphShape, int], population: int) -> Normalizers:
+def normalizers_from_catalog(measured: Mapping[GraphShape, int] | Iterable[tuple[GraphShape, int]],
+                             population: int) -> Normalizers:
     """Fair-share rates of one request among ``population`` (docs: *Fair-share start*).
 
     With ``n = max(population, 1)`` and ``T`` a measured estimate in ms:
@@ -80,12 +81,14 @@ def normalizers_from_catalog(measured: Mapping[GraphShape, int], population: int
 
     That is the best aggregate rate the catalog achieves for n requests, shared equally.
     A kind with no measured shape falls back to ``FALLBACK_RATE_PER_MS``; results are
-    floored at ``RATE_FLOOR_PER_MS``. Stale estimates count (DUR-11).
+    floored at ``RATE_FLOOR_PER_MS``. Stale estimates count (DUR-11). ``measured``: the
+    known estimates by shape, or (shape, estimate) pairs where 0 means unknown.
     """
     n = max(population, 1)
     best_tokens = 0.0
     best_deliveries = 0.0
-    for shape, estimate_ns in measured.items():
+    pairs = measured.items() if isinstance(measured, Mapping) else measured
+    for shape, estimate_ns in pairs:
         if estimate_ns <= 0:
             continue
         t_ms = estimate_ns / NS_PER_MS

@@ -9,14 +9,17 @@ import math
 
 import pytest
 from decoding import decoding
-from synthetic_catalog import Driver, decode, measured_scheduler
+from synthetic_catalog import Driver, decode, measured_scheduler, prefill
 
 from actors.config import CPU_COST_DRIFT_WEIGHT
 from policy.baselines.factory import make_policy
+from policy.catalog_index import CatalogIndex
 from policy.config import PolicyConfig, PolicyConfigError
 from policy.cost_drift import MAX_RESIDUAL, DriftingEstimates, estimates_for, reconfigured
 from policy.descriptors import GraphShape
 from policy.duration_estimates import DurationEstimates
+from policy.estimate_cache import EstimateCache
+from policy.service import normalizers_from_catalog
 
 MS = 1_000_000
 TTL = 30_000 * MS
@@ -128,3 +131,35 @@ def test_the_weight_is_a_validated_preference() -> None:
         with pytest.raises(PolicyConfigError, match="cost_drift_weight"):
             PolicyConfig(cost_drift_weight=bad)
     PolicyConfig(cost_drift_weight=1.0)
+
+
+def test_the_estimate_cache_rescales_to_what_a_fresh_build_reads() -> None:
+    """With a shared speed factor every sample moves every estimate. The cache rescales
+    its arrays in place instead of rebuilding them; after a known shape's sample, a
+    first sample, a stale shape's sample, a sample of a shape outside the catalog and an
+    attempt, its arrays and its normalizers are what a cache built from scratch reads, and
+    its derived values go whenever an estimate moved."""
+    shapes = (decode(1), decode(4), decode(8), decode(16), prefill(64), prefill(256))
+    catalog = CatalogIndex.build(shapes)
+    est = DriftingEstimates(TTL, weight=0.1)
+    for i, shape in enumerate(shapes[:-1]):
+        est.observe(shape, (3 + i) * MS, now_ns=1)
+    cache = EstimateCache(est)
+    times = cache.shape_times(catalog)
+    steps = [(decode(4), 2 * MS, 2), (prefill(256), 9 * MS, 3),  # a first sample
+             (decode(8), 8 * MS, TTL + 10), (decode(16), 4 * MS, TTL + 11),  # stale
+             (decode(2), MS // 10, TTL + 12),  # outside the catalog: the fastest rate
+             (decode(2), 3 * MS // 20, TTL + 13)]  # ... and moving every catalog estimate
+    for shape, sample_ns, now_ns in steps:
+        times.sigma_memo[("derived", 0)] = 1.0
+        before = times.estimate_ns.tolist()
+        cache.record_attempt(catalog, shape, now_ns)
+        cache.observe(catalog, shape, sample_ns, now_ns)
+        fresh = EstimateCache(est).shape_times(catalog)
+        assert cache.shape_times(catalog) is times
+        for name in ("estimate_ns", "last_valid_ns", "last_touched_ns"):
+            assert getattr(times, name).tolist() == getattr(fresh, name).tolist(), name
+        assert times.stale_at(now_ns, TTL).tolist() == fresh.stale(now_ns, TTL).tolist()
+        assert bool(times.sigma_memo) == (times.estimate_ns.tolist() == before)
+        assert cache.normalizers(4) == normalizers_from_catalog(est.measured(), 4)
+    assert est.log_speed != 0.0

@@ -21,8 +21,8 @@ from policy.selection import ShapeTimes
 
 def test_dur_10_cached_stale_mask_equals_the_rule_under_updates() -> None:
     """Covers DUR-10, OPEN-11: over random clocks (forward and backward), freshness
-    intervals and estimate updates, the cached mask always equals a fresh evaluation of
-    ``known and now - last_valid >= ttl``."""
+    intervals and estimate updates (one shape's or all at once), the cached mask always
+    equals a fresh evaluation of ``known and now - last_valid >= ttl``."""
     rng = random.Random(5)
     n = 12
     grid = 10 * MS  # a coarse clock: boundaries often coincide (the inclusive edge)
@@ -38,6 +38,8 @@ def test_dur_10_cached_stale_mask_equals_the_rule_under_updates() -> None:
             i = rng.randrange(n)
             times.update(i, rng.choice([0, 4 * MS, 6 * MS]),
                          rng.choice([-1, now, now - rng.randint(0, 8) * grid]), now)
+        elif roll < 0.4:  # a shared speed factor moved every estimate (policy.cost_drift)
+            times.set_estimates([rng.choice([0, 4 * MS, 6 * MS]) for _ in range(n)])
         elif roll < 0.9:
             now += rng.randint(0, 2) * grid
         else:
