@@ -10,8 +10,12 @@ Architecture step 2. ``check_request`` is the pure decision (limits in
   ``QueueFull`` with a retry hint (``max_queue`` requests already wait),
   ``RuntimeShutDown``.
 - Backpressure is explicit: at most ``max_queue`` accepted requests wait; only the
-  queue head is parked at the allocator, so admission order is FIFO and a request
-  withdrawn while queued never touches a resource. A request of a ``prefill_group``
+  queue head is parked at the allocator, so a request withdrawn while queued never
+  touches a resource. The queue is FIFO, or with ``prefill_ns`` (``--admission-order
+  least-slack``, ``policy.admission_order``) sorted by arrival minus the prompt's pure
+  prefill time. A request that goes before the head already parked at the allocator
+  cancels the head's ``Acquire``: refused, the head returns to its place in the queue;
+  granted first, it is admitted anyway. A request of a ``prefill_group``
   whose prompt another member is still prefilling waits parked at the head until that
   member's prompt pages are published (a frame or two), so it reuses them.
 - A granted request goes to the planner with its client stream (``Admitted``); a
@@ -21,7 +25,9 @@ Architecture step 2. ``check_request`` is the pure decision (limits in
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -55,7 +61,7 @@ from actors.messages import (
 from actors.public import TOP_LOGPROBS, Finished, GenerationRequest
 from actors.reported_logprobs import scheduled_output_tokens
 from actors.window_snapshots import needs_snapshot_row
-from policy import DEFAULT_WINDOW_IMAGES, fits_context
+from policy import DEFAULT_WINDOW_IMAGES, fits_context, least_slack_key
 
 MAX_STOP_STRINGS = 16
 """More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""
@@ -136,11 +142,20 @@ def check_request(request: GenerationRequest, limits: AdmissionLimits) -> Admiss
 class AdmissionState:
     """The admission queue. Methods return the messages to send; ``run`` sends them."""
 
-    def __init__(self, limits: AdmissionLimits) -> None:
+    def __init__(self, limits: AdmissionLimits,
+                 prefill_ns: Callable[[int], float | None] | None = None) -> None:
+        """``prefill_ns``: the least-slack order's pure prefill time of a prompt of that
+        many tokens (None when no estimate is known yet); None: FIFO."""
         self.limits = limits
+        self.prefill_ns = prefill_ns
         self.waiting: deque[Admit] = deque()
+        self._keys: dict[RequestId, float] = {}
+        self._cancel_due: RequestId | None = None
         self.head_parked = False
         self.head_withdrawn = False
+        self.head_displaced = False
+        """The parked head's ``Acquire`` is being cancelled for a request that goes
+        before it; a refusal puts it back in the queue, a grant admits it anyway."""
         self.closing = False
 
     def on_admit(self, msg: Admit) -> AdmissionError | None:
@@ -153,8 +168,33 @@ class AdmissionState:
                 retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
             )
         if refusal is None:
-            self.waiting.append(msg)
+            self._enqueue(msg)
         return refusal
+
+    def _enqueue(self, msg: Admit) -> None:
+        arrived = msg.arrived_ns
+        prefill = None if self.prefill_ns is None or arrived is None \
+            else self.prefill_ns(len(msg.request.prompt_token_ids))
+        if prefill is None or arrived is None:
+            self.waiting.append(msg)
+            return
+        key = self._keys[msg.request_id] = least_slack_key(arrived, prefill)
+        index = len(self.waiting)
+        first = 1 if self.head_parked else 0
+        if self.head_parked and not (self.head_withdrawn or self.head_displaced) \
+                and key < self._keys.get(self.waiting[0].request_id, -math.inf):
+            self.head_displaced = True
+            self._cancel_due = self.waiting[0].request_id
+        while index > first and self._keys.get(self.waiting[index - 1].request_id,
+                                                -math.inf) > key:
+            index -= 1
+        self.waiting.insert(index, msg)
+
+    def take_displaced(self) -> RequestId | None:
+        """The parked head whose ``Acquire`` to cancel, once, because a request that
+        arrived since goes before it (least slack); None otherwise."""
+        displaced, self._cancel_due = self._cancel_due, None
+        return displaced
 
     def acquire_for_head(self, reply: trio.MemorySendChannel[Grant | None]) -> Acquire | None:
         """The ``Acquire`` to park for the queue head, if one is due."""
@@ -184,6 +224,7 @@ class AdmissionState:
                 self.head_withdrawn = True
                 return "parked"
             del self.waiting[index]
+            self._keys.pop(request_id, None)
             msg.events.close()
             return "queued"
         return "resident"
@@ -196,6 +237,7 @@ class AdmissionState:
         for msg in self.waiting:
             _end(msg, "the runtime shut down before this request started")
         self.waiting.clear()
+        self._keys.clear()
         if parked is None:
             return ()
         self.waiting.append(parked)
@@ -206,6 +248,11 @@ class AdmissionState:
         """The head's answer: (admit to the planner, grant to give back)."""
         head = self.waiting.popleft()
         self.head_parked = False
+        displaced, self.head_displaced = self.head_displaced, False
+        if grant is None and displaced and not self.head_withdrawn:
+            self._enqueue(head)  # after the request that displaced it
+            return None, None
+        self._keys.pop(head.request_id, None)
         if grant is None or self.head_withdrawn:
             if self.closing:
                 _end(head, "the runtime shut down before this request started")
@@ -260,7 +307,11 @@ async def run(
             with loopback:
                 async for msg in inbox:
                     if isinstance(msg, Admit):
-                        if not _decide(state, msg):
+                        queued = _decide(state, msg)
+                        displaced = state.take_displaced()
+                        if displaced is not None:
+                            await to_allocator.send(CancelAcquire(request_id=displaced))
+                        if not queued:
                             continue
                         await park_head()
                     elif isinstance(msg, Withdraw):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from policy import (
+    ADMISSION_ORDERS,
     DEFAULT_WINDOW_IMAGES,
     FIXED_SPEC_POLICIES,
     PRESET_POLICIES,
@@ -126,6 +127,9 @@ class RuntimeConfig:
     storage keeps (vision-language checkpoints; ``gpu.programs.vision``)."""
     max_queue: int = 64
     """Bounded admission queue: requests waiting beyond the resident ones."""
+    admission_order: str = "fifo"
+    """``--admission-order``: which waiting request gets the next free row, ``fifo`` or
+    ``least-slack`` (``policy.admission_order``)."""
     prefix_caching: bool = True
     """Reuse cached KV pages of shared prompt prefixes; False computes every prompt in
     full (``--no-enable-prefix-caching``)."""
@@ -241,6 +245,9 @@ class RuntimeConfig:
                               f"got {self.scheduler_policy!r}")
         if self.max_queue < 1:
             raise ConfigError("max_queue must be at least 1")
+        if self.admission_order not in ADMISSION_ORDERS:
+            raise ConfigError(f"--admission-order must be one of {', '.join(ADMISSION_ORDERS)}, "
+                              f"got {self.admission_order!r}")
         if self.page_size < 1:
             raise ConfigError("page_size must be positive")
         for name in ("scheduler_terminal_value", "scheduler_terminal_age_price"):

@@ -2,14 +2,15 @@
 
 ``make_scheduler`` chooses the policy the planner drives (``--scheduler-policy``, and
 with ``--speculation`` the seed's scheduler speculating with the configured proposal
-source); ``counterfactual_copy_depth`` and ``learned_counterfactuals`` say which
+source); ``admission_prefill`` the prefill times the least-slack admission order
+reads; ``counterfactual_copy_depth`` and ``learned_counterfactuals`` say which
 counterfactual rounds the planner replays for it; ``seed_estimates`` records start-up
 measurements in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from policy import (
     SpeculationSettings,
     make_policy,
     policy_preset,
+    pure_prefill_ns,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +44,24 @@ def runtime_policy(config: RuntimeConfig) -> PolicyConfig:
         terminal_age_price=config.scheduler_terminal_age_price,
         adaptive_verification_alpha=config.adaptive_verification_alpha)
     return replace(preset, cost_drift_weight=config.effective_cost_drift_weight)
+
+
+def admission_prefill(order: str, scheduler: SchedulingPolicy,
+                      catalog: Sequence[GraphShape]) -> Callable[[int], float | None] | None:
+    """The least-slack admission order's pure prefill time of a prompt length, from the
+    scheduler's current estimates of the catalog's prefill programs (None while none is
+    known: that request queues FIFO); None for the FIFO order."""
+    if order != "least-slack":
+        return None
+    shapes = tuple(s for s in catalog if s.kind is GraphKind.PREFILL and s.token_capacity > 0)
+    estimates = scheduler.estimates
+
+    def prefill_ns(prompt_tokens: int) -> float | None:
+        known = [(s.token_capacity, estimates.estimate_ns(s)) for s in shapes
+                 if estimates.is_known(s)]
+        return pure_prefill_ns(prompt_tokens, known) if known else None
+
+    return prefill_ns
 
 
 def make_scheduler(parts: RuntimeParts, catalog: Sequence[GraphShape], *,

@@ -64,6 +64,7 @@ from actors.messages import (
 from actors.planner import Planner
 from actors.planner_records import FrameRecord
 from actors.policy_setup import (
+    admission_prefill,
     counterfactual_copy_depth,
     grammars_resident,
     learned_counterfactuals,
@@ -139,6 +140,7 @@ class RuntimeParts:
     num_pages: int
     state_rows: int
     max_queue: int
+    admission_order: str = "fifo"  # RuntimeConfig.admission_order
     prefix_caching: bool = True
     """Whether admission looks prompts up in the prefix cache (``--enable-prefix-caching``)."""
     decode_prompt_tail: bool = True  # RuntimeConfig.decode_prompt_tail
@@ -150,12 +152,8 @@ class RuntimeParts:
     """``--speculation``: ``off``, or ``fixed``/``adaptive`` with ``draft_source``; the
     planner's scheduler then speculates (``policy.round_speculation``)."""
     draft_source: str = "draft"
-    copy_counterfactuals: bool = False
-    """Adaptive copy speculation: replay copy lookups where no copy round ran
-    (``RuntimeConfig.copy_counterfactuals``)."""
-    draft_counterfactuals: bool = False
-    """Adaptive learned speculation: observe the draft's depth-one proposals of
-    width-one steps (``RuntimeConfig.draft_counterfactuals``)."""
+    copy_counterfactuals: bool = False  # RuntimeConfig.copy_counterfactuals
+    draft_counterfactuals: bool = False  # RuntimeConfig.draft_counterfactuals
     clock_ns: Callable[[], int] = field(default=lambda: int(trio.current_time() * 1e9))
     close_backend: bool = True
     measured_costs: Mapping[GraphShape, int] = field(default_factory=dict)
@@ -332,12 +330,13 @@ async def open_runtime_with(parts: RuntimeParts, *,
                         page_size=parts.page_size, snapshot_lanes=snapshot_lanes(catalog))
     max_context = context_limit(max_context=parts.max_context, num_pages=parts.num_pages,
                                 page_size=parts.page_size)
+    scheduler = make_scheduler(parts, catalog, max_context=max_context)
     admission_state = AdmissionState(AdmissionLimits(
         max_context=max_context, vocab_size=parts.vocab_size, max_queue=parts.max_queue,
         prefix_caching=parts.prefix_caching, window_images=parts.window_images,
         decode_prompt_tail=parts.decode_prompt_tail,
-        grammar=parts.grammar, structured_output=structured_output_problem(parts)))
-    scheduler = make_scheduler(parts, catalog, max_context=max_context)
+        grammar=parts.grammar, structured_output=structured_output_problem(parts)),
+        prefill_ns=admission_prefill(parts.admission_order, scheduler, catalog))
     seed_estimates(scheduler, parts.measured_costs, now_ns=parts.clock_ns())
     planner = Planner(
         scheduler,
@@ -419,6 +418,7 @@ async def open_runtime(config: RuntimeConfig) -> AsyncIterator[Runtime]:
         eos_token_ids=tuple(tokenizer.eos_token_ids), max_context=geometry.max_context,
         page_size=geometry.page_size, num_pages=geometry.num_pages,
         state_rows=engine.state_rows, max_queue=config.max_queue,
+        admission_order=config.admission_order,
         prefix_caching=config.prefix_caching, decode_prompt_tail=config.decode_prompt_tail,
         scheduler_policy=config.scheduler_policy,
         speculation=config.speculation, draft_source=config.draft_source,

@@ -32,6 +32,7 @@ import structlog
 import trio
 
 from actors.config import (
+    ADMISSION_ORDERS,
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DEFAULT_MAX_BATCH,
@@ -226,6 +227,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "step instead of a prefill chunk (default on; docs/runtime.md)")
     sched.add_argument("--max-queue", type=int, default=64,
                        help="bounded admission queue; beyond it requests get 429")
+    sched.add_argument("--admission-order", choices=ADMISSION_ORDERS, default="fifo",
+                       help="which waiting request gets the next free row (docs/runtime.md)")
     sched.add_argument("--kv-pages", type=int, default=None, help="KV cache pages in the pool")
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -316,7 +319,7 @@ def build_runtime_config(args: argparse.Namespace) -> RuntimeConfig:
         speculative_allocation=args.speculative_allocation,
         max_context=args.max_context,
         kv_pages=args.kv_pages,
-        max_queue=args.max_queue,
+        max_queue=args.max_queue, admission_order=args.admission_order,
         prefix_caching=prefix_caching(args), decode_prompt_tail=args.decode_prompt_tail,
         gpu_memory_utilization=args.gpu_memory_utilization,
         scheduler_policy=args.scheduler_policy,

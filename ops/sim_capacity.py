@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         STATE_OPERATIONS_HELP,
     )
     from ops.sim.workloads import DEFAULT_ACCEPTANCE
-    from ops.sim_command import add_cost_arguments
+    from ops.sim_command import add_admission_argument, add_cost_arguments
 
     labels = tuple(c.label for c in DEFAULT_CONFIGURATIONS)
     sel = parser.add_argument_group("what to compare")
@@ -83,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dev.add_argument("--max-running", type=int, default=None,
                      help="requests resident and running at once, every configuration "
                           "(default: --max-batch)")
+    add_admission_argument(dev)
     dev.add_argument("--dispatch-us", type=float, default=50.0)
     dev.add_argument("--draft-depth", type=int, default=DEFAULT_DRAFT_DEPTH,
                      help="proposal depth of the speculative load (speculating "
@@ -197,7 +198,8 @@ def main(args: argparse.Namespace) -> int:
     setup = Setup(catalogs=catalogs, costs=costs, count=count,
                   options=SimOptions(max_resident=running, seed=args.seed,
                                      dispatch_ns=round(args.dispatch_us * 1000),
-                                     draft_counterfactuals=speculating),
+                                     draft_counterfactuals=speculating,
+                                     admission=args.admission_order),
                   targets=SloTargets(ttft_s=args.ttft, tpot_s=args.tpot,
                                      attainment=args.attainment),
                   acceptance=(args.acceptance, args.acceptance_spread)
@@ -224,7 +226,8 @@ def main(args: argparse.Namespace) -> int:
     report_settings = {
         "cost_source": costs.source, "synthetic": costs.synthetic,
         "ttft_s": args.ttft, "tpot_s": args.tpot, "attainment": args.attainment,
-        "requests_per_run": count, "max_running": running, "max_batch": args.max_batch,
+        "requests_per_run": count, "max_running": running, "admission": args.admission_order,
+        "max_batch": args.max_batch,
         "prefill_capacities": list(args.prefill_capacities), "seed": args.seed,
         "state_operations": args.state_operations,
         "speculation": {"draft_depth": args.draft_depth, "acceptance": args.acceptance,
@@ -251,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
     kind = "synthetic" if costs.synthetic else "measured"
     print(f"flare sim-capacity: {costs.source} ({kind}), TTFT <= {args.ttft:g} s, "
           f"TPOT <= {args.tpot:g} s for {args.attainment:.0%} of each client's requests, "
-          f"{count} requests per run, at most {running} running")
+          f"{count} requests per run, at most {running} running, "
+          f"{args.admission_order} admission")
     print(capacity_table(results, scenarios, labels), end="")
     if long_check:
         print(long_check, end="")

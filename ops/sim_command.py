@@ -101,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      dest="max_running",
                      help="requests resident and running at once, the same limit for every "
                           "policy (default: --max-batch)")
+    add_admission_argument(dev)
     dev.add_argument("--max-queue", type=int, default=None,
                      help="refuse arrivals when this many wait (default: unbounded)")
     dev.add_argument("--dispatch-us", type=float, default=50.0,
@@ -140,6 +141,16 @@ def add_cost_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--cost-model", choices=COST_MODELS, default=None,
                        help="named cost model (default: linear, the synthetic a + b * size "
                             "model; roofline-*: docs/simulator.md, Roofline)")
+
+
+def add_admission_argument(group: argparse._ArgumentGroup) -> None:
+    """``--admission-order`` (shared with ``flare sim-capacity``)."""
+    from policy.admission_order import ADMISSION_ORDERS
+
+    group.add_argument("--admission-order", choices=ADMISSION_ORDERS, default="fifo",
+                       help="which waiting request becomes resident next (default fifo; "
+                            "least-slack: by arrival minus the prompt's pure prefill time, "
+                            "as flare run --admission-order least-slack)")
 
 
 def cost_table(args: argparse.Namespace, catalog: Any) -> Any:
@@ -224,7 +235,8 @@ def main(args: argparse.Namespace) -> int:
                          dispatch_ns=round(args.dispatch_us * 1000),
                          output_limit=args.max_tokens, noise=args.noise,
                          warm_estimates=not args.cold_estimates, seed=args.seed,
-                         horizon_s=args.horizon, vision=vision)
+                         horizon_s=args.horizon, vision=vision,
+                         admission=args.admission_order)
     metrics = MetricOptions(ttft_slo_s=args.ttft_slo, tpot_slo_s=args.tpot_slo,
                             qoe_expected_ttft_s=args.qoe_ttft,
                             qoe_reading_tokens_per_s=args.qoe_reading_speed)
@@ -233,7 +245,7 @@ def main(args: argparse.Namespace) -> int:
               "mixed_prefill": args.mixed_prefill, "token_budget": args.token_budget,
               "draft_depth": args.draft_depth, "speculative_mixed": args.speculative_mixed,
               "state_operations": args.state_operations,
-              "max_running": running,
+              "max_running": running, "admission": args.admission_order,
               "cost_source": costs.source}
     try:
         runs = run_policies(policies, requests=requests, catalogs=catalogs, costs=costs,

@@ -5,6 +5,12 @@ This package never imports trio, torch, or any clock; time enters through
 package's public surface; modules stay importable for their other helpers.
 """
 
+from policy.admission_order import (
+    ADMISSION_ORDERS,
+    check_admission_order,
+    least_slack_key,
+    pure_prefill_ns,
+)
 from policy.baselines.factory import (
     FIXED_SPEC_POLICIES,
     PRESET_POLICIES,
@@ -64,6 +70,7 @@ from policy.vision_windows import (
 )
 
 __all__ = [
+    "ADMISSION_ORDERS",
     "DEFAULT_WINDOW_IMAGES",
     "FIXED_SPEC_POLICIES",
     "FRAME_SLOTS",
@@ -109,12 +116,15 @@ __all__ = [
     "TraceRecord",
     "UnknownRequestError",
     "WindowNotReady",
+    "check_admission_order",
     "context_limit",
     "context_room",
     "decodes_prompt_tail",
     "fits_context",
+    "least_slack_key",
     "make_policy",
     "policy_preset",
+    "pure_prefill_ns",
     "smallest_prompt_capacity",
     "vision_lane_images",
     "window_spans",

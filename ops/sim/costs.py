@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from policy.admission_order import pure_prefill_ns as prefill_alone_ns
 from policy.descriptors import GraphKind, GraphShape
 
 NS_PER_MS = 1_000_000
@@ -133,3 +134,12 @@ def load_bench_programs(path: pathlib.Path, catalog: Iterable[GraphShape]) -> Co
             f"{', '.join(missing[:4])}); pass the catalog flags the benchmark used")
     return CostTable({s: round(by_label[s.label()] * NS_PER_MS) for s in shapes},
                      source=str(path), synthetic=False)
+
+
+
+def pure_prefill_ns(prompt_tokens: int, catalog: Iterable[GraphShape],
+                    costs: CostTable) -> float:
+    """The fastest single-shape prefill of ``prompt_tokens`` alone on ``costs``, over
+    the prefill shapes of ``catalog`` (``policy.admission_order.pure_prefill_ns``)."""
+    return prefill_alone_ns(prompt_tokens, (
+        (s.token_capacity, costs.mean_ns[s]) for s in catalog if s.kind is GraphKind.PREFILL))

@@ -9,8 +9,9 @@ the clock, so results depend only on the inputs and the seed.
 
 Runtime semantics reproduced:
 
-* admission: arrivals wait in a FIFO and become resident while fewer than
-  ``max_resident`` requests are resident (the runtime's row/page grant); with
+* admission: arrivals wait in a FIFO (or another ``admission`` order,
+  ``ops.sim.admission``) and become resident while fewer than ``max_resident`` requests
+  are resident (the runtime's row/page grant); with
   ``max_queue`` set, an arrival finding that many waiting is refused (status "error");
 * two frame slots: after every event the simulator commits plans while the policy's
   window accepts them (a frame is queued behind another only when the policy's plan
@@ -65,6 +66,7 @@ import numpy as np
 
 from ops.loadgen.records import RequestRecord
 from ops.loadgen.workload import RequestPlan
+from ops.sim.admission import AdmissionQueue
 from ops.sim.costs import CostTable
 from ops.sim.vision import VisionLoad, VisionWork
 from ops.sim.workloads import DEFAULT_ACCEPTANCE
@@ -104,6 +106,8 @@ class SimOptions:
     (module docstring); off: real rounds only (the seed's ACC-9)."""
     vision: VisionLoad = field(default_factory=VisionLoad)
     """Images in every prompt and the vision program's cost (``ops.sim.vision``)."""
+    admission: str = "fifo"
+    """Which waiting request becomes resident next (``ops.sim.admission``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"max_resident": self.max_resident, "max_queue": self.max_queue,
@@ -111,7 +115,7 @@ class SimOptions:
                 "noise": self.noise, "warm_estimates": self.warm_estimates,
                 "seed": self.seed, "horizon_s": self.horizon_s,
                 "draft_counterfactuals": self.draft_counterfactuals,
-                "vision": self.vision.to_json()}
+                "vision": self.vision.to_json(), "admission": self.admission}
 
 
 @dataclass(slots=True)
@@ -218,7 +222,7 @@ class _Simulation:
         self.reqs = [_Req(r, round(r.arrival_s * NS_PER_S)) for r in requests]
         self.reqs.sort(key=lambda q: q.arrival_ns)
         self.by_handle: dict[RequestHandle, _Req] = {}
-        self.waiting: deque[_Req] = deque()
+        self.waiting: AdmissionQueue[_Req] = AdmissionQueue(options.admission, costs)
         self.flights: deque[_Flight] = deque()
         self.resident = 0
         self.fence = 0
@@ -284,11 +288,11 @@ class _Simulation:
         if self.o.max_queue is not None and len(self.waiting) >= self.o.max_queue:
             q.refused = True
             return
-        self.waiting.append(q)
+        self.waiting.append(q, arrival_ns=q.arrival_ns, prompt_tokens=q.plan.prompt_tokens)
 
     def _admit(self) -> None:
         while self.waiting and self.resident < self.o.max_resident:
-            q = self.waiting.popleft()
+            q = self.waiting.pop()
             target = q.plan.output_tokens
             limit = target if self.o.output_limit <= 0 else max(target, self.o.output_limit)
             images = self.o.vision.plan_for(q.plan.prompt_tokens, self.costs.mean_ns)

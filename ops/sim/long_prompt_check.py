@@ -32,15 +32,14 @@ give the same figure; the verdict stays on the per-chunk one.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ops.sim.costs import CostTable
+from ops.sim.costs import CostTable, pure_prefill_ns
 from ops.sim.workloads import LONG_CLIENT
 from policy.baselines import speculative_policy
 from policy.baselines.fixed_spec import fixed_spec_depth
-from policy.descriptors import GraphKind, GraphShape
+from policy.descriptors import GraphShape
 
 NS_PER_MS = 1_000_000
 TTFT_FACTOR = 4.0
@@ -50,14 +49,7 @@ ITL_FACTOR = 1.1
 def pure_prefill_ms(prompt_tokens: int, catalog: Iterable[GraphShape],
                     costs: CostTable) -> float:
     """The fastest single-shape prefill of ``prompt_tokens`` alone, in ms."""
-    best = math.inf
-    for shape in catalog:
-        if shape.kind is GraphKind.PREFILL and shape.token_capacity > 0:
-            chunks = math.ceil(prompt_tokens / shape.token_capacity)
-            best = min(best, chunks * costs.mean_ns[shape] / NS_PER_MS)
-    if not math.isfinite(best):
-        raise ValueError("the catalog has no prefill shape")
-    return best
+    return pure_prefill_ns(prompt_tokens, catalog, costs) / NS_PER_MS
 
 
 def _chat_itl_p99(run: Mapping[str, Any], key: str = "itl_s") -> float | None:

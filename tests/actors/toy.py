@@ -276,6 +276,7 @@ async def toy_runtime(
     max_context: int = 256, auto_complete: bool = True, max_batch: int = 4,
     prefill: Sequence[int] = (64,), timed: bool = False, mixed: bool = False,
     snapshots: bool = False, scheduler_policy: str = "balanced", decode_prompt_tail: bool = True,
+    admission_order: str = "fifo",
 ) -> AsyncIterator[ToySystem]:
     """``timed``: launches take their ``toy_durations`` in virtual time (a driver task
     completes them in FIFO order), so concurrency looks like a real device;
@@ -293,7 +294,7 @@ async def toy_runtime(
         eos_token_ids=(EOS,), max_context=max_context, page_size=page_size,
         num_pages=num_pages, state_rows=state_rows, max_queue=max_queue,
         policy=PolicyConfig(), clock_ns=clock, scheduler_policy=scheduler_policy,
-        decode_prompt_tail=decode_prompt_tail,
+        decode_prompt_tail=decode_prompt_tail, admission_order=admission_order,
     )
     with trio.fail_after(TOY_DEADLINE_S):
         async with (open_runtime_with(parts, catalog=catalog) as runtime,
