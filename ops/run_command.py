@@ -477,7 +477,7 @@ async def serve_until_signalled(open_runtime: OpenRuntime, config: RuntimeConfig
             nursery.start_soon(watch_signals)
             log.info("runtime.preparing", model=str(config.model_dir), backend=config.backend,
                      max_batch=config.max_batch, prefill_capacities=list(config.prefill_capacities),
-                     speculation=config.speculation)
+                     speculation=config.speculation, admission_order=config.admission_order)
             started = time.monotonic()
             async with open_runtime(config) as runtime:
                 log.info("runtime.prepared", model=runtime.model_name,

@@ -73,6 +73,6 @@ def test_a_vllm_command_line_starts_and_serves(extra: list[str]) -> None:
     assert completion.status_code == 200
     assert completion.json()["usage"]["completion_tokens"] == 4
     preparing = next(e for e in log if e["event"] == "runtime.preparing")
-    assert preparing["max_batch"] == 16
+    assert preparing["max_batch"] == 16 and preparing["admission_order"] == "fifo"
     assert not [e for e in log if e["event"].startswith("request.")]  # --disable-log-requests
     assert not [e for e in log if e["level"] in ("warning", "error")]
