@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import trio.testing
 
 from actors.admission import AdmissionLimits, AdmissionState
@@ -37,9 +39,10 @@ def admit(name: str, prompt_tokens: int, arrived_ns: int | None) -> Admit:
                  arrived_ns=arrived_ns)
 
 
-def queue(prefill_ns: Callable[[int], float | None] | None) -> AdmissionState:
-    return AdmissionState(AdmissionLimits(max_context=4096, vocab_size=100, max_queue=8),
-                          prefill_ns=prefill_ns)
+def queue(prefill_ns: Callable[[int], float | None] | None,
+          max_queue: int = 8) -> AdmissionState:
+    return AdmissionState(AdmissionLimits(max_context=4096, vocab_size=100,
+                                          max_queue=max_queue), prefill_ns=prefill_ns)
 
 
 def waiting(state: AdmissionState) -> list[str]:
@@ -163,3 +166,62 @@ async def test_the_runtime_admits_in_the_chosen_order(
             nursery.start_soon(run, "long", [3 + i % 30 for i in range(100)])
             await until(lambda: toy.runtime.statistics().requests_waiting == 2)
     assert finished == ["first", *expected]
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit", "park", "answer", "withdraw"]),
+                         st.integers(1, 3000), st.integers(0, 5), st.booleans()),
+               max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS)
+def test_least_slack_admission_loses_and_leaks_nothing(ops: list[tuple[str, int, int,
+                                                                        bool]]) -> None:
+    """Random arrivals, parks, allocator answers and withdrawals: every accepted request
+    is admitted once, dropped once or still waiting; behind the parked head the queue
+    stays sorted by key; a head neither displaced nor withdrawn has the smallest key;
+    no key outlives its request. An answer to a cancelled ``Acquire`` may still be a
+    grant (the race with ``CancelAcquire``)."""
+    state = queue(per_token, max_queue=64)
+    keys = state._keys  # noqa: SLF001 - the leak check reads the queue's own keys
+    now, names, live, done = 0, 0, set(), set()
+    cancelled = False
+    for op, tokens, pick, granted in ops:
+        now += tokens * 100  # each step 0.1 us a token: arrivals close enough to pass
+        if op == "admit":
+            names += 1
+            assert state.on_admit(admit(f"r{names}", tokens, now)) is None
+            live.add(f"r{names}")
+        elif op == "park" and not state.head_parked and state.waiting:
+            parked(state)
+            cancelled = False
+        elif op == "answer" and state.head_parked:
+            head = str(state.waiting[0].request_id)
+            grant = object() if granted or not (cancelled or state.head_withdrawn) else None
+            withdrawn = state.head_withdrawn
+            admitted, returned = state.on_grant(grant)  # type: ignore[arg-type]
+            if admitted is not None:
+                assert str(admitted.request_id) == head and not withdrawn
+                live.discard(head)
+                done.add(head)
+            elif withdrawn:
+                live.discard(head)
+                assert returned is grant
+            else:
+                assert grant is None and head in waiting(state)
+        elif op == "withdraw" and live:
+            name = sorted(live)[pick % len(live)]
+            if state.on_withdraw(name) == "queued":  # type: ignore[arg-type]
+                live.discard(name)
+        displaced = state.take_displaced()
+        if displaced is not None:
+            assert state.head_parked and displaced == str(state.waiting[0].request_id)
+            cancelled = True
+        ids = waiting(state)
+        assert len(ids) == len(set(ids)) and set(ids) == live and not live & done
+        assert set(keys) == live
+        first = 1 if state.head_parked else 0
+        rest = [keys[i] for i in ids[first:]]
+        assert rest == sorted(rest)
+        if state.head_parked and not (state.head_displaced or state.head_withdrawn) and rest:
+            assert keys[ids[0]] <= rest[0]
