@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import trio.testing
 
 from actors.admission import AdmissionLimits, AdmissionState
 from actors.config import ConfigError, RuntimeConfig
@@ -183,7 +183,7 @@ def test_least_slack_admission_loses_and_leaks_nothing(ops: list[tuple[str, int,
     no key outlives its request. An answer to a cancelled ``Acquire`` may still be a
     grant (the race with ``CancelAcquire``)."""
     state = queue(per_token, max_queue=64)
-    keys = state._keys  # noqa: SLF001 - the leak check reads the queue's own keys
+    keys = state._keys  # the leak check reads the queue's own keys
     now, names, live, done = 0, 0, set(), set()
     cancelled = False
     for op, tokens, pick, granted in ops:
