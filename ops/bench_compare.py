@@ -57,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", nargs="+", choices=RUNTIME_POLICIES, default=list(POLICIES))
     parser.add_argument("--num-requests", type=int, default=None, help="chat requests")
     parser.add_argument("--rate", type=float, default=None, help="chat requests per second")
+    parser.add_argument("--long-prompt-every", type=float, default=None, metavar="S",
+                        help="interference: one long prompt every S seconds (default 8)")
     parser.add_argument("--prompt-max", type=int, default=CHAT_PROMPT_MAX)
     parser.add_argument("--output-max", type=int, default=CHAT_OUTPUT_MAX)
     parser.add_argument("--prompt-tokens", type=int, default=None,
@@ -112,6 +114,12 @@ def _workload(args: argparse.Namespace) -> Any:
         preset["count"] = args.num_requests
     if args.rate is not None:
         preset["rate"] = args.rate
+    if args.long_prompt_every is not None:
+        if "long_prompt_every_s" not in preset:
+            raise ValueError("--long-prompt-every needs --scenario interference")
+        if not args.long_prompt_every > 0:
+            raise ValueError("--long-prompt-every must be positive")
+        preset["long_prompt_every_s"] = args.long_prompt_every
     if (args.prompt_tokens is None) != (args.output_tokens is None):
         raise ValueError("--prompt-tokens and --output-tokens go together")
     if args.prompt_tokens is not None:

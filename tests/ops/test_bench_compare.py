@@ -67,9 +67,24 @@ def test_fixed_lengths_and_streams_and_the_extension_presets_are_accepted() -> N
     assert args.policy == ["balanced", "client-fair", "first-token", "fcfs"]
 
 
+def test_long_prompt_period_sets_how_often_a_long_prompt_arrives() -> None:
+    from ops.sim.workloads import build_workload
+
+    def longs(*flags: str) -> int:
+        plans = build_workload(bench_compare._workload(_args(
+            "--num-requests", "40", "--rate", "4", *flags)))
+        return sum(p.client == "long" for p in plans)
+
+    assert longs("--long-prompt-every", "2") > longs() >= 1
+
+
 def test_bad_stream_or_length_flags_exit_2_naming_the_flag(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_compare.main(_args("--prompt-tokens", "64")) == 2
     assert "--prompt-tokens and --output-tokens" in capsys.readouterr().err
     assert bench_compare.main(_args("--concurrency", "0")) == 2
     assert "--concurrency" in capsys.readouterr().err
+    assert bench_compare.main(_args("--long-prompt-every", "0")) == 2
+    assert "--long-prompt-every must be positive" in capsys.readouterr().err
+    assert bench_compare.main(_args("--scenario", "poisson", "--long-prompt-every", "2")) == 2
+    assert "--scenario interference" in capsys.readouterr().err
