@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
 import trio
 
 from actors.errors import (
@@ -62,6 +63,8 @@ from actors.public import TOP_LOGPROBS, Finished, GenerationRequest
 from actors.reported_logprobs import scheduled_output_tokens
 from actors.window_snapshots import needs_snapshot_row
 from policy import DEFAULT_WINDOW_IMAGES, fits_context, least_slack_key
+
+log = structlog.get_logger("flare.admission")
 
 MAX_STOP_STRINGS = 16
 """More stop strings than this is almost certainly a client bug (OpenAI allows 4)."""
@@ -310,6 +313,8 @@ async def run(
                         queued = _decide(state, msg)
                         displaced = state.take_displaced()
                         if displaced is not None:
+                            log.debug("admission.reordered", request_id=msg.request_id,
+                                      displaced=displaced)
                             await to_allocator.send(CancelAcquire(request_id=displaced))
                         if not queued:
                             continue

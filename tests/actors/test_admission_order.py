@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import structlog
+import structlog.testing
 import trio
 import trio.testing
 from hypothesis import given, settings
@@ -150,6 +152,14 @@ async def test_the_runtime_admits_in_the_chosen_order(
     row goes to the long prompt first under least slack: it arrived less than one
     chunk's time (4 ms) after the short one."""
     finished: list[str] = []
+    with structlog.testing.capture_logs() as logs:
+        await _three_requests(order, finished)
+    assert finished == ["first", *expected]
+    reordered = [e for e in logs if e["event"] == "admission.reordered"]
+    assert len(reordered) == (order == "least-slack")
+
+
+async def _three_requests(order: str, finished: list[str]) -> None:
     async with toy_runtime(state_rows=1, admission_order=order, timed=True) as toy:
 
         async def run(name: str, prompt: list[int]) -> None:
@@ -165,7 +175,6 @@ async def test_the_runtime_admits_in_the_chosen_order(
             await until(lambda: toy.runtime.statistics().requests_waiting == 1)
             nursery.start_soon(run, "long", [3 + i % 30 for i in range(100)])
             await until(lambda: toy.runtime.statistics().requests_waiting == 2)
-    assert finished == ["first", *expected]
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit", "park", "answer", "withdraw"]),
