@@ -154,6 +154,8 @@ class AdmissionState:
         self.waiting: deque[Admit] = deque()
         self._keys: dict[RequestId, float] = {}
         self._cancel_due: RequestId | None = None
+        self.reordered = 0
+        """Requests queued ahead of an earlier arrival (least slack)."""
         self.head_parked = False
         self.head_withdrawn = False
         self.head_displaced = False
@@ -170,28 +172,31 @@ class AdmissionState:
                 f"{len(self.waiting)} requests are already waiting; try again shortly",
                 retry_after_s=QUEUE_FULL_RETRY_AFTER_S,
             )
-        if refusal is None:
-            self._enqueue(msg)
+        if refusal is None and self._enqueue(msg):
+            self.reordered += 1
         return refusal
 
-    def _enqueue(self, msg: Admit) -> None:
+    def _enqueue(self, msg: Admit) -> bool:
+        """Queue ``msg`` in order; True if it went ahead of a request already waiting."""
         arrived = msg.arrived_ns
         prefill = None if self.prefill_ns is None or arrived is None \
             else self.prefill_ns(len(msg.request.prompt_token_ids))
         if prefill is None or arrived is None:
             self.waiting.append(msg)
-            return
+            return False
         key = self._keys[msg.request_id] = least_slack_key(arrived, prefill)
         index = len(self.waiting)
         first = 1 if self.head_parked else 0
-        if self.head_parked and not (self.head_withdrawn or self.head_displaced) \
-                and key < self._keys.get(self.waiting[0].request_id, -math.inf):
+        ahead = self.head_parked and not (self.head_withdrawn or self.head_displaced) \
+            and key < self._keys.get(self.waiting[0].request_id, -math.inf)
+        if ahead:
             self.head_displaced = True
             self._cancel_due = self.waiting[0].request_id
         while index > first and self._keys.get(self.waiting[index - 1].request_id,
                                                 -math.inf) > key:
             index -= 1
         self.waiting.insert(index, msg)
+        return ahead or index < len(self.waiting) - 1
 
     def take_displaced(self) -> RequestId | None:
         """The parked head whose ``Acquire`` to cancel, once, because a request that

@@ -163,6 +163,9 @@ class RuntimeStatistics:
 
     requests_running: int
     requests_waiting: int
+    admission_reordered: int = 0
+    """Requests admission queued ahead of an earlier arrival (``--admission-order
+    least-slack``)."""
     kv_pages_used: int
     """Pages in use by requests (a cached page a request shares counts here)."""
     kv_pages_total: int

@@ -264,6 +264,7 @@ class Runtime:
         return RuntimeStatistics(
             requests_running=self._planner.resident_count,
             requests_waiting=len(self._admission_state.waiting),
+            admission_reordered=self._admission_state.reordered,
             kv_pages_used=by_requests, kv_pages_cached=cached_only,
             kv_pages_total=self._book.pages.total,
             prefix_cache_hit_tokens=counters.prefix_hit_tokens,

@@ -140,7 +140,9 @@ class RuntimeCollector(Collector):
                 ("flare_scheduler_generation_tokens", "Output tokens committed by the runtime.",
                  stats.generation_tokens_total),
                 ("flare_window_snapshots", "Window snapshots (each restored at once) of "
-                 "requests whose images span several windows.", stats.window_snapshots)):
+                 "requests whose images span several windows.", stats.window_snapshots),
+                ("flare_admission_reordered", "Requests queued ahead of an earlier arrival "
+                 "(--admission-order least-slack).", stats.admission_reordered)):
             yield CounterMetricFamily(name, text, value=value)
         if stats.speculative_source:
             yield from _speculative_metrics(stats)

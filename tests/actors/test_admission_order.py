@@ -70,6 +70,7 @@ def test_least_slack_puts_a_long_prompt_before_shorter_ones_that_came_just_befor
                 admit("later short", 10, 5 * MS), admit("late long", 1000, 20 * MS)):
         assert state.on_admit(msg) is None
     assert waiting(state) == ["long", "short", "later short", "late long"]
+    assert state.reordered == 1
 
 
 def parked(state: AdmissionState) -> str:
@@ -94,6 +95,7 @@ def test_a_request_that_goes_first_displaces_the_parked_head_once() -> None:
     assert state.take_displaced() == "short" and state.take_displaced() is None
     assert state.on_grant(None) == (None, None)
     assert waiting(state) == ["longer", "long", "short", "next"]
+    assert state.reordered == 2  # long and longer; next and the re-queued head are not
     assert parked(state) == "longer"
     assert state.on_withdraw("long") == "queued"  # type: ignore[arg-type]
     assert waiting(state) == ["longer", "short", "next"]
@@ -153,13 +155,15 @@ async def test_the_runtime_admits_in_the_chosen_order(
     chunk's time (4 ms) after the short one."""
     finished: list[str] = []
     with structlog.testing.capture_logs() as logs:
-        await _three_requests(order, finished)
+        reordered = await _three_requests(order, finished)
     assert finished == ["first", *expected]
-    reordered = [e for e in logs if e["event"] == "admission.reordered"]
-    assert len(reordered) == (order == "least-slack")
+    assert reordered == (order == "least-slack")
+    logged = [e for e in logs if e["event"] == "admission.reordered"]
+    assert len(logged) == (order == "least-slack")
 
 
-async def _three_requests(order: str, finished: list[str]) -> None:
+async def _three_requests(order: str, finished: list[str]) -> int:
+    """The three requests; returns ``statistics().admission_reordered``."""
     async with toy_runtime(state_rows=1, admission_order=order, timed=True) as toy:
 
         async def run(name: str, prompt: list[int]) -> None:
@@ -175,6 +179,7 @@ async def _three_requests(order: str, finished: list[str]) -> None:
             await until(lambda: toy.runtime.statistics().requests_waiting == 1)
             nursery.start_soon(run, "long", [3 + i % 30 for i in range(100)])
             await until(lambda: toy.runtime.statistics().requests_waiting == 2)
+        return toy.runtime.statistics().admission_reordered
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["admit", "admit", "park", "answer", "withdraw"]),

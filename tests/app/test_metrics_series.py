@@ -78,6 +78,8 @@ async def test_series_carry_model_name_and_move_when_requests_are_served(
     assert value(after, "flare_prefix_cache_hits_total") == cached
     assert ("flare_num_preemptions_total", (("model_name", MODEL),)) in after
     assert value(after, "flare_num_preemptions_total") == 0  # flare never preempts
+    assert ("flare_admission_reordered_total", (("model_name", MODEL),)) in after
+    assert value(after, "flare_admission_reordered_total") == 0  # FIFO by default
     assert value(after, "flare_e2e_request_latency_seconds_bucket", le="1800.0") == 2
     assert value(after, "flare_time_to_first_token_seconds_bucket", le="1200.0") == 2
     assert not [name for name, _ in after if name.endswith("_created")]
