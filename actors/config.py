@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from policy import (
-    ADMISSION_ORDERS,
     DEFAULT_WINDOW_IMAGES,
     FIXED_SPEC_POLICIES,
     PRESET_POLICIES,
     RUNTIME_POLICIES,
     GraphKind,
     GraphShape,
+    check_admission_order,
 )
 
 DEFAULT_MODEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "models" / "default"
@@ -245,9 +245,10 @@ class RuntimeConfig:
                               f"got {self.scheduler_policy!r}")
         if self.max_queue < 1:
             raise ConfigError("max_queue must be at least 1")
-        if self.admission_order not in ADMISSION_ORDERS:
-            raise ConfigError(f"--admission-order must be one of {', '.join(ADMISSION_ORDERS)}, "
-                              f"got {self.admission_order!r}")
+        try:
+            check_admission_order(self.admission_order)
+        except ValueError as exc:
+            raise ConfigError(f"--admission-order: {exc}") from None
         if self.page_size < 1:
             raise ConfigError("page_size must be positive")
         for name in ("scheduler_terminal_value", "scheduler_terminal_age_price"):

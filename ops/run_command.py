@@ -32,7 +32,6 @@ import structlog
 import trio
 
 from actors.config import (
-    ADMISSION_ORDERS,
     DEFAULT_DRAFT_CATCH_UP,
     DEFAULT_DRAFT_DEPTH,
     DEFAULT_MAX_BATCH,
@@ -75,6 +74,7 @@ from ops.startup_checks import (
     startup_cause,
 )
 from ops.vllm_flags import add_vllm_arguments, model_dir, prefill_capacities, prefix_caching
+from policy import ADMISSION_ORDERS
 
 log = structlog.get_logger("flare.run")
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policy.admission_order import pure_prefill_ns as prefill_alone_ns
+from policy import admission_order
 from policy.descriptors import GraphKind, GraphShape
 
 NS_PER_MS = 1_000_000
@@ -136,10 +136,9 @@ def load_bench_programs(path: pathlib.Path, catalog: Iterable[GraphShape]) -> Co
                      source=str(path), synthetic=False)
 
 
-
 def pure_prefill_ns(prompt_tokens: int, catalog: Iterable[GraphShape],
                     costs: CostTable) -> float:
     """The fastest single-shape prefill of ``prompt_tokens`` alone on ``costs``, over
     the prefill shapes of ``catalog`` (``policy.admission_order.pure_prefill_ns``)."""
-    return prefill_alone_ns(prompt_tokens, (
+    return admission_order.pure_prefill_ns(prompt_tokens, (
         (s.token_capacity, costs.mean_ns[s]) for s in catalog if s.kind is GraphKind.PREFILL))
