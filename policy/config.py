@@ -88,6 +88,12 @@ class PolicyConfig:
     """flare's per-client fairness exponent s: fairness prices weighted by the request's
     client share ``(n / (k * n_c)) ** s`` (``policy/client_shares.py``). Not a seed
     preference: 0 (every seed preset) is the seed's per-request price (SEL-5..7)."""
+    stream_start_ms: float = 0.0
+    """flare's stream-start value H, ms: a prompt's first output is worth the output
+    tokens its decode stream then delivers over H ms, ``max(1, H / sigma)`` times one
+    output token's value, with sigma the decoders' reference delivery interval
+    (``policy.decision.first_output_weight``). Not a seed preference: 0 (every seed
+    preset) prices the first output as one token (SEL-5)."""
     spare_decode_age_price: float = 0.0
     """flare's spare-row decode age price, value/ms^2: while fewer requests are
     resident than the widest decode program has rows, none of them took the last row
@@ -132,6 +138,9 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     # flare's extension (docs/scheduling-utility.md, *Per-client fairness*): balanced,
     # with every client's requests together holding one client's fairness weight.
     "client-fair": PolicyConfig(client_fairness=1.0),
+    # flare's extension (docs/scheduling-utility.md, *Stream start*): balanced, with a
+    # prompt's first output worth the stream it starts over the adaptation time.
+    "stream-start": PolicyConfig(stream_start_ms=100.0),
     # flare's extension (docs/scheduling-utility.md, *Spare rows*): first-token with
     # a decoder output-age price 500x the seed's while a decode row is spare outside an
     # overload episode and the costs show a knee, so there the chunk that keeps the

@@ -229,6 +229,7 @@ def build_context(
     # Scaling by the power of two 2**-e: exact, the same as ldexp (prices are at most
     # 2**e, so nothing overflows).
     unit = 2.0 ** -e
+    start_unit = unit * first_output_weight(config, sigma_dec)
     dec_base = [(beta + tf / x + g / z) * unit + dec_slope * (age / NS_PER_MS)
                 for x, z, age in zip(dec_x, dec_z, dec_age, strict=True)]
     term_value = scaled(config.terminal_value, e)
@@ -237,7 +238,7 @@ def build_context(
     prompt_group = PromptGroup(
         tuple(prompts), cursor=cursor, remaining=remaining, endpoint=endpoint,
         reaches=reaches, price=[price * unit for price in prompt_price],
-        finish=[(beta + tf / x + g / z) * unit
+        finish=[(beta + tf / x + g / z) * start_unit
                 for x, z in zip(prompt_x, prompt_z, strict=True)],
         last_served=last_served, scored=scored_rows, held=held_rows(prompts, catalog))
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
@@ -273,6 +274,17 @@ def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
     if not u:
         return [1.0 + tf / x for x in prompt_x]
     return [1.0 + tf / x + u * age for x, age in zip(prompt_x, prompt_age_ms, strict=True)]
+
+
+def first_output_weight(config: PolicyConfig, sigma_dec: float | None) -> float:
+    """How many output tokens a prompt's first output is worth: 1 (the seed, SEL-5),
+    or with flare's stream-start value (``stream_start_ms`` H > 0) the tokens its
+    decode stream delivers over H ms, ``max(1, H / sigma)`` with sigma the decoders'
+    reference delivery interval (``docs/scheduling-utility.md``, *Stream start*)."""
+    horizon = config.stream_start_ms
+    if horizon <= 0 or sigma_dec is None or sigma_dec <= 0:
+        return 1.0
+    return max(1.0, horizon / sigma_dec)
 
 
 KNEE_SLACK = 0.05
@@ -409,6 +421,7 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     token_price, finish_value, remaining = [], [], []
     next_op, multistages = [], []
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
+    start_weight = first_output_weight(config, sigma_dec)
     for r in restorable:
         stages = r.remaining_stages
         chain_ms: float = 0
@@ -428,7 +441,7 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
         finish = math.ldexp(beta + fair + g / z, -e)
         end = r.prompt_ends()[0]
         left = end - r.prompt_cursor if not is_decoding else 0
-        finish_here = 0.0 if end < r.prompt_len else finish
+        finish_here = 0.0 if end < r.prompt_len else finish * start_weight
         decoding.append(is_decoding)
         slopes.append(slope)
         token_price.append(price)

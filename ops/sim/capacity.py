@@ -84,6 +84,7 @@ VARIANT_CONFIGURATIONS = (
     Configuration("first-token", "first-token"),
     Configuration("client-fair", "client-fair"),
     Configuration("smooth", "smooth"),
+    Configuration("stream-start", "stream-start"),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
@@ -100,6 +101,7 @@ EXTENSION_SPECULATION_CONFIGURATIONS = (
     Configuration("first-token+spec", "spec-adaptive", preset="first-token"),
     Configuration("client-fair+spec", "spec-adaptive", preset="client-fair"),
     Configuration("smooth+spec", "spec-adaptive", preset="smooth"),
+    Configuration("stream-start+spec", "spec-adaptive", preset="stream-start"),
 )
 """Opt-in (``--configuration``): flare's extension presets with adaptive speculation."""
 CONFIGURATIONS = (DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS + SPECULATION_CONFIGURATIONS

@@ -1,9 +1,9 @@
 """``make_policy``: one name per policy the simulator and ``--scheduler-policy`` select.
 
 ``balanced`` and ``throughput`` are the seed's ``Scheduler`` with that preset
-(``policy.config.policy_preset``, POL-14, POL-15), ``first-token``, ``client-fair`` and
-``smooth`` the same ``Scheduler`` with flare's extension presets
-(``docs/scheduling-utility.md``: U-10, U-11, *Smooth streams*); ``spec-adaptive`` and
+(``policy.config.policy_preset``, POL-14, POL-15), ``first-token``, ``client-fair``,
+``smooth`` and ``stream-start`` the same ``Scheduler`` with flare's extension presets
+(``docs/scheduling-utility.md``: U-10, U-11, *Smooth streams*, U-12); ``spec-adaptive`` and
 ``spec-fixed`` are the seed's ``Scheduler`` speculating with the learned source and the
 ``balanced`` preset in that mode (what ``flare run --speculation adaptive|fixed`` runs; named for
 ``flare sim``, which compares them side by side; adaptive folds depth-``(D + 1)``
@@ -32,7 +32,7 @@ from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
 
 SEED_POLICIES = ("balanced", "throughput")
-EXTENSION_PRESETS = ("first-token", "client-fair", "smooth")
+EXTENSION_PRESETS = ("first-token", "client-fair", "smooth", "stream-start")
 """flare's own presets of the seed's ``Scheduler`` (``policy.config.POLICY_PRESETS``):
 opt-in departures from the seed's rules or its default coefficients, never the default."""
 PRESET_POLICIES = SEED_POLICIES + EXTENSION_PRESETS

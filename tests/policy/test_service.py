@@ -1,6 +1,6 @@
 """Service history, prices and normalizers, as docs/scheduling-utility.md defines them.
 
-Formula ids U-1..U-11 refer to docs/scheduling-utility.md (CAT-6: each formula is tested).
+Formula ids U-1..U-12 refer to docs/scheduling-utility.md (CAT-6: each formula is tested).
 """
 
 from __future__ import annotations
@@ -309,10 +309,24 @@ def test_copy_is_independent() -> None:
 def test_cat_6_doc_formulas_are_all_cited_by_tests() -> None:
     """Covers CAT-6, OPEN-1: every U-n formula id in the doc is cited by this test file."""
     ids = set(re.findall(r"\*\*(U-\d+)[ab]?\*\*", DOC.read_text()))
-    assert ids == {f"U-{i}" for i in range(1, 12)}
+    assert ids == {f"U-{i}" for i in range(1, 13)}
     source = pathlib.Path(__file__).read_text()
     for formula in ids:
         assert re.search(rf"Covers[^\n]*\b{formula}\b", source), formula
+
+
+def test_first_output_weight_is_the_stream_it_starts() -> None:
+    """Covers U-12: the first output is worth ``max(1, H/sigma)`` output tokens, one
+    without a delivery reference, and exactly one under every seed preset."""
+    from policy.config import policy_preset
+    from policy.decision import first_output_weight
+
+    start = PolicyConfig(stream_start_ms=100.0)
+    assert first_output_weight(start, 6.25) == 16.0
+    assert first_output_weight(start, 250.0) == 1.0
+    assert first_output_weight(start, None) == 1.0
+    for name in ("balanced", "throughput"):
+        assert first_output_weight(policy_preset(name), 6.25) == 1.0
 
 
 def test_rates_age_by_measured_service_time_only() -> None:
