@@ -229,6 +229,8 @@ def build_context(
     # Scaling by the power of two 2**-e: exact, the same as ldexp (prices are at most
     # 2**e, so nothing overflows).
     unit = 2.0 ** -e
+    # The first output's value with flare's stream-start weight (1 under the seed); a
+    # weight above one may take it past 2**e, which a float holds (not a bit-exact rule).
     start_unit = unit * first_output_weight(config, sigma_dec)
     dec_base = [(beta + tf / x + g / z) * unit + dec_slope * (age / NS_PER_MS)
                 for x, z, age in zip(dec_x, dec_z, dec_age, strict=True)]
