@@ -215,6 +215,10 @@ def build_context(
     e = _price_exponent(config, age_price, dec_x, dec_z, prompt_x, prompt_z,
                         max(prompt_price, default=0.0))
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
+    # The stream a prompt starts is delivered at the decoders' interval, or alone when
+    # none decodes.
+    sigma_start = sigma_dec if n_active else _reference_ms(
+        catalog, times, "delivery", catalog.delivery_family, 1)
     sigma_term = _reference_ms(catalog, times, "snapshot", catalog.snapshot,
                                n_pending_terminals)
     c_dec = scaled(age_price, e)
@@ -231,7 +235,8 @@ def build_context(
     unit = 2.0 ** -e
     # The first output's value with flare's stream-start weight (1 under the seed); a
     # weight above one may take it past 2**e, which a float holds (not a bit-exact rule).
-    start_unit = unit * first_output_weight(config, sigma_dec)
+    start_weight = first_output_weight(config, sigma_start)
+    start_unit = unit * start_weight
     dec_base = [(beta + tf / x + g / z) * unit + dec_slope * (age / NS_PER_MS)
                 for x, z, age in zip(dec_x, dec_z, dec_age, strict=True)]
     term_value = scaled(config.terminal_value, e)
@@ -245,7 +250,7 @@ def build_context(
         last_served=last_served, scored=scored_rows, held=held_rows(prompts, catalog))
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
                                    e=e, start_ns=start_ns, dec_slope=dec_slope,
-                                   c_dec=c_dec, sigma_dec=sigma_dec)
+                                   c_dec=c_dec, sigma_dec=sigma_dec, start_weight=start_weight)
     return DecisionContext(
         catalog=catalog,
         times=times,
@@ -282,7 +287,8 @@ def first_output_weight(config: PolicyConfig, sigma_dec: float | None) -> float:
     """How many output tokens a prompt's first output is worth: 1 (the seed, SEL-5),
     or with flare's stream-start value (``stream_start_ms`` H > 0) the tokens its
     decode stream delivers over H ms, ``max(1, H / sigma)`` with sigma the decoders'
-    reference delivery interval (``docs/scheduling-utility.md``, *Stream start*)."""
+    reference delivery interval, one stream's when none decodes
+    (``docs/scheduling-utility.md``, *Stream start*)."""
     horizon = config.stream_start_ms
     if horizon <= 0 or sigma_dec is None or sigma_dec <= 0:
         return 1.0
@@ -400,7 +406,8 @@ def _first_chunk(times: ShapeTimes, catalog: CatalogIndex, token_price: float,
 
 def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
                    times: ShapeTimes, config: PolicyConfig, e: int, start_ns: int,
-                   dec_slope: float, c_dec: float, sigma_dec: float | None) -> RestoreGroup:
+                   dec_slope: float, c_dec: float, sigma_dec: float | None,
+                   start_weight: float) -> RestoreGroup:
     """Prerequisite-ready rows with their values.
 
     A multistage row (further stages after the next one) is a blocked stream whose
@@ -423,7 +430,6 @@ def _restore_group(restorable: list[RequestRecord], *, catalog: CatalogIndex,
     token_price, finish_value, remaining = [], [], []
     next_op, multistages = [], []
     tf, beta, g = config.token_fairness, config.output_token_value, config.delivery_fairness
-    start_weight = first_output_weight(config, sigma_dec)
     for r in restorable:
         stages = r.remaining_stages
         chain_ms: float = 0

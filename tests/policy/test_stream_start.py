@@ -5,6 +5,10 @@ A prompt one chunk does not finish leaves a short tail whose tokens are worth li
 beside the decoders' next tokens; with the seed's single-token price for its first
 output the tail waits behind decode frames until the decoders' fairness prices fall.
 Pricing the first output as the stream it starts lets the prompt finish at once.
+
+With no stream decoding, the seed's token-rate fairness shares the device among prompts
+that arrive together: each runs its first chunk before any finishes. The stream-start
+value, taken at one stream's delivery interval, finishes them one after another.
 """
 
 from __future__ import annotations
@@ -56,6 +60,35 @@ def test_the_seed_price_holds_a_prompt_tail_behind_the_decoders() -> None:
 @pytest.mark.parametrize("prompt_len", [64, 70, 129, 300])
 def test_stream_start_finishes_the_prompt_beside_running_streams(prompt_len: int) -> None:
     assert frames_to_first_output(policy_preset("stream-start"), prompt_len) <= 2
+
+
+def first_output_frames(config: PolicyConfig, prompts: int, prompt_len: int) -> list[int]:
+    """The frame of each prompt's first output when ``prompts`` arrive together after
+    every earlier stream has finished, in order."""
+    s = measured_scheduler(SHAPES, config, durations=cpu_like_ns)
+    d = Driver(s, durations=cpu_like_ns)
+    for _ in range(4):
+        s.admit(prompt_len=64, max_output_tokens=8)
+    d.run(40)
+    assert s.plan() is None  # every earlier stream has finished
+    handles = [s.admit(prompt_len=prompt_len, max_output_tokens=32) for _ in range(prompts)]
+    firsts: dict[int, int] = {}
+    for frame in range(1, 200):
+        d.step()
+        for i, h in enumerate(handles):
+            if i not in firsts and d.trace.first_output_ns(h) is not None:
+                firsts[i] = frame
+        if len(firsts) == prompts:
+            return sorted(firsts.values())
+    raise AssertionError("not every prompt had a first output in 200 frames")
+
+
+@pytest.mark.parametrize("prompt_len", [70, 130])
+def test_prompts_arriving_together_finish_one_after_another(prompt_len: int) -> None:
+    # balanced: every prompt's first chunk runs before the first prompt finishes.
+    assert first_output_frames(policy_preset("balanced"), 4, prompt_len)[0] > 4
+    # stream-start: the first finishes in its first frame, one more per frame after it.
+    assert first_output_frames(policy_preset("stream-start"), 4, prompt_len) == [1, 2, 3, 4]
 
 
 def test_the_preset_is_balanced_with_the_stream_start_value() -> None:
