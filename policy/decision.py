@@ -216,8 +216,8 @@ def build_context(
                         max(prompt_price, default=0.0))
     sigma_dec = _reference_ms(catalog, times, "delivery", catalog.delivery_family, n_active)
     # The stream a prompt starts is delivered at the decoders' interval, or alone when
-    # none decodes.
-    sigma_start = sigma_dec if n_active else _reference_ms(
+    # none decodes (looked up only for the stream-start weight, unused under the seed).
+    sigma_start = sigma_dec if n_active or config.stream_start_ms <= 0 else _reference_ms(
         catalog, times, "delivery", catalog.delivery_family, 1)
     sigma_term = _reference_ms(catalog, times, "snapshot", catalog.snapshot,
                                n_pending_terminals)
@@ -283,16 +283,16 @@ def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
     return [1.0 + tf / x + u * age for x, age in zip(prompt_x, prompt_age_ms, strict=True)]
 
 
-def first_output_weight(config: PolicyConfig, sigma_dec: float | None) -> float:
+def first_output_weight(config: PolicyConfig, sigma: float | None) -> float:
     """How many output tokens a prompt's first output is worth: 1 (the seed, SEL-5),
     or with flare's stream-start value (``stream_start_ms`` H > 0) the tokens its
     decode stream delivers over H ms, ``max(1, H / sigma)`` with sigma the decoders'
     reference delivery interval, one stream's when none decodes
     (``docs/scheduling-utility.md``, *Stream start*)."""
     horizon = config.stream_start_ms
-    if horizon <= 0 or sigma_dec is None or sigma_dec <= 0:
+    if horizon <= 0 or sigma is None or sigma <= 0:
         return 1.0
-    return max(1.0, horizon / sigma_dec)
+    return max(1.0, horizon / sigma)
 
 
 KNEE_SLACK = 0.05
