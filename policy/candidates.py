@@ -185,8 +185,9 @@ class Candidates:
         for kind in self.families:
             fam = family_shapes(ctx.catalog, kind)
             t = family_times(ctx.times, kind, fam.shapes)
+            allowed = self._within_gap(kind, t)
             if kind in (PREFILL, SCORED_PREFILL):
-                self._walk_prefill(kind, fam, t, w, track)
+                self._walk_prefill(kind, fam, t, w, track, allowed)
                 continue
             grid = ctx.catalog.mixed_grid
             if kind == MIXED_PROMPT and t.all_known and grid.full:
@@ -203,7 +204,7 @@ class Candidates:
                 for j, (m, first_b, c, s, h) in enumerate(zip(
                         sizes.m, sizes.eligible, grid.col_c_list, t.safe, t.half,
                         strict=True)):
-                    if first_b and first_c[c]:
+                    if first_b and first_c[c] and (allowed is None or allowed[j]):
                         rate = (value[c] + pre[m] + m * gs * s) / s - h * w
                         if rate >= best:
                             if rate > best:
@@ -213,6 +214,8 @@ class Candidates:
                 track.known_best, track.known_hits = best, hits
                 continue
             eligible = self._mixed_eligible(sizes) if kind == MIXED_PROMPT else sizes.eligible
+            if allowed is not None:
+                eligible = [e and a for e, a in zip(eligible, allowed, strict=True)]
             if t.all_known:
                 for j, (m, ok, s, h) in enumerate(zip(sizes.m, eligible, t.safe, t.half,
                                                       strict=True)):
@@ -247,6 +250,36 @@ class Candidates:
             return self.candidate(*hits[0])
         return min((self.candidate(*row) for row in hits), key=Candidate.tie_key)
 
+    def _within_gap(self, kind: int, t: FamilyTimes) -> list[bool] | None:
+        """flare's stream gap limit (U-13) over a family with prompt chunks: whether each
+        shape may run, or None when no limit is set or the family has no prompt chunk.
+
+        While streams decode, a prompt chunk rides in a frame that carries every
+        decoding stream, if the catalog has one; otherwise a frame that leaves a stream
+        out holds it for the frame and then its decode frame (``decode_ms``). Either
+        way a frame may hold the streams at most r times the family's shortest measured
+        such frame, less what the longest-waiting stream has already waited
+        (``stream_wait_ms``). An unmeasured shape is not limited."""
+        ctx = self._ctx
+        r = ctx.stream_gap_ratio
+        if not r or kind not in (PREFILL, SCORED_PREFILL, MIXED_PROMPT):
+            return None
+        streams = len(ctx.decoders)
+        if kind == MIXED_PROMPT:
+            served = cohort_sizes(ctx.catalog, kind, streams).m
+        else:
+            served = len(t.safe) * [0]
+        carriers = self._mixed and max(cohort_sizes(ctx.catalog, MIXED_PROMPT, streams).m,
+                                       default=0) >= streams
+        out = math.inf if carriers else ctx.decode_ms
+        held = [safe if m >= streams else safe + out
+                for safe, m in zip(t.safe, served, strict=True)]
+        shortest = min((h for h, known in zip(held, t.known, strict=True) if known),
+                       default=math.inf)
+        allowance = r * shortest - ctx.stream_wait_ms
+        return [not known or h <= allowance < math.inf
+                for h, known in zip(held, t.known, strict=True)]
+
     def _cohort_source(self, kind: int) -> tuple[LaneGroup, list[float] | None]:
         """The lane group of a cohort family and, for mixed prompt steps, each column's
         prompt row value (the cohort then adds to it)."""
@@ -259,11 +292,12 @@ class Candidates:
         return ctx.decoders, None
 
     def _walk_prefill(self, kind: int, fam: FamilyShapes, t: FamilyTimes, w: float,
-                      track: _Tracker) -> None:
+                      track: _Tracker, allowed: list[bool] | None) -> None:
         """Prefill rows: a capacity consuming the same tokens as the previous one is
         dominated (SEL-32), so a row stops at the first capacity reaching its logical
         end; DUR-20 excludes an unmeasured capacity when the previous one already
-        covers the next endpoint."""
+        covers the next endpoint. A column ``allowed`` marks False is over the stream gap
+        limit and scores nothing."""
         p = self._ctx.prompts
         rem_of, price_of, finish_of, reaches_of = p.remaining, p.price, p.finish, p.reaches
         endpoint_of = p.endpoint
@@ -273,7 +307,7 @@ class Candidates:
         rows = p.ordinary if kind == PREFILL else p.scored_list
         if t.all_known:
             self._walk_measured_prefill(kind, caps, safe, [h * w for h in half], rows,
-                                        track)
+                                        track, allowed)
             return
         for ri, pos in enumerate(rows):
             rem, price = rem_of[pos], price_of[pos]
@@ -288,7 +322,9 @@ class Candidates:
                 if col and not known[col] and caps[col - 1] >= endpoint_of[pos]:
                     continue  # DUR-20
                 value = tokens * price + (finish if tokens == rem else 0.0)
-                if known[col]:
+                if allowed is not None and not allowed[col]:
+                    pass  # over the stream gap limit
+                elif known[col]:
                     rate = value / safe[col] - half[col] * w
                     if rate > best:
                         best, hits = rate, [(kind, ri * width + col)]
@@ -301,7 +337,8 @@ class Candidates:
         track.known_best, track.known_hits = best, hits
 
     def _walk_measured_prefill(self, kind: int, caps: list[int], safe: list[float],
-                               waits: list[float], rows: list[int], track: _Tracker) -> None:
+                               waits: list[float], rows: list[int], track: _Tracker,
+                               allowed: list[bool] | None) -> None:
         """The measured prefill family without visiting every (row, capacity) cell.
 
         No DUR-20 exclusion applies. A row's cells below its logical end consume the
@@ -338,6 +375,8 @@ class Candidates:
             j = bisect.bisect_right(rems, c)
             if j == len(rows):
                 break  # every row ends at or below c (and below every larger capacity)
+            if allowed is not None and not allowed[col]:
+                continue  # over the stream gap limit
             rate = (c * top_price[j] + 0.0) / safe[col] - waits[col]
             if rate >= best:
                 if rate > best:
@@ -348,8 +387,9 @@ class Candidates:
         for ri, pos in enumerate(rows):
             rem = rem_of[pos]
             col = bisect.bisect_left(caps, rem)
-            if col == width:
-                continue  # no capacity reaches the end: only unfinished cells
+            if col == width or (allowed is not None and not allowed[col]):
+                continue  # no capacity reaches the end (only unfinished cells), or over
+                # the stream gap limit
             value = rem * price_of[pos] + (finish_of[pos] if reaches_of[pos] else 0.0)
             rate = value / safe[col] - waits[col]
             if rate >= best:
@@ -376,7 +416,9 @@ class Candidates:
         pool: list[tuple[int, float, int, int]] = []
         for kind in self.families:
             fam = family_shapes(ctx.catalog, kind)
-            cols = [j for j, s in enumerate(fam.shapes) if stale[s] and s != winner_shape]
+            allowed = self._within_gap(kind, family_times(ctx.times, kind, fam.shapes))
+            cols = [j for j, s in enumerate(fam.shapes) if stale[s] and s != winner_shape
+                    and (allowed is None or allowed[j])]
             if not cols:
                 continue
             width = len(fam.shapes)

@@ -94,6 +94,13 @@ class PolicyConfig:
     output token's value, with sigma the decoders' reference delivery interval
     (``policy.decision.first_output_weight``). Not a seed preference: 0 (every seed
     preset) prices the first output as one token (SEL-5)."""
+    stream_gap_ratio: float = 0.0
+    """flare's stream gap limit r: while streams decode, a frame with a prompt chunk may
+    hold them at most r times the shortest measured frame that does (a chunk rides
+    beside every stream where a mixed program carries them all), less what the
+    longest-waiting stream has already waited (U-13,
+    ``policy.candidates.Candidates._within_gap``). Not a seed preference: 0 (every seed
+    preset) sets no limit, as POL-11 asks; otherwise at least 1."""
     spare_decode_age_price: float = 0.0
     """flare's spare-row decode age price, value/ms^2: while fewer requests are
     resident than the widest decode program has rows, none of them took the last row
@@ -118,6 +125,8 @@ def _check_field(name: str, value: object) -> None:
         raise PolicyConfigError(f"estimate_ttl_ns must be an integer number of ns, got {value!r}")
     if not math.isfinite(value):
         raise PolicyConfigError(f"{name} must be finite, got {value!r}")
+    if name == "stream_gap_ratio" and 0 < value < 1:
+        raise PolicyConfigError(f"stream_gap_ratio must be 0 or at least 1, got {value!r}")
     if name == "cost_drift_weight" and value > 1:
         raise PolicyConfigError(f"cost_drift_weight must be at most 1, got {value!r}")
     if name in _POSITIVE_FIELDS:
@@ -141,6 +150,11 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     # flare's extension (docs/scheduling-utility.md, *Stream start*): balanced, with a
     # prompt's first output worth the stream it starts over the adaptation time.
     "stream-start": PolicyConfig(stream_start_ms=100.0),
+    # flare's extension (docs/scheduling-utility.md, *Steady streams*): first-token with
+    # a strong urgency, and a prompt chunk beside the decoding streams in a frame at most
+    # 1.15 times the shortest one that carries them with a chunk.
+    "steady": PolicyConfig(prompt_age_price=5.0, terminal_value=10_000.0,
+                           stream_gap_ratio=1.15),
     # flare's extension (docs/scheduling-utility.md, *Spare rows*): first-token with
     # a decoder output-age price 500x the seed's while a decode row is spare outside an
     # overload episode and the costs show a knee, so there the chunk that keeps the

@@ -268,7 +268,25 @@ def build_context(
         now_ns=now_ns,
         start_ns=start_ns,
         refresh_funded=refresh_funded,
+        **stream_gap(config, catalog, times, n_active, dec_age),
     )
+
+
+def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
+               streams: int, ages_ns: list[int]) -> dict[str, float]:
+    """flare's stream gap limit (``stream_gap_ratio`` r > 0, U-13) for ``streams``
+    decoding streams with output ages ``ages_ns``: r, ``decode_ms``, the reference
+    decode frame that serves them alone (the decode family's sigma for that many
+    streams, SEL-16), and ``stream_wait_ms``, the longest age. Nothing when r is 0, no
+    stream decodes or no decode program is measured: the seed has no such bound."""
+    r = config.stream_gap_ratio
+    if not r or not streams:
+        return {}
+    decode_ms = _reference_ms(catalog, times, "gap", catalog.decode, streams)
+    if decode_ms is None:
+        return {}
+    return {"stream_gap_ratio": r, "decode_ms": decode_ms,
+            "stream_wait_ms": max(ages_ns, default=0) / NS_PER_MS}
 
 
 def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],

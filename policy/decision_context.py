@@ -263,3 +263,12 @@ class DecisionContext:
     now_ns: int
     start_ns: int
     refresh_funded: bool
+    stream_gap_ratio: float = 0.0
+    """flare's stream gap limit r (``PolicyConfig.stream_gap_ratio``, U-13) while streams
+    decode; 0: no limit (``candidates.Candidates._within_gap``)."""
+    decode_ms: float = 0.0
+    """The decode frame that serves the decoding streams alone, ms (0 without a limit):
+    the wait a frame that leaves a stream out adds to its own duration."""
+    stream_wait_ms: float = 0.0
+    """How long the longest-waiting decoder has gone without an output at the planning
+    start, ms (0 without a limit): the part of the limit already spent."""

@@ -31,7 +31,11 @@ from ops.sim.engine import SimOptions, simulate
 from ops.sim.runs import per_client_latency
 from ops.sim.workloads import SCENARIOS, WorkloadSpec, build_workload
 from policy.baselines import BaselinePolicy, make_policy
-from policy.baselines.factory import FIXED_SPEC_POLICIES, speculative_policy
+from policy.baselines.factory import (
+    EXTENSION_PRESETS,
+    FIXED_SPEC_POLICIES,
+    speculative_policy,
+)
 from policy.baselines.fixed_spec import fixed_spec_depth
 from policy.config import policy_preset
 from policy.descriptors import GraphShape
@@ -81,10 +85,7 @@ VARIANT_CONFIGURATIONS = (
     Configuration("balanced-adapt-20ms", "balanced", preferences=(("adaptation_ms", 20.0),)),
     Configuration("balanced-retire-10k", "balanced",
                   preferences=(("terminal_value", 10_000.0),)),
-    Configuration("first-token", "first-token"),
-    Configuration("client-fair", "client-fair"),
-    Configuration("smooth", "smooth"),
-    Configuration("stream-start", "stream-start"),
+    *(Configuration(name, name) for name in EXTENSION_PRESETS),
 )
 """Opt-in measurements of the seed preset with one preference changed (not run by
 default, never counted as the seed or as a baseline)."""
@@ -98,10 +99,8 @@ and the baseline that speculates every decode at a fixed depth K (``fixed-spec-K
 chunked prefill at the same budget as sarathi's default), all on the speculative load
 of one draft depth."""
 EXTENSION_SPECULATION_CONFIGURATIONS = (
-    Configuration("first-token+spec", "spec-adaptive", preset="first-token"),
-    Configuration("client-fair+spec", "spec-adaptive", preset="client-fair"),
-    Configuration("smooth+spec", "spec-adaptive", preset="smooth"),
-    Configuration("stream-start+spec", "spec-adaptive", preset="stream-start"),
+    *(Configuration(f"{name}+spec", "spec-adaptive", preset=name)
+      for name in EXTENSION_PRESETS),
 )
 """Opt-in (``--configuration``): flare's extension presets with adaptive speculation."""
 CONFIGURATIONS = (DEFAULT_CONFIGURATIONS + VARIANT_CONFIGURATIONS + SPECULATION_CONFIGURATIONS

@@ -32,7 +32,7 @@ from policy.rounds import SpeculationMode
 from policy.scheduler import Scheduler
 
 SEED_POLICIES = ("balanced", "throughput")
-EXTENSION_PRESETS = ("first-token", "client-fair", "smooth", "stream-start")
+EXTENSION_PRESETS = ("first-token", "client-fair", "smooth", "stream-start", "steady")
 """flare's own presets of the seed's ``Scheduler`` (``policy.config.POLICY_PRESETS``):
 opt-in departures from the seed's rules or its default coefficients, never the default."""
 PRESET_POLICIES = SEED_POLICIES + EXTENSION_PRESETS

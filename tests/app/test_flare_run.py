@@ -122,7 +122,8 @@ def test_spec_11_flags_reach_the_runtime_config(model_dir: pathlib.Path) -> None
     assert (settings.api_key, settings.served_model_name) == ("k", "m")
 
 
-@pytest.mark.parametrize("preset", ["first-token", "client-fair", "smooth", "stream-start"])
+@pytest.mark.parametrize("preset", ["first-token", "client-fair", "smooth", "stream-start",
+                                    "steady"])
 def test_the_extension_presets_are_scheduler_policies(model_dir: pathlib.Path,
                                                        preset: str) -> None:
     argv = ["run", "--model", str(model_dir), "--scheduler-policy", preset]

@@ -40,10 +40,10 @@ def test_budget_reaches_chunked_baselines_and_unknown_names_fail() -> None:
     assert isinstance(policy, VtcPolicy) and policy.token_budget == 128
     with pytest.raises(PolicyConfigError, match="unknown scheduler policy"):
         make_policy("lottery")
-    assert POLICY_NAMES[:11] == ("balanced", "throughput", "first-token", "client-fair",
-                                 "smooth", "stream-start", "spec-adaptive", "spec-fixed",
-                                 "fcfs", "sarathi", "vtc")
-    assert POLICY_NAMES[11:] == tuple(f"fixed-spec-{k}" for k in range(1, 8))
+    assert POLICY_NAMES[:12] == ("balanced", "throughput", "first-token", "client-fair",
+                                 "smooth", "stream-start", "steady", "spec-adaptive",
+                                 "spec-fixed", "fcfs", "sarathi", "vtc")
+    assert POLICY_NAMES[12:] == tuple(f"fixed-spec-{k}" for k in range(1, 8))
 
 
 @pytest.mark.parametrize(("name", "mode"), [("spec-adaptive", "adaptive"),

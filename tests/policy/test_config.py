@@ -100,10 +100,10 @@ def test_non_numbers_and_fractional_ttl_are_rejected() -> None:
 
 
 def test_unknown_preset_names_the_known_ones() -> None:
-    with pytest.raises(PolicyConfigError, match="balanced, client-fair, first-token, smooth, stream-start, throughput"):
+    with pytest.raises(PolicyConfigError, match="balanced, client-fair, first-token, smooth, steady, stream-start, throughput"):
         policy_preset("fast")
     assert set(POLICY_PRESETS) == {"balanced", "client-fair", "first-token", "smooth",
-                                   "stream-start", "throughput"}
+                                   "steady", "stream-start", "throughput"}
 
 
 def test_config_is_immutable_and_replace_revalidates() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import pathlib
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -309,7 +310,7 @@ def test_copy_is_independent() -> None:
 def test_cat_6_doc_formulas_are_all_cited_by_tests() -> None:
     """Covers CAT-6, OPEN-1: every U-n formula id in the doc is cited by this test file."""
     ids = set(re.findall(r"\*\*(U-\d+)[ab]?\*\*", DOC.read_text()))
-    assert ids == {f"U-{i}" for i in range(1, 13)}
+    assert ids == {f"U-{i}" for i in range(1, 14)}
     source = pathlib.Path(__file__).read_text()
     for formula in ids:
         assert re.search(rf"Covers[^\n]*\b{formula}\b", source), formula
@@ -327,6 +328,32 @@ def test_first_output_weight_is_the_stream_it_starts() -> None:
     assert first_output_weight(start, None) == 1.0
     for name in ("balanced", "throughput"):
         assert first_output_weight(policy_preset(name), 6.25) == 1.0
+
+
+def test_stream_gap_limit_inputs() -> None:
+    """Covers U-13: the limit's inputs are r, the decode frame serving the streams alone
+    and the longest output age; there is none under every seed preset, with no stream
+    decoding, or with no decode program measured. ``steady`` is first-token with u = 5
+    and r = 1.15."""
+    from synthetic_catalog import MS, decode, duration_ns, measured_scheduler
+
+    from policy.config import policy_preset
+    from policy.decision import stream_gap
+
+    s = measured_scheduler((decode(1), decode(4), decode(8)))
+    catalog, times = s._catalog, s._shape_times()
+    limited = PolicyConfig(stream_gap_ratio=1.5)
+    decode_ms = duration_ns(decode(4)) / MS  # the reference for three streams
+    assert stream_gap(limited, catalog, times, 3, [2 * MS, 5 * MS]) == pytest.approx(
+        {"stream_gap_ratio": 1.5, "decode_ms": decode_ms, "stream_wait_ms": 5.0})
+    assert stream_gap(limited, catalog, times, 0, []) == {}
+    bare = measured_scheduler(())
+    assert stream_gap(limited, bare._catalog, bare._shape_times(), 3, [0, 0, 0]) == {}
+    for name in ("balanced", "throughput"):
+        assert stream_gap(policy_preset(name), catalog, times, 3, [0, 0, 0]) == {}
+    steady, first = policy_preset("steady"), policy_preset("first-token")
+    assert (steady.stream_gap_ratio, steady.prompt_age_price) == (1.15, 5.0)
+    assert replace(steady, stream_gap_ratio=0.0, prompt_age_price=0.03) == first
 
 
 def test_rates_age_by_measured_service_time_only() -> None:
