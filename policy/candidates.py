@@ -410,7 +410,8 @@ class Candidates:
         """The funded refresh alternative (REF-7, REF-8, OPEN-9, SEL-37): among rows of
         stale shapes other than the winner's, dominated ones included, the least
         recently touched first, then the ordinary ranking. Stale implies measured, and
-        only unmeasured prefill rows are DUR-20 exclusions, so none is excluded."""
+        only unmeasured prefill rows are DUR-20 exclusions, so none is excluded by
+        DUR-20; shapes over flare's stream gap limit are (U-13)."""
         ctx = self._ctx
         stale, touched = ctx.stale, ctx.last_touched_ns
         pool: list[tuple[int, float, int, int]] = []
