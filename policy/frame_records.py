@@ -10,7 +10,7 @@ function of the records it changes:
 
 - ``settle_in_flight``: the frame leaves its lanes' in-flight lists and queued outputs;
   a request's queued delivery end stays only while a frame still queued ends there
-  (QUEUE-43);
+  (QUEUE-43); a decode lane's completion time is kept for the stream gap limit (U-13);
 - ``apply_setup_lane``: terminal, restore, initialize and vision lanes change phase and
   prerequisites only (PRE-20, PRE-32, PRE-41);
 - ``charge_service``: the frame's interval feeds every live participant's service
@@ -75,8 +75,9 @@ def mark_committed(plan: ScheduledPlan, fence: Fence,
 
 def settle_in_flight(head: QueuedFrame, fence: Fence,
                      records: Mapping[RequestHandle, RequestRecord],
-                     queued: Iterable[QueuedFrame]) -> None:
-    """``head`` (frame ``fence``) completed; ``queued`` are the frames still in flight."""
+                     queued: Iterable[QueuedFrame], now_ns: int) -> None:
+    """``head`` (frame ``fence``) completed at ``now_ns``; ``queued`` are the frames
+    still in flight."""
     # Expected ends of the frames still queued, per handle they carry (QUEUE-43).
     queued_ends: dict[RequestHandle, set[int]] = {}
     for frame in queued:
@@ -90,6 +91,7 @@ def settle_in_flight(head: QueuedFrame, fence: Fence,
         rec.in_flight_fences.remove(fence)
         if lane.role is decode:
             rec.queued_outputs -= lane.token_ceiling
+            rec.decode_settled_ns = now_ns
             if rec.queued_delivery_end_ns not in queued_ends.get(rec.handle, ()):
                 rec.queued_delivery_end_ns = None
 

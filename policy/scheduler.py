@@ -430,7 +430,7 @@ class Scheduler(EpochRenewal):
         self._execution.failed_lanes += sum(1 for h in by_handle if h not in lane_handles)
         # ---- nothing has changed before this point ----
         self._queue.pop(fence, self._now_ns)
-        settle_in_flight(head, fence, self._records, self._queue)
+        settle_in_flight(head, fence, self._records, self._queue, self._now_ns)
         self._account_execution(head, timing)
         interval_ns = service_interval_ns(timing, isolated=head.isolated)
         interval_ms = interval_ns / NS_PER_MS

@@ -122,14 +122,20 @@ class Trace:
 
 
 class Driver:
-    """Runs the production scheduler one isolated frame at a time."""
+    """Runs the production scheduler one isolated frame at a time.
+
+    ``publish_late``: a frame's outputs are published only once the next frame is
+    committed, as on a server whose delivery path is slower than its planning."""
 
     def __init__(self, sched: Scheduler,
-                 durations: Callable[[GraphShape], int] = duration_ns) -> None:
+                 durations: Callable[[GraphShape], int] = duration_ns, *,
+                 publish_late: bool = False) -> None:
         self.sched = sched
         self.durations = durations
+        self.publish_late = publish_late
         self.fence = 0
         self.trace = Trace()
+        self._unpublished: list[GeneratedToken] = []
 
     def step(self) -> ScheduledPlan | None:
         s = self.sched
@@ -138,17 +144,24 @@ class Driver:
             return None
         self.fence += 1
         s.commit(plan, Fence(self.fence))
+        self._publish(self._unpublished)
         d = self.durations(plan.shape)
         s.advance_to(s.now_ns + d)
         out = s.complete(Fence(self.fence), records_for(plan),
                          ExecutionTiming(device_intervals_ns=(d,), wall_ns=d))
+        self._unpublished = out if self.publish_late else []
+        if not self.publish_late:
+            self._publish(out)
+        s.take_released()
+        self.trace.plans.append(plan)
+        return plan
+
+    def _publish(self, out: list[GeneratedToken]) -> None:
+        s = self.sched
         for g in out:
             if g.token_ids:
                 s.published_output(g.handle, g.fence, s.now_ns)
                 self.trace.tokens.append((s.now_ns, g))
-        s.take_released()
-        self.trace.plans.append(plan)
-        return plan
 
     def run(self, steps: int) -> Trace:
         for _ in range(steps):

@@ -332,25 +332,46 @@ def test_first_output_weight_is_the_stream_it_starts() -> None:
 
 def test_stream_gap_limit_inputs() -> None:
     """Covers U-13: the limit's inputs are r, the decode frame serving the streams alone
-    and the longest output age; there is none under every seed preset, with no stream
-    decoding, or with no decode program measured. ``steady`` is first-token with u = 5
-    and r = 1.15."""
+    and the longest wait since a decoder's latest output, queued delivery or completed
+    decode frame (an output still being published does not count as waiting); there is
+    none under every seed preset, with no stream decoding, or with no decode program
+    measured. ``steady`` is first-token with u = 5 and r = 1.15."""
     from synthetic_catalog import MS, decode, duration_ns, measured_scheduler
 
     from policy.config import policy_preset
     from policy.decision import stream_gap
+    from policy.requests import RequestRecord
+    from policy.service import Normalizers, new_history
+    from policy.types import RequestHandle
+
+    def stream(visible: int, settled: int = 0, queued: int | None = None) -> RequestRecord:
+        rec = RequestRecord(handle=RequestHandle(visible), epoch=0, admitted_ns=0,
+                            prompt_len=8, cached_prefix_len=0, max_output_tokens=9,
+                            history=new_history(Normalizers(0.5, 0.05)))
+        rec.last_visible_ns, rec.decode_settled_ns = visible * MS, settled * MS
+        rec.queued_delivery_end_ns = None if queued is None else queued * MS
+        return rec
 
     s = measured_scheduler((decode(1), decode(4), decode(8)))
     catalog, times = s._catalog, s._shape_times()
     limited = PolicyConfig(stream_gap_ratio=1.5)
     decode_ms = duration_ns(decode(4)) / MS  # the reference for three streams
-    assert stream_gap(limited, catalog, times, 3, [2 * MS, 5 * MS]) == pytest.approx(
-        {"stream_gap_ratio": 1.5, "decode_ms": decode_ms, "stream_wait_ms": 5.0})
-    assert stream_gap(limited, catalog, times, 0, []) == {}
+
+    def wait(*decoders: RequestRecord) -> float:
+        gap = stream_gap(limited, catalog, times, 3, list(decoders), 20 * MS)
+        assert gap["stream_gap_ratio"] == 1.5
+        assert gap["decode_ms"] == pytest.approx(decode_ms)
+        return gap["stream_wait_ms"]
+
+    assert wait(stream(18), stream(15)) == pytest.approx(5.0)  # the longest wait
+    assert wait(stream(15, settled=19)) == pytest.approx(1.0)  # completed, unpublished
+    assert wait(stream(15, settled=12, queued=17)) == pytest.approx(3.0)
+    assert wait(stream(25)) == 0.0
+    assert stream_gap(limited, catalog, times, 0, [], 0) == {}
     bare = measured_scheduler(())
-    assert stream_gap(limited, bare._catalog, bare._shape_times(), 3, [0, 0, 0]) == {}
+    assert stream_gap(limited, bare._catalog, bare._shape_times(), 3, [stream(1)], 0) == {}
     for name in ("balanced", "throughput"):
-        assert stream_gap(policy_preset(name), catalog, times, 3, [0, 0, 0]) == {}
+        assert stream_gap(policy_preset(name), catalog, times, 3, [stream(1)], 0) == {}
     steady, first = policy_preset("steady"), policy_preset("first-token")
     assert (steady.stream_gap_ratio, steady.prompt_age_price) == (1.15, 5.0)
     assert replace(steady, stream_gap_ratio=0.0, prompt_age_price=0.03) == first

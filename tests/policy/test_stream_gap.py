@@ -44,12 +44,12 @@ def gap_limited(ratio: float, **fields: object) -> PolicyConfig:
 
 def long_prompt_run(config: PolicyConfig, shapes: tuple[GraphShape, ...] = (
         *PREFILLS, *DECODES, *MIXED), *, warm_frames: int = 20, prompt_len: int = 2048,
-        ) -> tuple[Driver, list[int], int]:
+        publish_late: bool = False) -> tuple[Driver, list[int], int]:
     """Four streams decode for ``warm_frames`` frames, then a ``prompt_len``-token prompt
     arrives; run to its first output. Returns the driver, the streams' handles and the
     index of the first plan after the prompt arrived."""
     s = measured_scheduler(shapes, config, durations=linear_ns)
-    d = Driver(s, durations=linear_ns)
+    d = Driver(s, durations=linear_ns, publish_late=publish_late)
     streams = [s.admit(prompt_len=64, max_output_tokens=2000) for _ in range(STREAMS)]
     d.run(warm_frames)
     start = len(d.trace.plans)
@@ -119,6 +119,16 @@ def test_a_timing_refresh_keeps_the_limit() -> None:
     d, streams, start = long_prompt_run(gap_limited(1.2, estimate_ttl_ns=MS),
                                         warm_frames=295, prompt_len=8192)
     assert any(p.reason is SelectionReason.TIMING_REFRESH for p in d.trace.plans[start:])
+    assert longest_output_gap_ms(d, streams, start) <= 1.2 * SHORTEST_CARRIER_MS
+
+
+def test_outputs_still_being_published_do_not_spend_the_limit() -> None:
+    # Each frame's outputs are published only after the next frame is planned, so every
+    # stream's last visible output is a frame older than its completed decode frame.
+    d, streams, start = long_prompt_run(gap_limited(1.2), publish_late=True)
+    frames = chunk_frames(d, start)
+    assert frames and all(carried == STREAMS for _, carried in frames)
+    assert max(ms for ms, _ in frames) > SHORTEST_CARRIER_MS
     assert longest_output_gap_ms(d, streams, start) <= 1.2 * SHORTEST_CARRIER_MS
 
 
