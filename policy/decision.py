@@ -268,18 +268,19 @@ def build_context(
         now_ns=now_ns,
         start_ns=start_ns,
         refresh_funded=refresh_funded,
-        **stream_gap(config, catalog, times, n_active, decoders, start_ns),
+        **stream_gap(config, catalog, times, n_active, decoders, queue.settled_ns(now_ns)),
     )
 
 
 def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
-               streams: int, decoders: list[RequestRecord], start_ns: int
+               streams: int, decoders: list[RequestRecord], settled_ns: int
                ) -> dict[str, float]:
     """flare's stream gap limit (``stream_gap_ratio`` r > 0, U-13) for ``streams``
     decoding streams: r, ``decode_ms`` (their decode family's sigma, SEL-16) and
-    ``stream_wait_ms``, the longest a decoder has waited at ``start_ns`` since its latest
-    output, queued delivery or completed decode frame (publication lag holds no stream).
-    Nothing when r is 0, no stream decodes or no decode program is measured."""
+    ``stream_wait_ms``, the longest a decoder has been held by frames: from its latest
+    output, queued delivery or completed decode frame to ``settled_ns`` (publication lag
+    and planning time are no frame's). Nothing when r is 0, no stream decodes or no
+    decode program is measured."""
     r = config.stream_gap_ratio
     if not r or not streams:
         return {}
@@ -287,9 +288,9 @@ def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
     if decode_ms is None:
         return {}
     served = min((max(d.last_visible_ns, d.decode_settled_ns, d.queued_delivery_end_ns or 0)
-                  for d in decoders), default=start_ns)
+                  for d in decoders), default=settled_ns)
     return {"stream_gap_ratio": r, "decode_ms": decode_ms,
-            "stream_wait_ms": max(start_ns - served, 0) / NS_PER_MS}
+            "stream_wait_ms": max(settled_ns - served, 0) / NS_PER_MS}
 
 
 def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],

@@ -58,6 +58,8 @@ class FrameQueue:
     def __init__(self) -> None:
         self._frames: deque[QueuedFrame] = deque()
         self._overrun = False
+        self.last_completed_ns = 0
+        """When the latest completion was popped (``pop``'s ``now_ns``)."""
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -80,6 +82,14 @@ class FrameQueue:
         if not self._frames:
             return now_ns
         return max(now_ns, self._frames[-1].expected_end_ns)
+
+    def settled_ns(self, now_ns: int) -> int:
+        """How far the device's work is settled or planned: the window's expected end
+        while frames are queued, else the latest completion (host time since then, the
+        planning of the next frame, is no frame's)."""
+        if self._frames:
+            return self.expected_end_ns(now_ns)
+        return min(now_ns, self.last_completed_ns)
 
     def observe_time(self, now_ns: int) -> None:
         """Mark an overrun when a measured frame runs past its expected end (OPEN-31)."""
@@ -133,6 +143,7 @@ class FrameQueue:
         self._overrun = False
         done = self._frames.popleft()
         if now_ns is not None:
+            self.last_completed_ns = now_ns
             start = now_ns
             for k, frame in enumerate(self._frames):
                 if frame.expected_start_ns < start:

@@ -111,6 +111,8 @@ class Trace:
     """What a driven run did, for assertions."""
 
     plans: list[ScheduledPlan] = field(default_factory=list)
+    plan_ns: list[int] = field(default_factory=list)
+    """When each plan was made."""
     tokens: list[tuple[int, GeneratedToken]] = field(default_factory=list)
     """(publication time ns, token)."""
 
@@ -124,14 +126,16 @@ class Trace:
 class Driver:
     """Runs the production scheduler one isolated frame at a time.
 
+    ``host_gap_ns``: host time between a completion and the next plan.
     ``publish_late``: a frame's outputs are published only once the next frame is
     committed, as on a server whose delivery path is slower than its planning."""
 
     def __init__(self, sched: Scheduler,
                  durations: Callable[[GraphShape], int] = duration_ns, *,
-                 publish_late: bool = False) -> None:
+                 host_gap_ns: int = 0, publish_late: bool = False) -> None:
         self.sched = sched
         self.durations = durations
+        self.host_gap_ns = host_gap_ns
         self.publish_late = publish_late
         self.fence = 0
         self.trace = Trace()
@@ -139,9 +143,11 @@ class Driver:
 
     def step(self) -> ScheduledPlan | None:
         s = self.sched
+        s.advance_to(s.now_ns + self.host_gap_ns)
         plan = s.plan()
         if plan is None:
             return None
+        self.trace.plan_ns.append(s.now_ns)
         self.fence += 1
         s.commit(plan, Fence(self.fence))
         self._publish(self._unpublished)

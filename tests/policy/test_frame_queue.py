@@ -208,3 +208,19 @@ def test_queue_13_14_feedback_dependence_comes_from_the_selected_program() -> No
     make_prompt(p, prompt_len=50, token_rate=1.0)
     prompt_plan = p.plan()
     assert prompt_plan is not None and prompt_plan.requires_empty_window
+
+
+def test_settled_is_the_window_end_or_else_the_latest_completion() -> None:
+    """Covers U-13's wait: the device's work is settled to the queued frames' expected
+    end, or with none queued to the latest completion, not to the planning instant."""
+    s = two_decoders()
+    queue = s._queue
+    plan = s.plan()
+    assert plan is not None
+    s.commit(plan, Fence(1))
+    assert queue.settled_ns(s.now_ns) == plan.start_ns + plan.estimated_duration_ns
+    s.advance_to(s.now_ns + 3 * MS)
+    s.complete(Fence(1), records_for(plan), timing(3 * MS))
+    done = s.now_ns
+    s.advance_to(done + 2 * MS)
+    assert queue.settled_ns(s.now_ns) == done

@@ -44,12 +44,12 @@ def gap_limited(ratio: float, **fields: object) -> PolicyConfig:
 
 def long_prompt_run(config: PolicyConfig, shapes: tuple[GraphShape, ...] = (
         *PREFILLS, *DECODES, *MIXED), *, warm_frames: int = 20, prompt_len: int = 2048,
-        publish_late: bool = False) -> tuple[Driver, list[int], int]:
+        host_gap_ns: int = 0, publish_late: bool = False) -> tuple[Driver, list[int], int]:
     """Four streams decode for ``warm_frames`` frames, then a ``prompt_len``-token prompt
     arrives; run to its first output. Returns the driver, the streams' handles and the
     index of the first plan after the prompt arrived."""
     s = measured_scheduler(shapes, config, durations=linear_ns)
-    d = Driver(s, durations=linear_ns, publish_late=publish_late)
+    d = Driver(s, durations=linear_ns, host_gap_ns=host_gap_ns, publish_late=publish_late)
     streams = [s.admit(prompt_len=64, max_output_tokens=2000) for _ in range(STREAMS)]
     d.run(warm_frames)
     start = len(d.trace.plans)
@@ -71,7 +71,7 @@ def chunk_frames(d: Driver, start: int) -> list[tuple[float, int]]:
 def longest_output_gap_ms(d: Driver, streams: list[int], start: int) -> float:
     """The longest any stream waited for an output after plan ``start`` began, to the
     end of the run (a wait still open at the end counts)."""
-    t0 = 1 + sum(linear_ns(p.shape) for p in d.trace.plans[:start])  # scheduler starts at 1
+    t0 = d.trace.plan_ns[start]
     end = d.sched.now_ns
     gaps = []
     for h in streams:
@@ -122,14 +122,20 @@ def test_a_timing_refresh_keeps_the_limit() -> None:
     assert longest_output_gap_ms(d, streams, start) <= 1.2 * SHORTEST_CARRIER_MS
 
 
-def test_outputs_still_being_published_do_not_spend_the_limit() -> None:
-    # Each frame's outputs are published only after the next frame is planned, so every
-    # stream's last visible output is a frame older than its completed decode frame.
-    d, streams, start = long_prompt_run(gap_limited(1.2), publish_late=True)
+@pytest.mark.parametrize("publish_late", [False, True])
+def test_host_time_between_frames_does_not_spend_the_limit(publish_late: bool) -> None:
+    # 2 ms of host time before each plan, and optionally each frame's outputs published
+    # only after the next frame is planned: a stream's last visible output is then a
+    # frame older than its completed decode frame. Neither is a frame holding the
+    # streams, so the chunks still grow to the limit.
+    gap_ns = 2 * MS
+    d, streams, start = long_prompt_run(gap_limited(1.2), host_gap_ns=gap_ns,
+                                        publish_late=publish_late)
     frames = chunk_frames(d, start)
     assert frames and all(carried == STREAMS for _, carried in frames)
     assert max(ms for ms, _ in frames) > SHORTEST_CARRIER_MS
-    assert longest_output_gap_ms(d, streams, start) <= 1.2 * SHORTEST_CARRIER_MS
+    assert max(ms for ms, _ in frames) <= 1.2 * SHORTEST_CARRIER_MS
+    assert longest_output_gap_ms(d, streams, start) <= 1.2 * SHORTEST_CARRIER_MS + gap_ns / MS
 
 
 def test_a_ratio_below_one_is_refused() -> None:
