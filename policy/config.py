@@ -79,6 +79,12 @@ class PolicyConfig:
     request arrived (a wait for a running slot included), added to the prefill token
     price (``1 + f/x + u*A``). Not a seed preference: 0 (every seed preset) is the
     seed's price (SEL-5)."""
+    finish_age_price: float = 0.0
+    """flare's finish urgency v, value per prompt token per ms waited: the chunk that
+    finishes a prompt is also credited ``v*A`` for each prompt token before it, the work
+    that its first output turns into a delivery (U-14,
+    ``policy.prompt_prices.first_output_values``). Not a seed preference: 0 (every seed
+    preset) prices the first output as SEL-5 does."""
     cost_drift_weight: float = 0.0
     """flare's shared speed factor w in [0, 1]: each cost sample moves every shape's
     estimate by ``w`` times its log residual (``policy/cost_drift.py``). Not a seed
@@ -92,7 +98,7 @@ class PolicyConfig:
     """flare's stream-start value H, ms: a prompt's first output is worth the output
     tokens its decode stream then delivers over H ms, ``max(1, H / sigma)`` times one
     output token's value, with sigma the decoders' reference delivery interval
-    (``policy.decision.first_output_weight``). Not a seed preference: 0 (every seed
+    (``policy.prompt_prices.first_output_weight``). Not a seed preference: 0 (every seed
     preset) prices the first output as one token (SEL-5)."""
     stream_gap_ratio: float = 0.0
     """flare's stream gap limit r: while streams decode, a frame with a prompt chunk may
@@ -151,10 +157,11 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     # prompt's first output worth the stream it starts over the adaptation time.
     "stream-start": PolicyConfig(stream_start_ms=100.0),
     # flare's extension (docs/scheduling-utility.md, *Steady streams*): first-token with
-    # a strong urgency, and a prompt chunk beside the decoding streams in a frame at most
-    # 1.15 times the shortest one that carries them with a chunk.
-    "steady": PolicyConfig(prompt_age_price=5.0, terminal_value=10_000.0,
-                           stream_gap_ratio=1.15),
+    # a strong urgency that a started prompt keeps until its first output, and a prompt
+    # chunk beside the decoding streams in a frame at most 1.15 times the shortest one
+    # that carries them with a chunk.
+    "steady": PolicyConfig(prompt_age_price=5.0, finish_age_price=5.0,
+                           terminal_value=10_000.0, stream_gap_ratio=1.15),
     # flare's extension (docs/scheduling-utility.md, *Spare rows*): first-token with
     # a decoder output-age price 500x the seed's while a decode row is spare outside an
     # overload episode and the costs show a knee, so there the chunk that keeps the

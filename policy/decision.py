@@ -36,6 +36,7 @@ from policy.config import PolicyConfig
 from policy.decision_context import DecisionContext, LaneGroup, PromptGroup, RestoreGroup
 from policy.descriptors import StateOp
 from policy.frame_queue import FrameQueue
+from policy.prompt_prices import first_output_values, first_output_weight, first_token_prices
 from policy.requests import RequestRecord
 from policy.service import (
     ServiceHistory,
@@ -233,10 +234,10 @@ def build_context(
     # Scaling by the power of two 2**-e: exact, the same as ldexp (prices are at most
     # 2**e, so nothing overflows).
     unit = 2.0 ** -e
-    # The first output's value with flare's stream-start weight (1 under the seed); a
-    # weight above one may take it past 2**e, which a float holds (not a bit-exact rule).
+    # The first output's value with flare's stream-start weight and finish urgency (1
+    # and none under the seed); either may take it past 2**e, which a float holds (not a
+    # bit-exact rule).
     start_weight = first_output_weight(config, sigma_start)
-    start_unit = unit * start_weight
     dec_base = [(beta + tf / x + g / z) * unit + dec_slope * (age / NS_PER_MS)
                 for x, z, age in zip(dec_x, dec_z, dec_age, strict=True)]
     term_value = scaled(config.terminal_value, e)
@@ -245,8 +246,8 @@ def build_context(
     prompt_group = PromptGroup(
         tuple(prompts), cursor=cursor, remaining=remaining, endpoint=endpoint,
         reaches=reaches, price=[price * unit for price in prompt_price],
-        finish=[(beta + tf / x + g / z) * start_unit
-                for x, z in zip(prompt_x, prompt_z, strict=True)],
+        finish=[value * unit for value in first_output_values(
+            prompt_x, prompt_z, prompt_age_ms, cursor, config, start_weight)],
         last_served=last_served, scored=scored_rows, held=held_rows(prompts, catalog))
     restore_group = _restore_group(restorable, catalog=catalog, times=times, config=config,
                                    e=e, start_ns=start_ns, dec_slope=dec_slope,
@@ -291,30 +292,6 @@ def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
                   for d in decoders), default=settled_ns)
     return {"stream_gap_ratio": r, "decode_ms": decode_ms,
             "stream_wait_ms": max(settled_ns - served, 0) / NS_PER_MS}
-
-
-def first_token_prices(prompt_x: list[float], prompt_age_ms: list[float],
-                       config: PolicyConfig) -> list[float]:
-    """Each prompt row's unscaled prefill token price: the seed's ``1 + f/x`` (SEL-5),
-    plus, with flare's opt-in first-token urgency (``prompt_age_price`` u > 0),
-    ``u * A`` for a prompt that arrived ``A`` ms before the planning start
-    (``docs/scheduling-utility.md``, *First-token urgency*)."""
-    tf, u = config.token_fairness, config.prompt_age_price
-    if not u:
-        return [1.0 + tf / x for x in prompt_x]
-    return [1.0 + tf / x + u * age for x, age in zip(prompt_x, prompt_age_ms, strict=True)]
-
-
-def first_output_weight(config: PolicyConfig, sigma: float | None) -> float:
-    """How many output tokens a prompt's first output is worth: 1 (the seed, SEL-5),
-    or with flare's stream-start value (``stream_start_ms`` H > 0) the tokens its
-    decode stream delivers over H ms, ``max(1, H / sigma)`` with sigma the decoders'
-    reference delivery interval, one stream's when none decodes
-    (``docs/scheduling-utility.md``, *Stream start*)."""
-    horizon = config.stream_start_ms
-    if horizon <= 0 or sigma is None or sigma <= 0:
-        return 1.0
-    return max(1.0, horizon / sigma)
 
 
 KNEE_SLACK = 0.05

@@ -15,7 +15,7 @@ from synthetic_catalog import MS, decode, measured_scheduler, prefill
 from policy import GraphKind, Scheduler
 from policy.baselines import make_policy
 from policy.config import PolicyConfig, policy_preset
-from policy.decision import first_token_prices
+from policy.prompt_prices import first_token_prices
 
 
 def test_price_is_the_seed_price_plus_the_age_term() -> None:

@@ -310,7 +310,7 @@ def test_copy_is_independent() -> None:
 def test_cat_6_doc_formulas_are_all_cited_by_tests() -> None:
     """Covers CAT-6, OPEN-1: every U-n formula id in the doc is cited by this test file."""
     ids = set(re.findall(r"\*\*(U-\d+)[ab]?\*\*", DOC.read_text()))
-    assert ids == {f"U-{i}" for i in range(1, 14)}
+    assert ids == {f"U-{i}" for i in range(1, 15)}
     source = pathlib.Path(__file__).read_text()
     for formula in ids:
         assert re.search(rf"Covers[^\n]*\b{formula}\b", source), formula
@@ -320,7 +320,7 @@ def test_first_output_weight_is_the_stream_it_starts() -> None:
     """Covers U-12: the first output is worth ``max(1, H/sigma)`` output tokens, one
     without a delivery reference, and exactly one under every seed preset."""
     from policy.config import policy_preset
-    from policy.decision import first_output_weight
+    from policy.prompt_prices import first_output_weight
 
     start = PolicyConfig(stream_start_ms=100.0)
     assert first_output_weight(start, 6.25) == 16.0
@@ -335,7 +335,7 @@ def test_stream_gap_limit_inputs() -> None:
     and the longest wait since a decoder's latest output, queued delivery or completed
     decode frame (an output still being published does not count as waiting); there is
     none under every seed preset, with no stream decoding, or with no decode program
-    measured. ``steady`` is first-token with u = 5 and r = 1.15."""
+    measured."""
     from synthetic_catalog import MS, decode, duration_ns, measured_scheduler
 
     from policy.config import policy_preset
@@ -372,9 +372,20 @@ def test_stream_gap_limit_inputs() -> None:
     assert stream_gap(limited, bare._catalog, bare._shape_times(), 3, [stream(1)], 0) == {}
     for name in ("balanced", "throughput"):
         assert stream_gap(policy_preset(name), catalog, times, 3, [stream(1)], 0) == {}
+
+
+def test_steady_is_first_token_with_the_gap_limit_and_finish_urgency() -> None:
+    """Covers U-13, U-14: ``steady`` is first-token with u = v = 5 and r = 1.15; the
+    finish urgency is off under every other preset (its pricing:
+    ``tests/policy/test_finish_urgency.py``)."""
+    from policy.config import POLICY_PRESETS, policy_preset
+
     steady, first = policy_preset("steady"), policy_preset("first-token")
     assert (steady.stream_gap_ratio, steady.prompt_age_price) == (1.15, 5.0)
-    assert replace(steady, stream_gap_ratio=0.0, prompt_age_price=0.03) == first
+    assert steady.finish_age_price == 5.0
+    assert replace(steady, stream_gap_ratio=0.0, prompt_age_price=0.03,
+                   finish_age_price=0.0) == first
+    assert [n for n, c in POLICY_PRESETS.items() if c.finish_age_price] == ["steady"]
 
 
 def test_rates_age_by_measured_service_time_only() -> None:
@@ -397,7 +408,7 @@ def test_first_token_urgency_price() -> None:
     """Covers U-10: ``1 + f/x + u*A`` per prompt token; u = 0 is SEL-5's price."""
     from dataclasses import replace
 
-    from policy.decision import first_token_prices
+    from policy.prompt_prices import first_token_prices
 
     urgent = replace(CONFIG, prompt_age_price=0.03)
     assert first_token_prices([4.0], [100.0], CONFIG) == [prefill_token_price(history(4.0, 1.0),
