@@ -76,6 +76,21 @@ def duration_ns(shape: GraphShape) -> int:
     raise ValueError(shape)
 
 
+def knee_free_costs(*, prefill_ms: float, decode_ms: float, mixed_token_ms: float
+                    ) -> Callable[[GraphShape], int]:
+    """Durations without a throughput knee: a prefill costs ``prefill_ms`` plus 0.02 ms
+    per token, a decode ``decode_ms`` plus 0.1 ms per row, and a mixed frame its decode
+    plus ``mixed_token_ms`` per prompt token, from the first one."""
+    def cost(shape: GraphShape) -> int:
+        if shape.kind is GraphKind.PREFILL:
+            return round((prefill_ms + 0.02 * shape.token_capacity) * MS)
+        rows = decode_ms + 0.1 * shape.batch_capacity
+        if shape.kind is GraphKind.DECODE:
+            return round(rows * MS)
+        return round((rows + mixed_token_ms * shape.prefill_capacity) * MS)
+    return cost
+
+
 def ordinary_catalog(*, with_mixed: bool = False, with_snapshot: bool = False
                      ) -> tuple[GraphShape, ...]:
     shapes = [prefill(c) for c in PREFILL_CAPS] + [decode(b) for b in DECODE_BATCHES]

@@ -13,9 +13,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from synthetic_catalog import MS, Driver, decode, measured_scheduler, mixed, prefill
+from synthetic_catalog import (
+    MS,
+    Driver,
+    decode,
+    knee_free_costs,
+    measured_scheduler,
+    mixed,
+    prefill,
+)
 
-from policy import GraphKind, GraphShape, LaneRole
+from policy import LaneRole
 from policy.config import PolicyConfig, policy_preset
 from policy.prompt_prices import first_output_values
 
@@ -27,13 +35,8 @@ PROMPT_LEN = 70
 ADMITTED_MS = 100
 
 
-def cpu_like_ns(shape: GraphShape) -> int:
-    """Costs without a knee, where the smallest chunk is the best prompt tokens per ms."""
-    if shape.kind is GraphKind.PREFILL:
-        return round((5.0 + 0.02 * shape.token_capacity) * MS)
-    if shape.kind is GraphKind.DECODE:
-        return round((4.0 + 0.1 * shape.batch_capacity) * MS)
-    return round((4.0 + 0.1 * shape.batch_capacity + 0.05 * shape.prefill_capacity) * MS)
+cpu_like_ns = knee_free_costs(prefill_ms=5.0, decode_ms=4.0, mixed_token_ms=0.05)
+"""Where the smallest chunk is the best prompt tokens per ms, as on the CPU backend."""
 
 
 def prompts_arriving_together(config: PolicyConfig) -> tuple[Driver, list[int]]:

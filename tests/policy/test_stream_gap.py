@@ -16,7 +16,15 @@ import pytest
 
 from policy import GraphKind, GraphShape, LaneRole, SelectionReason
 from policy.config import PolicyConfig, PolicyConfigError, policy_preset
-from tests.policy.synthetic_catalog import MS, Driver, decode, measured_scheduler, mixed, prefill
+from tests.policy.synthetic_catalog import (
+    MS,
+    Driver,
+    decode,
+    knee_free_costs,
+    measured_scheduler,
+    mixed,
+    prefill,
+)
 
 PREFILLS = tuple(prefill(c) for c in (64, 256, 1024))
 DECODES = tuple(decode(b) for b in (1, 2, 4, 8))
@@ -24,13 +32,8 @@ MIXED = tuple(mixed(b, c) for b in (2, 4, 8) for c in (64, 128, 256, 512))
 STREAMS = 4
 
 
-def linear_ns(shape: GraphShape) -> int:
-    """No knee: every prompt token costs the same in a mixed frame as alone."""
-    if shape.kind is GraphKind.PREFILL:
-        return round((2.0 + 0.02 * shape.token_capacity) * MS)
-    if shape.kind is GraphKind.DECODE:
-        return round((8.0 + 0.1 * shape.batch_capacity) * MS)
-    return round((8.0 + 0.1 * shape.batch_capacity + 0.02 * shape.prefill_capacity) * MS)
+linear_ns = knee_free_costs(prefill_ms=2.0, decode_ms=8.0, mixed_token_ms=0.02)
+"""No knee: every prompt token costs the same in a mixed frame as alone."""
 
 
 DECODE_4_MS = linear_ns(decode(STREAMS)) / MS
