@@ -258,7 +258,7 @@ class Candidates:
         decoding stream, if the catalog has one; otherwise a frame that leaves a stream
         out holds it for the frame and then its decode frame (``decode_ms``). Either
         way a frame may hold the streams at most r times the family's shortest measured
-        such frame, less what the longest-waiting stream has already waited
+        such frame, less what frames have already held the longest-waiting stream
         (``stream_wait_ms``). An unmeasured shape is not limited."""
         ctx = self._ctx
         r = ctx.stream_gap_ratio

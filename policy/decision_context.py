@@ -270,5 +270,6 @@ class DecisionContext:
     """The decode frame that serves the decoding streams alone, ms (0 without a limit):
     the wait a frame that leaves a stream out adds to its own duration."""
     stream_wait_ms: float = 0.0
-    """How long the longest-waiting decoder has gone without an output at the planning
-    start, ms (0 without a limit): the part of the limit already spent."""
+    """How long frames have held the longest-waiting decoder, ms (0 without a limit):
+    from its latest output, queued delivery or completed decode frame to the end of the
+    frames completed or queued. The part of the limit already spent."""
