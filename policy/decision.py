@@ -279,7 +279,7 @@ def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
     """flare's stream gap limit (``stream_gap_ratio`` r > 0, U-13) for ``streams``
     decoding streams: r, ``decode_ms`` (their decode family's sigma, SEL-16) and
     ``stream_wait_ms``, the longest a decoder has been held by frames: from its latest
-    output, queued delivery or completed decode frame to ``settled_ns`` (publication lag
+    output, queued delivery or completed frame to ``settled_ns`` (publication lag
     and planning time are no frame's). Nothing when r is 0, no stream decodes or no
     decode program is measured."""
     r = config.stream_gap_ratio
@@ -288,7 +288,7 @@ def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
     decode_ms = _reference_ms(catalog, times, "gap", catalog.decode, streams)
     if decode_ms is None:
         return {}
-    served = min((max(d.last_visible_ns, d.decode_settled_ns, d.queued_delivery_end_ns or 0)
+    served = min((max(d.last_visible_ns, d.last_completed_ns, d.queued_delivery_end_ns or 0)
                   for d in decoders), default=settled_ns)
     return {"stream_gap_ratio": r, "decode_ms": decode_ms,
             "stream_wait_ms": max(settled_ns - served, 0) / NS_PER_MS}

@@ -271,5 +271,5 @@ class DecisionContext:
     the wait a frame that leaves a stream out adds to its own duration."""
     stream_wait_ms: float = 0.0
     """How long frames have held the longest-waiting decoder, ms (0 without a limit):
-    from its latest output, queued delivery or completed decode frame to the end of the
+    from its latest output, queued delivery or latest completed frame to the end of the
     frames completed or queued. The part of the limit already spent."""

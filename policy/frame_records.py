@@ -10,7 +10,7 @@ function of the records it changes:
 
 - ``settle_in_flight``: the frame leaves its lanes' in-flight lists and queued outputs;
   a request's queued delivery end stays only while a frame still queued ends there
-  (QUEUE-43); a decode lane's completion time is kept for the stream gap limit (U-13);
+  (QUEUE-43); each lane's completion time is kept for the stream gap limit (U-13);
 - ``apply_setup_lane``: terminal, restore, initialize and vision lanes change phase and
   prerequisites only (PRE-20, PRE-32, PRE-41);
 - ``charge_service``: the frame's interval feeds every live participant's service
@@ -89,9 +89,9 @@ def settle_in_flight(head: QueuedFrame, fence: Fence,
         if rec is None or rec.epoch != lane.epoch:
             continue
         rec.in_flight_fences.remove(fence)
+        rec.last_completed_ns = now_ns
         if lane.role is decode:
             rec.queued_outputs -= lane.token_ceiling
-            rec.decode_settled_ns = now_ns
             if rec.queued_delivery_end_ns not in queued_ends.get(rec.handle, ()):
                 rec.queued_delivery_end_ns = None
 

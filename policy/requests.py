@@ -76,10 +76,10 @@ class RequestRecord:
     """When validated termination or preemption began retirement (PRE-41)."""
     last_served_ns: int = 0
     """Last commit that included this request (the DUR-24 recency tie-break)."""
-    decode_settled_ns: int = 0
-    """Host time the latest completed frame with a decode lane for it completed. flare's
-    stream gap limit counts a stream's wait from here when its output is not yet
-    published (U-13): publication lag is not a frame holding the stream."""
+    last_completed_ns: int = 0
+    """Host time the latest completed frame with a lane for it completed. flare's stream
+    gap limit counts a stream's wait from here when its output is not yet published
+    (U-13): publication lag is not a frame holding the stream."""
     arrived_ns: int | None = None
     """When the request reached the server, before any wait for a running slot
     (``Scheduler.admit``); None: at admission. The first-token urgency counts from it."""

@@ -333,7 +333,7 @@ def test_first_output_weight_is_the_stream_it_starts() -> None:
 def test_stream_gap_limit_inputs() -> None:
     """Covers U-13: the limit's inputs are r, the decode frame serving the streams alone
     and the longest wait since a decoder's latest output, queued delivery or completed
-    decode frame (an output still being published does not count as waiting); there is
+    frame (an output still being published does not count as waiting); there is
     none under every seed preset, with no stream decoding, or with no decode program
     measured."""
     from synthetic_catalog import MS, decode, duration_ns, measured_scheduler
@@ -348,7 +348,7 @@ def test_stream_gap_limit_inputs() -> None:
         rec = RequestRecord(handle=RequestHandle(visible), epoch=0, admitted_ns=0,
                             prompt_len=8, cached_prefix_len=0, max_output_tokens=9,
                             history=new_history(Normalizers(0.5, 0.05)))
-        rec.last_visible_ns, rec.decode_settled_ns = visible * MS, settled * MS
+        rec.last_visible_ns, rec.last_completed_ns = visible * MS, settled * MS
         rec.queued_delivery_end_ns = None if queued is None else queued * MS
         return rec
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from policy import GraphKind, GraphShape, LaneRole, SelectionReason
+from policy import GraphKind, GraphShape, LaneRole, Phase, SelectionReason
 from policy.config import PolicyConfig, PolicyConfigError, policy_preset
 from tests.policy.synthetic_catalog import (
     MS,
@@ -129,7 +129,7 @@ def test_a_timing_refresh_keeps_the_limit() -> None:
 def test_host_time_between_frames_does_not_spend_the_limit(publish_late: bool) -> None:
     # 2 ms of host time before each plan, and optionally each frame's outputs published
     # only after the next frame is planned: a stream's last visible output is then a
-    # frame older than its completed decode frame. Neither is a frame holding the
+    # frame older than its latest completed frame. Neither is a frame holding the
     # streams, so the chunks still grow to the limit.
     gap_ns = 2 * MS
     d, streams, start = long_prompt_run(gap_limited(1.2), host_gap_ns=gap_ns,
@@ -146,3 +146,22 @@ def test_a_ratio_below_one_is_refused() -> None:
     assert PolicyConfig(stream_gap_ratio=1.0).stream_gap_ratio == 1
     with pytest.raises(PolicyConfigError, match="stream_gap_ratio"):
         PolicyConfig(stream_gap_ratio=0.5)
+
+
+def test_a_stream_just_started_has_waited_only_since_its_first_output_frame() -> None:
+    # A prompt finishes while four streams decode; its first output is published only
+    # after the next frame is planned. That plan may not count the new stream as
+    # having waited since its admission: the streams' allowance stays the full r*S.
+    s = measured_scheduler((*PREFILLS, *DECODES, *MIXED), gap_limited(1.2),
+                           durations=linear_ns)
+    d = Driver(s, durations=linear_ns, publish_late=True)
+    for _ in range(STREAMS):
+        s.admit(prompt_len=64, max_output_tokens=2000)
+    d.run(10)
+    h = s.admit(prompt_len=60, max_output_tokens=4)
+    while s.request(h).phase is Phase.PREFILL:
+        assert d.step() is not None
+    s.admit(prompt_len=4096, max_output_tokens=4)  # a chunk waits for the next frame
+    plan = d.step()
+    assert plan is not None and plan.shape.kind is GraphKind.MIXED
+    assert linear_ns(plan.shape) / MS > SHORTEST_CARRIER_MS
