@@ -13,22 +13,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from synthetic_catalog import (
-    MS,
-    Driver,
-    decode,
-    knee_free_costs,
-    measured_scheduler,
-    mixed,
-    prefill,
-)
+import synthetic_catalog as catalog
+from synthetic_catalog import MS, Driver, knee_free_costs, measured_scheduler
 
 from policy import LaneRole
 from policy.config import PolicyConfig, policy_preset
 from policy.prompt_prices import first_output_values
 
-SHAPES = (prefill(64), prefill(256), decode(1), decode(2), decode(4),
-          mixed(2, 64), mixed(4, 64), mixed(4, 128))
+SHAPES = (*(catalog.prefill(c) for c in (64, 256)), *(catalog.decode(b) for b in (1, 2, 4)),
+          catalog.mixed(2, 64), catalog.mixed(4, 64), catalog.mixed(4, 128))
 PROMPTS = 4
 PROMPT_LEN = 70
 """Longer than the smallest chunk: each prompt needs a 64-token chunk and a tail."""
