@@ -46,8 +46,8 @@ def first_output_values(prompt_x: list[float], prompt_z: list[float],
     the prompt: ``weight`` (``first_output_weight``) output tokens at ``beta + f/x + g/z``
     (SEL-5), plus, with flare's finish urgency (``finish_age_price`` v > 0), ``v * A``
     for each of the ``before`` prompt tokens computed or cached before the row's next
-    chunk, ``A`` ms after the prompt arrived (``docs/scheduling-utility.md``, *Finish
-    urgency*)."""
+    chunk, ``A`` ms after the prompt arrived (``docs/scheduling-utility.md``, *Steady
+    streams*, U-14)."""
     beta, tf, g = config.output_token_value, config.token_fairness, config.delivery_fairness
     v = config.finish_age_price
     if not v:
