@@ -288,8 +288,7 @@ def stream_gap(config: PolicyConfig, catalog: CatalogIndex, times: ShapeTimes,
     decode_ms = _reference_ms(catalog, times, "gap", catalog.decode, streams)
     if decode_ms is None:
         return {}
-    served = min((max(d.last_visible_ns, d.last_completed_ns, d.queued_delivery_end_ns or 0)
-                  for d in decoders), default=settled_ns)
+    served = min((d.held_since_ns() for d in decoders), default=settled_ns)
     return {"stream_gap_ratio": r, "decode_ms": decode_ms,
             "stream_wait_ms": max(settled_ns - served, 0) / NS_PER_MS}
 

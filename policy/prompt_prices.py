@@ -49,8 +49,6 @@ def first_output_values(prompt_x: list[float], prompt_z: list[float],
     chunk, ``A`` ms after the prompt arrived (``docs/scheduling-utility.md``, *Steady
     streams*, U-14)."""
     beta, tf, g = config.output_token_value, config.token_fairness, config.delivery_fairness
-    v = config.finish_age_price
-    if not v:
-        return [(beta + tf / x + g / z) * weight for x, z in zip(prompt_x, prompt_z, strict=True)]
+    v = config.finish_age_price  # 0 adds exactly 0.0: the seed's value, bit for bit
     return [(beta + tf / x + g / z) * weight + v * age * done
             for x, z, age, done in zip(prompt_x, prompt_z, prompt_age_ms, before, strict=True)]

@@ -196,13 +196,23 @@ class RequestRecord:
         return (self.restore is RestoreNeed.READY and not self.cancelled
                 and self.phase is not Phase.RETIRED and not self.in_flight)
 
-    def output_age_ns(self, at_ns: int) -> int:
-        """Projected output age A_i at ``at_ns`` (QUEUE-43: from a queued expected
-        delivery when there is one, else from the last visible output)."""
+    def output_since_ns(self) -> int:
+        """Where the projected output age A_i starts (QUEUE-43): a queued expected
+        delivery when there is one, else the last visible output."""
         since = self.last_visible_ns
         if self.queued_delivery_end_ns is not None:
             since = max(since, self.queued_delivery_end_ns)
-        return max(at_ns - since, 0)
+        return since
+
+    def output_age_ns(self, at_ns: int) -> int:
+        """Projected output age A_i at ``at_ns``."""
+        return max(at_ns - self.output_since_ns(), 0)
+
+    def held_since_ns(self) -> int:
+        """Where flare's stream gap wait starts (U-13): the output age's start, or the
+        latest completed frame that carried this request when that is later (an output
+        still being published holds the stream in no frame)."""
+        return max(self.output_since_ns(), self.last_completed_ns)
 
     def terminal_age_ns(self, at_ns: int) -> int:
         if self.terminal_since_ns is None:
